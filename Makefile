@@ -1,0 +1,41 @@
+# ragpool: the two commands a newcomer needs are `make demo` and `make test`.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+OUT    ?= .local
+
+.PHONY: setup sysdeps demo plan test test-fast bench clean
+
+# System packages the local services need (redis-server, prometheus/promtool).
+sysdeps:
+	@bash .ci/sysdeps.sh
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[infra,training,dashboards,dev]'
+	@touch $@
+
+setup: sysdeps $(STAMP)
+
+# The main job on a local default, no cloud account: offline plans of both stacks.
+demo: setup
+	@mkdir -p $(OUT)
+	$(PY) -m infra.cli plan --stack dev --format tree --out $(OUT)/plan-dev.json
+	$(PY) -m infra.cli plan --stack prod --format json --out $(OUT)/plan-prod.json > /dev/null
+	$(PY) -m infra.cli plan-diff $(OUT)/plan-dev.json $(OUT)/plan-prod.json
+
+plan: setup
+	$(PY) -m infra.cli plan --stack $(or $(STACK),dev) --format tree
+
+test: setup
+	$(PY) -m pytest
+
+test-fast: setup
+	$(PY) -m pytest -m "not slow"
+
+bench: setup
+	$(PY) bench/plan_speed.py
+
+clean:
+	rm -rf $(OUT) .pytest_cache .hypothesis

@@ -1,0 +1,48 @@
+"""ragpool Pulumi program: wires the components and exports the stack outputs.
+
+Loaded by the Pulumi language host from ``main: infra/`` (the repo is installed in
+the project virtualenv, so ``infra.*`` imports resolve) and, offline, by
+``ragpool plan`` under Pulumi mocks.
+"""
+
+import pulumi
+
+from infra.config import ConfigError, from_pulumi
+
+try:
+    cfg = from_pulumi()
+except ConfigError as exc:
+    # RunError: Pulumi prints the message alone, without a Python traceback.
+    raise pulumi.RunError(str(exc)) from None
+
+from infra.cluster import Cluster, ClusterArgs  # noqa: E402
+from infra.gpu_pools import GpuPools, GpuPoolsArgs  # noqa: E402
+from infra.network import Network, NetworkArgs  # noqa: E402
+from infra.registry import Registry, RegistryArgs  # noqa: E402
+from infra.storage import SharedStorage, StorageArgs  # noqa: E402
+from infra.training_namespace import TrainingNamespace, TrainingNamespaceArgs  # noqa: E402
+
+cluster_name = cfg.name_prefix
+network = Network("network", NetworkArgs(config=cfg, cluster_name=cluster_name))
+cluster = Cluster("cluster", ClusterArgs(
+    config=cfg, cluster_name=cluster_name, vpc_id=network.vpc_id,
+    private_subnet_ids=network.private_subnet_ids, public_subnet_ids=network.public_subnet_ids))
+gpu_pools = GpuPools("gpu", GpuPoolsArgs(
+    config=cfg, cluster_name=cluster.name, cluster_security_group_id=cluster.cluster_security_group_id,
+    k8s_provider=cluster.provider, depends_on=[cluster.system_nodes]))
+training = TrainingNamespace("training", TrainingNamespaceArgs(
+    k8s_provider=cluster.provider, depends_on=[cluster.system_nodes]))
+storage = SharedStorage("storage", StorageArgs(
+    config=cfg, vpc_id=network.vpc_id, private_subnet_ids=network.private_subnet_ids,
+    node_security_group_id=cluster.cluster_security_group_id, k8s_provider=cluster.provider,
+    namespace=training.name, depends_on=[cluster.system_nodes]))
+registry = Registry("registry", RegistryArgs(config=cfg))
+
+pulumi.export("clusterName", cluster.name)
+pulumi.export("clusterEndpoint", cluster.endpoint)
+pulumi.export("kubeconfig", cluster.kubeconfig)
+pulumi.export("efsId", storage.file_system_id)
+pulumi.export("ecrRepositoryUrl", registry.repository_url)
+pulumi.export("trainingImage", registry.image_ref)
+pulumi.export("trainingNamespace", training.name)
+pulumi.export("gpuPools", [p.name for p in cfg.gpu_pools])

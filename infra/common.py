@@ -1,0 +1,60 @@
+"""Small helpers shared by the components: tags, resource options, Helm values files."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import yaml
+
+from infra.config import StackConfig
+
+VALUES_DIR = Path(__file__).resolve().parent / "values"
+
+# Kubernetes labels every ragpool object carries (ARCHITECTURE.md "Names").
+PART_OF = {"app.kubernetes.io/part-of": "ragpool", "app.kubernetes.io/managed-by": "pulumi"}
+POOL_LABEL = "ragpool.io/pool"
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
+SHARED_MOUNT_PATH = "/mnt/shared"
+
+
+def aws_tags(cfg: StackConfig, name: str, **extra: str) -> dict[str, str]:
+    """Common cost/ownership tags plus a Name tag for the console."""
+    return {**cfg.tags, "Name": name, **extra}
+
+
+def k8s_labels(component: str, name: str | None = None) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": name or component,
+        "app.kubernetes.io/component": component,
+        **PART_OF,
+    }
+
+
+def child(parent: pulumi.Resource, **kwargs: Any) -> pulumi.ResourceOptions:
+    return pulumi.ResourceOptions(parent=parent, **kwargs)
+
+
+def stateful(parent: pulumi.Resource, cfg: StackConfig, **kwargs: Any) -> pulumi.ResourceOptions:
+    """Options for stateful resources: protected and retained on delete in prod."""
+    return pulumi.ResourceOptions(parent=parent, protect=cfg.protect_stateful,
+                                  retain_on_delete=cfg.protect_stateful, **kwargs)
+
+
+def load_values(filename: str) -> dict[str, Any]:
+    """A Helm values file from infra/values/ (values live in files, not inline blobs)."""
+    with open(VALUES_DIR / filename, encoding="utf-8") as fh:
+        return yaml.safe_load(fh) or {}
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Merge ``override`` into a copy of ``base`` (maps merge, everything else replaces)."""
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out

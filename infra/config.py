@@ -1,0 +1,487 @@
+"""Stack configuration: one schema, parsed once into frozen, validated objects.
+
+``SCHEMA`` is the single source of truth: ``Pulumi.yaml``'s ``config:`` block is
+generated from it (``python -m infra.config --pulumi-yaml``; a test keeps the two in
+sync) and :func:`parse` validates against it. Every problem is collected and raised
+as one :class:`ConfigError` whose lines each name the key, the value and what is
+allowed, so an operator fixes a broken stack file in one pass.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+PROJECT = "ragpool"
+
+# Kubernetes minor versions EKS offers in standard support for this release of
+# ragpool (1.33 ends Jul 2026 standard support; 1.35 GA on EKS Jan 2026).
+SUPPORTED_KUBERNETES_VERSIONS = ("1.33", "1.34", "1.35")
+ENVIRONMENTS = ("dev", "staging", "prod")
+CAPACITY_TYPES = ("spot", "on-demand")
+NAT_MODES = ("single", "perAz")
+ALERT_RECEIVERS = ("none", "slack", "pagerduty")
+
+# EC2 instance families that carry NVIDIA GPUs (g5g is Graviton + T4G).
+GPU_INSTANCE_FAMILIES = (
+    "g4dn", "g5", "g5g", "g6", "g6e", "g6f", "gr6", "gr6f",
+    "p3", "p3dn", "p4d", "p4de", "p5", "p5e", "p5en", "p6-b200", "p6e-gb200",
+)
+_INSTANCE_TYPE = re.compile(r"^(?P<family>[a-z][a-z0-9-]*?)\.(?P<size>[0-9a-z-]+)$")
+_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,30}[a-z0-9])?$")
+_ROLE_ARN = re.compile(r"^arn:aws(-cn|-us-gov)?:iam::\d{12}:role/[\w+=,.@/-]{1,512}$")
+_DURATION = re.compile(r"^(Never|(\d+h)?(\d+m)?(\d+s)?)$")
+_BUDGET = re.compile(r"^(\d+|\d{1,3}%)$")
+_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_RESERVED_LABEL_DOMAINS = ("kubernetes.io", "k8s.io", "karpenter.sh", "karpenter.k8s.aws", "ragpool.io")
+_IMAGE_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+
+
+class ConfigError(ValueError):
+    """One or more invalid stack config values; ``problems`` holds one line each."""
+
+    def __init__(self, problems: list[str], source: str = "stack config"):
+        self.problems = list(problems)
+        self.source = source
+        head = f"invalid {source}: " if len(problems) == 1 else f"{len(problems)} problems in {source}:\n  - "
+        super().__init__(head + "\n  - ".join(problems))
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    """Declaration of one ``ragpool:`` key (rendered into Pulumi.yaml)."""
+
+    name: str
+    type: str | None  # Pulumi project type; None where Pulumi cannot type it (objects)
+    description: str
+    default: Any = None
+    required: bool = False
+    secret: bool = False
+    items: str | None = None  # element type of an array
+
+
+DEFAULT_GPU_POOLS = [
+    {
+        "name": "gpu-spot",
+        "instanceTypes": ["g5.xlarge", "g5.2xlarge", "g6.xlarge", "g6.2xlarge"],
+        "capacityType": "spot",
+        "gpuLimit": 8,
+    }
+]
+
+SCHEMA: tuple[ConfigKey, ...] = (
+    ConfigKey("environment", "string", "Environment class: dev, staging or prod. prod enforces the HA and safety rules (3 AZs, private API endpoint, an on-demand GPU pool, protected storage).", "dev"),
+    ConfigKey("owner", "string", "Team or person that owns this stack; tagged on every AWS resource as `owner`.", required=True),
+    ConfigKey("costCenter", "string", "Cost center tagged on every AWS resource as `cost-center`.", required=True),
+    ConfigKey("vpcCidr", "string", "IPv4 CIDR of the VPC (/16 to /20); subnets are carved from it per AZ.", "10.0.0.0/16"),
+    ConfigKey("availabilityZones", "array", "Availability zones to span (at least 2; prod at least 3), all in the stack's aws:region.", ["us-west-2a", "us-west-2b"], items="string"),
+    ConfigKey("natGateways", "string", "NAT gateways: `single` (one shared, cheap) or `perAz` (one per AZ, no cross-AZ dependency).", "single"),
+    ConfigKey("kubernetesVersion", "string", "EKS Kubernetes minor version, one of " + ", ".join(SUPPORTED_KUBERNETES_VERSIONS) + ".", "1.35"),
+    ConfigKey("endpointPublicAccess", "boolean", "Expose the EKS API endpoint publicly (restricted to publicAccessCidrs). Must be false in prod.", True),
+    ConfigKey("publicAccessCidrs", "array", "CIDRs allowed to reach a public EKS API endpoint; required when endpointPublicAccess is true; 0.0.0.0/0 is refused.", [], items="string"),
+    ConfigKey("adminRoleArns", "array", "IAM role ARNs granted cluster-admin through EKS access entries.", [], items="string"),
+    ConfigKey("systemNodeInstanceTypes", "array", "Instance types of the on-demand system node group (controllers, monitoring, Redis).", ["m7i.large"], items="string"),
+    ConfigKey("systemNodeMinCount", "integer", "Minimum nodes in the system node group (spread across AZs).", 2),
+    ConfigKey("systemNodeMaxCount", "integer", "Maximum nodes in the system node group.", 4),
+    ConfigKey("gpuAmiAlias", "string", "Karpenter AMI alias for GPU nodes (AL2023 selects the NVIDIA variant for GPU instance types). Pin a dated version (al2023@vYYYYMMDD) in prod.", "al2023@latest"),
+    ConfigKey(
+        "gpuPools", None,
+        "GPU node pools, each {name, instanceTypes, capacityType: spot|on-demand, gpuLimit, zones?, diskSizeGiB?, labels?, "
+        "weight?, expireAfter?, consolidateAfter?, disruptionBudget?}. Pools scale from zero. (Pulumi cannot type objects, so "
+        "infra/config.py validates this key.)",
+        DEFAULT_GPU_POOLS,
+    ),
+    ConfigKey("efsBackupRetentionDays", "integer", "Days AWS Backup keeps daily recovery points of the shared EFS file system.", 14),
+    ConfigKey("buildImage", "boolean", "Build and push the training image from training/Dockerfile during `pulumi up` (needs Docker).", False),
+    ConfigKey("imageTag", "string", "Tag of the training image in ECR (tags are immutable: bump it for every build; `latest` is refused).", "0.1.0"),
+    ConfigKey("alertReceiver", "string", "Where critical alerts go: none, slack or pagerduty.", "none"),
+    ConfigKey("alertReceiverSecret", "string", "Slack webhook URL or PagerDuty routing key for alertReceiver (required unless alertReceiver is none).", secret=True),
+)
+SCHEMA_BY_NAME = {k.name: k for k in SCHEMA}
+
+
+@dataclass(frozen=True)
+class GpuPoolConfig:
+    name: str
+    instance_types: tuple[str, ...]
+    capacity_type: str
+    gpu_limit: int
+    zones: tuple[str, ...]
+    disk_size_gib: int = 200
+    labels: tuple[tuple[str, str], ...] = ()
+    weight: int = 10
+    expire_after: str = "720h"
+    consolidate_after: str = "30m"
+    disruption_budget: str = "10%"
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    vpc_cidr: str
+    availability_zones: tuple[str, ...]
+    nat_gateways: str
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    kubernetes_version: str
+    endpoint_public_access: bool
+    public_access_cidrs: tuple[str, ...]
+    admin_role_arns: tuple[str, ...]
+    system_node_instance_types: tuple[str, ...]
+    system_node_min_count: int
+    system_node_max_count: int
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    project: str
+    stack: str
+    region: str
+    environment: str
+    owner: str
+    cost_center: str
+    network: NetworkConfig
+    cluster: ClusterConfig
+    gpu_pools: tuple[GpuPoolConfig, ...]
+    gpu_ami_alias: str
+    efs_backup_retention_days: int
+    build_image: bool
+    image_tag: str
+    alert_receiver: str
+    alert_receiver_secret: str | None = field(default=None, repr=False)
+
+    @property
+    def is_prod(self) -> bool:
+        return self.environment == "prod"
+
+    @property
+    def protect_stateful(self) -> bool:
+        """Stateful resources (EFS, KMS keys, backup vault) are protected and retained in prod."""
+        return self.is_prod
+
+    @property
+    def name_prefix(self) -> str:
+        return f"{self.project}-{self.stack}"
+
+    @property
+    def tags(self) -> dict[str, str]:
+        """Common tags for every AWS resource (cost allocation and ownership)."""
+        return {
+            "project": self.project,
+            "stack": self.stack,
+            "environment": self.environment,
+            "owner": self.owner,
+            "cost-center": self.cost_center,
+            "managed-by": "pulumi",
+        }
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+class _Reader:
+    """Decodes raw values (Pulumi strings/JSON or native YAML) and records problems."""
+
+    def __init__(self, raw: Mapping[str, Any]):
+        self.raw = raw
+        self.problems: list[str] = []
+
+    def problem(self, key: str, value: Any, allowed: str) -> None:
+        shown = "[secret]" if key in SCHEMA_BY_NAME and SCHEMA_BY_NAME[key].secret else json.dumps(value, default=str)
+        self.problems.append(f"{PROJECT}:{key} = {shown}: {allowed}")
+
+    def get(self, key: str) -> Any:
+        decl = SCHEMA_BY_NAME[key]
+        if key not in self.raw or self.raw[key] is None:
+            if decl.required:
+                self.problems.append(
+                    f"{PROJECT}:{key} is required but not set: {decl.description} "
+                    f"(fix: pulumi config set {'--secret ' if decl.secret else ''}{key} VALUE)"
+                )
+            return decl.default
+        value = self.raw[key]
+        try:
+            return _decode(decl, value)
+        except ValueError as exc:
+            self.problem(key, value, str(exc))
+            return decl.default
+
+
+def _decode(decl: ConfigKey, value: Any) -> Any:
+    if decl.type == "string":
+        if not isinstance(value, str):
+            raise ValueError("must be a string")
+        return value
+    if decl.type == "boolean":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise ValueError("must be true or false")
+    if decl.type == "integer":
+        if isinstance(value, bool):
+            raise ValueError("must be an integer")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
+            return int(value)
+        raise ValueError("must be an integer")
+    # arrays and objects arrive from the Pulumi engine as JSON text
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"must be valid {'a list' if decl.type == 'array' else 'structured'} value ({exc.msg})") from None
+    if decl.type == "array":
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError("must be a list of strings")
+    return value
+
+
+def _check(ok: bool, r: _Reader, key: str, value: Any, allowed: str) -> bool:
+    if not ok:
+        r.problem(key, value, allowed)
+    return ok
+
+
+def _parse_gpu_pools(r: _Reader, pools: Any, zones: tuple[str, ...]) -> tuple[GpuPoolConfig, ...]:
+    key = "gpuPools"
+    if not isinstance(pools, list) or not pools:
+        r.problem(key, pools, "must be a non-empty list of pool objects, e.g. [{name: gpu-spot, instanceTypes: [g5.xlarge], capacityType: spot, gpuLimit: 8}]")
+        return ()
+    known = {"name", "instanceTypes", "capacityType", "gpuLimit", "zones", "diskSizeGiB", "labels", "weight",
+             "expireAfter", "consolidateAfter", "disruptionBudget"}
+    out: list[GpuPoolConfig] = []
+    seen: set[str] = set()
+    for i, p in enumerate(pools):
+        at = f"{key}[{i}]"
+        if not isinstance(p, dict):
+            r.problem(at, p, "must be an object with name, instanceTypes, capacityType and gpuLimit")
+            continue
+        for unknown in sorted(set(p) - known):
+            r.problem(f"{at}.{unknown}", p[unknown], "unknown pool field; allowed: " + ", ".join(sorted(known)))
+        name = p.get("name")
+        if _check(isinstance(name, str) and bool(_DNS_LABEL.match(name)), r, f"{at}.name", name,
+                  "must be a lowercase DNS label of at most 32 characters (a-z, 0-9, -)"):
+            _check(name not in seen, r, f"{at}.name", name, "pool names must be unique")
+            seen.add(name)
+        itypes = p.get("instanceTypes")
+        if _check(isinstance(itypes, list) and bool(itypes) and all(isinstance(t, str) for t in itypes),
+                  r, f"{at}.instanceTypes", itypes, "must be a non-empty list of EC2 instance types"):
+            for t in itypes:
+                m = _INSTANCE_TYPE.match(t)
+                _check(bool(m) and m.group("family") in GPU_INSTANCE_FAMILIES, r, f"{at}.instanceTypes", t,
+                       "is not an NVIDIA GPU instance type; allowed families: " + ", ".join(GPU_INSTANCE_FAMILIES))
+        cap = p.get("capacityType")
+        _check(cap in CAPACITY_TYPES, r, f"{at}.capacityType", cap, "must be one of " + ", ".join(CAPACITY_TYPES))
+        limit = p.get("gpuLimit")
+        _check(isinstance(limit, int) and not isinstance(limit, bool) and 1 <= limit <= 4096, r, f"{at}.gpuLimit", limit,
+               "must be an integer from 1 to 4096 (the most GPUs this pool may run at once)")
+        pzones = p.get("zones", [])
+        if _check(isinstance(pzones, list) and all(isinstance(z, str) for z in pzones), r, f"{at}.zones", pzones,
+                  "must be a list of availability zones"):
+            for z in pzones:
+                _check(z in zones, r, f"{at}.zones", z, "must be one of availabilityZones: " + ", ".join(zones))
+        disk = p.get("diskSizeGiB", 200)
+        _check(isinstance(disk, int) and not isinstance(disk, bool) and 50 <= disk <= 16384, r, f"{at}.diskSizeGiB", disk,
+               "must be an integer from 50 to 16384 (GPU images and datasets need room)")
+        labels = p.get("labels", {})
+        if _check(isinstance(labels, dict) and all(isinstance(v, str) for v in labels.values()), r, f"{at}.labels", labels,
+                  "must be a map of label key to string value"):
+            for lk in labels:
+                domain = lk.split("/", 1)[0] if "/" in lk else ""
+                _check(bool(_LABEL_KEY.match(lk)) and not any(domain == d or domain.endswith("." + d) for d in _RESERVED_LABEL_DOMAINS),
+                       r, f"{at}.labels", lk, "must be a valid label key outside the reserved domains " + ", ".join(_RESERVED_LABEL_DOMAINS))
+        weight = p.get("weight", 10)
+        _check(isinstance(weight, int) and not isinstance(weight, bool) and 0 <= weight <= 100, r, f"{at}.weight", weight,
+               "must be an integer from 0 to 100 (higher pools are tried first)")
+        for fld, default in (("expireAfter", "720h"), ("consolidateAfter", "30m")):
+            v = p.get(fld, default)
+            _check(isinstance(v, str) and v != "" and bool(_DURATION.match(v)), r, f"{at}.{fld}", v,
+                   "must be a Go duration like 720h, 30m or Never")
+        budget = p.get("disruptionBudget", "10%")
+        _check(isinstance(budget, str) and bool(_BUDGET.match(budget)), r, f"{at}.disruptionBudget", budget,
+               "must be a node count or percentage string, e.g. \"1\" or \"10%\"")
+        if r.problems and any(pr.startswith(f"{PROJECT}:{at}") for pr in r.problems):
+            continue
+        out.append(GpuPoolConfig(
+            name=name, instance_types=tuple(itypes), capacity_type=cap, gpu_limit=limit,
+            zones=tuple(pzones) or zones, disk_size_gib=disk, labels=tuple(sorted(labels.items())),
+            weight=weight, expire_after=p.get("expireAfter", "720h"),
+            consolidate_after=p.get("consolidateAfter", "30m"), disruption_budget=budget,
+        ))
+    return tuple(out)
+
+
+def parse(raw: Mapping[str, Any], *, stack: str, region: str | None, project: str = PROJECT,
+          source: str | None = None) -> StackConfig:
+    """Validate raw ``ragpool:`` values (keys without the namespace) into a StackConfig.
+
+    ``raw`` values may be Pulumi's wire form (strings, JSON text) or native YAML values.
+    Raises one ConfigError listing every problem.
+    """
+    r = _Reader(raw)
+    for key in sorted(raw):
+        if key not in SCHEMA_BY_NAME:
+            close = [k for k in SCHEMA_BY_NAME if k.lower() == key.lower()]
+            hint = f"did you mean {close[0]}?" if close else "known keys: " + ", ".join(sorted(SCHEMA_BY_NAME))
+            r.problems.append(f"{PROJECT}:{key} is not a ragpool config key ({hint}); remove it with: pulumi config rm {key}")
+
+    env = r.get("environment")
+    _check(env in ENVIRONMENTS, r, "environment", env, "must be one of " + ", ".join(ENVIRONMENTS))
+    prod = env == "prod"
+    owner = r.get("owner")
+    cost_center = r.get("costCenter")
+    for key, value in (("owner", owner), ("costCenter", cost_center)):
+        if value is not None:
+            _check(bool(re.fullmatch(r"[\w .:/=+@-]{1,128}", value)), r, key, value,
+                   "must be 1-128 characters valid in an AWS tag value")
+
+    if region is None or not re.fullmatch(r"[a-z]{2}(-gov)?-[a-z]+-\d", region or ""):
+        r.problems.append(f"aws:region = {json.dumps(region)}: must be set to an AWS region, e.g. us-west-2 (fix: pulumi config set aws:region us-west-2)")
+
+    cidr = r.get("vpcCidr")
+    try:
+        net = ipaddress.ip_network(cidr, strict=True)
+        _check(net.version == 4 and 16 <= net.prefixlen <= 20 and net.is_private, r, "vpcCidr", cidr,
+               "must be a private IPv4 network from /16 to /20, e.g. 10.0.0.0/16")
+    except (ValueError, TypeError):
+        r.problem("vpcCidr", cidr, "must be a valid IPv4 CIDR with no host bits set, e.g. 10.0.0.0/16")
+
+    zones = tuple(r.get("availabilityZones") or ())
+    min_zones = 3 if prod else 2
+    _check(len(zones) >= min_zones, r, "availabilityZones", list(zones),
+           f"needs at least {min_zones} availability zones{' in prod (HA)' if prod else ''}")
+    _check(len(set(zones)) == len(zones), r, "availabilityZones", list(zones), "zones must be distinct")
+    _check(len(zones) <= 6, r, "availabilityZones", list(zones), "at most 6 zones (subnets are carved per AZ)")
+    if region:
+        for z in zones:
+            _check(bool(re.fullmatch(re.escape(region) + r"[a-z]", z)), r, "availabilityZones", z,
+                   f"must be a zone of aws:region {region}, e.g. {region}a")
+
+    nat = r.get("natGateways")
+    _check(nat in NAT_MODES, r, "natGateways", nat, "must be one of " + ", ".join(NAT_MODES))
+
+    version = r.get("kubernetesVersion")
+    _check(version in SUPPORTED_KUBERNETES_VERSIONS, r, "kubernetesVersion", version,
+           "must be one of " + ", ".join(SUPPORTED_KUBERNETES_VERSIONS))
+    public = r.get("endpointPublicAccess")
+    cidrs = tuple(r.get("publicAccessCidrs") or ())
+    if prod:
+        _check(not public, r, "endpointPublicAccess", public, "must be false in prod (private API endpoint; reach it over VPN or a bastion)")
+    if public:
+        _check(bool(cidrs), r, "publicAccessCidrs", list(cidrs),
+               "must list the CIDRs allowed to reach the public API endpoint (or set endpointPublicAccess false)")
+    for c in cidrs:
+        try:
+            n = ipaddress.ip_network(c, strict=True)
+            _check(n.prefixlen > 0, r, "publicAccessCidrs", c, "0.0.0.0/0 opens the API to the internet; list specific CIDRs")
+        except ValueError:
+            r.problem("publicAccessCidrs", c, "must be a valid CIDR such as 203.0.113.0/24")
+    arns = tuple(r.get("adminRoleArns") or ())
+    for a in arns:
+        _check(bool(_ROLE_ARN.match(a)), r, "adminRoleArns", a, "must be an IAM role ARN: arn:aws:iam::<12-digit account>:role/<name>")
+    sys_types = tuple(r.get("systemNodeInstanceTypes") or ())
+    _check(bool(sys_types), r, "systemNodeInstanceTypes", list(sys_types), "must list at least one instance type")
+    for t in sys_types:
+        _check(bool(_INSTANCE_TYPE.match(t)), r, "systemNodeInstanceTypes", t, "must be an EC2 instance type like m7i.large")
+    smin, smax = r.get("systemNodeMinCount"), r.get("systemNodeMaxCount")
+    if isinstance(smin, int) and isinstance(smax, int):
+        _check(smin >= (2 if prod else 1), r, "systemNodeMinCount", smin, f"must be at least {2 if prod else 1}")
+        _check(smin <= smax, r, "systemNodeMinCount", smin, f"must not exceed systemNodeMaxCount ({smax})")
+        _check(smax <= 100, r, "systemNodeMaxCount", smax, "must be at most 100")
+
+    ami = r.get("gpuAmiAlias")
+    _check(isinstance(ami, str) and bool(re.fullmatch(r"(al2023|bottlerocket)@(latest|v\d{8}|\d+\.\d+\.\d+)", ami or "")),
+           r, "gpuAmiAlias", ami, "must be an AMI alias like al2023@latest, al2023@v20250101 or bottlerocket@1.30.0")
+
+    pools = _parse_gpu_pools(r, r.get("gpuPools"), zones)
+    if prod and pools:
+        _check(any(p.capacity_type == "on-demand" for p in pools), r, "gpuPools", [p.name for p in pools],
+               "prod needs at least one on-demand GPU pool (spot capacity can vanish); add a pool with capacityType: on-demand")
+
+    retention = r.get("efsBackupRetentionDays")
+    _check(isinstance(retention, int) and 1 <= retention <= 36500, r, "efsBackupRetentionDays", retention,
+           "must be an integer from 1 to 36500 days")
+    build = r.get("buildImage")
+    tag = r.get("imageTag")
+    _check(isinstance(tag, str) and bool(_IMAGE_TAG.match(tag)) and tag != "latest", r, "imageTag", tag,
+           "must be a valid immutable Docker tag (not `latest`), e.g. 0.1.0 or a git SHA")
+    receiver = r.get("alertReceiver")
+    _check(receiver in ALERT_RECEIVERS, r, "alertReceiver", receiver, "must be one of " + ", ".join(ALERT_RECEIVERS))
+    secret = r.get("alertReceiverSecret")
+    if receiver in ("slack", "pagerduty") and not secret:
+        r.problems.append(
+            f"{PROJECT}:alertReceiverSecret is required when alertReceiver is {receiver} "
+            f"(fix: pulumi config set --secret alertReceiverSecret <{'webhook URL' if receiver == 'slack' else 'routing key'}>)"
+        )
+
+    if r.problems:
+        raise ConfigError(r.problems, source or f"stack {stack}")
+    return StackConfig(
+        project=project, stack=stack, region=region, environment=env, owner=owner, cost_center=cost_center,
+        network=NetworkConfig(vpc_cidr=cidr, availability_zones=zones, nat_gateways=nat),
+        cluster=ClusterConfig(
+            kubernetes_version=version, endpoint_public_access=public, public_access_cidrs=cidrs,
+            admin_role_arns=arns, system_node_instance_types=sys_types,
+            system_node_min_count=smin, system_node_max_count=smax,
+        ),
+        gpu_pools=pools, gpu_ami_alias=ami, efs_backup_retention_days=retention,
+        build_image=build, image_tag=tag, alert_receiver=receiver, alert_receiver_secret=secret,
+    )
+
+
+def from_pulumi() -> StackConfig:
+    """Read this stack's config from the Pulumi runtime (the engine has applied Pulumi.yaml defaults)."""
+    import pulumi
+    from pulumi.runtime import config as rc
+
+    every = {**rc.get_config_env(), **rc.CONFIG.get()}
+    prefix = PROJECT + ":"
+    raw = {k[len(prefix):]: v for k, v in every.items() if k.startswith(prefix)}
+    region = rc.get_config("aws:region")
+    return parse(raw, stack=pulumi.get_stack(), region=region, project=pulumi.get_project())
+
+
+# ------------------------------------------------------------------ Pulumi.yaml rendering
+
+
+def pulumi_yaml_config() -> dict[str, Any]:
+    """The ``config:`` block of Pulumi.yaml, rendered from SCHEMA."""
+    block: dict[str, Any] = {}
+    for k in SCHEMA:
+        entry: dict[str, Any] = {}
+        if k.type is not None:
+            entry["type"] = k.type
+        if k.items:
+            entry["items"] = {"type": k.items}
+        entry["description"] = k.description
+        if k.secret:
+            entry["secret"] = True
+        if k.default is not None:
+            entry["default"] = k.default
+        block[k.name] = entry
+    return block
+
+
+def _main(argv: list[str] | None = None) -> int:
+    import argparse
+    import sys
+
+    import yaml
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pulumi-yaml", action="store_true", help="print the config: block for Pulumi.yaml")
+    args = parser.parse_args(argv)
+    if args.pulumi_yaml:
+        yaml.safe_dump({"config": pulumi_yaml_config()}, sys.stdout, sort_keys=False, width=100)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())
+

@@ -1,0 +1,41 @@
+"""``ragpool config check --stack S``: validate a stack file without running the program.
+
+Prints every problem at once (file, key, value, fix) and exits 2, or prints a
+one-line summary and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from infra.config import ConfigError
+    from infra.plan import load_stack, validate_stack
+
+    status = 0
+    for stack in args.stack:
+        try:
+            cfg = validate_stack(load_stack(stack, Path(args.root)))
+        except ConfigError as exc:
+            print(f"{exc.source}: {len(exc.problems)} problem(s)", file=sys.stderr)
+            for problem in exc.problems:
+                print(f"  {exc.source}: {problem}", file=sys.stderr)
+            status = 2
+            continue
+        print(f"Pulumi.{stack}.yaml: ok ({cfg.environment}, {len(cfg.network.availability_zones)} AZs, "
+              f"{len(cfg.gpu_pools)} GPU pool(s))")
+    return status
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from infra.plan import REPO_ROOT
+
+    p = sub.add_parser("config", help="stack configuration tools")
+    csub = p.add_subparsers(dest="config_command", required=True, metavar="SUBCOMMAND")
+    c = csub.add_parser("check", help="validate stack files; print every problem at once")
+    c.add_argument("--stack", action="append", required=True, help="stack to check (repeatable)")
+    c.add_argument("--root", default=str(REPO_ROOT))
+    c.set_defaults(handler=cmd_check)

@@ -1,0 +1,455 @@
+"""Offline plan: run the real Pulumi program under mocks with a stack's config.
+
+``ragpool plan --stack dev|prod`` prints every resource the program declares as
+``{"resources": [{"type", "name", "parent", "inputs", ...}]}``: sorted, deterministic,
+secrets masked as ``[secret]``. No cloud account, no Pulumi CLI, no state.
+``ragpool plan-diff OLD.json NEW.json`` summarises what changes between two plans,
+with Helm values and Kubernetes objects as YAML diffs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import runpy
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from infra.config import PROJECT, ConfigError, StackConfig, parse
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+INFRA_DIR = Path(__file__).resolve().parent
+SECRET_MASK = "[secret]"
+# Stands in for a `secure:` value the offline plan cannot decrypt; always masked.
+PLACEHOLDER_SECRET = "offline-plan-placeholder-secret"
+MOCK_ACCOUNT = "123456789012"
+
+
+# ------------------------------------------------------------------ stack files
+
+
+@dataclass(frozen=True)
+class StackSettings:
+    """A stack's config as the Pulumi engine would hand it to the program."""
+
+    stack: str
+    engine_config: dict[str, str]  # "ns:key" -> wire value (str / JSON text)
+    secret_keys: tuple[str, ...]
+    raw: dict[str, Any]  # ragpool keys (no namespace) -> native value, stack overrides only
+    region: str | None
+    stack_file: Path
+    secret_values: tuple[str, ...] = field(default=(), repr=False)
+
+
+def _wire(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    return json.dumps(value)
+
+
+def load_stack(stack: str, root: Path = REPO_ROOT, overrides: dict[str, Any] | None = None) -> StackSettings:
+    """Read Pulumi.yaml defaults and Pulumi.<stack>.yaml overrides (plus ``overrides``)."""
+    project_file = root / "Pulumi.yaml"
+    stack_file = root / f"Pulumi.{stack}.yaml"
+    if not stack_file.is_file():
+        known = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in root.glob("Pulumi.*.yaml"))
+        raise ConfigError([f"no stack file {stack_file.name}; stacks here: {', '.join(known) or 'none'}"],
+                          source=f"stack {stack}")
+    project = yaml.safe_load(project_file.read_text()) or {}
+    try:
+        stack_doc = yaml.safe_load(stack_file.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"{stack_file.name} is not valid YAML: {exc}"], source=str(stack_file.name)) from None
+    values = dict((stack_doc.get("config") or {}))
+    values.update(overrides or {})
+
+    engine: dict[str, str] = {}
+    for key, decl in (project.get("config") or {}).items():
+        if isinstance(decl, dict) and "default" in decl:
+            engine[key if ":" in key else f"{PROJECT}:{key}"] = _wire(decl["default"])
+    secret_keys, secret_values, raw = [], [], {}
+    region = None
+    for key, value in values.items():
+        full = key if ":" in key else f"{PROJECT}:{key}"
+        if isinstance(value, dict) and set(value) == {"secure"}:
+            value = PLACEHOLDER_SECRET
+            secret_keys.append(full)
+        engine[full] = _wire(value)
+        if full.startswith(PROJECT + ":"):
+            raw[full[len(PROJECT) + 1:]] = value
+        if full == "aws:region":
+            region = value
+        if full in secret_keys:
+            secret_values.append(engine[full])
+    return StackSettings(stack=stack, engine_config=engine, secret_keys=tuple(secret_keys), raw=raw,
+                         region=region, stack_file=stack_file, secret_values=tuple(secret_values))
+
+
+def validate_stack(settings: StackSettings) -> StackConfig:
+    """Validate the stack overrides (defaults filled by the schema); ConfigError on problems."""
+    return parse(settings.raw, stack=settings.stack, region=settings.region, source=settings.stack_file.name)
+
+
+# ------------------------------------------------------------------ mocks
+
+
+def _arn(service: str, region: str, resource: str) -> str:
+    return f"arn:aws:{service}:{region}:{MOCK_ACCOUNT}:{resource}"
+
+
+def mock_outputs(typ: str, name: str, inputs: dict[str, Any], region: str) -> dict[str, Any]:
+    """Plausible provider-computed outputs, so dependent resources see real-looking values."""
+    out = dict(inputs)
+    physical = inputs.get("name") or name
+    service = typ.split(":")[1].split("/")[0] if typ.startswith("aws:") else ""
+    out.setdefault("arn", _arn(service, region, f"{physical}"))
+    if typ == "aws:eks/cluster:Cluster":
+        out["endpoint"] = f"https://{physical.upper()}.gr7.{region}.eks.amazonaws.com"
+        out["certificateAuthority"] = {"data": "LS0tLS1CRUdJTi1NT0NLLUNBLS0tLS0="}
+        out["vpcConfig"] = {**inputs.get("vpcConfig", {}), "clusterSecurityGroupId": f"sg-{physical}-cluster"}
+    elif typ == "aws:kms/key:Key":
+        out["keyId"] = f"key-{name}"
+        out["arn"] = _arn("kms", region, f"key/key-{name}")
+    elif typ == "aws:ecr/repository:Repository":
+        out["repositoryUrl"] = f"{MOCK_ACCOUNT}.dkr.ecr.{region}.amazonaws.com/{physical}"
+        out["registryId"] = MOCK_ACCOUNT
+    elif typ == "aws:ec2/launchTemplate:LaunchTemplate":
+        out["latestVersion"] = 1
+    elif typ == "aws:sqs/queue:Queue":
+        out["name"] = physical
+        out["url"] = f"https://sqs.{region}.amazonaws.com/{MOCK_ACCOUNT}/{physical}"
+    elif typ == "aws:iam/role:Role":
+        out["name"] = physical
+        out["arn"] = f"arn:aws:iam::{MOCK_ACCOUNT}:role/{physical}"
+    elif typ == "aws:efs/fileSystem:FileSystem":
+        out["arn"] = _arn("elasticfilesystem", region, f"file-system/fs-{name}")
+    elif typ == "aws:backup/vault:Vault":
+        out["name"] = physical
+    elif typ == "docker-build:index:Image":
+        out["ref"] = f"{(inputs.get('tags') or ['image'])[0]}@sha256:{'0' * 64}"
+    return out
+
+
+@dataclass
+class Recorded:
+    type: str
+    name: str
+    parent_urn: str
+    custom: bool
+    inputs: dict[str, Any]
+    protect: bool
+    retain_on_delete: bool
+    aliases: list[str]
+
+
+def _mask(value: Any, secret_values: tuple[str, ...]) -> Any:
+    from pulumi.runtime import rpc
+
+    if rpc.is_rpc_secret(value):
+        return SECRET_MASK
+    if isinstance(value, dict):
+        return {k: _mask(v, secret_values) for k, v in sorted(value.items())}
+    if isinstance(value, list):
+        return [_mask(v, secret_values) for v in value]
+    if isinstance(value, str):
+        return SECRET_MASK if any(s and s in value for s in secret_values) else value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)  # protobuf Struct carries every number as a double
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    return str(value)
+
+
+def _unwrap(value: Any) -> Any:
+    from pulumi.runtime import rpc
+
+    if rpc.is_rpc_secret(value):
+        return _unwrap(rpc.unwrap_rpc_secret(value))
+    if isinstance(value, dict):
+        return {k: _unwrap(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unwrap(v) for v in value]
+    return value
+
+
+def _make_mocks(region: str):
+    import pulumi
+
+    class PlanMocks(pulumi.runtime.Mocks):
+        def new_resource(self, args: pulumi.runtime.MockResourceArgs):
+            state = mock_outputs(args.typ, args.name, _unwrap(args.inputs), region)
+            return f"{args.name}-id", state
+
+        def call(self, args: pulumi.runtime.MockCallArgs):
+            if args.token == "aws:index/getPartition:getPartition":
+                return {"partition": "aws", "dnsSuffix": "amazonaws.com", "id": "aws",
+                        "reverseDnsPrefix": "com.amazonaws"}
+            if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
+                return {"accountId": MOCK_ACCOUNT, "arn": f"arn:aws:iam::{MOCK_ACCOUNT}:user/offline-plan",
+                        "userId": "AIDAOFFLINEPLAN", "id": MOCK_ACCOUNT}
+            if args.token == "aws:ecr/getAuthorizationToken:getAuthorizationToken":
+                return {"userName": "AWS", "password": PLACEHOLDER_SECRET, "authorizationToken": PLACEHOLDER_SECRET,
+                        "proxyEndpoint": f"https://{MOCK_ACCOUNT}.dkr.ecr.{region}.amazonaws.com",
+                        "expiresAt": "2099-01-01T00:00:00Z", "id": region}
+            raise NotImplementedError(f"offline plan has no mock for invoke {args.token}")
+
+    return PlanMocks()
+
+
+def _make_monitor(mocks, recorded: list[Recorded]):
+    from pulumi.runtime import rpc
+    from pulumi.runtime.mocks import MockMonitor
+
+    class RecordingMonitor(MockMonitor):
+        """Keeps what the mock API drops: parent, protect, retainOnDelete, aliases."""
+
+        def RegisterResource(self, request):
+            if request.type != "pulumi:pulumi:Stack":
+                recorded.append(Recorded(
+                    type=request.type, name=request.name, parent_urn=request.parent, custom=request.custom,
+                    inputs=rpc.deserialize_properties(request.object), protect=bool(request.protect),
+                    retain_on_delete=bool(request.retainOnDelete),
+                    aliases=[a.urn or a.spec.name for a in request.aliases]))
+            return super().RegisterResource(request)
+
+    return RecordingMonitor(mocks)
+
+
+def run_program(settings: StackSettings, program: Path = INFRA_DIR) -> list[Recorded]:
+    """Run ``program`` (a directory with __main__.py, as `main:` in Pulumi.yaml) under mocks."""
+    import pulumi
+    from pulumi.runtime.settings import SETTINGS
+    from pulumi.runtime.stack import run_pulumi_func
+    from pulumi.runtime.sync_await import _sync_await
+
+    recorded: list[Recorded] = []
+    region = settings.region or "us-west-2"
+    mocks = _make_mocks(region)
+    pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=settings.stack, preview=False,
+                             monitor=_make_monitor(mocks, recorded))
+    pulumi.runtime.set_all_config(dict(settings.engine_config), list(settings.secret_keys))
+    SETTINGS.rpc_manager.clear()
+    SETTINGS.outputs.clear()
+    _sync_await(run_pulumi_func(lambda: runpy.run_path(str(program), run_name="__main__")))
+    return recorded
+
+
+def _short_parent(urn: str) -> str | None:
+    # urn:pulumi:<stack>::<project>::<parent types joined by $>::<name>
+    if not urn or urn.split("::")[2] == "pulumi:pulumi:Stack":
+        return None
+    return urn.rsplit("::", 1)[-1]
+
+
+def render_plan(settings: StackSettings, recorded: list[Recorded]) -> dict[str, Any]:
+    resources = []
+    for r in recorded:
+        entry: dict[str, Any] = {"type": r.type, "name": r.name, "parent": _short_parent(r.parent_urn),
+                                 "inputs": _mask(r.inputs, settings.secret_values + (PLACEHOLDER_SECRET,))}
+        if r.protect:
+            entry["protect"] = True
+        if r.retain_on_delete:
+            entry["retainOnDelete"] = True
+        if r.aliases:
+            entry["aliases"] = sorted(r.aliases)
+        resources.append(entry)
+    resources.sort(key=lambda e: (e["type"], e["name"]))
+    return {"project": PROJECT, "stack": settings.stack, "resources": resources}
+
+
+def plan(stack: str, root: Path = REPO_ROOT, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Validate the stack's config, run the program under mocks, return the plan document."""
+    settings = load_stack(stack, root, overrides)
+    validate_stack(settings)
+    return render_plan(settings, run_program(settings))
+
+
+# ------------------------------------------------------------------ rendering
+
+
+def _dump_json(doc: Any) -> str:
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
+def render_tree(doc: dict[str, Any]) -> str:
+    children: dict[str | None, list[dict[str, Any]]] = {}
+    for r in doc["resources"]:
+        children.setdefault(r["parent"], []).append(r)
+    lines = [f"{doc['project']}-{doc['stack']}: {len(doc['resources'])} resources"]
+
+    def walk(parent: str | None, depth: int) -> None:
+        for r in sorted(children.get(parent, []), key=lambda e: (e["type"].startswith("ragpool:"), e["name"])):
+            flags = "".join([" [protect]" if r.get("protect") else "", " [retain]" if r.get("retainOnDelete") else ""])
+            lines.append(f"{'  ' * depth}{'+-' if depth else ''}{r['name']} ({r['type']}){flags}")
+            walk(r["name"], depth + 1)
+
+    walk(None, 0)
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------ diff
+
+def _yaml(value: Any) -> list[str]:
+    return yaml.safe_dump(value, sort_keys=True, default_flow_style=False, width=100).splitlines()
+
+
+def _is_scalar(v: Any) -> bool:
+    return v is None or isinstance(v, (str, int, float, bool))
+
+
+def _yaml_diff(path: str, a: Any, b: Any) -> list[str]:
+    import difflib
+
+    body = list(difflib.unified_diff(_yaml(a), _yaml(b), lineterm="", n=2))[2:]
+    return [f"    ~ {path}:"] + [f"        {ln}" for ln in body]
+
+
+def _leaf_diff(path: str, a: Any, b: Any, missing: Any) -> list[str]:
+    """Dotted-path changes for maps (tags, configs); YAML diffs for nested lists."""
+    if a == b:
+        return []
+    if isinstance(a, dict) and isinstance(b, dict):
+        out: list[str] = []
+        for k in sorted(set(a) | set(b)):
+            out += _leaf_diff(f"{path}.{k}", a.get(k, missing), b.get(k, missing), missing)
+        return out
+    if a is missing:
+        return [f"    + {path}: {json.dumps(b, sort_keys=True)}" if _is_scalar(b) else f"    + {path}:"] + (
+            [] if _is_scalar(b) else [f"        {ln}" for ln in _yaml(b)])
+    if b is missing:
+        return [f"    - {path}"]
+    if _is_scalar(a) and _is_scalar(b):
+        return [f"    ~ {path}: {json.dumps(a)} => {json.dumps(b)}"]
+    return _yaml_diff(path, a, b)
+
+
+def _diff_inputs(old: dict[str, Any], new: dict[str, Any], whole_yaml: bool) -> list[str]:
+    missing = object()
+    lines: list[str] = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key, missing), new.get(key, missing)
+        if a == b:
+            continue
+        if whole_yaml and a is not missing and b is not missing and not (_is_scalar(a) and _is_scalar(b)):
+            # Helm values and Kubernetes objects read best as one YAML diff (pulumi-kubernetes #1701).
+            lines += _yaml_diff(key, a, b)
+        else:
+            lines += _leaf_diff(key, a, b, missing)
+    return lines
+
+
+def _whole_yaml(rtype: str) -> bool:
+    return rtype.startswith("kubernetes:")
+
+
+def plan_diff(old: dict[str, Any], new: dict[str, Any], common_threshold: int = 4) -> str:
+    key = lambda r: (r["type"], r["name"])  # noqa: E731
+    a = {key(r): r for r in old["resources"]}
+    b = {key(r): r for r in new["resources"]}
+    added = sorted(set(b) - set(a))
+    removed = sorted(set(a) - set(b))
+    per_resource: dict[tuple[str, str], list[str]] = {}
+    for k in sorted(set(a) & set(b)):
+        ra, rb = a[k], b[k]
+        lines = [f"    ~ [{opt}]: {ra.get(opt, False)} => {rb.get(opt, False)}"
+                 for opt in ("protect", "retainOnDelete") if ra.get(opt, False) != rb.get(opt, False)]
+        lines += _diff_inputs(ra["inputs"], rb["inputs"], _whole_yaml(k[0]))
+        if ra.get("parent") != rb.get("parent"):
+            lines.append(f"    ~ [parent]: {ra.get('parent')} => {rb.get('parent')}")
+        if lines:
+            per_resource[k] = lines
+
+    # A change repeated on many resources (a new tag value, a renamed prefix) is said once.
+    counts: dict[str, int] = {}
+    for lines in per_resource.values():
+        for ln in set(lines):
+            if ln.startswith("    ~ ") and not ln.rstrip().endswith(":"):
+                counts[ln] = counts.get(ln, 0) + 1
+    common = sorted(ln for ln, n in counts.items() if n >= common_threshold)
+
+    title = f"{old.get('project', PROJECT)}-{old.get('stack', '?')} -> {new.get('project', PROJECT)}-{new.get('stack', '?')}"
+    out = [f"Plan diff {title}: {len(added)} to add, {len(per_resource)} to change, {len(removed)} to remove"]
+
+    def group(keys: list[tuple[str, str]]) -> dict[str, list[str]]:
+        by_type: dict[str, list[str]] = {}
+        for t, n in keys:
+            by_type.setdefault(t, []).append(n)
+        return by_type
+
+    if added:
+        out.append("\nAdded:")
+        out += [f"  + {t} ({len(n)}): {', '.join(n)}" for t, n in group(added).items()]
+    if removed:
+        out.append("\nRemoved:")
+        out += [f"  - {t} ({len(n)}): {', '.join(n)}" for t, n in group(removed).items()]
+    if common:
+        out.append("\nChanged on many resources:")
+        out += [f"  {ln.strip()}   ({counts[ln]} resources)" for ln in common]
+    rest = {k: [ln for ln in lines if ln not in common] for k, lines in per_resource.items()}
+    rest = {k: v for k, v in rest.items() if v}
+    if rest:
+        out.append("\nChanged:")
+        for k, lines in rest.items():
+            out.append(f"  ~ {k[1]} ({k[0]})")
+            out += lines
+    only_common = sorted(set(per_resource) - set(rest))
+    if only_common:
+        out.append(f"\nOnly the common changes above: {', '.join(n for _, n in only_common)}")
+    if not (added or removed or per_resource):
+        out.append("No changes.")
+    return "\n".join(out) + "\n"
+
+
+# ------------------------------------------------------------------ CLI
+
+
+def _fail(prog: str, exc: Exception) -> int:
+    print(f"{prog}: {exc}", file=sys.stderr)
+    return 2
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    try:
+        doc = plan(args.stack, Path(args.root))
+    except ConfigError as exc:
+        return _fail("ragpool plan", exc)
+    if args.out:
+        Path(args.out).write_text(_dump_json(doc))
+    sys.stdout.write(_dump_json(doc) if args.format == "json" else render_tree(doc))
+    return 0
+
+
+def cmd_plan_diff(args: argparse.Namespace) -> int:
+    docs = []
+    for path in (args.old, args.new):
+        try:
+            doc = json.loads(Path(path).read_text())
+            if not isinstance(doc, dict) or not isinstance(doc.get("resources"), list):
+                raise ValueError("not a ragpool plan (no resources list)")
+            docs.append(doc)
+        except (OSError, ValueError) as exc:
+            print(f"ragpool plan-diff: {path}: {exc}", file=sys.stderr)
+            return 2
+    sys.stdout.write(plan_diff(*docs))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="offline plan of a stack (Pulumi program under mocks, no cloud)")
+    p.add_argument("--stack", required=True, help="stack name, e.g. dev or prod (reads Pulumi.<stack>.yaml)")
+    p.add_argument("--format", choices=("json", "tree"), default="json")
+    p.add_argument("--out", help="also write the JSON plan to this file")
+    p.add_argument("--root", default=str(REPO_ROOT), help="directory holding Pulumi.yaml (default: the repo)")
+    p.set_defaults(handler=cmd_plan)
+    d = sub.add_parser("plan-diff", help="what changes between two JSON plans, for reviewers")
+    d.add_argument("old")
+    d.add_argument("new")
+    d.set_defaults(handler=cmd_plan_diff)

@@ -1,0 +1,112 @@
+"""Shared storage: EFS (KMS-encrypted, elastic throughput, TLS-only) mounted by every
+training pod at /mnt/shared through a ReadWriteMany PVC, with AWS Backup.
+
+Stateful: the file system, its KMS key and the backup vault are protected and
+retained in prod.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+
+from infra import iam
+from infra.common import aws_tags, child, k8s_labels, stateful
+from infra.config import StackConfig
+
+STORAGE_CLASS = "ragpool-efs"
+SHARED_PVC = "ragpool-shared"
+# Training images run as this non-root uid/gid; the access point hands it the directory.
+TRAINING_UID = "1000"
+
+
+@dataclass(frozen=True)
+class StorageArgs:
+    config: StackConfig
+    vpc_id: pulumi.Input[str]
+    private_subnet_ids: list[pulumi.Input[str]]
+    node_security_group_id: pulumi.Input[str]
+    k8s_provider: k8s.Provider
+    namespace: pulumi.Input[str]
+    depends_on: list[pulumi.Resource]
+
+
+class SharedStorage(pulumi.ComponentResource):
+    def __init__(self, name: str, args: StorageArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("ragpool:infra:SharedStorage", name, None, opts)
+        cfg = args.config
+        prefix = cfg.name_prefix
+
+        self.key = aws.kms.Key(f"{name}-key", description=f"EFS and backups of {prefix}", enable_key_rotation=True,
+                               deletion_window_in_days=30, tags=aws_tags(cfg, f"{prefix}-efs"),
+                               opts=stateful(self, cfg))
+        aws.kms.Alias(f"{name}-key", name=f"alias/{prefix}-efs", target_key_id=self.key.key_id, opts=child(self))
+
+        self.file_system = aws.efs.FileSystem(
+            f"{name}-efs", encrypted=True, kms_key_id=self.key.arn, throughput_mode="elastic",
+            performance_mode="generalPurpose", creation_token=f"{prefix}-shared",
+            lifecycle_policies=[{"transition_to_ia": "AFTER_30_DAYS"},
+                                {"transition_to_primary_storage_class": "AFTER_1_ACCESS"}],
+            tags=aws_tags(cfg, f"{prefix}-shared"), opts=stateful(self, cfg))
+        aws.efs.FileSystemPolicy(f"{name}-tls-only", file_system_id=self.file_system.id,
+                                 policy=self.file_system.arn.apply(lambda arn: json.dumps({
+                                     "Version": "2012-10-17",
+                                     "Statement": [{"Sid": "DenyUnencryptedTransport", "Effect": "Deny",
+                                                    "Principal": {"AWS": "*"}, "Action": "*", "Resource": arn,
+                                                    "Condition": {"Bool": {"aws:SecureTransport": "false"}}}]})),
+                                 opts=child(self))
+
+        sg = aws.ec2.SecurityGroup(
+            f"{name}-efs-sg", vpc_id=args.vpc_id, description="NFS to the shared EFS, from cluster nodes only",
+            ingress=[{"protocol": "tcp", "from_port": 2049, "to_port": 2049,
+                      "security_groups": [args.node_security_group_id], "description": "NFS from EKS nodes"}],
+            egress=[], tags=aws_tags(cfg, f"{prefix}-efs"), opts=child(self))
+        mount_targets = [
+            aws.efs.MountTarget(f"{name}-mount-{i}", file_system_id=self.file_system.id, subnet_id=subnet,
+                                security_groups=[sg.id], opts=child(self))
+            for i, subnet in enumerate(args.private_subnet_ids)
+        ]
+
+        vault = aws.backup.Vault(f"{name}-vault", name=f"{prefix}-shared", kms_key_arn=self.key.arn,
+                                 tags=aws_tags(cfg, f"{prefix}-backup"), opts=stateful(self, cfg))
+        plan = aws.backup.Plan(f"{name}-backup-plan", name=f"{prefix}-shared-daily", rules=[{
+            "rule_name": "daily", "target_vault_name": vault.name, "schedule": "cron(0 5 * * ? *)",
+            "start_window": 60, "completion_window": 360,
+            "lifecycle": {"delete_after": cfg.efs_backup_retention_days},
+        }], tags=aws_tags(cfg, f"{prefix}-backup"), opts=child(self))
+        backup_role = aws.iam.Role(f"{name}-backup-role", assume_role_policy=iam.service_trust("backup.amazonaws.com"),
+                                   tags=aws_tags(cfg, f"{prefix}-backup"), opts=child(self))
+        backup_policy = aws.iam.RolePolicyAttachment(
+            f"{name}-backup-policy", role=backup_role.name,
+            policy_arn=iam.managed_policy("service-role/AWSBackupServiceRolePolicyForBackup"), opts=child(self))
+        aws.backup.Selection(f"{name}-backup-selection", name=f"{prefix}-shared", plan_id=plan.id,
+                             iam_role_arn=backup_role.arn, resources=[self.file_system.arn],
+                             opts=child(self, depends_on=[backup_policy]))
+
+        k8s_opts = dict(provider=args.k8s_provider)
+        self.storage_class = k8s.storage.v1.StorageClass(
+            f"{name}-storage-class",
+            metadata={"name": STORAGE_CLASS, "labels": k8s_labels("storage", STORAGE_CLASS)},
+            provisioner="efs.csi.aws.com",
+            parameters={"provisioningMode": "efs-ap", "fileSystemId": self.file_system.id, "directoryPerms": "750",
+                        "uid": TRAINING_UID, "gid": TRAINING_UID, "basePath": "/ragpool"},
+            mount_options=["tls"],
+            reclaim_policy="Retain" if cfg.protect_stateful else "Delete",
+            volume_binding_mode="Immediate",
+            opts=child(self, depends_on=args.depends_on, **k8s_opts))
+        self.claim = k8s.core.v1.PersistentVolumeClaim(
+            f"{name}-shared-pvc",
+            metadata={"name": SHARED_PVC, "namespace": args.namespace, "labels": k8s_labels("storage", SHARED_PVC)},
+            spec={"accessModes": ["ReadWriteMany"], "storageClassName": STORAGE_CLASS,
+                  # EFS is elastic; Kubernetes still requires a size.
+                  "resources": {"requests": {"storage": "1Ti"}}},
+            opts=child(self, depends_on=[self.storage_class, *mount_targets],
+                       protect=cfg.protect_stateful, retain_on_delete=cfg.protect_stateful, **k8s_opts))
+
+        self.file_system_id = self.file_system.id
+        self.claim_name = SHARED_PVC
+        self.register_outputs({"file_system_id": self.file_system_id, "claim_name": self.claim_name})
