@@ -9,6 +9,7 @@ allowed, so an operator fixes a broken stack file in one pass.
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import json
 import re
@@ -327,7 +328,7 @@ def parse(raw: Mapping[str, Any], *, stack: str, region: str | None, project: st
     r = _Reader(raw)
     for key in sorted(raw):
         if key not in SCHEMA_BY_NAME:
-            close = [k for k in SCHEMA_BY_NAME if k.lower() == key.lower()]
+            close = difflib.get_close_matches(key, list(SCHEMA_BY_NAME), n=1, cutoff=0.75)
             hint = f"did you mean {close[0]}?" if close else "known keys: " + ", ".join(sorted(SCHEMA_BY_NAME))
             r.problems.append(f"{PROJECT}:{key} is not a ragpool config key ({hint}); remove it with: pulumi config rm {key}")
 
@@ -476,9 +477,17 @@ def _main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pulumi-yaml", action="store_true", help="print the config: block for Pulumi.yaml")
+    parser.add_argument("--write", metavar="PULUMI_YAML", help="rewrite the config: block of this Pulumi.yaml")
     args = parser.parse_args(argv)
-    if args.pulumi_yaml:
-        yaml.safe_dump({"config": pulumi_yaml_config()}, sys.stdout, sort_keys=False, width=100)
+    block = yaml.safe_dump({"config": pulumi_yaml_config()}, sort_keys=False, width=100)
+    if args.write:
+        from pathlib import Path
+
+        path = Path(args.write)
+        head = path.read_text().split("\nconfig:\n", 1)[0]
+        path.write_text(head.rstrip("\n") + "\n" + block)
+    elif args.pulumi_yaml:
+        sys.stdout.write(block)
     return 0
 
 

@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+import pytest
+
+from tests.infra.harness import SCHEMAS_DIR, schemas_available
+
+
+@pytest.fixture(scope="session")
+def plans() -> dict[str, dict]:
+    """Offline plans of the committed stacks (the real program under fresh mocks)."""
+    from infra.plan import plan
+
+    return {stack: plan(stack) for stack in ("dev", "prod")}
+
+
+@pytest.fixture(scope="session")
+def schemas_dir():
+    if not schemas_available():
+        pytest.skip(f"upstream schemas not found at {SCHEMAS_DIR} (set RAGPOOL_SCHEMAS_DIR to ../shared/schemas)")
+    return SCHEMAS_DIR
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "tests/infra/" in str(item.fspath):
+            item.add_marker(pytest.mark.infra)
+
+
+@pytest.fixture
+def pulumi_mocks():
+    """Fresh mocks for one test (state never leaks between tests)."""
+    import pulumi
+
+    from infra.plan import _make_mocks
+
+    mocks = _make_mocks("us-west-2")
+    pulumi.runtime.set_mocks(mocks, project="ragpool", stack="dev", preview=False)
+    yield mocks

@@ -1,0 +1,192 @@
+"""Stack config: schema, Pulumi.yaml in sync, clear errors for bad values, no tracebacks."""
+
+from __future__ import annotations
+
+import copy
+import json
+import string
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from infra.config import DEFAULT_GPU_POOLS, SCHEMA, SCHEMA_BY_NAME, ConfigError, parse, pulumi_yaml_config
+from infra.plan import REPO_ROOT, load_stack, validate_stack
+
+BASE = {"owner": "ml-platform", "costCenter": "rag", "publicAccessCidrs": ["198.51.100.0/24"]}
+PROD = {**BASE, "environment": "prod", "availabilityZones": ["us-west-2a", "us-west-2b", "us-west-2c"],
+        "endpointPublicAccess": False, "systemNodeMinCount": 3,
+        "gpuPools": [{"name": "od", "instanceTypes": ["p5.48xlarge"], "capacityType": "on-demand", "gpuLimit": 8}]}
+
+
+def _parse(raw, stack="dev", region="us-west-2"):
+    return parse(raw, stack=stack, region=region)
+
+
+def test_pulumi_yaml_config_block_is_generated_from_schema():
+    project = yaml.safe_load((REPO_ROOT / "Pulumi.yaml").read_text())
+    assert project["name"] == "ragpool"
+    assert project["main"] == "infra/"
+    assert project["runtime"]["name"] == "python" and project["runtime"]["options"]["virtualenv"] == ".venv"
+    assert project["config"] == pulumi_yaml_config(), "regenerate with: python -m infra.config --pulumi-yaml"
+
+
+def test_every_key_has_type_description_and_default_or_is_required():
+    for key in SCHEMA:
+        assert key.description.strip(), key.name
+        assert key.type in ("string", "integer", "boolean", "array") or key.name == "gpuPools", key.name
+        assert key.default is not None or key.required or key.secret, f"{key.name} has neither default nor required"
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_stack_files_hold_only_overrides(stack):
+    doc = yaml.safe_load((REPO_ROOT / f"Pulumi.{stack}.yaml").read_text())
+    for full_key, value in doc["config"].items():
+        ns, key = full_key.split(":", 1)
+        if ns != "ragpool":
+            continue
+        assert key in SCHEMA_BY_NAME, f"{full_key} is not declared"
+        assert value != SCHEMA_BY_NAME[key].default, f"{full_key} repeats the Pulumi.yaml default"
+
+
+def test_dev_and_prod_parse_with_their_characters():
+    dev = validate_stack(load_stack("dev"))
+    prod = validate_stack(load_stack("prod"))
+    assert dev.environment == "dev" and prod.environment == "prod"
+    assert len(dev.network.availability_zones) == 2 and len(prod.network.availability_zones) == 3
+    assert dev.network.nat_gateways == "single" and prod.network.nat_gateways == "perAz"
+    assert dev.cluster.endpoint_public_access and not prod.cluster.endpoint_public_access
+    assert {p.capacity_type for p in dev.gpu_pools} == {"spot"}
+    assert {p.capacity_type for p in prod.gpu_pools} == {"on-demand", "spot"}
+    assert prod.protect_stateful and not dev.protect_stateful
+
+
+def test_config_objects_are_frozen():
+    cfg = _parse(BASE)
+    with pytest.raises(AttributeError):
+        cfg.environment = "prod"  # type: ignore[misc]
+
+
+def test_values_arrive_in_pulumi_wire_form():
+    # The engine hands arrays/objects as JSON text and scalars as strings.
+    cfg = _parse({**BASE, "systemNodeMinCount": "2", "endpointPublicAccess": "true",
+                  "publicAccessCidrs": json.dumps(["198.51.100.0/24"]), "gpuPools": json.dumps(DEFAULT_GPU_POOLS)})
+    assert cfg.cluster.system_node_min_count == 2
+    assert cfg.cluster.public_access_cidrs == ("198.51.100.0/24",)
+    assert cfg.gpu_pools[0].name == "gpu-spot"
+
+
+BAD = [
+    ("min greater than max", {"systemNodeMinCount": 5, "systemNodeMaxCount": 3}, "systemNodeMinCount", "5"),
+    ("non-GPU instance type", {"gpuPools": [{"name": "p", "instanceTypes": ["m5.large"], "capacityType": "spot",
+                                            "gpuLimit": 2}]}, "gpuPools[0].instanceTypes", "m5.large"),
+    ("invalid CIDR", {"vpcCidr": "10.0.0.1/16"}, "vpcCidr", "10.0.0.1/16"),
+    ("public CIDR", {"vpcCidr": "8.8.0.0/16"}, "vpcCidr", "8.8.0.0/16"),
+    ("one AZ", {"availabilityZones": ["us-west-2a"]}, "availabilityZones", "us-west-2a"),
+    ("AZ of another region", {"availabilityZones": ["us-west-2a", "eu-west-1b"]}, "availabilityZones", "eu-west-1b"),
+    ("unknown key", {"gpuPool": []}, "gpuPool", "did you mean gpuPools"),
+    ("missing required", {"owner": None}, "owner", "required"),
+    ("missing required secret", {"alertReceiver": "slack"}, "alertReceiverSecret", "required"),
+    ("bad capacity type", {"gpuPools": [{"name": "p", "instanceTypes": ["g5.xlarge"], "capacityType": "reserved",
+                                         "gpuLimit": 2}]}, "gpuPools[0].capacityType", "reserved"),
+    ("zero GPU limit", {"gpuPools": [{"name": "p", "instanceTypes": ["g5.xlarge"], "capacityType": "spot",
+                                      "gpuLimit": 0}]}, "gpuPools[0].gpuLimit", "0"),
+    ("unknown pool field", {"gpuPools": [{"name": "p", "instanceTypes": ["g5.xlarge"], "capacityType": "spot",
+                                          "gpuLimit": 1, "gpus": 4}]}, "gpuPools[0].gpus", "unknown pool field"),
+    ("pool zone outside AZs", {"gpuPools": [{"name": "p", "instanceTypes": ["g5.xlarge"], "capacityType": "spot",
+                                             "gpuLimit": 1, "zones": ["us-west-2d"]}]}, "gpuPools[0].zones", "us-west-2d"),
+    ("reserved label domain", {"gpuPools": [{"name": "p", "instanceTypes": ["g5.xlarge"], "capacityType": "spot",
+                                             "gpuLimit": 1, "labels": {"karpenter.sh/x": "y"}}]}, "gpuPools[0].labels",
+     "karpenter.sh/x"),
+    ("unsupported k8s version", {"kubernetesVersion": "1.20"}, "kubernetesVersion", "1.20"),
+    ("open API endpoint", {"publicAccessCidrs": ["0.0.0.0/0"]}, "publicAccessCidrs", "0.0.0.0/0"),
+    ("public endpoint without allow-list", {"publicAccessCidrs": []}, "publicAccessCidrs", "[]"),
+    ("bad admin ARN", {"adminRoleArns": ["arn:aws:iam::12:user/x"]}, "adminRoleArns", "arn:aws:iam::12:user/x"),
+    ("mutable image tag", {"imageTag": "latest"}, "imageTag", "latest"),
+    ("not a boolean", {"endpointPublicAccess": "yes"}, "endpointPublicAccess", "yes"),
+    ("not an integer", {"efsBackupRetentionDays": "two weeks"}, "efsBackupRetentionDays", "two weeks"),
+]
+
+
+@pytest.mark.parametrize("label,override,key,value", BAD, ids=[b[0] for b in BAD])
+def test_bad_value_names_key_value_and_allowed(label, override, key, value):
+    raw = {**BASE, "publicAccessCidrs": ["198.51.100.0/24"], **override}
+    raw = {k: v for k, v in raw.items() if v is not None}
+    with pytest.raises(ConfigError) as err:
+        _parse(raw)
+    message = str(err.value)
+    assert f"ragpool:{key}" in message
+    assert value in message
+    assert "Traceback" not in message
+
+
+@pytest.mark.parametrize("override,key,fragment", [
+    ({"gpuPools": [{"name": "s", "instanceTypes": ["g5.xlarge"], "capacityType": "spot", "gpuLimit": 4}]},
+     "gpuPools", "on-demand"),
+    ({"endpointPublicAccess": True, "publicAccessCidrs": ["198.51.100.0/24"]}, "endpointPublicAccess", "private"),
+    ({"availabilityZones": ["us-west-2a", "us-west-2b"]}, "availabilityZones", "at least 3"),
+])
+def test_prod_rules(override, key, fragment):
+    with pytest.raises(ConfigError) as err:
+        _parse({**PROD, **override}, stack="prod")
+    assert f"ragpool:{key}" in str(err.value) and fragment in str(err.value)
+
+
+def test_all_problems_are_reported_together():
+    with pytest.raises(ConfigError) as err:
+        _parse({**BASE, "vpcCidr": "nope", "kubernetesVersion": "0.1", "imageTag": "latest"}, region=None)
+    assert len(err.value.problems) >= 4  # + aws:region missing
+    assert any(p.startswith("aws:region") for p in err.value.problems)
+
+
+def test_secret_values_are_never_echoed():
+    with pytest.raises(ConfigError) as err:
+        _parse({**BASE, "publicAccessCidrs": ["198.51.100.0/24"], "alertReceiver": "bogus",
+                "alertReceiverSecret": 12345})
+    assert "12345" not in str(err.value)
+
+
+# ------------------------------------------------------------------ fuzz: never a traceback
+
+_text = st.text(alphabet=string.ascii_letters + string.digits + "-./:% _", max_size=24)
+_scalar = st.one_of(st.none(), st.booleans(), st.integers(-10, 10_000), _text)
+_pool = st.fixed_dictionaries({}, optional={
+    "name": st.one_of(_text, st.sampled_from(["gpu", "a", "spot-1"])),
+    "instanceTypes": st.one_of(st.lists(st.one_of(_text, st.sampled_from(["g5.xlarge", "m5.large", "p5.48xlarge"])),
+                                        max_size=3), _scalar),
+    "capacityType": st.one_of(st.sampled_from(["spot", "on-demand", "x"]), _scalar),
+    "gpuLimit": _scalar, "zones": st.one_of(st.lists(_text, max_size=2), _scalar),
+    "diskSizeGiB": _scalar, "labels": st.one_of(st.dictionaries(_text, _text, max_size=2), _scalar),
+    "expireAfter": _scalar, "disruptionBudget": _scalar, "bogus": _scalar,
+})
+_values = {
+    "environment": st.one_of(st.sampled_from(["dev", "prod", "staging"]), _scalar),
+    "vpcCidr": st.one_of(st.sampled_from(["10.0.0.0/16", "10.1.0.0/20", "192.168.0.0/24"]), _scalar),
+    "availabilityZones": st.one_of(st.lists(st.sampled_from(["us-west-2a", "us-west-2b", "us-west-2c", "x"]),
+                                            max_size=4), _scalar),
+    "natGateways": st.one_of(st.sampled_from(["single", "perAz"]), _scalar),
+    "kubernetesVersion": st.one_of(st.sampled_from(["1.35", "1.33", "2.0"]), _scalar),
+    "endpointPublicAccess": _scalar, "publicAccessCidrs": st.one_of(st.lists(_text, max_size=2), _scalar),
+    "systemNodeMinCount": _scalar, "systemNodeMaxCount": _scalar,
+    "gpuPools": st.one_of(st.lists(_pool, max_size=3), _scalar, st.just("{not json")),
+    "imageTag": _scalar, "alertReceiver": st.one_of(st.sampled_from(["none", "slack"]), _scalar),
+    "owner": _scalar, "unexpectedKey": _scalar,
+}
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(raw=st.fixed_dictionaries({}, optional=_values), wire=st.booleans(),
+       region=st.one_of(st.none(), st.sampled_from(["us-west-2", "mars-1"])))
+def test_fuzzed_configs_parse_or_fail_cleanly(raw, wire, region):
+    raw = {k: v for k, v in raw.items() if v is not None}
+    if wire:  # as the Pulumi engine would pass them
+        raw = {k: v if isinstance(v, str) else json.dumps(v) if not isinstance(v, bool) else str(v).lower()
+               for k, v in raw.items()}
+    try:
+        cfg = parse(copy.deepcopy(raw), stack="fuzz", region=region)
+    except ConfigError as exc:
+        assert exc.problems and all(isinstance(p, str) and p for p in exc.problems)
+        assert "Traceback" not in str(exc)
+    else:
+        assert cfg.network.availability_zones and cfg.gpu_pools

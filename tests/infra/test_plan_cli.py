@@ -1,0 +1,111 @@
+"""`ragpool plan`, `plan-diff` and `config check` as users run them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infra.plan import REPO_ROOT, plan_diff
+
+RAGPOOL = [sys.executable, "-m", "infra.cli"]
+
+
+def run(*args, cwd=REPO_ROOT):
+    return subprocess.run([*RAGPOOL, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def test_plan_json_to_file_and_tree(tmp_path):
+    out = tmp_path / "dev.json"
+    res = run("plan", "--stack", "dev", "--format", "tree", "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(out.read_text())
+    assert res.stdout.startswith(f"ragpool-dev: {len(doc['resources'])} resources")
+    assert "  +-network-vpc (aws:ec2/vpc:Vpc)" in res.stdout
+    keys = [(r["type"], r["name"]) for r in doc["resources"]]
+    assert keys == sorted(keys)
+    assert all(set(r) >= {"type", "name", "parent", "inputs"} for r in doc["resources"])
+
+
+def _broken_root(tmp_path: Path, **overrides) -> Path:
+    (tmp_path / "Pulumi.yaml").write_text((REPO_ROOT / "Pulumi.yaml").read_text())
+    doc = yaml.safe_load((REPO_ROOT / "Pulumi.dev.yaml").read_text())
+    doc["config"].update(overrides)
+    (tmp_path / "Pulumi.dev.yaml").write_text(yaml.safe_dump(doc))
+    return tmp_path
+
+
+def test_plan_bad_config_is_one_line_no_traceback(tmp_path):
+    root = _broken_root(tmp_path, **{"ragpool:vpcCidr": "10.0.0.0/33"})
+    res = run("plan", "--stack", "dev", "--root", str(root))
+    assert res.returncode == 2
+    assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
+    assert "ragpool:vpcCidr" in res.stderr and "10.0.0.0/33" in res.stderr
+
+
+def test_plan_unknown_stack(tmp_path):
+    res = run("plan", "--stack", "staging")
+    assert res.returncode == 2 and "no stack file Pulumi.staging.yaml" in res.stderr
+
+
+def test_config_check_reports_every_problem_with_file_key_value_fix(tmp_path):
+    root = _broken_root(tmp_path, **{
+        "ragpool:vpcCidr": "10.0.0.0/33", "ragpool:systemNodeMinCount": 9, "ragpool:gpuPool": [],
+        "ragpool:alertReceiver": "slack",
+        "ragpool:gpuPools": [{"name": "x", "instanceTypes": ["t3.large"], "capacityType": "spot", "gpuLimit": 1}]})
+    res = run("config", "check", "--stack", "dev", "--root", str(root))
+    assert res.returncode == 2
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("  Pulumi.dev.yaml: ")]
+    assert len(lines) == 5, res.stderr
+    for fragment in ("ragpool:vpcCidr", "systemNodeMinCount = 9", "did you mean gpuPools",
+                     "alertReceiverSecret is required", "t3.large"):
+        assert any(fragment in ln for ln in lines), fragment
+    assert "pulumi config" in res.stderr  # the fix is spelled out
+
+
+def test_config_check_ok_for_committed_stacks():
+    res = run("config", "check", "--stack", "dev", "--stack", "prod")
+    assert res.returncode == 0, res.stderr
+    assert "Pulumi.prod.yaml: ok (prod, 3 AZs, 2 GPU pool(s))" in res.stdout
+
+
+def test_plan_diff_reads_like_a_review(plans, tmp_path):
+    text = plan_diff(plans["dev"], plans["prod"])
+    first = text.splitlines()[0]
+    assert first.startswith("Plan diff ragpool-dev -> ragpool-prod: 12 to add,")
+    assert "+ kubernetes:karpenter.sh/v1:NodePool (1): gpu-gpu-ondemand" in text
+    assert "~ vpcConfig.endpointPublicAccess: true => false" in text
+    assert "~ [protect]: False => True" in text
+    assert "~ tags.environment: \"dev\" => \"prod\"" in text and "resources)" in text
+    assert "{" not in first and '"inputs"' not in text  # not a JSON dump
+    # CLI on files, and bad input
+    (tmp_path / "a.json").write_text(json.dumps(plans["dev"]))
+    (tmp_path / "b.json").write_text(json.dumps(plans["prod"]))
+    res = run("plan-diff", str(tmp_path / "a.json"), str(tmp_path / "b.json"))
+    assert res.returncode == 0 and res.stdout == text
+    (tmp_path / "bad.json").write_text("[1]")
+    res = run("plan-diff", str(tmp_path / "a.json"), str(tmp_path / "bad.json"))
+    assert res.returncode == 2 and "not a ragpool plan" in res.stderr
+
+
+def test_plan_diff_shows_helm_values_and_k8s_objects_as_yaml(plans):
+    import copy
+
+    new = copy.deepcopy(plans["dev"])
+    for r in new["resources"]:
+        if r["type"] == "kubernetes:helm.sh/v3:Release":
+            r["inputs"]["values"]["replicas"] = 3
+        if r["type"] == "kubernetes:karpenter.sh/v1:NodePool":
+            r["inputs"]["spec"]["limits"]["nvidia.com/gpu"] = "16"
+    text = plan_diff(plans["dev"], new)
+    assert "Plan diff ragpool-dev -> ragpool-dev: 0 to add, 2 to change, 0 to remove" in text
+    assert "-replicas: 2\n        +replicas: 3" in text
+    assert "-  nvidia.com/gpu: '8'\n        +  nvidia.com/gpu: '16'" in text
+
+
+def test_plan_diff_no_changes(plans):
+    assert plan_diff(plans["dev"], plans["dev"]).endswith("No changes.\n")

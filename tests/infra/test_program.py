@@ -1,0 +1,262 @@
+"""The real Pulumi program under mocks: per-component properties of both stacks."""
+
+from __future__ import annotations
+
+import inspect
+from collections import Counter
+
+import pulumi
+import pulumi_aws
+import pytest
+
+from infra.config import PROJECT
+from infra.plan import SECRET_MASK, load_stack, plan
+
+COMMON_TAGS = {"project", "stack", "environment", "owner", "cost-center", "managed-by"}
+
+
+def of_type(doc, typ):
+    return [r for r in doc["resources"] if r["type"] == typ]
+
+
+def one(doc, typ, name=None):
+    found = [r for r in of_type(doc, typ) if name is None or r["name"] == name]
+    assert len(found) == 1, f"expected one {typ} {name or ''}, found {[r['name'] for r in found]}"
+    return found[0]
+
+
+def accepts_tags(resource_type: str) -> bool:
+    """Whether the pulumi_aws class behind a type token (aws:ec2/vpc:Vpc) takes `tags`."""
+    module = resource_type.split(":")[1].split("/")[0]
+    cls = getattr(getattr(pulumi_aws, module), resource_type.rsplit(":", 1)[-1])
+    return "tags" in inspect.signature(cls._internal_init).parameters
+
+
+def test_components_use_ragpool_type_tokens_and_parent_every_child(plans):
+    for doc in plans.values():
+        components = {r["name"] for r in doc["resources"] if r["type"].startswith("ragpool:infra:")}
+        assert components >= {"network", "cluster", "gpu", "storage", "registry", "training"}
+        for r in doc["resources"]:
+            if r["type"].startswith("ragpool:infra:"):
+                assert r["parent"] is None
+            else:
+                assert r["parent"] in components, f"{r['name']} is not parented to a component"
+                assert r["name"].startswith(r["parent"] + "-"), f"{r['name']} not named after {r['parent']}"
+
+
+def test_every_taggable_aws_resource_carries_common_tags(plans):
+    for stack, doc in plans.items():
+        checked = 0
+        for r in doc["resources"]:
+            if not r["type"].startswith("aws:"):
+                continue
+            if not accepts_tags(r["type"]):
+                continue
+            tags = r["inputs"].get("tags") or {}
+            assert COMMON_TAGS <= set(tags), f"{stack}: {r['type']} {r['name']} lacks {COMMON_TAGS - set(tags)}"
+            assert tags["stack"] == stack and tags["project"] == PROJECT
+            checked += 1
+        assert checked > 30
+
+
+def test_network_spreads_over_azs_with_nat_per_environment(plans):
+    for stack, azs, nats in (("dev", 2, 1), ("prod", 3, 3)):
+        doc = plans[stack]
+        subnets = of_type(doc, "aws:ec2/subnet:Subnet")
+        private = [s for s in subnets if "internal-elb" in str(s["inputs"]["tags"])]
+        public = [s for s in subnets if "kubernetes.io/role/elb" in s["inputs"]["tags"]]
+        assert len({s["inputs"]["availabilityZone"] for s in private}) == azs
+        assert len({s["inputs"]["availabilityZone"] for s in public}) == azs
+        assert all(s["inputs"]["tags"]["karpenter.sh/discovery"] == f"ragpool-{stack}" for s in private)
+        assert not any(s["inputs"].get("mapPublicIpOnLaunch") for s in subnets)
+        assert len(of_type(doc, "aws:ec2/natGateway:NatGateway")) == nats
+        s3 = one(doc, "aws:ec2/vpcEndpoint:VpcEndpoint")
+        assert s3["inputs"]["vpcEndpointType"] == "Gateway" and s3["inputs"]["serviceName"].endswith(".s3")
+        assert len(s3["inputs"]["routeTableIds"]) == azs
+
+
+def test_cluster_encryption_logs_endpoint_and_access(plans):
+    for stack, public in (("dev", True), ("prod", False)):
+        eks = one(plans[stack], "aws:eks/cluster:Cluster")["inputs"]
+        assert eks["version"] == "1.35"
+        assert eks["encryptionConfig"]["resources"] == ["secrets"]
+        assert eks["encryptionConfig"]["provider"]["keyArn"].startswith("arn:aws:kms:")
+        assert set(eks["enabledClusterLogTypes"]) == {"api", "audit", "authenticator", "controllerManager", "scheduler"}
+        assert eks["vpcConfig"]["endpointPrivateAccess"] is True
+        assert eks["vpcConfig"]["endpointPublicAccess"] is public
+        if public:
+            assert eks["vpcConfig"]["publicAccessCidrs"] and "0.0.0.0/0" not in eks["vpcConfig"]["publicAccessCidrs"]
+        assert eks["accessConfig"]["authenticationMode"] == "API"
+        assert all(s.startswith("network-private-") for s in eks["vpcConfig"]["subnetIds"])
+        keys = [k for k in of_type(plans[stack], "aws:kms/key:Key")]
+        assert keys and all(k["inputs"]["enableKeyRotation"] for k in keys)
+
+
+def test_managed_addons_and_pod_identity(plans):
+    doc = plans["dev"]
+    addons = {a["inputs"]["addonName"]: a["inputs"] for a in of_type(doc, "aws:eks/addon:Addon")}
+    assert set(addons) == {"vpc-cni", "coredns", "kube-proxy", "eks-pod-identity-agent", "aws-efs-csi-driver",
+                           "eks-node-monitoring-agent"}
+    efs = addons["aws-efs-csi-driver"]["podIdentityAssociations"][0]
+    assert efs["serviceAccount"] == "efs-csi-controller-sa"
+    karpenter = one(doc, "aws:eks/podIdentityAssociation:PodIdentityAssociation")["inputs"]
+    assert (karpenter["namespace"], karpenter["serviceAccount"]) == ("kube-system", "karpenter")
+    assert not of_type(doc, "aws:iam/openIdConnectProvider:OpenIdConnectProvider")
+
+
+def test_system_node_group_is_on_demand_repairing_and_imdsv2(plans):
+    for stack, minimum in (("dev", 2), ("prod", 3)):
+        ng = one(plans[stack], "aws:eks/nodeGroup:NodeGroup")["inputs"]
+        assert ng["capacityType"] == "ON_DEMAND"
+        assert ng["nodeRepairConfig"]["enabled"] is True
+        assert ng["scalingConfig"]["minSize"] == minimum
+        assert len(ng["subnetIds"]) == (2 if stack == "dev" else 3)
+        lt = one(plans[stack], "aws:ec2/launchTemplate:LaunchTemplate")["inputs"]
+        assert lt["metadataOptions"]["httpTokens"] == "required"
+
+
+def test_gpu_node_pools_are_tainted_labelled_and_never_disrupt_training(plans):
+    expected = {"dev": {"gpu-spot": "spot"}, "prod": {"gpu-ondemand": "on-demand", "gpu-spot": "spot"}}
+    for stack, pools in expected.items():
+        doc = plans[stack]
+        node_pools = {r["inputs"]["metadata"]["name"]: r["inputs"]["spec"] for r in
+                      of_type(doc, "kubernetes:karpenter.sh/v1:NodePool")}
+        assert set(node_pools) == set(pools)
+        for name, spec in node_pools.items():
+            tmpl = spec["template"]
+            assert tmpl["metadata"]["labels"]["ragpool.io/pool"] == name
+            assert tmpl["spec"]["taints"] == [{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}]
+            reqs = {r["key"]: r["values"] for r in tmpl["spec"]["requirements"]}
+            assert reqs["karpenter.sh/capacity-type"] == [pools[name]]
+            assert spec["disruption"]["consolidationPolicy"] == "WhenEmpty"
+            assert int(spec["limits"]["nvidia.com/gpu"]) > 0
+            assert tmpl["spec"]["nodeClassRef"]["name"] == name
+        classes = {r["inputs"]["metadata"]["name"]: r["inputs"]["spec"] for r in
+                   of_type(doc, "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass")}
+        assert set(classes) == set(pools)
+        for spec in classes.values():
+            assert spec["metadataOptions"]["httpTokens"] == "required"
+            assert spec["metadataOptions"]["httpPutResponseHopLimit"] == 1
+            assert spec["blockDeviceMappings"][0]["ebs"]["encrypted"] is True
+            assert spec["amiSelectorTerms"][0]["alias"].startswith("al2023@")
+
+
+def test_karpenter_interruption_handling(plans):
+    doc = plans["dev"]
+    rules = of_type(doc, "aws:cloudwatch/eventRule:EventRule")
+    assert len(rules) == 4 and len(of_type(doc, "aws:cloudwatch/eventTarget:EventTarget")) == 4
+    release = one(doc, "kubernetes:helm.sh/v3:Release")["inputs"]
+    assert release["values"]["settings"]["interruptionQueue"]
+    assert release["values"]["settings"]["clusterName"] == "ragpool-dev"
+    assert release["values"]["settings"]["featureGates"]["nodeRepair"] is True
+    policy = one(doc, "aws:iam/rolePolicy:RolePolicy")["inputs"]["policy"]
+    assert "ec2:TerminateInstances" in policy and "kubernetes.io/cluster/ragpool-dev" in policy
+
+
+def test_shared_storage_encrypted_tls_backed_up_and_rwx(plans):
+    for stack in ("dev", "prod"):
+        doc = plans[stack]
+        fs = one(doc, "aws:efs/fileSystem:FileSystem")["inputs"]
+        assert fs["encrypted"] is True and fs["kmsKeyId"].startswith("arn:aws:kms:")
+        assert fs["throughputMode"] == "elastic"
+        azs = 2 if stack == "dev" else 3
+        assert len(of_type(doc, "aws:efs/mountTarget:MountTarget")) == azs
+        sg = one(doc, "aws:ec2/securityGroup:SecurityGroup", "storage-efs-sg")["inputs"]
+        assert [(i["fromPort"], i["toPort"]) for i in sg["ingress"]] == [(2049, 2049)]
+        assert "cidrBlocks" not in sg["ingress"][0] and sg["ingress"][0]["securityGroups"]
+        assert "aws:SecureTransport" in one(doc, "aws:efs/fileSystemPolicy:FileSystemPolicy")["inputs"]["policy"]
+        plan_rules = one(doc, "aws:backup/plan:Plan")["inputs"]["rules"]
+        assert plan_rules[0]["lifecycle"]["deleteAfter"] == (14 if stack == "dev" else 35)
+        pvc = one(doc, "kubernetes:core/v1:PersistentVolumeClaim")["inputs"]
+        assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+        sc = one(doc, "kubernetes:storage.k8s.io/v1:StorageClass")["inputs"]
+        assert sc["provisioner"] == "efs.csi.aws.com" and "tls" in sc["mountOptions"]
+        assert sc["reclaimPolicy"] == ("Delete" if stack == "dev" else "Retain")
+
+
+STATEFUL = [("aws:efs/fileSystem:FileSystem", None), ("aws:kms/key:Key", "storage-key"),
+            ("aws:kms/key:Key", "cluster-secrets-key"), ("aws:backup/vault:Vault", None)]
+
+
+@pytest.mark.parametrize("typ,name", STATEFUL)
+def test_stateful_resources_protected_and_retained_only_in_prod(plans, typ, name):
+    prod = one(plans["prod"], typ, name)
+    dev = one(plans["dev"], typ, name)
+    assert prod.get("protect") and prod.get("retainOnDelete")
+    assert not dev.get("protect") and not dev.get("retainOnDelete")
+
+
+def test_registry_immutable_scanned_with_lifecycle(plans):
+    repo = one(plans["prod"], "aws:ecr/repository:Repository")["inputs"]
+    assert repo["imageTagMutability"] == "IMMUTABLE"
+    assert repo["imageScanningConfiguration"]["scanOnPush"] is True
+    assert repo["forceDelete"] is False
+    assert one(plans["dev"], "aws:ecr/repository:Repository")["inputs"]["forceDelete"] is True
+    assert "imageCountMoreThan" in one(plans["prod"], "aws:ecr/lifecyclePolicy:LifecyclePolicy")["inputs"]["policy"]
+    assert not of_type(plans["prod"], "docker-build:index:Image")  # image build is off by default
+
+
+def test_image_build_switch_builds_from_training_dockerfile():
+    doc = plan("dev", overrides={"ragpool:buildImage": True})
+    image = one(doc, "docker-build:index:Image")["inputs"]
+    assert image["dockerfile"]["location"].endswith("training/Dockerfile")
+    assert image["push"] is True and image["tags"][0].endswith(":0.1.0")
+    assert image["registries"][0]["password"] == SECRET_MASK
+
+
+def test_kubeconfig_is_masked_secret(plans):
+    provider = one(plans["dev"], "pulumi:providers:kubernetes")
+    assert provider["inputs"]["kubeconfig"] == SECRET_MASK
+
+
+def test_dev_and_prod_differ_exactly_as_configured(plans):
+    dev, prod = (Counter(r["type"] for r in plans[s]["resources"]) for s in ("dev", "prod"))
+    delta = {t: prod[t] - dev[t] for t in set(dev) | set(prod) if prod[t] != dev[t]}
+    assert delta == {
+        "aws:ec2/subnet:Subnet": 2,  # a third AZ: one private + one public subnet
+        "aws:ec2/routeTableAssociation:RouteTableAssociation": 2,
+        "aws:ec2/routeTable:RouteTable": 1,
+        "aws:ec2/natGateway:NatGateway": 2, "aws:ec2/eip:Eip": 2,  # NAT per AZ
+        "aws:efs/mountTarget:MountTarget": 1,
+        "kubernetes:karpenter.sh/v1:NodePool": 1, "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass": 1,
+    }
+
+
+def test_plan_is_deterministic():
+    assert plan("prod") == plan("prod")
+
+
+def test_program_outputs_under_fresh_mocks(pulumi_mocks):
+    """The program loaded as the language host loads it (runpy on main: infra/)."""
+    import runpy
+
+    from infra.plan import INFRA_DIR
+
+    settings = load_stack("dev")
+    pulumi.runtime.set_all_config(dict(settings.engine_config), list(settings.secret_keys))
+
+    @pulumi.runtime.test
+    def check():
+        namespace = runpy.run_path(str(INFRA_DIR), run_name="__main__")
+        cluster = namespace["cluster"]
+
+        def verify(args):
+            name, kubeconfig = args
+            assert name == "ragpool-dev"
+            assert '"aws"' in kubeconfig and "get-token" in kubeconfig
+
+        return pulumi.Output.all(cluster.name, cluster.kubeconfig).apply(verify)
+
+    check()
+
+
+def test_bad_config_stops_program_with_run_error(pulumi_mocks):
+    import runpy
+
+    from infra.plan import INFRA_DIR
+
+    settings = load_stack("dev")
+    pulumi.runtime.set_all_config({**settings.engine_config, "ragpool:vpcCidr": "300.0.0.0/16"})
+    with pytest.raises(pulumi.RunError) as err:
+        runpy.run_path(str(INFRA_DIR), run_name="__main__")
+    assert "ragpool:vpcCidr" in str(err.value) and "300.0.0.0/16" in str(err.value)

@@ -1,0 +1,61 @@
+"""Every Kubernetes object and Helm value in both stacks, checked against real schemas."""
+
+from __future__ import annotations
+
+import jsonschema
+import kubernetes_validate
+import pytest
+
+from infra.charts import BY_SCHEMA_NAME
+from infra.config import SUPPORTED_KUBERNETES_VERSIONS
+from tests.infra.harness import (
+    helm_releases, helm_value_problems, is_core, kubernetes_objects, validate_core, validate_custom,
+)
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_every_kubernetes_object_validates_strictly(plans, schemas_dir, stack):
+    doc = plans[stack]
+    version = next(r for r in doc["resources"] if r["type"] == "aws:eks/cluster:Cluster")["inputs"]["version"]
+    validated = 0
+    for resource, obj in kubernetes_objects(doc):
+        if is_core(obj):
+            validate_core(obj, version)
+        else:
+            validate_custom(obj)
+        validated += 1
+    total = sum(1 for r in doc["resources"] if r["type"].startswith("kubernetes:")
+                and r["type"] != "kubernetes:helm.sh/v3:Release")
+    assert validated == total and total >= 5
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_every_helm_release_is_pinned_and_its_values_exist_in_the_chart(plans, schemas_dir, stack):
+    releases = list(helm_releases(plans[stack]))
+    assert releases
+    by_ref = {c.chart_ref: (schema_name, c) for schema_name, c in BY_SCHEMA_NAME.items()}
+    for release in releases:
+        inputs = release["inputs"]
+        schema_name, chart = by_ref[inputs["chart"]]
+        assert inputs["version"] == chart.version
+        assert (schemas_dir / "helm" / schema_name / chart.version / "values.yaml").is_file(), \
+            f"{schema_name} {chart.version} is not the version in ../shared/schemas/helm"
+        assert helm_value_problems(schema_name, chart.version, inputs["values"]) == []
+
+
+def test_harness_rejects_unknown_fields(schemas_dir):
+    """The validators must fail on typos, or the tests above prove nothing."""
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate_core({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}, "spec": {"typo": 1}},
+                      SUPPORTED_KUBERNETES_VERSIONS[-1])
+    with pytest.raises(jsonschema.ValidationError):
+        validate_custom({"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "x"},
+                         "spec": {"template": {"spec": {"nodeClassRef": {"group": "karpenter.k8s.aws",
+                                  "kind": "EC2NodeClass", "name": "x"}, "requirements": [], "taint": []}}}})
+    problems = helm_value_problems("karpenter", "1.14.1", {"settings": {"clusterNme": "x"}, "nodeSelector": {"a": "b"}})
+    assert problems == ["karpenter: `settings.clusterNme` is not a value of the chart (typo or removed key?)"]
+
+
+def test_cluster_versions_have_validation_schemas():
+    for version in SUPPORTED_KUBERNETES_VERSIONS:
+        validate_core({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}}, version)
