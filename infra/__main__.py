@@ -16,7 +16,9 @@ except ConfigError as exc:
     raise pulumi.RunError(str(exc)) from None
 
 from infra.cluster import Cluster, ClusterArgs  # noqa: E402
+from infra.gpu_plugins import GpuPlugins, GpuPluginsArgs  # noqa: E402
 from infra.gpu_pools import GpuPools, GpuPoolsArgs  # noqa: E402
+from infra.monitoring import Monitoring, MonitoringArgs  # noqa: E402
 from infra.network import Network, NetworkArgs  # noqa: E402
 from infra.registry import Registry, RegistryArgs  # noqa: E402
 from infra.storage import SharedStorage, StorageArgs  # noqa: E402
@@ -37,6 +39,12 @@ storage = SharedStorage("storage", StorageArgs(
     node_security_group_id=cluster.cluster_security_group_id, k8s_provider=cluster.provider,
     namespace=training.name, depends_on=[cluster.system_nodes]))
 registry = Registry("registry", RegistryArgs(config=cfg))
+monitoring = Monitoring("monitoring", MonitoringArgs(
+    config=cfg, k8s_provider=cluster.provider, training_namespace=training.name,
+    depends_on=[cluster.system_nodes, storage]))
+gpu_plugins = GpuPlugins("gpu-plugins", GpuPluginsArgs(
+    k8s_provider=cluster.provider, gpu_pool_names=[p.name for p in cfg.gpu_pools],
+    monitoring_namespace=monitoring.namespace_name, depends_on=[monitoring.release]))
 
 pulumi.export("clusterName", cluster.name)
 pulumi.export("clusterEndpoint", cluster.endpoint)
@@ -46,3 +54,4 @@ pulumi.export("ecrRepositoryUrl", registry.repository_url)
 pulumi.export("trainingImage", registry.image_ref)
 pulumi.export("trainingNamespace", training.name)
 pulumi.export("gpuPools", [p.name for p in cfg.gpu_pools])
+pulumi.export("grafanaAdminPassword", monitoring.grafana_admin_password)

@@ -22,11 +22,15 @@ CONTROL_PLANE_LOGS = ("api", "audit", "authenticator", "controllerManager", "sch
 # Managed add-ons. Versions are left to EKS (the default for the cluster version),
 # so a Kubernetes upgrade brings matching add-ons.
 ADDONS = ("vpc-cni", "kube-proxy", "eks-pod-identity-agent", "coredns", "aws-efs-csi-driver",
-          "eks-node-monitoring-agent")
+          "aws-ebs-csi-driver", "eks-node-monitoring-agent")
 # Add-ons whose pods need nodes to become healthy.
-ADDONS_NEEDING_NODES = ("coredns", "aws-efs-csi-driver", "eks-node-monitoring-agent")
+ADDONS_NEEDING_NODES = ("coredns", "aws-efs-csi-driver", "aws-ebs-csi-driver", "eks-node-monitoring-agent")
+# CSI drivers get AWS credentials through Pod Identity: (service account, managed policy).
+CSI_IDENTITIES = {
+    "aws-efs-csi-driver": ("efs-csi-controller-sa", "service-role/AmazonEFSCSIDriverPolicy"),
+    "aws-ebs-csi-driver": ("ebs-csi-controller-sa", "service-role/AmazonEBSCSIDriverPolicy"),
+}
 CLUSTER_ADMIN_POLICY = "AmazonEKSClusterAdminPolicy"
-EFS_CSI_SERVICE_ACCOUNT = "efs-csi-controller-sa"
 
 
 @dataclass(frozen=True)
@@ -151,18 +155,17 @@ class Cluster(pulumi.ComponentResource):
                        ignore_changes=["scalingConfig.desiredSize"]),
         )
 
-        efs_role = aws.iam.Role(f"{name}-efs-csi-role", assume_role_policy=iam.pod_identity_trust(),
-                                tags=aws_tags(cfg, f"{args.cluster_name}-efs-csi"), opts=child(self))
-        efs_policy = aws.iam.RolePolicyAttachment(
-            f"{name}-efs-csi-policy", role=efs_role.name,
-            policy_arn=iam.managed_policy("service-role/AmazonEFSCSIDriverPolicy"), opts=child(self))
         for addon in ADDONS_NEEDING_NODES:
             extra = {}
             deps: list[pulumi.Resource] = [self.system_nodes]
-            if addon == "aws-efs-csi-driver":
-                extra["pod_identity_associations"] = [{"role_arn": efs_role.arn,
-                                                       "service_account": EFS_CSI_SERVICE_ACCOUNT}]
-                deps.append(efs_policy)
+            if addon in CSI_IDENTITIES:
+                service_account, policy = CSI_IDENTITIES[addon]
+                short = addon.removeprefix("aws-").removesuffix("-driver")
+                role = aws.iam.Role(f"{name}-{short}-role", assume_role_policy=iam.pod_identity_trust(),
+                                    tags=aws_tags(cfg, f"{args.cluster_name}-{short}"), opts=child(self))
+                deps.append(aws.iam.RolePolicyAttachment(f"{name}-{short}-policy", role=role.name,
+                                                         policy_arn=iam.managed_policy(policy), opts=child(self)))
+                extra["pod_identity_associations"] = [{"role_arn": role.arn, "service_account": service_account}]
             self._addon(name, cfg, addon, deps=deps, **extra)
 
         self.kubeconfig = pulumi.Output.secret(pulumi.Output.all(

@@ -98,6 +98,8 @@ SCHEMA: tuple[ConfigKey, ...] = (
     ConfigKey("efsBackupRetentionDays", "integer", "Days AWS Backup keeps daily recovery points of the shared EFS file system.", 14),
     ConfigKey("buildImage", "boolean", "Build and push the training image from training/Dockerfile during `pulumi up` (needs Docker).", False),
     ConfigKey("imageTag", "string", "Tag of the training image in ECR (tags are immutable: bump it for every build; `latest` is refused).", "0.1.0"),
+    ConfigKey("prometheusRetention", "string", "How long Prometheus keeps samples (Prometheus duration, e.g. 15d).", "15d"),
+    ConfigKey("prometheusStorageGiB", "integer", "Size of Prometheus' persistent volume in GiB (gp3).", 50),
     ConfigKey("alertReceiver", "string", "Where critical alerts go: none, slack or pagerduty.", "none"),
     ConfigKey("alertReceiverSecret", "string", "Slack webhook URL or PagerDuty routing key for alertReceiver (required unless alertReceiver is none).", secret=True),
 )
@@ -153,6 +155,8 @@ class StackConfig:
     build_image: bool
     image_tag: str
     alert_receiver: str
+    prometheus_retention: str = "15d"
+    prometheus_storage_gib: int = 50
     alert_receiver_secret: str | None = field(default=None, repr=False)
 
     @property
@@ -412,6 +416,12 @@ def parse(raw: Mapping[str, Any], *, stack: str, region: str | None, project: st
     tag = r.get("imageTag")
     _check(isinstance(tag, str) and bool(_IMAGE_TAG.match(tag)) and tag != "latest", r, "imageTag", tag,
            "must be a valid immutable Docker tag (not `latest`), e.g. 0.1.0 or a git SHA")
+    retention_p = r.get("prometheusRetention")
+    _check(isinstance(retention_p, str) and bool(re.fullmatch(r"\d+(ms|s|m|h|d|w|y)", retention_p or "")), r,
+           "prometheusRetention", retention_p, "must be a Prometheus duration such as 15d or 720h")
+    storage_p = r.get("prometheusStorageGiB")
+    _check(isinstance(storage_p, int) and 10 <= storage_p <= 16384, r, "prometheusStorageGiB", storage_p,
+           "must be an integer from 10 to 16384")
     receiver = r.get("alertReceiver")
     _check(receiver in ALERT_RECEIVERS, r, "alertReceiver", receiver, "must be one of " + ", ".join(ALERT_RECEIVERS))
     secret = r.get("alertReceiverSecret")
@@ -433,6 +443,7 @@ def parse(raw: Mapping[str, Any], *, stack: str, region: str | None, project: st
         ),
         gpu_pools=pools, gpu_ami_alias=ami, efs_backup_retention_days=retention,
         build_image=build, image_tag=tag, alert_receiver=receiver, alert_receiver_secret=secret,
+        prometheus_retention=retention_p, prometheus_storage_gib=storage_p,
     )
 
 

@@ -133,6 +133,9 @@ def mock_outputs(typ: str, name: str, inputs: dict[str, Any], region: str) -> di
         out["arn"] = _arn("elasticfilesystem", region, f"file-system/fs-{name}")
     elif typ == "aws:backup/vault:Vault":
         out["name"] = physical
+    elif typ == "random:index/randomPassword:RandomPassword":
+        out["result"] = PLACEHOLDER_SECRET
+        out["bcryptHash"] = PLACEHOLDER_SECRET
     elif typ == "docker-build:index:Image":
         out["ref"] = f"{(inputs.get('tags') or ['image'])[0]}@sha256:{'0' * 64}"
     return out
@@ -154,7 +157,7 @@ def _mask(value: Any, secret_values: tuple[str, ...]) -> Any:
     from pulumi.runtime import rpc
 
     if rpc.is_rpc_secret(value):
-        return SECRET_MASK
+        return _mask_leaves(_unwrap(value))
     if isinstance(value, dict):
         return {k: _mask(v, secret_values) for k, v in sorted(value.items())}
     if isinstance(value, list):
@@ -166,6 +169,15 @@ def _mask(value: Any, secret_values: tuple[str, ...]) -> Any:
     if value is None or isinstance(value, (bool, int, float)):
         return value
     return str(value)
+
+
+def _mask_leaves(value: Any) -> Any:
+    """Secretness reaches maps and lists whole: keep their shape, hide every value."""
+    if isinstance(value, dict):
+        return {k: _mask_leaves(v) for k, v in sorted(value.items())}
+    if isinstance(value, list):
+        return [_mask_leaves(v) for v in value]
+    return SECRET_MASK
 
 
 def _unwrap(value: Any) -> Any:

@@ -98,6 +98,15 @@ class SharedStorage(pulumi.ComponentResource):
             reclaim_policy="Retain" if cfg.protect_stateful else "Delete",
             volume_binding_mode="Immediate",
             opts=child(self, depends_on=args.depends_on, **k8s_opts))
+        # Block volumes (Prometheus, Redis AOF): encrypted gp3, the cluster default.
+        k8s.storage.v1.StorageClass(
+            f"{name}-gp3",
+            metadata={"name": "gp3", "labels": k8s_labels("storage", "gp3"),
+                      "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
+            provisioner="ebs.csi.aws.com", parameters={"type": "gp3", "encrypted": "true"},
+            reclaim_policy="Retain" if cfg.protect_stateful else "Delete",
+            volume_binding_mode="WaitForFirstConsumer", allow_volume_expansion=True,
+            opts=child(self, depends_on=args.depends_on, **k8s_opts))
         self.claim = k8s.core.v1.PersistentVolumeClaim(
             f"{name}-shared-pvc",
             metadata={"name": SHARED_PVC, "namespace": args.namespace, "labels": k8s_labels("storage", SHARED_PVC)},

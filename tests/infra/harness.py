@@ -109,7 +109,9 @@ def helm_value_problems(chart: str, version: str, values: dict[str, Any], subcha
             if not path and key in SUBCHARTS and chart_name == chart and subchart_versions and key in subchart_versions:
                 sub = SUBCHARTS[key]
                 sub_defaults = chart_defaults(sub, subchart_versions[key])
-                walk(value, sub_defaults, [], sub)
+                # `nfd.enabled` is the parent's dependency condition, not a subchart value.
+                own = {k: v for k, v in value.items() if f"{key}.{k}" not in conditions}
+                walk(own, sub_defaults, [], sub)
                 continue
             if dotted in conditions:
                 continue

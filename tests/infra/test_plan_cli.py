@@ -97,7 +97,7 @@ def test_plan_diff_shows_helm_values_and_k8s_objects_as_yaml(plans):
 
     new = copy.deepcopy(plans["dev"])
     for r in new["resources"]:
-        if r["type"] == "kubernetes:helm.sh/v3:Release":
+        if r["name"] == "gpu-karpenter":
             r["inputs"]["values"]["replicas"] = 3
         if r["type"] == "kubernetes:karpenter.sh/v1:NodePool":
             r["inputs"]["spec"]["limits"]["nvidia.com/gpu"] = "16"

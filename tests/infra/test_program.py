@@ -96,7 +96,8 @@ def test_managed_addons_and_pod_identity(plans):
     doc = plans["dev"]
     addons = {a["inputs"]["addonName"]: a["inputs"] for a in of_type(doc, "aws:eks/addon:Addon")}
     assert set(addons) == {"vpc-cni", "coredns", "kube-proxy", "eks-pod-identity-agent", "aws-efs-csi-driver",
-                           "eks-node-monitoring-agent"}
+                           "aws-ebs-csi-driver", "eks-node-monitoring-agent"}
+    assert addons["aws-ebs-csi-driver"]["podIdentityAssociations"][0]["serviceAccount"] == "ebs-csi-controller-sa"
     efs = addons["aws-efs-csi-driver"]["podIdentityAssociations"][0]
     assert efs["serviceAccount"] == "efs-csi-controller-sa"
     karpenter = one(doc, "aws:eks/podIdentityAssociation:PodIdentityAssociation")["inputs"]
@@ -145,7 +146,7 @@ def test_karpenter_interruption_handling(plans):
     doc = plans["dev"]
     rules = of_type(doc, "aws:cloudwatch/eventRule:EventRule")
     assert len(rules) == 4 and len(of_type(doc, "aws:cloudwatch/eventTarget:EventTarget")) == 4
-    release = one(doc, "kubernetes:helm.sh/v3:Release")["inputs"]
+    release = one(doc, "kubernetes:helm.sh/v3:Release", "gpu-karpenter")["inputs"]
     assert release["values"]["settings"]["interruptionQueue"]
     assert release["values"]["settings"]["clusterName"] == "ragpool-dev"
     assert release["values"]["settings"]["featureGates"]["nodeRepair"] is True
@@ -169,7 +170,7 @@ def test_shared_storage_encrypted_tls_backed_up_and_rwx(plans):
         assert plan_rules[0]["lifecycle"]["deleteAfter"] == (14 if stack == "dev" else 35)
         pvc = one(doc, "kubernetes:core/v1:PersistentVolumeClaim")["inputs"]
         assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
-        sc = one(doc, "kubernetes:storage.k8s.io/v1:StorageClass")["inputs"]
+        sc = one(doc, "kubernetes:storage.k8s.io/v1:StorageClass", "storage-storage-class")["inputs"]
         assert sc["provisioner"] == "efs.csi.aws.com" and "tls" in sc["mountOptions"]
         assert sc["reclaimPolicy"] == ("Delete" if stack == "dev" else "Retain")
 
@@ -260,3 +261,52 @@ def test_bad_config_stops_program_with_run_error(pulumi_mocks):
     with pytest.raises(pulumi.RunError) as err:
         runpy.run_path(str(INFRA_DIR), run_name="__main__")
     assert "ragpool:vpcCidr" in str(err.value) and "300.0.0.0/16" in str(err.value)
+
+
+def test_monitoring_stack_rules_and_secrets(plans):
+    import yaml as _yaml
+
+    from infra.monitoring import rule_files
+
+    for stack, retention, size in (("dev", "15d", "50Gi"), ("prod", "30d", "200Gi")):
+        doc = plans[stack]
+        kps = one(doc, "kubernetes:helm.sh/v3:Release", "monitoring-kube-prometheus-stack")["inputs"]
+        spec = kps["values"]["prometheus"]["prometheusSpec"]
+        assert spec["retention"] == retention
+        assert spec["storageSpec"]["volumeClaimTemplate"]["spec"]["resources"]["requests"]["storage"] == size
+        assert spec["ruleSelectorNilUsesHelmValues"] is False
+        assert kps["values"]["grafana"]["service"]["type"] == "ClusterIP"
+        assert kps["values"]["grafana"]["admin"]["existingSecret"] == "grafana-admin"
+        assert "adminPassword" not in kps["values"]["grafana"]
+        secret = one(doc, "kubernetes:core/v1:Secret", "monitoring-grafana-admin")["inputs"]
+        assert secret["stringData"]["admin-password"] == SECRET_MASK
+        rules = {r["inputs"]["metadata"]["name"]: r["inputs"]["spec"] for r in
+                 of_type(doc, "kubernetes:monitoring.coreos.com/v1:PrometheusRule")}
+        files = rule_files()
+        assert len(files) >= 1 and set(rules) == {f"ragpool-{p.stem}" for p in files}
+        for p in files:  # the very groups promtool tests
+            assert rules[f"ragpool-{p.stem}"]["groups"] == _yaml.safe_load(p.read_text())["groups"]
+
+
+def test_alert_receiver_secret_masked_and_routed():
+    doc = plan("dev", overrides={"ragpool:alertReceiver": "slack",
+                                 "ragpool:alertReceiverSecret": {"secure": "v1:ciphertext"}})
+    kps = one(doc, "kubernetes:helm.sh/v3:Release", "monitoring-kube-prometheus-stack")
+    receivers = kps["inputs"]["values"]["alertmanager"]["config"]["receivers"]
+    assert receivers[1]["slack_configs"][0]["api_url"] == SECRET_MASK
+    assert "v1:ciphertext" not in str(doc)
+
+
+def test_gpu_plugins_only_on_gpu_pools_with_our_counters(plans):
+    from infra.gpu_plugins import DCGM_COUNTERS_FILE
+
+    doc = plans["prod"]
+    for release in ("gpu-plugins-device-plugin", "gpu-plugins-dcgm-exporter"):
+        values = one(doc, "kubernetes:helm.sh/v3:Release", release)["inputs"]["values"]
+        terms = values["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert terms["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["gpu-ondemand", "gpu-spot"]
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in values["tolerations"]
+    counters = one(doc, "kubernetes:core/v1:ConfigMap", "gpu-plugins-dcgm-counters")["inputs"]
+    assert counters["data"]["metrics"] == DCGM_COUNTERS_FILE.read_text()
+    device = one(doc, "kubernetes:helm.sh/v3:Release", "gpu-plugins-device-plugin")["inputs"]["values"]
+    assert device["gfd"]["enabled"] is True

@@ -6,7 +6,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 
-from infra.charts import BY_SCHEMA_NAME
+from infra.charts import BY_SCHEMA_NAME, SUBCHART_VERSIONS
 from infra.config import SUPPORTED_KUBERNETES_VERSIONS
 from tests.infra.harness import (
     helm_releases, helm_value_problems, is_core, kubernetes_objects, validate_core, validate_custom,
@@ -34,13 +34,17 @@ def test_every_helm_release_is_pinned_and_its_values_exist_in_the_chart(plans, s
     releases = list(helm_releases(plans[stack]))
     assert releases
     by_ref = {c.chart_ref: (schema_name, c) for schema_name, c in BY_SCHEMA_NAME.items()}
+    seen = set()
     for release in releases:
         inputs = release["inputs"]
         schema_name, chart = by_ref[inputs["chart"]]
         assert inputs["version"] == chart.version
         assert (schemas_dir / "helm" / schema_name / chart.version / "values.yaml").is_file(), \
             f"{schema_name} {chart.version} is not the version in ../shared/schemas/helm"
-        assert helm_value_problems(schema_name, chart.version, inputs["values"]) == []
+        assert helm_value_problems(schema_name, chart.version, inputs["values"],
+                                   SUBCHART_VERSIONS.get(schema_name)) == []
+        seen.add(schema_name)
+    assert seen == set(BY_SCHEMA_NAME)  # every pinned chart is installed and checked
 
 
 def test_harness_rejects_unknown_fields(schemas_dir):

@@ -1,0 +1,65 @@
+"""GPU plumbing: the NVIDIA device plugin (with GPU feature discovery) and the DCGM
+exporter, both only on GPU pool nodes, tolerating their taint.
+
+The DCGM exporter reads ragpool's counters file (dashboards/dcgm-counters.csv): the
+single list of GPU fields our alerts and dashboards use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra.charts import DCGM_EXPORTER, NVIDIA_DEVICE_PLUGIN
+from infra.common import POOL_LABEL, child, deep_merge, k8s_labels, load_values
+
+DCGM_COUNTERS_FILE = Path(__file__).resolve().parent.parent / "dashboards" / "dcgm-counters.csv"
+DCGM_COUNTERS_CONFIGMAP = "ragpool-dcgm-counters"
+
+
+@dataclass(frozen=True)
+class GpuPluginsArgs:
+    k8s_provider: k8s.Provider
+    gpu_pool_names: list[str]
+    monitoring_namespace: pulumi.Input[str]
+    depends_on: list[pulumi.Resource]
+
+
+def gpu_pool_affinity(pools: list[str]) -> dict:
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": POOL_LABEL, "operator": "In", "values": sorted(pools)}]}]}}}
+
+
+class GpuPlugins(pulumi.ComponentResource):
+    def __init__(self, name: str, args: GpuPluginsArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("ragpool:infra:GpuPlugins", name, None, opts)
+        k8s_opts = dict(provider=args.k8s_provider)
+        affinity = gpu_pool_affinity(args.gpu_pool_names)
+
+        self.device_plugin = k8s.helm.v3.Release(
+            f"{name}-device-plugin", name="nvidia-device-plugin", namespace="kube-system",
+            values=deep_merge(load_values("nvidia-device-plugin.yaml"), {"affinity": affinity}),
+            atomic=True, cleanup_on_fail=True, **NVIDIA_DEVICE_PLUGIN.release_args(),
+            opts=child(self, depends_on=args.depends_on, **k8s_opts))
+
+        counters = k8s.core.v1.ConfigMap(
+            f"{name}-dcgm-counters",
+            metadata={"name": DCGM_COUNTERS_CONFIGMAP, "namespace": args.monitoring_namespace,
+                      "labels": k8s_labels("gpu-monitoring", DCGM_COUNTERS_CONFIGMAP)},
+            data={"metrics": DCGM_COUNTERS_FILE.read_text()},
+            opts=child(self, depends_on=args.depends_on, **k8s_opts))
+        dcgm_values = deep_merge(load_values("dcgm-exporter.yaml"), {
+            "affinity": affinity,
+            "extraConfigMapVolumes": [{"name": "ragpool-counters", "configMap": {
+                "name": DCGM_COUNTERS_CONFIGMAP, "items": [{"key": "metrics", "path": "default-counters.csv"}]}}],
+            "extraVolumeMounts": [{"name": "ragpool-counters", "mountPath": "/etc/dcgm-exporter/default-counters.csv",
+                                   "subPath": "default-counters.csv"}],
+        })
+        self.dcgm_exporter = k8s.helm.v3.Release(
+            f"{name}-dcgm-exporter", name="dcgm-exporter", namespace=args.monitoring_namespace,
+            values=dcgm_values, atomic=True, cleanup_on_fail=True, **DCGM_EXPORTER.release_args(),
+            opts=child(self, depends_on=[counters, *args.depends_on], **k8s_opts))
+        self.register_outputs({})
