@@ -89,7 +89,9 @@ def chart_defaults(chart: str, version: str) -> dict[str, Any]:
 def chart_condition_keys(chart: str, version: str) -> set[str]:
     path = SCHEMAS_DIR / "helm" / chart / version / "Chart.yaml"
     doc = yaml.safe_load(path.read_text()) if path.is_file() else {}
-    return {d["condition"] for d in (doc or {}).get("dependencies", []) or [] if d.get("condition")}
+    # A condition may list several keys: "nfd.enabled,gfd.enabled".
+    return {key.strip() for d in (doc or {}).get("dependencies", []) or [] if d.get("condition")
+            for key in d["condition"].split(",")}
 
 
 def helm_value_problems(chart: str, version: str, values: dict[str, Any], subchart_versions: dict[str, str] | None = None
