@@ -22,7 +22,9 @@ from infra.monitoring import Monitoring, MonitoringArgs  # noqa: E402
 from infra.network import Network, NetworkArgs  # noqa: E402
 from infra.registry import Registry, RegistryArgs  # noqa: E402
 from infra.storage import SharedStorage, StorageArgs  # noqa: E402
+from infra.redis import Redis, RedisArgs  # noqa: E402
 from infra.training_namespace import TrainingNamespace, TrainingNamespaceArgs  # noqa: E402
+from infra.worker_jobs import WorkerJobs, WorkerJobsArgs  # noqa: E402
 
 cluster_name = cfg.name_prefix
 network = Network("network", NetworkArgs(config=cfg, cluster_name=cluster_name))
@@ -33,12 +35,19 @@ gpu_pools = GpuPools("gpu", GpuPoolsArgs(
     config=cfg, cluster_name=cluster.name, cluster_security_group_id=cluster.cluster_security_group_id,
     k8s_provider=cluster.provider, depends_on=[cluster.system_nodes]))
 training = TrainingNamespace("training", TrainingNamespaceArgs(
-    k8s_provider=cluster.provider, depends_on=[cluster.system_nodes]))
+    config=cfg, k8s_provider=cluster.provider, depends_on=[cluster.system_nodes]))
 storage = SharedStorage("storage", StorageArgs(
     config=cfg, vpc_id=network.vpc_id, private_subnet_ids=network.private_subnet_ids,
     node_security_group_id=cluster.cluster_security_group_id, k8s_provider=cluster.provider,
     namespace=training.name, depends_on=[cluster.system_nodes]))
 registry = Registry("registry", RegistryArgs(config=cfg))
+redis = Redis("redis", RedisArgs(
+    config=cfg, k8s_provider=cluster.provider, namespace=training.name, vpc_id=network.vpc_id,
+    private_subnet_ids=network.private_subnet_ids, node_security_group_id=cluster.cluster_security_group_id,
+    kms_key_arn=storage.key.arn, depends_on=[training]))
+workers = WorkerJobs("workers", WorkerJobsArgs(
+    config=cfg, k8s_provider=cluster.provider, namespace=training.name, image=registry.image_ref,
+    redis_secret=redis.secret_name, shared_claim=storage.claim_name, depends_on=[redis, storage]))
 monitoring = Monitoring("monitoring", MonitoringArgs(
     config=cfg, k8s_provider=cluster.provider, training_namespace=training.name,
     depends_on=[cluster.system_nodes, storage]))
@@ -55,3 +64,5 @@ pulumi.export("trainingImage", registry.image_ref)
 pulumi.export("trainingNamespace", training.name)
 pulumi.export("gpuPools", [p.name for p in cfg.gpu_pools])
 pulumi.export("grafanaAdminPassword", monitoring.grafana_admin_password)
+pulumi.export("redisUrl", redis.url)
+pulumi.export("workerJobTemplates", workers.templates)

@@ -122,7 +122,11 @@ class Cluster(pulumi.ComponentResource):
         for addon in ADDONS:
             if addon in ADDONS_NEEDING_NODES:
                 continue
-            base_addons[addon] = self._addon(name, cfg, addon)
+            extra = {}
+            if addon == "vpc-cni":
+                # The training namespace relies on NetworkPolicies; VPC CNI enforces them.
+                extra["configuration_values"] = json.dumps({"enableNetworkPolicy": "true"})
+            base_addons[addon] = self._addon(name, cfg, addon, **extra)
 
         # IMDSv2 only; hop limit 2 so system controllers without host networking can
         # still read their region (GPU nodes use hop limit 1: training pods need no IMDS).

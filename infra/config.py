@@ -91,7 +91,7 @@ SCHEMA: tuple[ConfigKey, ...] = (
     ConfigKey(
         "gpuPools", None,
         "GPU node pools, each {name, instanceTypes, capacityType: spot|on-demand, gpuLimit, zones?, diskSizeGiB?, labels?, "
-        "weight?, expireAfter?, consolidateAfter?, disruptionBudget?}. Pools scale from zero. (Pulumi cannot type objects, so "
+        "weight?, expireAfter?, consolidateAfter?, disruptionBudget?, gpusPerWorker?}. Pools scale from zero. (Pulumi cannot type objects, so "
         "infra/config.py validates this key.)",
         DEFAULT_GPU_POOLS,
     ),
@@ -100,6 +100,7 @@ SCHEMA: tuple[ConfigKey, ...] = (
     ConfigKey("imageTag", "string", "Tag of the training image in ECR (tags are immutable: bump it for every build; `latest` is refused).", "0.1.0"),
     ConfigKey("prometheusRetention", "string", "How long Prometheus keeps samples (Prometheus duration, e.g. 15d).", "15d"),
     ConfigKey("prometheusStorageGiB", "integer", "Size of Prometheus' persistent volume in GiB (gp3).", 50),
+    ConfigKey("redisNodeType", "string", "ElastiCache node type of the prod task queue (one node per AZ, Multi-AZ failover).", "cache.r7g.large"),
     ConfigKey("alertReceiver", "string", "Where critical alerts go: none, slack or pagerduty.", "none"),
     ConfigKey("alertReceiverSecret", "string", "Slack webhook URL or PagerDuty routing key for alertReceiver (required unless alertReceiver is none).", secret=True),
 )
@@ -119,6 +120,7 @@ class GpuPoolConfig:
     expire_after: str = "720h"
     consolidate_after: str = "30m"
     disruption_budget: str = "10%"
+    gpus_per_worker: int = 1
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,7 @@ class StackConfig:
     build_image: bool
     image_tag: str
     alert_receiver: str
+    redis_node_type: str = "cache.r7g.large"
     prometheus_retention: str = "15d"
     prometheus_storage_gib: int = 50
     alert_receiver_secret: str | None = field(default=None, repr=False)
@@ -259,7 +262,7 @@ def _parse_gpu_pools(r: _Reader, pools: Any, zones: tuple[str, ...]) -> tuple[Gp
         r.problem(key, pools, "must be a non-empty list of pool objects, e.g. [{name: gpu-spot, instanceTypes: [g5.xlarge], capacityType: spot, gpuLimit: 8}]")
         return ()
     known = {"name", "instanceTypes", "capacityType", "gpuLimit", "zones", "diskSizeGiB", "labels", "weight",
-             "expireAfter", "consolidateAfter", "disruptionBudget"}
+             "expireAfter", "consolidateAfter", "disruptionBudget", "gpusPerWorker"}
     out: list[GpuPoolConfig] = []
     seen: set[str] = set()
     for i, p in enumerate(pools):
@@ -308,6 +311,9 @@ def _parse_gpu_pools(r: _Reader, pools: Any, zones: tuple[str, ...]) -> tuple[Gp
             v = p.get(fld, default)
             _check(isinstance(v, str) and v != "" and bool(_DURATION.match(v)), r, f"{at}.{fld}", v,
                    "must be a Go duration like 720h, 30m or Never")
+        per_worker = p.get("gpusPerWorker", 1)
+        _check(isinstance(per_worker, int) and not isinstance(per_worker, bool) and 1 <= per_worker <= 8, r,
+               f"{at}.gpusPerWorker", per_worker, "must be an integer from 1 to 8 (GPUs one worker pod requests)")
         budget = p.get("disruptionBudget", "10%")
         _check(isinstance(budget, str) and bool(_BUDGET.match(budget)), r, f"{at}.disruptionBudget", budget,
                "must be a node count or percentage string, e.g. \"1\" or \"10%\"")
@@ -318,6 +324,7 @@ def _parse_gpu_pools(r: _Reader, pools: Any, zones: tuple[str, ...]) -> tuple[Gp
             zones=tuple(pzones) or zones, disk_size_gib=disk, labels=tuple(sorted(labels.items())),
             weight=weight, expire_after=p.get("expireAfter", "720h"),
             consolidate_after=p.get("consolidateAfter", "30m"), disruption_budget=budget,
+            gpus_per_worker=per_worker,
         ))
     return tuple(out)
 
@@ -422,6 +429,9 @@ def parse(raw: Mapping[str, Any], *, stack: str, region: str | None, project: st
     storage_p = r.get("prometheusStorageGiB")
     _check(isinstance(storage_p, int) and 10 <= storage_p <= 16384, r, "prometheusStorageGiB", storage_p,
            "must be an integer from 10 to 16384")
+    redis_node = r.get("redisNodeType")
+    _check(isinstance(redis_node, str) and bool(re.fullmatch(r"cache\.[a-z0-9]+\.[a-z0-9]+", redis_node or "")), r,
+           "redisNodeType", redis_node, "must be an ElastiCache node type such as cache.r7g.large")
     receiver = r.get("alertReceiver")
     _check(receiver in ALERT_RECEIVERS, r, "alertReceiver", receiver, "must be one of " + ", ".join(ALERT_RECEIVERS))
     secret = r.get("alertReceiverSecret")
@@ -443,7 +453,7 @@ def parse(raw: Mapping[str, Any], *, stack: str, region: str | None, project: st
         ),
         gpu_pools=pools, gpu_ami_alias=ami, efs_backup_retention_days=retention,
         build_image=build, image_tag=tag, alert_receiver=receiver, alert_receiver_secret=secret,
-        prometheus_retention=retention_p, prometheus_storage_gib=storage_p,
+        prometheus_retention=retention_p, prometheus_storage_gib=storage_p, redis_node_type=redis_node,
     )
 
 

@@ -1,26 +1,88 @@
-"""Training namespace: where worker Jobs run and the shared PVC lives."""
+"""Training namespace: where worker Jobs run and the shared PVC lives.
+
+Resource isolation: a ResourceQuota capping GPUs at the pools' total, a LimitRange
+with container defaults, PriorityClasses (training vs. preemptible batch stages), and
+default-deny NetworkPolicies that open only the flows training needs: DNS, Redis,
+EFS, rendezvous/NCCL between workers, HTTPS to AWS APIs, and metrics scrapes from the
+monitoring namespace.
+
+The worker Job templates live in infra/worker_jobs.py.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.common import child, k8s_labels
+from infra.config import StackConfig
 
 TRAINING_NAMESPACE = "ragpool-training"
+WORKER_SERVICE_ACCOUNT = "ragpool-worker"
+WORKERS_SERVICE = "ragpool-workers"  # headless: stable DNS for Indexed Job pods (rendezvous)
+RDZV_PORT = 29400
+QUEUE_METRICS_PORT = 9300
+RANK_METRICS_PORT = 9400  # rank r serves on 9400 + r (training.metrics)
+MAX_RANKS_PER_POD = 8
+PRIORITY_CLASSES = {
+    # Long GPU training (retriever, generator): expensive to lose, may preempt batch work.
+    "ragpool-training": (1000, "PreemptLowerPriority",
+                         "ragpool training stages (retriever, generator): preempt batch work"),
+    # Index builds and evaluations: cheap to rerun, never preempt anything.
+    "ragpool-batch": (100, "Never", "ragpool batch stages (index, evaluate): never preempt"),
+}
 
 
 @dataclass(frozen=True)
 class TrainingNamespaceArgs:
+    config: StackConfig
     k8s_provider: k8s.Provider
     depends_on: list[pulumi.Resource]
+
+
+def network_policies(cfg: StackConfig) -> dict[str, dict[str, Any]]:
+    vpc = cfg.network.vpc_cidr
+    workers = {"matchLabels": {"app.kubernetes.io/component": "worker"}}
+    monitoring = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    redis_peer = ({"ipBlock": {"cidr": vpc}} if cfg.is_prod else
+                  {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "ragpool-redis"}}})
+    return {
+        "default-deny": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]},
+        "allow-dns": {
+            "podSelector": {}, "policyTypes": ["Egress"],
+            "egress": [{"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                                "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+                        "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}],
+        },
+        "workers-egress": {
+            "podSelector": workers, "policyTypes": ["Egress"],
+            "egress": [
+                {"to": [redis_peer], "ports": [{"protocol": "TCP", "port": 6379}]},
+                {"to": [{"ipBlock": {"cidr": vpc}}], "ports": [{"protocol": "TCP", "port": 2049}]},  # EFS
+                {"to": [{"podSelector": workers}]},  # torchrun rendezvous + NCCL (dynamic ports)
+                {"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}], "ports": [{"protocol": "TCP", "port": 443}]},  # AWS APIs
+            ],
+        },
+        "workers-ingress": {
+            "podSelector": workers, "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [{"podSelector": workers}]},
+                {"from": [monitoring], "ports": [
+                    {"protocol": "TCP", "port": QUEUE_METRICS_PORT},
+                    {"protocol": "TCP", "port": RANK_METRICS_PORT, "endPort": RANK_METRICS_PORT + MAX_RANKS_PER_POD - 1}]},
+            ],
+        },
+    }
 
 
 class TrainingNamespace(pulumi.ComponentResource):
     def __init__(self, name: str, args: TrainingNamespaceArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("ragpool:infra:TrainingNamespace", name, None, opts)
+        cfg = args.config
+        k8s_opts = dict(provider=args.k8s_provider)
         self.namespace = k8s.core.v1.Namespace(
             f"{name}-ns",
             metadata={"name": TRAINING_NAMESPACE, "labels": {
@@ -29,6 +91,41 @@ class TrainingNamespace(pulumi.ComponentResource):
                 "pod-security.kubernetes.io/enforce": "restricted",
                 "pod-security.kubernetes.io/enforce-version": "latest",
             }},
-            opts=child(self, provider=args.k8s_provider, depends_on=args.depends_on))
+            opts=child(self, depends_on=args.depends_on, **k8s_opts))
         self.name = self.namespace.metadata.name
+        ns_opts = child(self, depends_on=[self.namespace], **k8s_opts)
+
+        gpu_total = sum(p.gpu_limit for p in cfg.gpu_pools)
+        k8s.core.v1.ResourceQuota(
+            f"{name}-quota", metadata={"name": "ragpool-training", "namespace": self.name, "labels": k8s_labels("training")},
+            spec={"hard": {"requests.nvidia.com/gpu": str(gpu_total), "limits.nvidia.com/gpu": str(gpu_total),
+                           "count/jobs.batch": "200", "pods": "300", "persistentvolumeclaims": "10"}},
+            opts=ns_opts)
+        k8s.core.v1.LimitRange(
+            f"{name}-limits", metadata={"name": "ragpool-training", "namespace": self.name, "labels": k8s_labels("training")},
+            spec={"limits": [{"type": "Container",
+                              "defaultRequest": {"cpu": "500m", "memory": "1Gi"},
+                              "default": {"memory": "4Gi"}}]},
+            opts=ns_opts)
+        for pc_name, (value, preemption, description) in PRIORITY_CLASSES.items():
+            k8s.scheduling.v1.PriorityClass(
+                f"{name}-{pc_name}", metadata={"name": pc_name, "labels": k8s_labels("training")},
+                value=value, preemption_policy=preemption, global_default=False, description=description,
+                opts=child(self, depends_on=args.depends_on, **k8s_opts))
+        for np_name, spec in network_policies(cfg).items():
+            k8s.networking.v1.NetworkPolicy(
+                f"{name}-{np_name}", metadata={"name": np_name, "namespace": self.name, "labels": k8s_labels("training")},
+                spec=spec, opts=ns_opts)
+        k8s.core.v1.ServiceAccount(
+            f"{name}-worker-sa",
+            # No IAM role: workers need no AWS API (EFS is mounted by the CSI driver).
+            metadata={"name": WORKER_SERVICE_ACCOUNT, "namespace": self.name, "labels": k8s_labels("worker")},
+            automount_service_account_token=False, opts=ns_opts)
+        k8s.core.v1.Service(
+            f"{name}-workers-headless",
+            metadata={"name": WORKERS_SERVICE, "namespace": self.name, "labels": k8s_labels("worker", WORKERS_SERVICE)},
+            spec={"clusterIP": "None", "publishNotReadyAddresses": True,
+                  "selector": {"app.kubernetes.io/component": "worker"},
+                  "ports": [{"name": "rdzv", "port": RDZV_PORT, "targetPort": RDZV_PORT}]},
+            opts=ns_opts)
         self.register_outputs({"name": self.name})

@@ -220,6 +220,12 @@ def test_dev_and_prod_differ_exactly_as_configured(plans):
         "aws:ec2/natGateway:NatGateway": 2, "aws:ec2/eip:Eip": 2,  # NAT per AZ
         "aws:efs/mountTarget:MountTarget": 1,
         "kubernetes:karpenter.sh/v1:NodePool": 1, "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass": 1,
+        "kubernetes:batch/v1:CronJob": 1,  # a worker Job template per GPU pool
+        # the queue: ElastiCache in prod instead of the in-cluster StatefulSet
+        "aws:elasticache/replicationGroup:ReplicationGroup": 1, "aws:elasticache/subnetGroup:SubnetGroup": 1,
+        "aws:ec2/securityGroup:SecurityGroup": 1,
+        "kubernetes:apps/v1:StatefulSet": -1, "kubernetes:core/v1:Service": -1,
+        "kubernetes:networking.k8s.io/v1:NetworkPolicy": -1,
     }
 
 
@@ -310,3 +316,80 @@ def test_gpu_plugins_only_on_gpu_pools_with_our_counters(plans):
     assert counters["data"]["metrics"] == DCGM_COUNTERS_FILE.read_text()
     device = one(doc, "kubernetes:helm.sh/v3:Release", "gpu-plugins-device-plugin")["inputs"]["values"]
     assert device["gfd"]["enabled"] is True
+
+
+def test_redis_queue_dev_in_cluster_prod_elasticache(plans):
+    dev = plans["dev"]
+    sts = one(dev, "kubernetes:apps/v1:StatefulSet")["inputs"]["spec"]
+    args = sts["template"]["spec"]["containers"][0]["args"]
+    assert args[:4] == ["--appendonly", "yes", "--appendfsync", "always"] and "$(REDIS_PASSWORD)" in args
+    assert sts["volumeClaimTemplates"][0]["spec"]["storageClassName"] == "gp3"
+    policy = one(dev, "kubernetes:networking.k8s.io/v1:NetworkPolicy", "redis-clients-only")["inputs"]["spec"]
+    assert policy["ingress"][0]["from"] == [{"podSelector": {"matchLabels": {"ragpool.io/redis-client": "true"}}}]
+    secret = one(dev, "kubernetes:core/v1:Secret", "redis-connection")["inputs"]["stringData"]
+    assert secret["password"] == SECRET_MASK
+    prod = plans["prod"]
+    group = one(prod, "aws:elasticache/replicationGroup:ReplicationGroup")
+    g = group["inputs"]
+    assert g["engine"] == "valkey" and g["multiAzEnabled"] and g["automaticFailoverEnabled"]
+    assert g["transitEncryptionEnabled"] and g["atRestEncryptionEnabled"] and g["kmsKeyId"]
+    assert g["authToken"] == SECRET_MASK and g["numCacheClusters"] == 3
+    assert group.get("protect") and group.get("retainOnDelete")
+    sg = one(prod, "aws:ec2/securityGroup:SecurityGroup", "redis-sg")["inputs"]
+    assert [(i["fromPort"], i["securityGroups"]) for i in sg["ingress"]] == [(6379, ["sg-ragpool-prod-cluster"])]
+    assert not of_type(prod, "kubernetes:apps/v1:StatefulSet")
+
+
+def test_training_namespace_isolation(plans):
+    for stack, gpus in (("dev", 8), ("prod", 48)):
+        doc = plans[stack]
+        quota = one(doc, "kubernetes:core/v1:ResourceQuota")["inputs"]["spec"]["hard"]
+        assert quota["requests.nvidia.com/gpu"] == str(gpus)
+        policies = {r["inputs"]["metadata"]["name"]: r["inputs"]["spec"] for r in
+                    of_type(doc, "kubernetes:networking.k8s.io/v1:NetworkPolicy")
+                    if r["inputs"]["metadata"]["namespace"] == "ragpool-training"}
+        assert policies["default-deny"] == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
+        egress_ports = {p["port"] for rule in policies["workers-egress"]["egress"] for p in rule.get("ports", [])}
+        assert egress_ports == {6379, 2049, 443}
+        assert {p["name"] for p in (r["inputs"]["metadata"] for r in
+                of_type(doc, "kubernetes:scheduling.k8s.io/v1:PriorityClass"))} == {"ragpool-training", "ragpool-batch"}
+    vpc_cni = [a for a in of_type(plans["dev"], "aws:eks/addon:Addon") if a["inputs"]["addonName"] == "vpc-cni"][0]
+    assert '"enableNetworkPolicy": "true"' in vpc_cni["inputs"]["configurationValues"]
+
+
+def test_worker_job_template_per_pool(plans):
+    from training import exit_codes
+
+    doc = plans["prod"]
+    templates = {r["inputs"]["metadata"]["name"]: r["inputs"]["spec"] for r in of_type(doc, "kubernetes:batch/v1:CronJob")}
+    assert set(templates) == {"ragpool-worker-gpu-ondemand", "ragpool-worker-gpu-spot"}
+    for name, cron in templates.items():
+        assert cron["suspend"] is True
+        job = cron["jobTemplate"]["spec"]
+        pod = job["template"]["spec"]
+        pool = name.removeprefix("ragpool-worker-")
+        assert pod["nodeSelector"] == {"ragpool.io/pool": pool}
+        assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+        assert job["template"]["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
+        c = pod["containers"][0]
+        assert c["command"] == ["python", "-m", "training.worker"]
+        assert c["image"].endswith("ragpool-prod/training:0.1.0")
+        gpus = {"gpu-ondemand": "8", "gpu-spot": "4"}[pool]
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == gpus == c["resources"]["requests"]["nvidia.com/gpu"]
+        sc = c["securityContext"]
+        assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"] and sc["capabilities"]["drop"] == ["ALL"]
+        assert not sc["allowPrivilegeEscalation"]
+        mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+        assert mounts["/mnt/shared"] == "shared" and mounts["/dev/shm"] == "dshm"
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["shared"]["persistentVolumeClaim"]["claimName"] == "ragpool-shared"
+        assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
+        assert not any("REDIS_PASSWORD" == e["name"] for e in c["env"])  # the password comes from a file
+        rules = job["podFailurePolicy"]["rules"]
+        assert rules[0] == {"action": "FailJob", "onExitCodes": {"containerName": "worker", "operator": "In",
+                                                                  "values": [exit_codes.BAD_INPUT]}}
+        assert {"action": "Count", "onExitCodes": {"containerName": "worker", "operator": "In",
+                                                   "values": [exit_codes.RETRIABLE]}} in rules
+        assert any(r["action"] == "Ignore" and r["onPodConditions"][0]["type"] == "DisruptionTarget" for r in rules)
+        assert job["ttlSecondsAfterFinished"] > 0 and pod["restartPolicy"] == "Never"
+        assert pod["serviceAccountName"] == "ragpool-worker" and pod["automountServiceAccountToken"] is False

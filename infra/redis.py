@@ -1,0 +1,172 @@
+"""Redis: the training-task queue.
+
+dev: an in-cluster Valkey StatefulSet with AOF on a gp3 volume, a generated password,
+and a NetworkPolicy that admits only queue clients. prod: an ElastiCache (Valkey)
+replication group, Multi-AZ with automatic failover, TLS in transit, KMS encryption at
+rest and a generated auth token, reachable only from cluster nodes.
+
+Either way clients get the same Secret in the training namespace: ``url`` (redis:// or
+rediss://, no credentials) and ``password``; workers read them as REDIS_URL and
+REDIS_PASSWORD_FILE (training/redis_conn.py), never from the command line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+import pulumi_random as random
+
+from infra.common import aws_tags, child, k8s_labels, stateful
+from infra.config import StackConfig
+
+# Official Valkey image (BSD-licensed Redis fork; same protocol and AOF semantics).
+VALKEY_IMAGE = "valkey/valkey:8.1.7"
+REDIS_EXPORTER_IMAGE = "oliver006/redis_exporter:v1.87.0"
+VALKEY_UID = 999  # the `valkey` user of the official image
+CONNECTION_SECRET = "ragpool-redis"
+SERVICE_NAME = "ragpool-redis"
+# Pods carrying this label may talk to Redis (workers, the submit/status Job).
+CLIENT_LABEL = {"ragpool.io/redis-client": "true"}
+ELASTICACHE_ENGINE_VERSION = "8.0"
+
+
+@dataclass(frozen=True)
+class RedisArgs:
+    config: StackConfig
+    k8s_provider: k8s.Provider
+    namespace: pulumi.Input[str]
+    vpc_id: pulumi.Input[str]
+    private_subnet_ids: list[pulumi.Input[str]]
+    node_security_group_id: pulumi.Input[str]
+    kms_key_arn: pulumi.Input[str]
+    depends_on: list[pulumi.Resource]
+
+
+def valkey_statefulset_spec(namespace: str) -> dict:
+    labels = k8s_labels("queue", SERVICE_NAME)
+    secure = {"runAsNonRoot": True, "runAsUser": VALKEY_UID, "runAsGroup": VALKEY_UID,
+              "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+              "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+    password_env = {"name": "REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {"name": CONNECTION_SECRET,
+                                                                             "key": "password"}}}
+    return {
+        "serviceName": SERVICE_NAME,
+        "replicas": 1,
+        "selector": {"matchLabels": {"app.kubernetes.io/name": SERVICE_NAME}},
+        "template": {
+            "metadata": {"labels": labels},
+            "spec": {
+                "nodeSelector": {"ragpool.io/pool": "system"},
+                "securityContext": {"fsGroup": VALKEY_UID, "seccompProfile": {"type": "RuntimeDefault"}},
+                "automountServiceAccountToken": False,
+                "terminationGracePeriodSeconds": 30,
+                "containers": [
+                    {
+                        "name": "valkey",
+                        "image": VALKEY_IMAGE,
+                        # appendfsync always: an acknowledged submit survives a crash.
+                        "args": ["--appendonly", "yes", "--appendfsync", "always", "--dir", "/data",
+                                 "--requirepass", "$(REDIS_PASSWORD)", "--maxmemory-policy", "noeviction"],
+                        "env": [password_env],
+                        "ports": [{"name": "redis", "containerPort": 6379}],
+                        "readinessProbe": {"exec": {"command": ["sh", "-c", "valkey-cli -a \"$REDIS_PASSWORD\" --no-auth-warning ping"]},
+                                           "periodSeconds": 10},
+                        "livenessProbe": {"tcpSocket": {"port": "redis"}, "periodSeconds": 20},
+                        "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
+                        "securityContext": secure,
+                        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                    },
+                    {
+                        "name": "exporter",
+                        "image": REDIS_EXPORTER_IMAGE,
+                        "env": [{"name": "REDIS_ADDR", "value": "redis://localhost:6379"},
+                                {"name": "REDIS_PASSWORD", "valueFrom": password_env["valueFrom"]}],
+                        "ports": [{"name": "metrics", "containerPort": 9121}],
+                        "resources": {"requests": {"cpu": "20m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}},
+                        "securityContext": {**secure, "runAsUser": 59000, "runAsGroup": 59000},
+                    },
+                ],
+            },
+        },
+        "volumeClaimTemplates": [{
+            "metadata": {"name": "data"},
+            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "gp3",
+                     "resources": {"requests": {"storage": "20Gi"}}},
+        }],
+    }
+
+
+class Redis(pulumi.ComponentResource):
+    def __init__(self, name: str, args: RedisArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("ragpool:infra:Redis", name, None, opts)
+        cfg = args.config
+        k8s_opts = dict(provider=args.k8s_provider)
+        password = random.RandomPassword(f"{name}-password", length=48, special=False, opts=child(self))
+
+        if cfg.is_prod:
+            subnets = aws.elasticache.SubnetGroup(f"{name}-subnets", name=f"{cfg.name_prefix}-redis",
+                                                  description="ragpool task queue", subnet_ids=args.private_subnet_ids,
+                                                  tags=aws_tags(cfg, f"{cfg.name_prefix}-redis"), opts=child(self))
+            sg = aws.ec2.SecurityGroup(
+                f"{name}-sg", vpc_id=args.vpc_id, description="Redis from EKS nodes only",
+                ingress=[{"protocol": "tcp", "from_port": 6379, "to_port": 6379,
+                          "security_groups": [args.node_security_group_id], "description": "Redis from EKS nodes"}],
+                egress=[], tags=aws_tags(cfg, f"{cfg.name_prefix}-redis"), opts=child(self))
+            group = aws.elasticache.ReplicationGroup(
+                f"{name}-elasticache", replication_group_id=f"{cfg.name_prefix}-queue",
+                description="ragpool training-task queue", engine="valkey",
+                engine_version=ELASTICACHE_ENGINE_VERSION, node_type=cfg.redis_node_type, port=6379,
+                num_cache_clusters=len(cfg.network.availability_zones),
+                preferred_cache_cluster_azs=list(cfg.network.availability_zones),
+                automatic_failover_enabled=True, multi_az_enabled=True,
+                transit_encryption_enabled=True, at_rest_encryption_enabled=True, kms_key_id=args.kms_key_arn,
+                auth_token=password.result, subnet_group_name=subnets.name, security_group_ids=[sg.id],
+                snapshot_retention_limit=7, final_snapshot_identifier=f"{cfg.name_prefix}-queue-final",
+                tags=aws_tags(cfg, f"{cfg.name_prefix}-queue"), opts=stateful(self, cfg))
+            url = group.primary_endpoint_address.apply(lambda host: f"rediss://{host}:6379/0")
+            deps: list[pulumi.Resource] = [group]
+        else:
+            url = pulumi.Output.from_input(args.namespace).apply(
+                lambda ns: f"redis://{SERVICE_NAME}.{ns}.svc.cluster.local:6379/0")
+            deps = []
+
+        self.secret = k8s.core.v1.Secret(
+            f"{name}-connection",
+            metadata={"name": CONNECTION_SECRET, "namespace": args.namespace, "labels": k8s_labels("queue", CONNECTION_SECRET)},
+            string_data={"url": url, "password": password.result},
+            opts=child(self, depends_on=[*args.depends_on, *deps], **k8s_opts))
+
+        if not cfg.is_prod:
+            ns = args.namespace
+            self.service = k8s.core.v1.Service(
+                f"{name}-service",
+                metadata={"name": SERVICE_NAME, "namespace": ns, "labels": k8s_labels("queue", SERVICE_NAME)},
+                spec={"selector": {"app.kubernetes.io/name": SERVICE_NAME}, "type": "ClusterIP",
+                      "ports": [{"name": "redis", "port": 6379, "targetPort": "redis"},
+                                {"name": "metrics", "port": 9121, "targetPort": "metrics"}]},
+                opts=child(self, depends_on=args.depends_on, **k8s_opts))
+            self.statefulset = k8s.apps.v1.StatefulSet(
+                f"{name}-statefulset",
+                metadata={"name": SERVICE_NAME, "namespace": ns, "labels": k8s_labels("queue", SERVICE_NAME)},
+                spec=pulumi.Output.from_input(ns).apply(valkey_statefulset_spec),
+                opts=child(self, depends_on=[self.secret, self.service], **k8s_opts))
+            k8s.networking.v1.NetworkPolicy(
+                f"{name}-clients-only",
+                metadata={"name": f"{SERVICE_NAME}-clients-only", "namespace": ns, "labels": k8s_labels("queue")},
+                spec={"podSelector": {"matchLabels": {"app.kubernetes.io/name": SERVICE_NAME}},
+                      "policyTypes": ["Ingress"],
+                      "ingress": [
+                          {"from": [{"podSelector": {"matchLabels": dict(CLIENT_LABEL)}}],
+                           "ports": [{"protocol": "TCP", "port": 6379}]},
+                          {"from": [{"namespaceSelector": {"matchLabels": {
+                              "kubernetes.io/metadata.name": "monitoring"}}}],
+                           "ports": [{"protocol": "TCP", "port": 9121}]},
+                      ]},
+                opts=child(self, depends_on=args.depends_on, **k8s_opts))
+
+        self.secret_name = CONNECTION_SECRET
+        self.url = pulumi.Output.secret(url)
+        self.register_outputs({"url": self.url})

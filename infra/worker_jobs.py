@@ -1,0 +1,151 @@
+"""Worker Job templates: one suspended CronJob per GPU pool.
+
+``kubectl -n ragpool-training create job --from=cronjob/ragpool-worker-<pool> <name>``
+starts a worker that claims runs from the Redis queue, runs them through torchrun on the
+pod's GPUs, and exits when the queue stays empty. The CronJob is suspended: it is a
+template, never scheduled. Multi-node runs use the same template with ``completions`` /
+``parallelism`` = nodes and RAGPOOL_NNODES set (Indexed Job; pod 0 hosts rendezvous
+behind the headless ``ragpool-workers`` Service).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra.common import GPU_TAINT, POOL_LABEL, SHARED_MOUNT_PATH, child, k8s_labels
+from infra.config import GpuPoolConfig, StackConfig
+from infra.training_namespace import (
+    MAX_RANKS_PER_POD, QUEUE_METRICS_PORT, RANK_METRICS_PORT, RDZV_PORT, WORKER_SERVICE_ACCOUNT, WORKERS_SERVICE,
+)
+from training import exit_codes
+
+TRAINING_UID = 1000
+WORKER_LABELS = {**k8s_labels("worker", "ragpool-worker"), "ragpool.io/redis-client": "true"}
+
+
+@dataclass(frozen=True)
+class WorkerJobsArgs:
+    config: StackConfig
+    k8s_provider: k8s.Provider
+    namespace: pulumi.Input[str]
+    image: pulumi.Input[str]
+    redis_secret: str
+    shared_claim: str
+    depends_on: list[pulumi.Resource]
+
+
+def worker_cronjob_spec(cfg: StackConfig, pool: GpuPoolConfig, image: str, namespace: str,
+                        redis_secret: str, shared_claim: str) -> dict[str, Any]:
+    """A suspended CronJob whose jobTemplate is the worker Job for ``pool``."""
+    gpus = pool.gpus_per_worker
+    worker_securitycontext = {
+        "runAsNonRoot": True, "runAsUser": TRAINING_UID, "runAsGroup": TRAINING_UID,
+        "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    ports = [{"name": "queue-metrics", "containerPort": QUEUE_METRICS_PORT},
+             {"name": "rdzv", "containerPort": RDZV_PORT}]
+    ports += [{"name": f"rank-{r}", "containerPort": RANK_METRICS_PORT + r} for r in range(min(gpus, MAX_RANKS_PER_POD))]
+    pod_spec = {
+        "restartPolicy": "Never",
+        "serviceAccountName": WORKER_SERVICE_ACCOUNT,
+        "automountServiceAccountToken": False,
+        "subdomain": WORKERS_SERVICE,
+        "priorityClassName": "ragpool-training",
+        "nodeSelector": {POOL_LABEL: pool.name},
+        "tolerations": [{"key": GPU_TAINT["key"], "operator": "Exists", "effect": GPU_TAINT["effect"]}],
+        # Time for a SIGTERM'd run to reach its next step boundary and checkpoint.
+        "terminationGracePeriodSeconds": 300,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": TRAINING_UID, "runAsGroup": TRAINING_UID,
+                            "fsGroup": TRAINING_UID, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [{
+            "name": "worker",
+            "image": image,
+            "command": ["python", "-m", "training.worker"],
+            "args": ["--metrics-port", str(QUEUE_METRICS_PORT), "--idle-exit-seconds", "600"],
+            "env": [
+                {"name": "REDIS_URL", "valueFrom": {"secretKeyRef": {"name": redis_secret, "key": "url"}}},
+                {"name": "REDIS_PASSWORD_FILE", "value": "/var/run/secrets/ragpool/redis/password"},
+                {"name": "RAGPOOL_SHARED_ROOT", "value": SHARED_MOUNT_PATH},
+                {"name": "RAGPOOL_WORKER_GROUP", "valueFrom": {"fieldRef": {
+                    "fieldPath": "metadata.labels['batch.kubernetes.io/job-name']"}}},
+                {"name": "RAGPOOL_RDZV_HOST", "value": f"$(RAGPOOL_WORKER_GROUP)-0.{WORKERS_SERVICE}.{namespace}.svc"},
+                {"name": "RAGPOOL_RDZV_PORT", "value": str(RDZV_PORT)},
+                {"name": "RAGPOOL_NNODES", "value": "1"},
+                {"name": "HF_HOME", "value": "/tmp/hf"},
+            ],
+            "ports": ports,
+            "resources": {
+                "requests": {"nvidia.com/gpu": str(gpus), "cpu": str(2 * gpus), "memory": f"{8 * gpus}Gi"},
+                "limits": {"nvidia.com/gpu": str(gpus), "memory": f"{12 * gpus}Gi"},
+            },
+            "securityContext": worker_securitycontext,
+            "volumeMounts": [
+                {"name": "shared", "mountPath": SHARED_MOUNT_PATH},
+                {"name": "dshm", "mountPath": "/dev/shm"},
+                {"name": "tmp", "mountPath": "/tmp"},
+                {"name": "redis", "mountPath": "/var/run/secrets/ragpool/redis", "readOnly": True},
+            ],
+        }],
+        "volumes": [
+            {"name": "shared", "persistentVolumeClaim": {"claimName": shared_claim}},
+            # NCCL and DataLoader workers share tensors through /dev/shm.
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{4 * gpus}Gi"}},
+            {"name": "tmp", "emptyDir": {"sizeLimit": "20Gi"}},
+            {"name": "redis", "secret": {"secretName": redis_secret, "items": [{"key": "password", "path": "password"}],
+                                         "defaultMode": 0o440}},
+        ],
+    }
+    job_spec = {
+        "completionMode": "Indexed",
+        "completions": 1,
+        "parallelism": 1,
+        "backoffLimit": 6,
+        "ttlSecondsAfterFinished": 86400,
+        "podFailurePolicy": {"rules": [
+            # Bad run config or data: retrying cannot help.
+            {"action": "FailJob", "onExitCodes": {"containerName": "worker", "operator": "In",
+                                                   "values": [exit_codes.BAD_INPUT]}},
+            # Node drained, spot reclaimed, preempted: not the job's fault, retry for free.
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            # Checkpointed after SIGTERM: retry (counted), resuming from the checkpoint.
+            {"action": "Count", "onExitCodes": {"containerName": "worker", "operator": "In",
+                                                 "values": [exit_codes.RETRIABLE]}},
+        ]},
+        "template": {
+            "metadata": {
+                "labels": {**WORKER_LABELS, POOL_LABEL: pool.name},
+                # Karpenter must never consolidate or expire a node under a running worker.
+                "annotations": {"karpenter.sh/do-not-disrupt": "true"},
+            },
+            "spec": pod_spec,
+        },
+    }
+    return {
+        "schedule": "@yearly",
+        "suspend": True,  # a template: Jobs are created from it on demand, never on schedule
+        "concurrencyPolicy": "Allow",
+        "jobTemplate": {"metadata": {"labels": {**WORKER_LABELS, POOL_LABEL: pool.name}}, "spec": job_spec},
+    }
+
+
+class WorkerJobs(pulumi.ComponentResource):
+    def __init__(self, name: str, args: WorkerJobsArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("ragpool:infra:WorkerJobs", name, None, opts)
+        cfg = args.config
+        self.templates: list[str] = []
+        for pool in cfg.gpu_pools:
+            k8s.batch.v1.CronJob(
+                f"{name}-{pool.name}",
+                metadata={"name": f"ragpool-worker-{pool.name}", "namespace": args.namespace,
+                          "labels": {**k8s_labels("worker"), POOL_LABEL: pool.name}},
+                spec=pulumi.Output.all(args.image, args.namespace).apply(
+                    lambda a, pool=pool: worker_cronjob_spec(cfg, pool, a[0], a[1], args.redis_secret,
+                                                             args.shared_claim)),
+                opts=child(self, depends_on=args.depends_on, provider=args.k8s_provider))
+            self.templates.append(f"ragpool-worker-{pool.name}")
+        self.register_outputs({"templates": self.templates})
