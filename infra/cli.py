@@ -18,6 +18,7 @@ import sys
 COMMAND_MODULES = (
     "infra.plan",
     "infra.config_check",
+    "infra.leftovers",
     "training.runs_cli",
     "dashboards.cli",
 )

@@ -14,6 +14,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
+from infra.aliases import RagpoolComponent
 from infra import iam
 from infra.common import aws_tags, child, stateful
 from infra.config import StackConfig
@@ -56,9 +57,10 @@ def kubeconfig_for(cluster_name: str, endpoint: str, ca_data: str, region: str) 
     })
 
 
-class Cluster(pulumi.ComponentResource):
+class Cluster(RagpoolComponent):
     def __init__(self, name: str, args: ClusterArgs, opts: pulumi.ResourceOptions | None = None):
-        super().__init__("ragpool:infra:Cluster", name, None, opts)
+        super().__init__("ragpool:infra:Cluster", name, opts)
+        name = self.child_prefix
         cfg, cc = args.config, args.config.cluster
 
         self.secrets_key = aws.kms.Key(

@@ -13,6 +13,7 @@ from pathlib import Path
 import pulumi
 import pulumi_kubernetes as k8s
 
+from infra.aliases import RagpoolComponent
 from infra.charts import DCGM_EXPORTER, NVIDIA_DEVICE_PLUGIN
 from infra.common import POOL_LABEL, child, deep_merge, k8s_labels, load_values
 
@@ -33,9 +34,10 @@ def gpu_pool_affinity(pools: list[str]) -> dict:
         {"matchExpressions": [{"key": POOL_LABEL, "operator": "In", "values": sorted(pools)}]}]}}}
 
 
-class GpuPlugins(pulumi.ComponentResource):
+class GpuPlugins(RagpoolComponent):
     def __init__(self, name: str, args: GpuPluginsArgs, opts: pulumi.ResourceOptions | None = None):
-        super().__init__("ragpool:infra:GpuPlugins", name, None, opts)
+        super().__init__("ragpool:infra:GpuPlugins", name, opts)
+        name = self.child_prefix
         k8s_opts = dict(provider=args.k8s_provider)
         affinity = gpu_pool_affinity(args.gpu_pool_names)
 

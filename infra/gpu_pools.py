@@ -17,6 +17,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
+from infra.aliases import RagpoolComponent
 from infra import iam
 from infra.charts import KARPENTER
 from infra.common import GPU_TAINT, POOL_LABEL, PART_OF, aws_tags, child, deep_merge, load_values
@@ -149,9 +150,10 @@ def controller_policy(cluster_name: str, region: str, node_role_arn: str, queue_
     ]})
 
 
-class GpuPools(pulumi.ComponentResource):
+class GpuPools(RagpoolComponent):
     def __init__(self, name: str, args: GpuPoolsArgs, opts: pulumi.ResourceOptions | None = None):
-        super().__init__("ragpool:infra:GpuPools", name, None, opts)
+        super().__init__("ragpool:infra:GpuPools", name, opts)
+        name = self.child_prefix
         cfg = args.config
         k8s_opts = dict(provider=args.k8s_provider)
 

@@ -17,6 +17,7 @@ import pulumi_kubernetes as k8s
 import pulumi_random as random
 import yaml
 
+from infra.aliases import RagpoolComponent
 from infra.charts import KUBE_PROMETHEUS_STACK
 from infra.common import child, deep_merge, k8s_labels, load_values
 from infra.config import StackConfig
@@ -57,9 +58,10 @@ def alertmanager_config(receiver: str, secret: str | None) -> dict[str, Any]:
     }
 
 
-class Monitoring(pulumi.ComponentResource):
+class Monitoring(RagpoolComponent):
     def __init__(self, name: str, args: MonitoringArgs, opts: pulumi.ResourceOptions | None = None):
-        super().__init__("ragpool:infra:Monitoring", name, None, opts)
+        super().__init__("ragpool:infra:Monitoring", name, opts)
+        name = self.child_prefix
         cfg = args.config
         k8s_opts = dict(provider=args.k8s_provider)
 

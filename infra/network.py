@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
+from infra.aliases import RagpoolComponent
 from infra.common import aws_tags, child
 from infra.config import NetworkConfig, StackConfig
 
@@ -35,13 +36,14 @@ def carve_subnets(vpc_cidr: str, zones: int) -> tuple[list[str], list[str]]:
     return private, public
 
 
-class Network(pulumi.ComponentResource):
+class Network(RagpoolComponent):
     vpc_id: pulumi.Output[str]
     private_subnet_ids: list[pulumi.Output[str]]
     public_subnet_ids: list[pulumi.Output[str]]
 
     def __init__(self, name: str, args: NetworkArgs, opts: pulumi.ResourceOptions | None = None):
-        super().__init__("ragpool:infra:Network", name, None, opts)
+        super().__init__("ragpool:infra:Network", name, opts)
+        name = self.child_prefix
         cfg = args.config
         net: NetworkConfig = cfg.network
         zones = net.availability_zones

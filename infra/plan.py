@@ -151,6 +151,7 @@ class Recorded:
     protect: bool
     retain_on_delete: bool
     aliases: list[str]
+    dependencies: list[str]  # URNs this resource waits for (and outlives on destroy)
 
 
 def _mask(value: Any, secret_values: tuple[str, ...]) -> Any:
@@ -216,6 +217,13 @@ def _make_mocks(region: str):
     return PlanMocks()
 
 
+def _alias_text(spec, current_type: str) -> str:
+    text = spec.name
+    if spec.type and spec.type != current_type:
+        text += f" ({spec.type})"
+    return text
+
+
 def _make_monitor(mocks, recorded: list[Recorded]):
     from pulumi.runtime import rpc
     from pulumi.runtime.mocks import MockMonitor
@@ -229,7 +237,8 @@ def _make_monitor(mocks, recorded: list[Recorded]):
                     type=request.type, name=request.name, parent_urn=request.parent, custom=request.custom,
                     inputs=rpc.deserialize_properties(request.object), protect=bool(request.protect),
                     retain_on_delete=bool(request.retainOnDelete),
-                    aliases=[a.urn or a.spec.name for a in request.aliases]))
+                    aliases=[a.urn or _alias_text(a.spec, request.type) for a in request.aliases],
+                    dependencies=list(request.dependencies)))
             return super().RegisterResource(request)
 
     return RecordingMonitor(mocks)

@@ -19,6 +19,7 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 import pulumi_random as random
 
+from infra.aliases import RagpoolComponent
 from infra.common import aws_tags, child, k8s_labels, stateful
 from infra.config import StackConfig
 
@@ -99,9 +100,10 @@ def valkey_statefulset_spec(namespace: str) -> dict:
     }
 
 
-class Redis(pulumi.ComponentResource):
+class Redis(RagpoolComponent):
     def __init__(self, name: str, args: RedisArgs, opts: pulumi.ResourceOptions | None = None):
-        super().__init__("ragpool:infra:Redis", name, None, opts)
+        super().__init__("ragpool:infra:Redis", name, opts)
+        name = self.child_prefix
         cfg = args.config
         k8s_opts = dict(provider=args.k8s_provider)
         password = random.RandomPassword(f"{name}-password", length=48, special=False, opts=child(self))

@@ -10,6 +10,7 @@ from pathlib import Path
 import pulumi
 import pulumi_aws as aws
 
+from infra.aliases import RagpoolComponent
 from infra.common import aws_tags, child
 from infra.config import StackConfig
 
@@ -29,9 +30,10 @@ class RegistryArgs:
     config: StackConfig
 
 
-class Registry(pulumi.ComponentResource):
+class Registry(RagpoolComponent):
     def __init__(self, name: str, args: RegistryArgs, opts: pulumi.ResourceOptions | None = None):
-        super().__init__("ragpool:infra:Registry", name, None, opts)
+        super().__init__("ragpool:infra:Registry", name, opts)
+        name = self.child_prefix
         cfg = args.config
         self.repository = aws.ecr.Repository(
             f"{name}-training", name=f"{cfg.name_prefix}/training", image_tag_mutability="IMMUTABLE",

@@ -14,6 +14,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
+from infra.aliases import RagpoolComponent
 from infra import iam
 from infra.common import aws_tags, child, k8s_labels, stateful
 from infra.config import StackConfig
@@ -35,9 +36,10 @@ class StorageArgs:
     depends_on: list[pulumi.Resource]
 
 
-class SharedStorage(pulumi.ComponentResource):
+class SharedStorage(RagpoolComponent):
     def __init__(self, name: str, args: StorageArgs, opts: pulumi.ResourceOptions | None = None):
-        super().__init__("ragpool:infra:SharedStorage", name, None, opts)
+        super().__init__("ragpool:infra:SharedStorage", name, opts)
+        name = self.child_prefix
         cfg = args.config
         prefix = cfg.name_prefix
 

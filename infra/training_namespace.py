@@ -17,6 +17,7 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
+from infra.aliases import RagpoolComponent
 from infra.common import child, k8s_labels
 from infra.config import StackConfig
 
@@ -78,9 +79,10 @@ def network_policies(cfg: StackConfig) -> dict[str, dict[str, Any]]:
     }
 
 
-class TrainingNamespace(pulumi.ComponentResource):
+class TrainingNamespace(RagpoolComponent):
     def __init__(self, name: str, args: TrainingNamespaceArgs, opts: pulumi.ResourceOptions | None = None):
-        super().__init__("ragpool:infra:TrainingNamespace", name, None, opts)
+        super().__init__("ragpool:infra:TrainingNamespace", name, opts)
+        name = self.child_prefix
         cfg = args.config
         k8s_opts = dict(provider=args.k8s_provider)
         self.namespace = k8s.core.v1.Namespace(

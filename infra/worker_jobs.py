@@ -16,6 +16,7 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
+from infra.aliases import RagpoolComponent
 from infra.common import GPU_TAINT, POOL_LABEL, SHARED_MOUNT_PATH, child, k8s_labels
 from infra.config import GpuPoolConfig, StackConfig
 from infra.training_namespace import (
@@ -133,9 +134,10 @@ def worker_cronjob_spec(cfg: StackConfig, pool: GpuPoolConfig, image: str, names
     }
 
 
-class WorkerJobs(pulumi.ComponentResource):
+class WorkerJobs(RagpoolComponent):
     def __init__(self, name: str, args: WorkerJobsArgs, opts: pulumi.ResourceOptions | None = None):
-        super().__init__("ragpool:infra:WorkerJobs", name, None, opts)
+        super().__init__("ragpool:infra:WorkerJobs", name, opts)
+        name = self.child_prefix
         cfg = args.config
         self.templates: list[str] = []
         for pool in cfg.gpu_pools:
