@@ -131,3 +131,19 @@ def helm_value_problems(chart: str, version: str, values: dict[str, Any], subcha
 
     walk(values, defaults, [], chart)
     return problems
+
+
+def subchart_schema_problems(values: dict[str, Any], subchart_versions: dict[str, str] | None) -> list[str]:
+    """Subcharts that ship a values.schema.json (node-feature-discovery): validate the merged values."""
+    from infra.common import deep_merge
+
+    problems = []
+    for key, version in (subchart_versions or {}).items():
+        sub = SUBCHARTS[key]
+        schema_path = SCHEMAS_DIR / "helm" / sub / version / "values.schema.json"
+        if key not in values or not schema_path.is_file():
+            continue
+        merged = deep_merge(chart_defaults(sub, version), values[key])
+        validator = jsonschema.Draft202012Validator(json.loads(schema_path.read_text()))
+        problems += [f"{sub}: {'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(merged)]
+    return problems

@@ -9,7 +9,7 @@ import pytest
 from infra.charts import BY_SCHEMA_NAME, SUBCHART_VERSIONS
 from infra.config import SUPPORTED_KUBERNETES_VERSIONS
 from tests.infra.harness import (
-    helm_releases, helm_value_problems, is_core, kubernetes_objects, validate_core, validate_custom,
+    helm_releases, helm_value_problems, is_core, subchart_schema_problems, kubernetes_objects, validate_core, validate_custom,
 )
 
 
@@ -43,6 +43,7 @@ def test_every_helm_release_is_pinned_and_its_values_exist_in_the_chart(plans, s
             f"{schema_name} {chart.version} is not the version in ../shared/schemas/helm"
         assert helm_value_problems(schema_name, chart.version, inputs["values"],
                                    SUBCHART_VERSIONS.get(schema_name)) == []
+        assert subchart_schema_problems(inputs["values"], SUBCHART_VERSIONS.get(schema_name)) == []
         seen.add(schema_name)
     assert seen == set(BY_SCHEMA_NAME)  # every pinned chart is installed and checked
 
@@ -58,6 +59,11 @@ def test_harness_rejects_unknown_fields(schemas_dir):
                                   "kind": "EC2NodeClass", "name": "x"}, "requirements": [], "taint": []}}}})
     problems = helm_value_problems("karpenter", "1.14.1", {"settings": {"clusterNme": "x"}, "nodeSelector": {"a": "b"}})
     assert problems == ["karpenter: `settings.clusterNme` is not a value of the chart (typo or removed key?)"]
+
+
+def test_subchart_schema_catches_bad_nfd_values(schemas_dir):
+    bad = subchart_schema_problems({"nfd": {"worker": {"tolerations": "all"}}}, {"nfd": "0.19.0"})
+    assert bad and "worker.tolerations" in bad[0]
 
 
 def test_cluster_versions_have_validation_schemas():
