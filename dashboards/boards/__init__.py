@@ -1,0 +1,18 @@
+"""The ragpool Grafana dashboards, one module each; ``ALL`` maps file stem -> builder."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from grafana_foundation_sdk.models.dashboard import Dashboard
+
+from dashboards.boards import capacity_cost, gpu_fleet, queue, training_runs
+
+#: Output file stem -> function building the dashboard. Stems and UIDs never change:
+#: Grafana links and provisioning refer to them.
+ALL: dict[str, Callable[[], Dashboard]] = {
+    "gpu-fleet": gpu_fleet.build,
+    "training-runs": training_runs.build,
+    "queue": queue.build,
+    "capacity-cost": capacity_cost.build,
+}

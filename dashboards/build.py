@@ -1,0 +1,69 @@
+"""Render every ragpool dashboard to ``<out>/<stem>.json``.
+
+Deterministic: keys sorted, two-space indent, trailing newline, no timestamps or ids that
+vary between runs, so a rebuild of unchanged code is byte-identical.
+
+    python -m dashboards.build --out DIR      # same as: ragpool dashboards --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+
+from dashboards.boards import ALL
+
+
+def to_dict(board: Any) -> dict[str, Any]:
+    """The dashboard as plain JSON data (what Grafana imports)."""
+    return json.loads(json.dumps(board, cls=JSONEncoder))
+
+
+def render(board: Any) -> str:
+    """Deterministic JSON text of one dashboard."""
+    return json.dumps(to_dict(board), sort_keys=True, indent=2, ensure_ascii=False) + "\n"
+
+
+def render_all() -> dict[str, str]:
+    """File name -> JSON text for every dashboard, checking UIDs are unique."""
+    out: dict[str, str] = {}
+    seen: dict[str, str] = {}
+    for stem, build in ALL.items():
+        board = build()
+        uid = board.uid
+        if not uid:
+            raise ValueError(f"dashboard {stem!r} has no uid")
+        if uid in seen:
+            raise ValueError(f"dashboards {seen[uid]!r} and {stem!r} share uid {uid!r}")
+        seen[uid] = stem
+        out[f"{stem}.json"] = render(board)
+    return out
+
+
+def write_all(out_dir: Path) -> list[Path]:
+    """Write every dashboard under ``out_dir`` (created if missing); returns the paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in render_all().items():
+        path = out_dir / name
+        path.write_text(text, encoding="utf-8")
+        written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dashboards.build", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, type=Path, help="directory for the dashboard JSON files")
+    args = parser.parse_args(argv)
+    from dashboards.cli import run  # one implementation of the command
+
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

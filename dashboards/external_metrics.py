@@ -1,0 +1,119 @@
+"""Every metric name from outside ragpool and DCGM that the rules and dashboards use.
+
+The single allow-list for third-party exporters. A test proves each name a rule or panel
+uses is either a ragpool contract name (``ragpool_metrics``), a DCGM field enabled in
+``dcgm-counters.csv``, a recording rule of ours, or listed here, and that nothing listed
+here is unused. Add a name here only together with the rule or panel that needs it.
+
+Sources and what each needs from the deployment (see ``dashboards/README.md``):
+
+* ``kube-state-metrics``: the kube-prometheus-stack 88.5.3 subchart (kube-state-metrics
+  chart 8.4.0, app 2.20.0). ``kube_node_labels`` / ``kube_pod_labels`` only carry the
+  ``label_*`` labels our rules read when ``metricLabelsAllowlist`` includes
+  ``KSM_METRIC_LABELS_ALLOWLIST`` below. KSM sanitises resource names, so the GPU
+  resource ``nvidia.com/gpu`` appears as ``resource="nvidia_com_gpu"``.
+* ``redis_exporter``: oliver006/redis_exporter next to ragpool's Redis (``redis_up`` is
+  0 when the exporter cannot reach Redis; ``redis_instance_info`` carries ``role``).
+* ``yace``: prometheus-community/yet-another-cloudwatch-exporter with the ``AWS/EFS``
+  job in ``YACE_EFS_JOB``. YACE names a CloudWatch metric
+  ``aws_<namespace>_<snake_case(MetricName)>_<statistic>``; snake_case puts ``_`` only
+  between a lower-case letter or digit and an upper-case one, so ``MeteredIOBytes``
+  becomes ``metered_iobytes``. The dimension arrives as the label
+  ``dimension_FileSystemId``. CloudWatch is the only source of EFS burst credits and
+  permitted throughput, hence a CloudWatch exporter rather than node-exporter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Source = Literal["kube-state-metrics", "redis_exporter", "yace"]
+
+
+@dataclass(frozen=True)
+class ExternalMetric:
+    """One third-party metric we rely on."""
+
+    name: str
+    """Exposed series name."""
+    source: Source
+    """Exporter that emits it."""
+    labels: tuple[str, ...]
+    """Labels the rules or panels read (besides target labels)."""
+    note: str
+    """Why we use it / what it needs."""
+
+
+EXTERNAL_METRICS: tuple[ExternalMetric, ...] = (
+    ExternalMetric("kube_node_labels", "kube-state-metrics",
+                   ("node", "label_ragpool_io_pool", "label_karpenter_sh_capacity_type",
+                    "label_node_kubernetes_io_instance_type"),
+                   "node -> pool / capacity type / instance type; needs the node allow-list"),
+    ExternalMetric("kube_node_status_capacity", "kube-state-metrics", ("node", "resource"),
+                   "GPUs per node (resource=nvidia_com_gpu): fleet size, GPU-hours, missing GPUs"),
+    ExternalMetric("kube_node_status_allocatable", "kube-state-metrics", ("node", "resource"),
+                   "allocatable GPUs (the device plugin withholds unhealthy ones)"),
+    ExternalMetric("kube_node_status_condition", "kube-state-metrics", ("node", "condition", "status"),
+                   "Ready condition of GPU nodes"),
+    ExternalMetric("kube_pod_labels", "kube-state-metrics", ("namespace", "pod", "label_ragpool_io_run_id"),
+                   "pod -> run id, to name the run holding an idle GPU; needs the pod allow-list"),
+    ExternalMetric("kube_pod_container_resource_requests", "kube-state-metrics",
+                   ("namespace", "pod", "node", "resource"), "GPUs requested by pods (allocation vs capacity)"),
+    ExternalMetric("redis_up", "redis_exporter", ("instance",), "1 when the exporter reached Redis"),
+    ExternalMetric("redis_instance_info", "redis_exporter", ("instance", "role"), "role=master|slave per instance"),
+    ExternalMetric("redis_connected_clients", "redis_exporter", ("instance",), "clients (workers) connected"),
+    ExternalMetric("redis_memory_used_bytes", "redis_exporter", ("instance",), "Redis memory in use"),
+    ExternalMetric("aws_efs_burst_credit_balance_minimum", "yace", ("dimension_FileSystemId",),
+                   "CloudWatch AWS/EFS BurstCreditBalance, Minimum, bytes"),
+    ExternalMetric("aws_efs_metered_iobytes_sum", "yace", ("dimension_FileSystemId",),
+                   "CloudWatch AWS/EFS MeteredIOBytes, Sum per 60 s period, bytes"),
+    ExternalMetric("aws_efs_permitted_throughput_average", "yace", ("dimension_FileSystemId",),
+                   "CloudWatch AWS/EFS PermittedThroughput, Average, bytes/s"),
+)
+
+#: ``kube-state-metrics.metricLabelsAllowlist`` entries the rules and dashboards assume.
+KSM_METRIC_LABELS_ALLOWLIST: tuple[str, ...] = (
+    "nodes=[karpenter.sh/capacity-type,ragpool.io/pool,node.kubernetes.io/instance-type]",
+    "pods=[ragpool.io/run-id]",
+)
+
+#: CloudWatch period (seconds) the YACE EFS job uses; ``aws_efs_metered_iobytes_sum`` is a
+#: per-period sum, so the throughput rule divides by it.
+YACE_EFS_PERIOD_SECONDS = 60
+
+#: The YACE discovery job (``config.discovery.jobs[]`` of the YACE config) that yields
+#: exactly the ``yace`` names above.
+YACE_EFS_JOB: dict[str, object] = {
+    "type": "AWS/EFS",
+    "regions": ["<stack region>"],
+    "period": YACE_EFS_PERIOD_SECONDS,
+    "length": 300,
+    "metrics": [
+        {"name": "BurstCreditBalance", "statistics": ["Minimum"]},
+        {"name": "MeteredIOBytes", "statistics": ["Sum"]},
+        {"name": "PermittedThroughput", "statistics": ["Average"]},
+    ],
+}
+
+
+def yace_metric_name(namespace: str, metric: str, statistic: str) -> str:
+    """The series name YACE exposes for a CloudWatch ``namespace``/``metric``/``statistic``.
+
+    ``AWS/EFS`` -> ``efs``; CamelCase -> snake_case with ``_`` only after a lower-case
+    letter or digit (YACE's ``PromString``), then lower-cased.
+    """
+    service = namespace.split("/", 1)[1].lower()
+    parts: list[str] = []
+    prev = ""
+    for ch in metric:
+        if ch.isupper() and (prev.islower() or prev.isdigit()):
+            parts.append("_")
+        parts.append(ch.lower())
+        prev = ch
+    return f"aws_{service}_{''.join(parts)}_{statistic.lower()}"
+
+
+def external_by_name() -> dict[str, ExternalMetric]:
+    """The allow-list keyed by metric name."""
+    return {m.name: m for m in EXTERNAL_METRICS}
