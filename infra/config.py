@@ -41,6 +41,15 @@ _RESERVED_LABEL_DOMAINS = ("kubernetes.io", "k8s.io", "karpenter.sh", "karpenter
 _IMAGE_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
 
+_DURATION_DAYS = {"ms": 1 / 86_400_000, "s": 1 / 86400, "m": 1 / 1440, "h": 1 / 24, "d": 1, "w": 7, "y": 365}
+
+
+def _duration_days(value: Any) -> float:
+    """Days in a Prometheus duration like 31d or 1y; -1 when it is not one."""
+    m = re.fullmatch(r"(\d+)(ms|s|m|h|d|w|y)", value) if isinstance(value, str) else None
+    return int(m.group(1)) * _DURATION_DAYS[m.group(2)] if m else -1
+
+
 class ConfigError(ValueError):
     """One or more invalid stack config values; ``problems`` holds one line each."""
 
@@ -98,9 +107,11 @@ SCHEMA: tuple[ConfigKey, ...] = (
     ConfigKey("efsBackupRetentionDays", "integer", "Days AWS Backup keeps daily recovery points of the shared EFS file system.", 14),
     ConfigKey("buildImage", "boolean", "Build and push the training image from training/Dockerfile during `pulumi up` (needs Docker).", False),
     ConfigKey("imageTag", "string", "Tag of the training image in ECR (tags are immutable: bump it for every build; `latest` is refused).", "0.1.0"),
-    ConfigKey("prometheusRetention", "string", "How long Prometheus keeps samples (Prometheus duration, e.g. 15d).", "15d"),
+    ConfigKey("prometheusRetention", "string", "How long Prometheus keeps samples (a Prometheus duration of at least 30d: the GPU-hour budget rule looks back 30 days).", "31d"),
     ConfigKey("prometheusStorageGiB", "integer", "Size of Prometheus' persistent volume in GiB (gp3).", 50),
     ConfigKey("redisNodeType", "string", "ElastiCache node type of the prod task queue (one node per AZ, Multi-AZ failover).", "cache.r7g.large"),
+    ConfigKey("gpuHoursBudget", "integer", "GPU-hours per 30 days above which RagpoolGpuHoursOverBudget fires.", 5000),
+    ConfigKey("runbookBaseUrl", "string", "Where dashboards/RUNBOOK.md is browsable (e.g. your repo's blob URL); alert runbook_url links point into it. Empty keeps repo-relative links.", ""),
     ConfigKey("alertReceiver", "string", "Where critical alerts go: none, slack or pagerduty.", "none"),
     ConfigKey("alertReceiverSecret", "string", "Slack webhook URL or PagerDuty routing key for alertReceiver (required unless alertReceiver is none).", secret=True),
 )
@@ -158,7 +169,9 @@ class StackConfig:
     image_tag: str
     alert_receiver: str
     redis_node_type: str = "cache.r7g.large"
-    prometheus_retention: str = "15d"
+    prometheus_retention: str = "31d"
+    gpu_hours_budget: int = 5000
+    runbook_base_url: str = ""
     prometheus_storage_gib: int = 50
     alert_receiver_secret: str | None = field(default=None, repr=False)
 
@@ -424,8 +437,13 @@ def parse(raw: Mapping[str, Any], *, stack: str, region: str | None, project: st
     _check(isinstance(tag, str) and bool(_IMAGE_TAG.match(tag)) and tag != "latest", r, "imageTag", tag,
            "must be a valid immutable Docker tag (not `latest`), e.g. 0.1.0 or a git SHA")
     retention_p = r.get("prometheusRetention")
-    _check(isinstance(retention_p, str) and bool(re.fullmatch(r"\d+(ms|s|m|h|d|w|y)", retention_p or "")), r,
-           "prometheusRetention", retention_p, "must be a Prometheus duration such as 15d or 720h")
+    _check(_duration_days(retention_p) >= 30, r, "prometheusRetention", retention_p,
+           "must be a Prometheus duration of at least 30d, such as 31d or 1y (the GPU-hour budget looks back 30 days)")
+    budget_h = r.get("gpuHoursBudget")
+    _check(isinstance(budget_h, int) and budget_h > 0, r, "gpuHoursBudget", budget_h, "must be a positive integer")
+    runbook = r.get("runbookBaseUrl")
+    _check(runbook == "" or bool(re.fullmatch(r"https://\S+", runbook or "")), r, "runbookBaseUrl", runbook,
+           "must be empty or an https:// URL")
     storage_p = r.get("prometheusStorageGiB")
     _check(isinstance(storage_p, int) and 10 <= storage_p <= 16384, r, "prometheusStorageGiB", storage_p,
            "must be an integer from 10 to 16384")
@@ -454,6 +472,7 @@ def parse(raw: Mapping[str, Any], *, stack: str, region: str | None, project: st
         gpu_pools=pools, gpu_ami_alias=ami, efs_backup_retention_days=retention,
         build_image=build, image_tag=tag, alert_receiver=receiver, alert_receiver_secret=secret,
         prometheus_retention=retention_p, prometheus_storage_gib=storage_p, redis_node_type=redis_node,
+        gpu_hours_budget=budget_h, runbook_base_url=runbook,
     )
 
 

@@ -9,20 +9,23 @@ routes critical alerts to the configured receiver; nothing is exposed publicly.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
 import pulumi_random as random
-import yaml
+
+from dashboards.build import render_all
+from dashboards.rulefiles import deployment_rule_groups
 
 from infra.aliases import RagpoolComponent
 from infra.charts import KUBE_PROMETHEUS_STACK
 from infra.common import child, deep_merge, k8s_labels, load_values
 from infra.config import StackConfig
+from infra.training_namespace import MAX_RANKS_PER_POD
 
-RULES_DIR = Path(__file__).resolve().parent.parent / "dashboards" / "rules"
+# Port names the PodMonitor scrapes: the worker's queue metrics, rank r's metrics, Redis.
+SCRAPED_PORTS = ["queue-metrics", *(f"rank-{r}" for r in range(MAX_RANKS_PER_POD)), "redis-metrics"]
 MONITORING_NAMESPACE = "monitoring"
 GRAFANA_ADMIN_SECRET = "grafana-admin"
 
@@ -33,10 +36,6 @@ class MonitoringArgs:
     k8s_provider: k8s.Provider
     training_namespace: pulumi.Input[str]
     depends_on: list[pulumi.Resource]
-
-
-def rule_files() -> list[Path]:
-    return sorted(p for p in RULES_DIR.glob("*.yaml"))
 
 
 def alertmanager_config(receiver: str, secret: str | None) -> dict[str, Any]:
@@ -95,23 +94,34 @@ class Monitoring(RagpoolComponent):
             atomic=True, cleanup_on_fail=True, timeout=900, **KUBE_PROMETHEUS_STACK.release_args(),
             opts=child(self, depends_on=[admin_secret], **k8s_opts))
 
-        # One PrometheusRule per rule file: promtool tests exactly what Prometheus loads.
-        for path in rule_files():
-            doc = yaml.safe_load(path.read_text())
+        # One PrometheusRule per rule file: promtool tests exactly what Prometheus loads
+        # (with runbook links made absolute and the GPU-hour budget from config).
+        groups_by_file = deployment_rule_groups(cfg.runbook_base_url or None, cfg.gpu_hours_budget)
+        for stem, groups in sorted(groups_by_file.items()):
             k8s.apiextensions.CustomResource(
-                f"{name}-rules-{path.stem}", api_version="monitoring.coreos.com/v1", kind="PrometheusRule",
-                metadata={"name": f"ragpool-{path.stem}", "namespace": ns, "labels": k8s_labels("alerting", path.stem)},
-                spec={"groups": doc["groups"]},
+                f"{name}-rules-{stem}", api_version="monitoring.coreos.com/v1", kind="PrometheusRule",
+                metadata={"name": f"ragpool-{stem}", "namespace": ns, "labels": k8s_labels("alerting", stem)},
+                spec={"groups": groups},
                 opts=child(self, depends_on=[self.release], **k8s_opts))
 
-        # Training ranks and queue workers expose :metrics; Prometheus scrapes them by pod.
+        # Dashboards as ConfigMaps; Grafana's sidecar loads every one labelled grafana_dashboard.
+        for filename, body in sorted(render_all().items()):
+            stem = filename.removesuffix(".json").replace("_", "-")
+            k8s.core.v1.ConfigMap(
+                f"{name}-dashboard-{stem}",
+                metadata={"name": f"ragpool-dashboard-{stem}", "namespace": ns,
+                          "labels": {**k8s_labels("dashboards", stem), "grafana_dashboard": "1"}},
+                data={filename: body},
+                opts=child(self, depends_on=[self.namespace], **k8s_opts))
+
+        # Queue workers, every training rank (one port each) and the Redis exporter.
         k8s.apiextensions.CustomResource(
             f"{name}-training-pods", api_version="monitoring.coreos.com/v1", kind="PodMonitor",
             metadata={"name": "ragpool-training", "namespace": ns, "labels": k8s_labels("monitoring", "training")},
             spec={
                 "namespaceSelector": {"matchNames": [args.training_namespace]},
                 "selector": {"matchLabels": {"app.kubernetes.io/part-of": "ragpool"}},
-                "podMetricsEndpoints": [{"port": "metrics", "interval": "15s"}],
+                "podMetricsEndpoints": [{"port": port, "interval": "15s"} for port in SCRAPED_PORTS],
             },
             opts=child(self, depends_on=[self.release], **k8s_opts))
 

@@ -32,6 +32,8 @@ SERVICE_NAME = "ragpool-redis"
 # Pods carrying this label may talk to Redis (workers, the submit/status Job).
 CLIENT_LABEL = {"ragpool.io/redis-client": "true"}
 ELASTICACHE_ENGINE_VERSION = "8.0"
+EXPORTER_PORT = 9121
+EXPORTER_NAME = "ragpool-redis-exporter"
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,7 @@ def valkey_statefulset_spec(namespace: str) -> dict:
                         "image": REDIS_EXPORTER_IMAGE,
                         "env": [{"name": "REDIS_ADDR", "value": "redis://localhost:6379"},
                                 {"name": "REDIS_PASSWORD", "valueFrom": password_env["valueFrom"]}],
-                        "ports": [{"name": "metrics", "containerPort": 9121}],
+                        "ports": [{"name": "redis-metrics", "containerPort": EXPORTER_PORT}],
                         "resources": {"requests": {"cpu": "20m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}},
                         "securityContext": {**secure, "runAsUser": 59000, "runAsGroup": 59000},
                     },
@@ -97,6 +99,36 @@ def valkey_statefulset_spec(namespace: str) -> dict:
             "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "gp3",
                      "resources": {"requests": {"storage": "20Gi"}}},
         }],
+    }
+
+
+def exporter_deployment_spec() -> dict:
+    labels = {**k8s_labels("queue-metrics", EXPORTER_NAME)}
+    return {
+        "replicas": 1,
+        "selector": {"matchLabels": {"app.kubernetes.io/name": EXPORTER_NAME}},
+        "template": {
+            "metadata": {"labels": {**labels, **CLIENT_LABEL}},
+            "spec": {
+                "automountServiceAccountToken": False,
+                "nodeSelector": {"ragpool.io/pool": "system"},
+                "securityContext": {"runAsNonRoot": True, "runAsUser": 59000, "runAsGroup": 59000,
+                                    "seccompProfile": {"type": "RuntimeDefault"}},
+                "containers": [{
+                    "name": "exporter",
+                    "image": REDIS_EXPORTER_IMAGE,
+                    "env": [
+                        {"name": "REDIS_ADDR", "valueFrom": {"secretKeyRef": {"name": CONNECTION_SECRET, "key": "url"}}},
+                        {"name": "REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {"name": CONNECTION_SECRET,
+                                                                                  "key": "password"}}},
+                    ],
+                    "ports": [{"name": "redis-metrics", "containerPort": EXPORTER_PORT}],
+                    "resources": {"requests": {"cpu": "20m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}},
+                    "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                        "capabilities": {"drop": ["ALL"]}},
+                }],
+            },
+        },
     }
 
 
@@ -148,7 +180,7 @@ class Redis(RagpoolComponent):
                 metadata={"name": SERVICE_NAME, "namespace": ns, "labels": k8s_labels("queue", SERVICE_NAME)},
                 spec={"selector": {"app.kubernetes.io/name": SERVICE_NAME}, "type": "ClusterIP",
                       "ports": [{"name": "redis", "port": 6379, "targetPort": "redis"},
-                                {"name": "metrics", "port": 9121, "targetPort": "metrics"}]},
+                                {"name": "redis-metrics", "port": EXPORTER_PORT, "targetPort": "redis-metrics"}]},
                 opts=child(self, depends_on=args.depends_on, **k8s_opts))
             self.statefulset = k8s.apps.v1.StatefulSet(
                 f"{name}-statefulset",
@@ -165,10 +197,33 @@ class Redis(RagpoolComponent):
                            "ports": [{"protocol": "TCP", "port": 6379}]},
                           {"from": [{"namespaceSelector": {"matchLabels": {
                               "kubernetes.io/metadata.name": "monitoring"}}}],
-                           "ports": [{"protocol": "TCP", "port": 9121}]},
+                           "ports": [{"protocol": "TCP", "port": EXPORTER_PORT}]},
                       ]},
                 opts=child(self, depends_on=args.depends_on, **k8s_opts))
+
+        if cfg.is_prod:
+            # ElastiCache has no exporter of its own: scrape it (TLS) from the cluster so
+            # RagpoolRedisDown and failover alerts see the queue.
+            self._elasticache_exporter(name, args, k8s_opts)
 
         self.secret_name = CONNECTION_SECRET
         self.url = pulumi.Output.secret(url)
         self.register_outputs({"url": self.url})
+
+    def _elasticache_exporter(self, name: str, args: RedisArgs, k8s_opts: dict) -> None:
+        ns = args.namespace
+        k8s.apps.v1.Deployment(
+            f"{name}-exporter",
+            metadata={"name": EXPORTER_NAME, "namespace": ns, "labels": k8s_labels("queue-metrics", EXPORTER_NAME)},
+            spec=exporter_deployment_spec(), opts=child(self, depends_on=[self.secret], **k8s_opts))
+        k8s.networking.v1.NetworkPolicy(
+            f"{name}-exporter",
+            metadata={"name": EXPORTER_NAME, "namespace": ns, "labels": k8s_labels("queue-metrics")},
+            spec={"podSelector": {"matchLabels": {"app.kubernetes.io/name": EXPORTER_NAME}},
+                  "policyTypes": ["Ingress", "Egress"],
+                  "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {
+                      "kubernetes.io/metadata.name": "monitoring"}}}],
+                      "ports": [{"protocol": "TCP", "port": EXPORTER_PORT}]}],
+                  "egress": [{"to": [{"ipBlock": {"cidr": args.config.network.vpc_cidr}}],
+                              "ports": [{"protocol": "TCP", "port": 6379}]}]},
+            opts=child(self, depends_on=args.depends_on, **k8s_opts))

@@ -225,7 +225,7 @@ def test_dev_and_prod_differ_exactly_as_configured(plans):
         "aws:elasticache/replicationGroup:ReplicationGroup": 1, "aws:elasticache/subnetGroup:SubnetGroup": 1,
         "aws:ec2/securityGroup:SecurityGroup": 1,
         "kubernetes:apps/v1:StatefulSet": -1, "kubernetes:core/v1:Service": -1,
-        "kubernetes:networking.k8s.io/v1:NetworkPolicy": -1,
+        "kubernetes:apps/v1:Deployment": 1,  # redis_exporter for ElastiCache (dev: a sidecar)
     }
 
 
@@ -270,11 +270,9 @@ def test_bad_config_stops_program_with_run_error(pulumi_mocks):
 
 
 def test_monitoring_stack_rules_and_secrets(plans):
-    import yaml as _yaml
+    from dashboards.rulefiles import deployment_rule_groups
 
-    from infra.monitoring import rule_files
-
-    for stack, retention, size in (("dev", "15d", "50Gi"), ("prod", "30d", "200Gi")):
+    for stack, retention, size in (("dev", "31d", "50Gi"), ("prod", "45d", "200Gi")):
         doc = plans[stack]
         kps = one(doc, "kubernetes:helm.sh/v3:Release", "monitoring-kube-prometheus-stack")["inputs"]
         spec = kps["values"]["prometheus"]["prometheusSpec"]
@@ -288,10 +286,18 @@ def test_monitoring_stack_rules_and_secrets(plans):
         assert secret["stringData"]["admin-password"] == SECRET_MASK
         rules = {r["inputs"]["metadata"]["name"]: r["inputs"]["spec"] for r in
                  of_type(doc, "kubernetes:monitoring.coreos.com/v1:PrometheusRule")}
-        files = rule_files()
-        assert len(files) >= 1 and set(rules) == {f"ragpool-{p.stem}" for p in files}
-        for p in files:  # the very groups promtool tests
-            assert rules[f"ragpool-{p.stem}"]["groups"] == _yaml.safe_load(p.read_text())["groups"]
+        budget = 5000 if stack == "dev" else 50000
+        expected = deployment_rule_groups(None, budget)  # the very files promtool tests
+        assert len(expected) >= 5 and set(rules) == {f"ragpool-{stem}" for stem in expected}
+        for stem, groups in expected.items():
+            assert rules[f"ragpool-{stem}"]["groups"] == groups
+        assert f"vector({budget})" in str(rules["ragpool-budget"])
+        dashboards = [r["inputs"] for r in of_type(doc, "kubernetes:core/v1:ConfigMap")
+                      if r["inputs"]["metadata"]["labels"].get("grafana_dashboard") == "1"]
+        assert len(dashboards) == 4
+        pod_monitor = one(doc, "kubernetes:monitoring.coreos.com/v1:PodMonitor")["inputs"]["spec"]
+        ports = [e["port"] for e in pod_monitor["podMetricsEndpoints"]]
+        assert ports[0] == "queue-metrics" and "rank-7" in ports and "redis-metrics" in ports
 
 
 def test_alert_receiver_secret_masked_and_routed():
