@@ -1,0 +1,629 @@
+"""Guardrail checks shared by the CrossGuard pack and the offline evaluator.
+
+Every rule here is a plain function over a :class:`Resource` (type token, inputs as the
+engine records them in camelCase, ``protect``) and a :class:`Context` (stack name and the
+rule's config). ``policy/pack.py`` wraps the same functions as ``pulumi_policy`` policies
+for ``pulumi preview --policy-pack policy``; ``policy/offline.py`` runs them on the
+``ragpool plan`` document. Nothing here imports Pulumi, so the checks behave the same in
+both places, and a violation message always names the field, the value found and the fix.
+
+Values are read through ``Mapping``/``Sequence`` (never ``dict``/``list``) because
+CrossGuard hands inputs over as read-only proxies that raise on values unknown during
+preview; those errors are left to propagate so the SDK reports them as "can't run policy".
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+MANDATORY = "mandatory"
+ADVISORY = "advisory"
+ENFORCEMENT_LEVELS = (MANDATORY, ADVISORY, "disabled")
+
+ENVIRONMENTS = ("dev", "staging", "prod")
+REQUIRED_TAGS = ("project", "stack", "environment", "owner", "cost-center")
+DEFAULT_TRAINING_NAMESPACES = ("ragpool-training",)
+GPU_RESOURCE = "nvidia.com/gpu"
+
+# AWS resource types this program declares that take no `tags` input. Every other `aws:*`
+# type counts as taggable, so a new resource type is held to the tag rule until someone
+# adds it here; tests/policy checks this list against the pulumi_aws SDK.
+NON_TAGGABLE_AWS_TYPES = frozenset({
+    "aws:backup/selection:Selection",
+    "aws:cloudwatch/eventTarget:EventTarget",
+    "aws:ec2/routeTableAssociation:RouteTableAssociation",
+    "aws:ecr/lifecyclePolicy:LifecyclePolicy",
+    "aws:efs/fileSystemPolicy:FileSystemPolicy",
+    "aws:efs/mountTarget:MountTarget",
+    "aws:iam/rolePolicy:RolePolicy",
+    "aws:iam/rolePolicyAttachment:RolePolicyAttachment",
+    "aws:kms/alias:Alias",
+    "aws:sqs/queuePolicy:QueuePolicy",
+})
+
+# Stateful resources whose loss loses data or keys: `protect` is required on them in prod.
+STATEFUL_TYPES = frozenset({
+    "aws:efs/fileSystem:FileSystem",
+    "aws:kms/key:Key",
+    "aws:backup/vault:Vault",
+    "aws:elasticache/replicationGroup:ReplicationGroup",
+})
+
+NODEPOOL_TYPES = frozenset({
+    "kubernetes:karpenter.sh/v1:NodePool",
+    "kubernetes:karpenter.sh/v1beta1:NodePool",
+})
+EC2NODECLASS_TYPES = frozenset({
+    "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass",
+    "kubernetes:karpenter.k8s.aws/v1beta1:EC2NodeClass",
+})
+
+# Where each workload kind keeps its pod spec.
+POD_SPEC_PATHS: dict[str, tuple[str, ...]] = {
+    "kubernetes:core/v1:Pod": ("spec",),
+    "kubernetes:apps/v1:Deployment": ("spec", "template", "spec"),
+    "kubernetes:apps/v1:StatefulSet": ("spec", "template", "spec"),
+    "kubernetes:apps/v1:DaemonSet": ("spec", "template", "spec"),
+    "kubernetes:apps/v1:ReplicaSet": ("spec", "template", "spec"),
+    "kubernetes:batch/v1:Job": ("spec", "template", "spec"),
+    "kubernetes:batch/v1:CronJob": ("spec", "jobTemplate", "spec", "template", "spec"),
+}
+
+NAMESPACE_TYPE = "kubernetes:core/v1:Namespace"
+NETWORK_POLICY_TYPE = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
+SERVICE_TYPE = "kubernetes:core/v1:Service"
+HELM_RELEASE_TYPE = "kubernetes:helm.sh/v3:Release"
+
+# GPU instance families: p2..p6 (NVIDIA datacenter) and g3..g6 (NVIDIA graphics), e.g.
+# p4d.24xlarge, g6e.12xlarge. Inferentia/Trainium (inf*, trn*) do not carry nvidia.com/gpu.
+_GPU_INSTANCE_TYPE = re.compile(r"^(p[2-9]|g[3-9])[a-z]*\.")
+_MONITORING_NAME = re.compile(r"grafana|prometheus|alertmanager", re.IGNORECASE)
+_SELF_HOSTED_REDIS_IMAGE = re.compile(r"(^|/)(redis|valkey)(:|@|$)")
+_INTERNAL_LB_ANNOTATIONS = {
+    "service.beta.kubernetes.io/aws-load-balancer-scheme": "internal",
+    "service.beta.kubernetes.io/aws-load-balancer-internal": "true",
+}
+
+
+# ------------------------------------------------------------------ data model
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One resource as a policy sees it, whichever side (CrossGuard or offline plan) built it."""
+
+    type: str
+    """Pulumi type token, e.g. ``aws:efs/fileSystem:FileSystem``."""
+    name: str
+    """Logical resource name (the plan's ``name``, the URN's last part)."""
+    inputs: Mapping[str, Any]
+    """Inputs in camelCase as the engine records them (CrossGuard: ``args.props``)."""
+    protect: bool = False
+    """The ``protect`` resource option."""
+    urn: str | None = None
+    """The URN under CrossGuard; None offline."""
+
+    @property
+    def label(self) -> str:
+        return f'{self.type} "{self.name}"'
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a check knows beyond one resource: the stack and this rule's config."""
+
+    stack: str | None
+    """Stack name (offline: the plan's ``stack``; CrossGuard: parsed from the URN)."""
+    config: Mapping[str, Any] = field(default_factory=dict)
+    """This rule's config properties with schema defaults filled in."""
+
+    def environment_of(self, resource: Resource) -> str:
+        """Environment class a resource belongs to: dev, staging or prod.
+
+        Order: the rule's ``environment`` config; the resource's own ``environment`` tag
+        (the program tags every AWS resource and Karpenter node class with it, from the
+        stack's ``ragpool:environment``); the stack name when it is an environment name.
+        Anything else counts as prod, so an unknown stack gets the strict checks.
+        """
+        configured = self.config.get("environment")
+        if configured:
+            return str(configured)
+        tag = _tags_of(resource).get("environment")
+        if isinstance(tag, str) and tag in ENVIRONMENTS:
+            return tag
+        if self.stack in ENVIRONMENTS:
+            return str(self.stack)
+        return "prod"
+
+
+ResourceCheck = Callable[[Resource, Context], Iterable[str]]
+StackCheck = Callable[[Sequence[Resource], Context], Iterable[tuple["Resource | None", str]]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One policy: metadata shared by both runners plus its check function."""
+
+    name: str
+    description: str
+    enforcement: str
+    remediation: str
+    check: Callable[..., Iterable[Any]]
+    scope: str = "resource"  # "resource": check(Resource, Context) -> messages;
+    #                          "stack": check(resources, Context) -> (resource|None, message)
+    config_schema: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.enforcement not in (MANDATORY, ADVISORY):
+            raise ValueError(f"rule {self.name}: enforcement {self.enforcement!r} is not mandatory|advisory")
+        if self.scope not in ("resource", "stack"):
+            raise ValueError(f"rule {self.name}: scope {self.scope!r} is not resource|stack")
+
+    def defaults(self) -> dict[str, Any]:
+        return {k: v["default"] for k, v in self.config_schema.items() if "default" in v}
+
+
+# ------------------------------------------------------------------ value helpers
+
+
+def _get(obj: Any, *path: str | int) -> Any:
+    """obj[path0][path1]... or None where a step is missing or of the wrong kind."""
+    for step in path:
+        if isinstance(step, int):
+            if not _is_list(obj) or step >= len(obj):
+                return None
+        elif not isinstance(obj, Mapping) or step not in obj:
+            return None
+        obj = obj[step]
+    return obj
+
+
+def _is_list(value: Any) -> bool:
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+
+
+def _as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return list(value) if _is_list(value) else [value]
+
+
+def _first(value: Any) -> Any:
+    """Some provider versions model a nested block as a one-element list."""
+    return value[0] if _is_list(value) and len(value) else value
+
+
+def _is_true(value: Any) -> bool:
+    # The AWS provider types some booleans as strings ("true"), e.g. EBS `encrypted`.
+    return value is True or (isinstance(value, str) and value.lower() == "true")
+
+
+def _is_blank(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and not value.strip())
+
+
+def _number(value: Any) -> float | None:
+    """A count given as int, float or numeric string (CrossGuard delivers every number as float)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        return float(str(value))
+    except ValueError:
+        return None
+
+
+def _same_quantity(a: Any, b: Any) -> bool:
+    na, nb = _number(a), _number(b)
+    return na == nb if na is not None and nb is not None else str(a) == str(b)
+
+
+def _tags_of(resource: Resource) -> Mapping[str, Any]:
+    if resource.type in EC2NODECLASS_TYPES:
+        tags = _get(resource.inputs, "spec", "tags")
+    else:
+        tags = _get(resource.inputs, "tags")
+    return tags if isinstance(tags, Mapping) else {}
+
+
+def _metadata_name(resource: Resource) -> str:
+    name = _get(resource.inputs, "metadata", "name")
+    return name if isinstance(name, str) and name else resource.name
+
+
+# ------------------------------------------------------------------ AWS storage and cluster
+
+
+def check_efs_encrypted(resource: Resource, ctx: Context) -> Iterator[str]:
+    if resource.type != "aws:efs/fileSystem:FileSystem":
+        return
+    value = _get(resource.inputs, "encrypted")
+    if not _is_true(value):
+        yield (f"encrypted is {value!r}: the shared file system holds datasets and checkpoints "
+               "and must be encrypted at rest; set encrypted=True (with kms_key_id) — "
+               "encryption cannot be added later, so this replaces the file system")
+
+
+def check_eks_secrets_encrypted(resource: Resource, ctx: Context) -> Iterator[str]:
+    if resource.type != "aws:eks/cluster:Cluster":
+        return
+    config = _first(_get(resource.inputs, "encryptionConfig"))
+    if not isinstance(config, Mapping):
+        yield ("encryptionConfig is missing: Kubernetes secrets must be envelope-encrypted; "
+               "set encryption_config={resources: ['secrets'], provider: {key_arn: <KMS key>}}")
+        return
+    resources = [str(r) for r in _as_list(_get(config, "resources"))]
+    if "secrets" not in resources:
+        yield (f"encryptionConfig.resources is {resources!r}: it must include 'secrets'")
+    key_arn = _get(_first(_get(config, "provider")), "keyArn")
+    if _is_blank(key_arn):
+        yield "encryptionConfig.provider.keyArn is empty: point it at a customer-managed KMS key"
+
+
+def check_eks_endpoint_access(resource: Resource, ctx: Context) -> Iterator[str]:
+    if resource.type != "aws:eks/cluster:Cluster":
+        return
+    vpc = _first(_get(resource.inputs, "vpcConfig"))
+    vpc = vpc if isinstance(vpc, Mapping) else {}
+    # AWS defaults: public access on (open to 0.0.0.0/0), private access off.
+    public = vpc.get("endpointPublicAccess", True)
+    private = vpc.get("endpointPrivateAccess", False)
+    environment = ctx.environment_of(resource)
+    if environment == "prod":
+        if _is_true(public) or public is None:
+            yield (f"vpcConfig.endpointPublicAccess is {public!r} in {environment}: the prod API "
+                   "endpoint must be private; set ragpool:endpointPublicAccess false (reach it "
+                   "through the VPC or a VPN)")
+        if not _is_true(private):
+            yield (f"vpcConfig.endpointPrivateAccess is {private!r} in {environment}: nodes and "
+                   "operators need the private endpoint; set endpoint_private_access=True")
+        return
+    if _is_true(public):
+        cidrs = [str(c) for c in _as_list(vpc.get("publicAccessCidrs"))]
+        if not cidrs:
+            yield ("vpcConfig.publicAccessCidrs is empty with a public endpoint, so AWS opens it "
+                   "to 0.0.0.0/0; set ragpool:publicAccessCidrs to your office/VPN ranges")
+        for cidr in cidrs:
+            if cidr in ("0.0.0.0/0", "::/0"):
+                yield (f"vpcConfig.publicAccessCidrs contains {cidr}: the public API endpoint is "
+                       "open to the internet; list only your office/VPN ranges")
+
+
+def check_redis_auth_tls_in_prod(resource: Resource, ctx: Context) -> Iterator[str]:
+    if ctx.environment_of(resource) != "prod":
+        return
+    if resource.type == "aws:elasticache/replicationGroup:ReplicationGroup":
+        transit = _get(resource.inputs, "transitEncryptionEnabled")
+        if not _is_true(transit):
+            yield (f"transitEncryptionEnabled is {transit!r}: the prod task queue must use TLS; "
+                   "set transit_encryption_enabled=True")
+        token = _get(resource.inputs, "authToken")
+        user_groups = _as_list(_get(resource.inputs, "userGroupIds"))
+        if _is_blank(token) and not user_groups:
+            yield ("authToken is not set and no userGroupIds: the prod task queue must require "
+                   "auth; set auth_token from a generated secret (or RBAC user groups)")
+        return
+    if resource.type == "aws:elasticache/cluster:Cluster":
+        engine = str(_get(resource.inputs, "engine") or "")
+        if engine in ("redis", "valkey"):
+            yield (f"a single ElastiCache {engine} cluster cannot take an auth token: in prod run "
+                   "the queue as a ReplicationGroup with auth_token and TLS")
+        return
+    path = POD_SPEC_PATHS.get(resource.type)
+    if path is None:
+        return
+    for container in _containers(_get(resource.inputs, *path)):
+        image = str(_get(container, "image") or "")
+        if _SELF_HOSTED_REDIS_IMAGE.search(image):
+            yield (f"container {_get(container, 'name')!r} runs {image} in prod: the self-hosted "
+                   "queue has no TLS; prod uses ElastiCache with auth and TLS")
+
+
+def check_prod_stateful_protected(resource: Resource, ctx: Context) -> Iterator[str]:
+    if resource.type not in STATEFUL_TYPES or ctx.environment_of(resource) != "prod":
+        return
+    if not resource.protect:
+        yield ("protect is not set on a stateful prod resource: `pulumi destroy` or a replace "
+               "would delete it; create it with infra/common.py stateful(parent, cfg) "
+               "(protect and retain_on_delete in prod)")
+
+
+def check_required_tags(resource: Resource, ctx: Context) -> Iterator[str]:
+    required = [str(t) for t in _as_list(ctx.config.get("requiredTags", REQUIRED_TAGS))]
+    if resource.type in EC2NODECLASS_TYPES:
+        # Karpenter copies these onto the GPU instances and volumes it launches.
+        yield from _tag_problems("spec.tags", _get(resource.inputs, "spec", "tags"), required, ctx)
+        return
+    if not resource.type.startswith("aws:") or resource.type in NON_TAGGABLE_AWS_TYPES:
+        return
+    yield from _tag_problems("tags", _get(resource.inputs, "tags"), required, ctx)
+    if resource.type == "aws:ec2/launchTemplate:LaunchTemplate":
+        for i, spec in enumerate(_as_list(_get(resource.inputs, "tagSpecifications"))):
+            kind = _get(spec, "resourceType") or i
+            yield from _tag_problems(f"tagSpecifications[{kind}].tags", _get(spec, "tags"), required, ctx)
+
+
+def _tag_problems(where: str, tags: Any, required: Sequence[str], ctx: Context) -> Iterator[str]:
+    tags = tags if isinstance(tags, Mapping) else {}
+    missing = [key for key in required if _is_blank(tags.get(key))]
+    if missing:
+        yield (f"{where} lack {', '.join(missing)}: cost reports group GPU and storage spend by "
+               "these tags; tag with infra/common.py aws_tags(cfg, name) (owner and cost-center "
+               "come from ragpool:owner and ragpool:costCenter)")
+    stack_tag = tags.get("stack")
+    if ctx.stack and isinstance(stack_tag, str) and stack_tag and stack_tag != ctx.stack:
+        yield f"{where}.stack is {stack_tag!r} but the stack is {ctx.stack!r}: costs would land on the wrong stack"
+
+
+# ------------------------------------------------------------------ EC2 metadata service
+
+
+def check_imdsv2_required(resource: Resource, ctx: Context) -> Iterator[str]:
+    if resource.type in ("aws:ec2/launchTemplate:LaunchTemplate", "aws:ec2/instance:Instance"):
+        options, where = _first(_get(resource.inputs, "metadataOptions")), "metadataOptions"
+    elif resource.type in EC2NODECLASS_TYPES:
+        options, where = _get(resource.inputs, "spec", "metadataOptions"), "spec.metadataOptions"
+    else:
+        return
+    tokens = _get(options, "httpTokens")
+    if tokens != "required":
+        yield (f"{where}.httpTokens is {tokens!r}: require IMDSv2 so a pod cannot lift the node "
+               "role's credentials with a plain GET; set httpTokens: required")
+
+
+# ------------------------------------------------------------------ Karpenter GPU pools
+
+
+def is_gpu_nodepool(resource: Resource) -> bool:
+    """A NodePool that can launch NVIDIA GPU instances."""
+    if resource.type not in NODEPOOL_TYPES:
+        return False
+    spec = _get(resource.inputs, "spec")
+    if _get(spec, "limits", GPU_RESOURCE) is not None:
+        return True
+    for req in _as_list(_get(spec, "template", "spec", "requirements")):
+        key = _get(req, "key")
+        values = [str(v) for v in _as_list(_get(req, "values"))]
+        if isinstance(key, str) and key.startswith("karpenter.k8s.aws/instance-gpu"):
+            return True
+        if key == "node.kubernetes.io/instance-type" and any(_GPU_INSTANCE_TYPE.match(v) for v in values):
+            return True
+        if key == "karpenter.k8s.aws/instance-category" and {"g", "p"} & set(values):
+            return True
+        if key == "karpenter.k8s.aws/instance-family" and any(_GPU_INSTANCE_TYPE.match(v + ".") for v in values):
+            return True
+    return False
+
+
+def check_gpu_nodepool_tainted(resource: Resource, ctx: Context) -> Iterator[str]:
+    if not is_gpu_nodepool(resource):
+        return
+    taints = _as_list(_get(resource.inputs, "spec", "template", "spec", "taints"))
+    if not any(_get(t, "key") == GPU_RESOURCE and _get(t, "effect") == "NoSchedule" for t in taints):
+        found = [f"{_get(t, 'key')}={_get(t, 'value')}:{_get(t, 'effect')}" for t in taints]
+        yield (f"spec.template.spec.taints is {found!r}: GPU nodes must carry "
+               f"{GPU_RESOURCE}=true:NoSchedule so only pods that tolerate it (training workers) "
+               "land on them")
+
+
+def check_gpu_nodepool_limits(resource: Resource, ctx: Context) -> Iterator[str]:
+    if not is_gpu_nodepool(resource):
+        return
+    limit = _get(resource.inputs, "spec", "limits", GPU_RESOURCE)
+    count = _number(limit)
+    if count is None or count <= 0 or count != int(count):
+        yield (f"spec.limits[{GPU_RESOURCE!r}] is {limit!r}: without a positive GPU limit "
+               "Karpenter can launch GPU instances without bound; set the pool's gpuLimit in "
+               "ragpool:gpuPools")
+
+
+def check_gpu_ami_pinned_in_prod(resource: Resource, ctx: Context) -> Iterator[str]:
+    if resource.type not in EC2NODECLASS_TYPES or ctx.environment_of(resource) != "prod":
+        return
+    for term in _as_list(_get(resource.inputs, "spec", "amiSelectorTerms")):
+        alias = _get(term, "alias")
+        if isinstance(alias, str) and alias.endswith("@latest"):
+            yield (f"spec.amiSelectorTerms alias is {alias!r} in prod: a new AMI rolls every GPU "
+                   "node on its own schedule; pin a dated version with ragpool:gpuAmiAlias "
+                   "(al2023@vYYYYMMDD)")
+
+
+# ------------------------------------------------------------------ workloads and namespaces
+
+
+def _containers(pod_spec: Any) -> list[Any]:
+    return _as_list(_get(pod_spec, "initContainers")) + _as_list(_get(pod_spec, "containers"))
+
+
+def training_namespaces(ctx: Context) -> set[str]:
+    return {str(n) for n in _as_list(ctx.config.get("trainingNamespaces", DEFAULT_TRAINING_NAMESPACES))}
+
+
+def check_training_containers(resource: Resource, ctx: Context) -> Iterator[str]:
+    path = POD_SPEC_PATHS.get(resource.type)
+    if path is None:
+        return
+    namespace = _get(resource.inputs, "metadata", "namespace")
+    if namespace not in training_namespaces(ctx):
+        return
+    pod = _get(resource.inputs, *path)
+    pod_security = _get(pod, "securityContext")
+    containers = _containers(pod)
+    if not containers:
+        yield f"{'.'.join(path)}.containers is empty: nothing to check, the workload is malformed"
+    for container in containers:
+        name = _get(container, "name")
+        security = _get(container, "securityContext")
+        non_root = _get(security, "runAsNonRoot")
+        if non_root is None:
+            non_root = _get(pod_security, "runAsNonRoot")
+        if non_root is not True:
+            yield (f"container {name!r}: runAsNonRoot is {non_root!r} (container and pod "
+                   "securityContext): training containers must run as non-root; set "
+                   "runAsNonRoot: true and a non-zero runAsUser")
+        user = _get(security, "runAsUser")
+        if user is None:
+            user = _get(pod_security, "runAsUser")
+        if user is not None and _number(user) == 0:
+            yield f"container {name!r}: runAsUser is 0 (root); use the image's non-root user (1000)"
+        if _is_true(_get(security, "privileged")):
+            yield f"container {name!r}: privileged is true; training never needs a privileged container"
+        limits = _get(container, "resources", "limits")
+        limits = limits if isinstance(limits, Mapping) else {}
+        if _is_blank(limits.get("memory")):
+            yield (f"container {name!r}: resources.limits.memory is not set (limits: "
+                   f"{dict(limits)!r}): an unbounded container can take the node down with it; "
+                   "set a memory limit")
+        requested_gpus = _get(container, "resources", "requests", GPU_RESOURCE)
+        if requested_gpus is not None and not _same_quantity(limits.get(GPU_RESOURCE), requested_gpus):
+            yield (f"container {name!r}: requests {requested_gpus} {GPU_RESOURCE} but limits "
+                   f"{limits.get(GPU_RESOURCE)!r}; set limits[{GPU_RESOURCE!r}] equal to the request")
+
+
+def _is_default_deny(policy: Resource) -> bool:
+    spec = _get(policy.inputs, "spec")
+    selector = _get(spec, "podSelector")
+    selects_all = selector is None or (
+        isinstance(selector, Mapping)
+        and not _as_list(selector.get("matchExpressions"))
+        and not (isinstance(selector.get("matchLabels"), Mapping) and len(selector["matchLabels"]))
+    )
+    types = {str(t) for t in _as_list(_get(spec, "policyTypes"))}
+    no_rules = not _as_list(_get(spec, "ingress")) and not _as_list(_get(spec, "egress"))
+    return selects_all and {"Ingress", "Egress"} <= types and no_rules
+
+
+def check_training_default_deny(resources: Sequence[Resource], ctx: Context) -> Iterator[tuple[Resource | None, str]]:
+    configured = training_namespaces(ctx)
+    namespaces = [
+        r for r in resources
+        if r.type == NAMESPACE_TYPE and (
+            _metadata_name(r) in configured
+            or _get(r.inputs, "metadata", "labels", "app.kubernetes.io/component") == "training")
+    ]
+    denying = {
+        _get(r.inputs, "metadata", "namespace")
+        for r in resources if r.type == NETWORK_POLICY_TYPE and _is_default_deny(r)
+    }
+    for ns in namespaces:
+        name = _metadata_name(ns)
+        if name not in denying:
+            yield ns, (f"training namespace {name!r} has no default-deny NetworkPolicy (podSelector {{}}, "
+                       "policyTypes [Ingress, Egress], no rules): without it every pod accepts "
+                       "traffic from anywhere in the cluster; declare one next to the allow rules "
+                       "in infra/training_namespace.py")
+
+
+# ------------------------------------------------------------------ monitoring exposure
+
+
+def _is_internal_lb(annotations: Any) -> bool:
+    if not isinstance(annotations, Mapping):
+        return False
+    return any(str(annotations.get(k, "")).lower() == v for k, v in _INTERNAL_LB_ANNOTATIONS.items())
+
+
+def _monitoring_services(resource: Resource) -> Iterator[tuple[str, Any]]:
+    """(where, service spec) pairs for Grafana/Prometheus/Alertmanager services."""
+    if resource.type == SERVICE_TYPE:
+        labels = _get(resource.inputs, "metadata", "labels")
+        label_text = " ".join(str(v) for v in labels.values()) if isinstance(labels, Mapping) else ""
+        if _MONITORING_NAME.search(f"{_metadata_name(resource)} {label_text}"):
+            spec = _get(resource.inputs, "spec")
+            yield "spec", {"type": _get(spec, "type"),
+                           "annotations": _get(resource.inputs, "metadata", "annotations")}
+        return
+    if resource.type != HELM_RELEASE_TYPE:
+        return
+    values = _get(resource.inputs, "values")
+    chart = str(_get(resource.inputs, "chart") or "")
+    # kube-prometheus-stack nests each component; the standalone charts keep it at the top.
+    for key in ("grafana", "prometheus", "alertmanager"):
+        yield f"values.{key}.service", _get(values, key, "service")
+    if _MONITORING_NAME.search(chart):
+        yield "values.service", _get(values, "service")
+        yield "values.server.service", _get(values, "server", "service")
+
+
+def check_monitoring_not_public(resource: Resource, ctx: Context) -> Iterator[str]:
+    if _is_true(ctx.config.get("allowPublicLoadBalancer", False)):
+        return
+    for where, service in _monitoring_services(resource):
+        if _get(service, "type") == "LoadBalancer" and not _is_internal_lb(_get(service, "annotations")):
+            yield (f"{where}.type is LoadBalancer without an internal-scheme annotation: Grafana/"
+                   "Prometheus would be reachable from the internet; use ClusterIP with "
+                   "`kubectl port-forward`, an internal load balancer "
+                   "(service.beta.kubernetes.io/aws-load-balancer-scheme: internal), or set this "
+                   "policy's allowPublicLoadBalancer config to true")
+
+
+# ------------------------------------------------------------------ the rule list
+
+_ENVIRONMENT_SCHEMA = {"environment": {
+    "type": "string", "enum": list(ENVIRONMENTS),
+    "description": "Override the environment (default: the resource's environment tag, else the stack name)."}}
+_NAMESPACES_SCHEMA = {"trainingNamespaces": {
+    "type": "array", "items": {"type": "string"}, "default": list(DEFAULT_TRAINING_NAMESPACES),
+    "description": "Namespaces whose workloads and network policies the training rules cover."}}
+
+RULES: tuple[Rule, ...] = (
+    Rule("efs-encrypted", "The shared EFS file system is encrypted at rest.", MANDATORY,
+         "Set encrypted=True and kms_key_id on aws.efs.FileSystem.", check_efs_encrypted),
+    Rule("eks-secrets-encrypted", "EKS envelope-encrypts Kubernetes secrets with a KMS key.", MANDATORY,
+         "Set encryption_config with resources ['secrets'] and a KMS key ARN.", check_eks_secrets_encrypted),
+    Rule("eks-endpoint-private-in-prod",
+         "The EKS API endpoint is private in prod and never open to 0.0.0.0/0 elsewhere.", MANDATORY,
+         "prod: ragpool:endpointPublicAccess false. Other stacks: list ragpool:publicAccessCidrs.",
+         check_eks_endpoint_access, config_schema=_ENVIRONMENT_SCHEMA),
+    Rule("redis-auth-tls-in-prod", "The prod task queue requires auth and TLS (ElastiCache).", MANDATORY,
+         "Use an ElastiCache ReplicationGroup with auth_token and transit_encryption_enabled.",
+         check_redis_auth_tls_in_prod, config_schema=_ENVIRONMENT_SCHEMA),
+    Rule("training-containers-nonroot-limits",
+         "Every container in a training namespace runs as non-root with a memory limit.", MANDATORY,
+         "Set runAsNonRoot/runAsUser in securityContext and resources.limits.memory.",
+         check_training_containers, config_schema=_NAMESPACES_SCHEMA),
+    Rule("training-namespace-default-deny",
+         "Every training namespace has a default-deny NetworkPolicy.", MANDATORY,
+         "Add a NetworkPolicy with podSelector {} and policyTypes [Ingress, Egress] and no rules.",
+         check_training_default_deny, scope="stack", config_schema=_NAMESPACES_SCHEMA),
+    Rule("gpu-nodepool-tainted", "GPU NodePools taint their nodes nvidia.com/gpu=true:NoSchedule.", MANDATORY,
+         "Add the taint to spec.template.spec.taints.", check_gpu_nodepool_tainted),
+    Rule("gpu-nodepool-limits", "GPU NodePools cap nvidia.com/gpu in spec.limits.", MANDATORY,
+         "Set the pool's gpuLimit in ragpool:gpuPools.", check_gpu_nodepool_limits),
+    Rule("imdsv2-required", "Launch templates and Karpenter node classes require IMDSv2.", MANDATORY,
+         "Set metadataOptions.httpTokens to 'required'.", check_imdsv2_required),
+    Rule("monitoring-no-public-loadbalancer",
+         "Grafana/Prometheus/Alertmanager are not exposed through a public LoadBalancer.", MANDATORY,
+         "Use ClusterIP or an internal load balancer, or allow it in this policy's config.",
+         check_monitoring_not_public,
+         config_schema={"allowPublicLoadBalancer": {
+             "type": "boolean", "default": False,
+             "description": "Allow a public LoadBalancer for the monitoring UIs (e.g. behind an auth proxy)."}}),
+    Rule("prod-stateful-protected",
+         "Stateful prod resources (EFS, KMS keys, backup vault, ElastiCache) are protected.", MANDATORY,
+         "Create them with infra/common.py stateful() (protect=True, retain_on_delete=True).",
+         check_prod_stateful_protected, config_schema=_ENVIRONMENT_SCHEMA),
+    Rule("required-cost-tags",
+         "Taggable AWS resources and Karpenter node classes carry the cost tags.", ADVISORY,
+         "Tag with infra/common.py aws_tags(): project, stack, environment, owner, cost-center.",
+         check_required_tags,
+         config_schema={"requiredTags": {
+             "type": "array", "items": {"type": "string"}, "default": list(REQUIRED_TAGS),
+             "description": "Tag keys every taggable resource must carry with a non-empty value."}}),
+    Rule("gpu-ami-pinned-in-prod", "Prod GPU node classes pin a dated AMI instead of @latest.", ADVISORY,
+         "Set ragpool:gpuAmiAlias to al2023@vYYYYMMDD in Pulumi.prod.yaml.",
+         check_gpu_ami_pinned_in_prod, config_schema=_ENVIRONMENT_SCHEMA),
+)
+
+RULES_BY_NAME: dict[str, Rule] = {rule.name: rule for rule in RULES}
+if len(RULES_BY_NAME) != len(RULES):  # pragma: no cover - guards edits to RULES
+    raise RuntimeError("duplicate rule names in policy.checks.RULES")
+
+
+def stack_from_urn(urn: str | None) -> str | None:
+    """``urn:pulumi:<stack>::<project>::<type>::<name>`` -> ``<stack>``."""
+    if not urn or not urn.startswith("urn:pulumi:"):
+        return None
+    return urn[len("urn:pulumi:"):].split("::", 1)[0] or None

@@ -1,0 +1,431 @@
+"""Each guardrail policy passes on the committed stacks and fails on a one-field mutation.
+
+Negative cases start from the real offline plan and break one thing, so a pass is never
+vacuous: the same resource that passes is shown to fail once the guarded field changes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from policy.checks import ADVISORY, MANDATORY, RULES, RULES_BY_NAME, Context, Resource
+from policy.offline import Violation, evaluate
+from tests.policy.conftest import STACKS, find, find_all
+
+pytestmark = pytest.mark.infra
+
+EFS = "aws:efs/fileSystem:FileSystem"
+EKS = "aws:eks/cluster:Cluster"
+REDIS_RG = "aws:elasticache/replicationGroup:ReplicationGroup"
+CRONJOB = "kubernetes:batch/v1:CronJob"
+STATEFULSET = "kubernetes:apps/v1:StatefulSet"
+NETPOL = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
+NODEPOOL = "kubernetes:karpenter.sh/v1:NodePool"
+NODECLASS = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"
+LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
+HELM = "kubernetes:helm.sh/v3:Release"
+KMS_KEY = "aws:kms/key:Key"
+VAULT = "aws:backup/vault:Vault"
+
+
+def run(doc: dict, policy: str, config: dict | None = None) -> list[Violation]:
+    return evaluate(doc, config, rules=[RULES_BY_NAME[policy]])
+
+
+def pod_spec(cronjob: dict) -> dict:
+    return cronjob["inputs"]["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+
+
+def prometheus_stack(doc: dict) -> dict:
+    return next(e for e in find_all(doc, HELM) if e["inputs"].get("chart") == "kube-prometheus-stack")
+
+
+# ------------------------------------------------------------------ the committed stacks
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_committed_stacks_pass_every_mandatory_policy(committed_plans, stack):
+    mandatory = [v for v in evaluate(committed_plans[stack]) if v.mandatory]
+    assert mandatory == [], "\n".join(map(str, mandatory))
+
+
+def test_pack_has_mandatory_and_advisory_policies():
+    levels = {rule.enforcement for rule in RULES}
+    assert levels == {MANDATORY, ADVISORY}
+    assert RULES_BY_NAME["efs-encrypted"].enforcement == MANDATORY
+    assert RULES_BY_NAME["required-cost-tags"].enforcement == ADVISORY
+
+
+POSITIVE = [(rule.name, stack) for rule in RULES for stack in STACKS
+            # prod still runs al2023@latest: that advisory finding is asserted below.
+            if (rule.name, stack) != ("gpu-ami-pinned-in-prod", "prod")]
+
+
+@pytest.mark.parametrize(("policy", "stack"), POSITIVE)
+def test_policy_passes_on_committed_stack(committed_plans, policy, stack):
+    assert run(committed_plans[stack], policy) == []
+
+
+# ------------------------------------------------------------------ efs-encrypted
+
+
+def test_efs_unencrypted_fails(plan_of):
+    doc = plan_of("dev")
+    find(doc, EFS)["inputs"]["encrypted"] = False
+    [v] = run(doc, "efs-encrypted")
+    assert (v.policy, v.enforcement, v.resource_name) == ("efs-encrypted", MANDATORY, "storage-efs")
+    assert "encrypted is False" in v.message and "set encrypted=True" in v.message
+
+
+def test_efs_without_encrypted_input_fails(plan_of):
+    doc = plan_of("prod")
+    del find(doc, EFS)["inputs"]["encrypted"]
+    [v] = run(doc, "efs-encrypted")
+    assert "encrypted is None" in v.message
+
+
+# ------------------------------------------------------------------ eks-secrets-encrypted
+
+
+def test_eks_without_encryption_config_fails(plan_of):
+    doc = plan_of("prod")
+    del find(doc, EKS)["inputs"]["encryptionConfig"]
+    [v] = run(doc, "eks-secrets-encrypted")
+    assert v.resource_name == "cluster-eks" and "encryptionConfig is missing" in v.message
+
+
+def test_eks_encryption_without_secrets_or_key_fails(plan_of):
+    doc = plan_of("dev")
+    config = find(doc, EKS)["inputs"]["encryptionConfig"]
+    config["resources"] = ["configmaps"]
+    config["provider"]["keyArn"] = ""
+    messages = [v.message for v in run(doc, "eks-secrets-encrypted")]
+    assert len(messages) == 2
+    assert "['configmaps']" in messages[0] and "'secrets'" in messages[0]
+    assert "keyArn is empty" in messages[1]
+
+
+# ------------------------------------------------------------------ eks-endpoint-private-in-prod
+
+
+def test_prod_public_endpoint_fails(plan_of):
+    doc = plan_of("prod")
+    vpc = find(doc, EKS)["inputs"]["vpcConfig"]
+    vpc["endpointPublicAccess"] = True
+    vpc["publicAccessCidrs"] = ["203.0.113.0/24"]  # an allow-list does not make it private
+    [v] = run(doc, "eks-endpoint-private-in-prod")
+    assert "endpointPublicAccess is True in prod" in v.message
+
+
+def test_prod_endpoint_default_is_public(plan_of):
+    doc = plan_of("prod")
+    del find(doc, EKS)["inputs"]["vpcConfig"]["endpointPublicAccess"]  # AWS default: public
+    assert len(run(doc, "eks-endpoint-private-in-prod")) == 1
+
+
+def test_dev_public_endpoint_open_to_world_fails(plan_of):
+    doc = plan_of("dev")
+    find(doc, EKS)["inputs"]["vpcConfig"]["publicAccessCidrs"] = ["0.0.0.0/0"]
+    [v] = run(doc, "eks-endpoint-private-in-prod")
+    assert "contains 0.0.0.0/0" in v.message
+
+
+def test_dev_public_endpoint_without_allow_list_fails(plan_of):
+    doc = plan_of("dev")
+    del find(doc, EKS)["inputs"]["vpcConfig"]["publicAccessCidrs"]
+    [v] = run(doc, "eks-endpoint-private-in-prod")
+    assert "publicAccessCidrs is empty" in v.message
+
+
+def test_environment_comes_from_tags_not_only_stack_name(plan_of):
+    # A prod-class stack under another name is still held to the prod rule.
+    doc = plan_of("prod")
+    doc["stack"] = "prod-eu"
+    find(doc, EKS)["inputs"]["vpcConfig"]["endpointPublicAccess"] = True
+    assert len(run(doc, "eks-endpoint-private-in-prod")) == 1
+    # ... and the policy config can name the environment outright.
+    assert run(doc, "eks-endpoint-private-in-prod", {"eks-endpoint-private-in-prod": {"environment": "dev"}}) != []
+
+
+# ------------------------------------------------------------------ redis-auth-tls-in-prod
+
+
+def test_prod_redis_without_tls_fails(plan_of):
+    doc = plan_of("prod")
+    find(doc, REDIS_RG)["inputs"]["transitEncryptionEnabled"] = False
+    [v] = run(doc, "redis-auth-tls-in-prod")
+    assert v.resource_name == "redis-elasticache" and "transitEncryptionEnabled is False" in v.message
+
+
+def test_prod_redis_without_auth_fails(plan_of):
+    doc = plan_of("prod")
+    del find(doc, REDIS_RG)["inputs"]["authToken"]
+    [v] = run(doc, "redis-auth-tls-in-prod")
+    assert "authToken is not set" in v.message
+
+
+def test_self_hosted_redis_in_prod_fails(plan_of):
+    # The dev queue (a Valkey StatefulSet, no TLS) must never ship to a prod stack.
+    doc = plan_of("dev")
+    doc["stack"] = "prod"
+    violations = run(doc, "redis-auth-tls-in-prod")
+    assert [v.resource_type for v in violations] == [STATEFULSET]
+    assert "valkey/valkey" in violations[0].message and "no TLS" in violations[0].message
+
+
+def test_redis_rule_is_prod_only(plan_of):
+    doc = plan_of("prod")
+    rg = find(doc, REDIS_RG)
+    rg["inputs"]["transitEncryptionEnabled"] = False
+    rg["inputs"]["tags"]["environment"] = "dev"
+    doc["stack"] = "dev"
+    assert run(doc, "redis-auth-tls-in-prod") == []
+
+
+# ------------------------------------------------------------------ training-containers-nonroot-limits
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_worker_running_as_root_fails(plan_of, stack):
+    doc = plan_of(stack)
+    spec = pod_spec(find_all(doc, CRONJOB)[0])
+    spec["securityContext"].pop("runAsNonRoot")
+    spec["containers"][0]["securityContext"].pop("runAsNonRoot")
+    spec["containers"][0]["securityContext"]["runAsUser"] = 0
+    messages = [v.message for v in run(doc, "training-containers-nonroot-limits")]
+    assert len(messages) == 2
+    assert "container 'worker': runAsNonRoot is None" in messages[0]
+    assert "runAsUser is 0" in messages[1]
+
+
+def test_worker_without_memory_limit_fails(plan_of):
+    doc = plan_of("prod")
+    resources = pod_spec(find_all(doc, CRONJOB)[0])["containers"][0]["resources"]
+    del resources["limits"]["memory"]
+    [v] = run(doc, "training-containers-nonroot-limits")
+    assert "resources.limits.memory is not set" in v.message and "nvidia.com/gpu" in v.message
+
+
+def test_worker_gpu_limit_must_match_request(plan_of):
+    doc = plan_of("prod")
+    pod_spec(find_all(doc, CRONJOB)[0])["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "4"
+    [v] = run(doc, "training-containers-nonroot-limits")
+    assert "requests 8 nvidia.com/gpu but limits '4'" in v.message
+
+
+def test_privileged_init_container_in_dev_redis_fails(plan_of):
+    doc = plan_of("dev")
+    spec = find(doc, STATEFULSET)["inputs"]["spec"]["template"]["spec"]
+    spec["initContainers"] = [{"name": "chown", "image": "busybox:1.37",
+                               "securityContext": {"privileged": True, "runAsNonRoot": True},
+                               "resources": {"limits": {"memory": "16Mi"}}}]
+    [v] = run(doc, "training-containers-nonroot-limits")
+    assert "container 'chown': privileged is true" in v.message
+
+
+def test_container_rule_covers_only_training_namespaces(plan_of):
+    doc = plan_of("dev")
+    sts = find(doc, STATEFULSET)
+    sts["inputs"]["spec"]["template"]["spec"]["containers"][0]["securityContext"]["runAsNonRoot"] = False
+    assert len(run(doc, "training-containers-nonroot-limits")) == 1
+    sts["inputs"]["metadata"]["namespace"] = "kube-system"
+    assert run(doc, "training-containers-nonroot-limits") == []
+    config = {"training-containers-nonroot-limits": {"trainingNamespaces": ["kube-system"]}}
+    assert len(run(doc, "training-containers-nonroot-limits", config)) == 1
+
+
+# ------------------------------------------------------------------ training-namespace-default-deny
+
+
+def _drop_default_deny(doc: dict) -> None:
+    doc["resources"] = [e for e in doc["resources"]
+                        if not (e["type"] == NETPOL and e["inputs"]["metadata"]["name"] == "default-deny")]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_training_namespace_without_default_deny_fails(plan_of, stack):
+    doc = plan_of(stack)
+    _drop_default_deny(doc)
+    [v] = run(doc, "training-namespace-default-deny")
+    assert (v.resource_type, v.resource_name) == ("kubernetes:core/v1:Namespace", "training-ns")
+    assert "'ragpool-training' has no default-deny NetworkPolicy" in v.message
+
+
+def test_default_deny_that_selects_some_pods_does_not_count(plan_of):
+    doc = plan_of("prod")
+    deny = next(e for e in find_all(doc, NETPOL) if e["inputs"]["metadata"]["name"] == "default-deny")
+    deny["inputs"]["spec"]["podSelector"] = {"matchLabels": {"app.kubernetes.io/component": "worker"}}
+    assert len(run(doc, "training-namespace-default-deny")) == 1
+
+
+def test_default_deny_covering_ingress_only_does_not_count(plan_of):
+    doc = plan_of("prod")
+    deny = next(e for e in find_all(doc, NETPOL) if e["inputs"]["metadata"]["name"] == "default-deny")
+    deny["inputs"]["spec"]["policyTypes"] = ["Ingress"]
+    assert len(run(doc, "training-namespace-default-deny")) == 1
+
+
+def test_default_deny_in_another_namespace_does_not_count(plan_of):
+    doc = plan_of("dev")
+    deny = next(e for e in find_all(doc, NETPOL) if e["inputs"]["metadata"]["name"] == "default-deny")
+    deny["inputs"]["metadata"]["namespace"] = "monitoring"
+    assert len(run(doc, "training-namespace-default-deny")) == 1
+
+
+# ------------------------------------------------------------------ gpu-nodepool-tainted / limits
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_gpu_pool_without_taint_fails(plan_of, stack):
+    doc = plan_of(stack)
+    pool = find_all(doc, NODEPOOL)[0]
+    pool["inputs"]["spec"]["template"]["spec"]["taints"] = [
+        {"key": "nvidia.com/gpu", "value": "true", "effect": "PreferNoSchedule"}]
+    [v] = run(doc, "gpu-nodepool-tainted")
+    assert v.resource_name == pool["name"]
+    assert "nvidia.com/gpu=true:PreferNoSchedule" in v.message and "NoSchedule" in v.message
+
+
+def test_cpu_nodepool_needs_no_gpu_taint():
+    pool = Resource(NODEPOOL, "cpu-batch", {"spec": {"template": {"spec": {"requirements": [
+        {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["m7i.2xlarge"]}]}}}})
+    rule = RULES_BY_NAME["gpu-nodepool-tainted"]
+    assert list(rule.check(pool, Context("dev"))) == []
+    gpu_pool = Resource(NODEPOOL, "gpu-by-category", {"spec": {"template": {"spec": {"requirements": [
+        {"key": "karpenter.k8s.aws/instance-category", "operator": "In", "values": ["g"]}]}}}})
+    assert len(list(rule.check(gpu_pool, Context("dev")))) == 1
+
+
+@pytest.mark.parametrize("limits", [None, {}, {"nvidia.com/gpu": "0"}, {"cpu": "1000"}])
+def test_gpu_pool_without_gpu_limit_fails(plan_of, limits):
+    doc = plan_of("prod")
+    pool = find(doc, NODEPOOL, "gpu-gpu-spot")
+    if limits is None:
+        del pool["inputs"]["spec"]["limits"]
+    else:
+        pool["inputs"]["spec"]["limits"] = limits
+    [v] = run(doc, "gpu-nodepool-limits")
+    assert v.resource_name == "gpu-gpu-spot" and "spec.limits['nvidia.com/gpu']" in v.message
+
+
+# ------------------------------------------------------------------ imdsv2-required
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_launch_template_allowing_imdsv1_fails(plan_of, stack):
+    doc = plan_of(stack)
+    find(doc, LAUNCH_TEMPLATE)["inputs"]["metadataOptions"]["httpTokens"] = "optional"
+    [v] = run(doc, "imdsv2-required")
+    assert v.resource_type == LAUNCH_TEMPLATE and "metadataOptions.httpTokens is 'optional'" in v.message
+
+
+def test_node_class_without_metadata_options_fails(plan_of):
+    doc = plan_of("prod")
+    del find_all(doc, NODECLASS)[0]["inputs"]["spec"]["metadataOptions"]
+    [v] = run(doc, "imdsv2-required")
+    assert v.resource_type == NODECLASS and "spec.metadataOptions.httpTokens is None" in v.message
+
+
+# ------------------------------------------------------------------ monitoring-no-public-loadbalancer
+
+
+@pytest.mark.parametrize("component", ["grafana", "prometheus"])
+def test_public_monitoring_load_balancer_fails(plan_of, component):
+    doc = plan_of("dev")
+    values = prometheus_stack(doc)["inputs"]["values"]
+    values[component].setdefault("service", {})["type"] = "LoadBalancer"
+    [v] = run(doc, "monitoring-no-public-loadbalancer")
+    assert f"values.{component}.service.type is LoadBalancer" in v.message
+
+
+def test_internal_or_allowed_monitoring_load_balancer_passes(plan_of):
+    doc = plan_of("prod")
+    service = prometheus_stack(doc)["inputs"]["values"]["grafana"]["service"]
+    service["type"] = "LoadBalancer"
+    assert len(run(doc, "monitoring-no-public-loadbalancer")) == 1
+    allowed = {"monitoring-no-public-loadbalancer": {"allowPublicLoadBalancer": True}}
+    assert run(doc, "monitoring-no-public-loadbalancer", allowed) == []
+    service["annotations"] = {"service.beta.kubernetes.io/aws-load-balancer-scheme": "internal"}
+    assert run(doc, "monitoring-no-public-loadbalancer") == []
+
+
+def test_plain_grafana_service_of_type_load_balancer_fails():
+    rule = RULES_BY_NAME["monitoring-no-public-loadbalancer"]
+    service = Resource("kubernetes:core/v1:Service", "grafana-public", {
+        "metadata": {"name": "grafana", "namespace": "monitoring"}, "spec": {"type": "LoadBalancer"}})
+    [message] = rule.check(service, Context("dev", rule.defaults()))
+    assert "spec.type is LoadBalancer" in message
+    other = Resource("kubernetes:core/v1:Service", "api", {"metadata": {"name": "api"}, "spec": {"type": "LoadBalancer"}})
+    assert list(rule.check(other, Context("dev", rule.defaults()))) == []
+
+
+# ------------------------------------------------------------------ prod-stateful-protected
+
+
+@pytest.mark.parametrize("rtype", [EFS, KMS_KEY, VAULT, REDIS_RG])
+def test_unprotected_stateful_prod_resource_fails(plan_of, rtype):
+    doc = plan_of("prod")
+    entry = find(doc, rtype)
+    del entry["protect"]
+    [v] = run(doc, "prod-stateful-protected")
+    assert (v.resource_type, v.resource_name) == (rtype, entry["name"])
+    assert "protect is not set" in v.message
+
+
+def test_dev_stateful_resources_need_no_protect(committed_plans):
+    assert "protect" not in find(committed_plans["dev"], EFS)  # dev really is unprotected ...
+    assert run(committed_plans["dev"], "prod-stateful-protected") == []  # ... and that is allowed
+
+
+# ------------------------------------------------------------------ required-cost-tags
+
+
+def test_missing_cost_tag_is_advisory(plan_of):
+    doc = plan_of("prod")
+    del find(doc, EFS)["inputs"]["tags"]["cost-center"]
+    [v] = run(doc, "required-cost-tags")
+    assert (v.enforcement, v.resource_name) == (ADVISORY, "storage-efs")
+    assert v.message.startswith("tags lack cost-center")
+
+
+def test_untagged_taggable_resource_fails(plan_of):
+    doc = plan_of("dev")
+    del find(doc, KMS_KEY)["inputs"]["tags"]
+    [v] = run(doc, "required-cost-tags")
+    assert "tags lack project, stack, environment, owner, cost-center" in v.message
+
+
+def test_node_class_and_launch_template_tag_specs_are_checked(plan_of):
+    doc = plan_of("prod")
+    del find_all(doc, NODECLASS)[0]["inputs"]["spec"]["tags"]["owner"]
+    find(doc, LAUNCH_TEMPLATE)["inputs"]["tagSpecifications"][1]["tags"]["owner"] = ""
+    messages = sorted(v.message for v in run(doc, "required-cost-tags"))
+    assert len(messages) == 2
+    assert messages[0].startswith("spec.tags lack owner")
+    assert messages[1].startswith("tagSpecifications[volume].tags lack owner")
+
+
+def test_stack_tag_must_name_this_stack(plan_of):
+    doc = plan_of("dev")
+    find(doc, EFS)["inputs"]["tags"]["stack"] = "prod"
+    [v] = run(doc, "required-cost-tags")
+    assert "tags.stack is 'prod' but the stack is 'dev'" in v.message
+
+
+# ------------------------------------------------------------------ gpu-ami-pinned-in-prod
+
+
+def test_prod_gpu_ami_at_latest_is_advisory(committed_plans):
+    violations = run(committed_plans["prod"], "gpu-ami-pinned-in-prod")
+    assert {v.resource_name for v in violations} == {"gpu-gpu-ondemand-class", "gpu-gpu-spot-class"}
+    assert all(v.enforcement == ADVISORY and "'al2023@latest' in prod" in v.message for v in violations)
+
+
+def test_prod_gpu_ami_pinned_passes():
+    # A real config change, run through the program: pin the AMI in prod.
+    from infra.plan import plan
+
+    doc = plan("prod", overrides={"ragpool:gpuAmiAlias": "al2023@v20250101"})
+    aliases = {t["alias"] for e in find_all(doc, NODECLASS) for t in e["inputs"]["spec"]["amiSelectorTerms"]}
+    assert aliases == {"al2023@v20250101"}
+    assert run(doc, "gpu-ami-pinned-in-prod") == []

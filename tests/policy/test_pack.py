@@ -1,0 +1,260 @@
+"""The CrossGuard pack runs the same checks as the offline evaluator.
+
+Three levels: the ``pulumi_policy`` objects from ``policy.pack.build_policies()`` called
+with the SDK's own argument classes on every resource of both plans (same findings as
+``evaluate``); the pack served over gRPC exactly as the Pulumi CLI starts it
+(``python -m pulumi.policy <engine> policy``) and queried through the analyzer protocol;
+and the pack's files (PulumiPolicy.yaml, pinned requirements).
+"""
+
+from __future__ import annotations
+
+import re
+import select
+import subprocess
+import sys
+import time
+import tomllib
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from policy.checks import RULES, stack_from_urn
+from policy.offline import evaluate
+from tests.policy.conftest import STACKS, find
+
+pytestmark = pytest.mark.infra
+
+REPO = Path(__file__).resolve().parents[2]
+POLICY_DIR = REPO / "policy"
+
+
+def urn(stack: str, entry: dict) -> str:
+    return f"urn:pulumi:{stack}::ragpool::{entry['type']}::{entry['name']}"
+
+
+# ------------------------------------------------------------------ policy objects
+
+
+def test_pack_policies_mirror_the_rules():
+    from pulumi_policy import EnforcementLevel, ResourceValidationPolicy, StackValidationPolicy
+
+    from policy.pack import build_policies
+
+    policies = build_policies()
+    assert [p.name for p in policies] == [r.name for r in RULES]
+    for policy, rule in zip(policies, RULES):
+        assert policy.enforcement_level == EnforcementLevel(rule.enforcement)
+        expected = StackValidationPolicy if rule.scope == "stack" else ResourceValidationPolicy
+        assert isinstance(policy, expected), policy.name
+        assert policy.description == rule.description
+        if rule.config_schema:
+            assert set(policy.config_schema.properties) == set(rule.config_schema)
+
+
+def _sdk_findings(doc: dict, stack: str) -> Counter:
+    """Run every pack policy through the SDK's argument classes; count (policy, resource, message)."""
+    from pulumi_policy import (
+        PolicyCustomTimeouts,
+        PolicyResource,
+        PolicyResourceOptions,
+        ResourceValidationArgs,
+        ResourceValidationPolicy,
+        StackValidationArgs,
+    )
+    from pulumi_policy.proxy import unknown_checking_proxy
+
+    from policy.pack import build_policies
+
+    def options(entry):
+        return PolicyResourceOptions(bool(entry.get("protect")), [], None, [], PolicyCustomTimeouts(0, 0, 0), [])
+
+    names_by_urn = {urn(stack, e): e["name"] for e in doc["resources"]}
+    found: Counter = Counter()
+    for policy in build_policies():
+        if isinstance(policy, ResourceValidationPolicy):
+            for entry in doc["resources"]:
+                args = ResourceValidationArgs(entry["type"], unknown_checking_proxy(entry["inputs"]), urn(stack, entry),
+                                              entry["name"], options(entry), None, {})
+                policy.validate(args, lambda msg, _urn, n=entry["name"], p=policy.name: found.update([(p, n, msg)]))
+        else:
+            resources = [PolicyResource(e["type"], unknown_checking_proxy(e["inputs"]), urn(stack, e), e["name"],
+                                        options(e), None, None, [], {}) for e in doc["resources"]]
+            policy.validate(StackValidationArgs(resources, {}),
+                            lambda msg, u, p=policy.name: found.update([(p, names_by_urn.get(u), msg)]))
+    return found
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_sdk_policies_find_what_offline_finds(plan_of, stack):
+    doc = plan_of(stack)
+    # Break a few things so both sides have findings to agree on, not just silence.
+    efs = find(doc, "aws:efs/fileSystem:FileSystem")
+    efs["inputs"]["encrypted"] = False
+    efs.pop("protect", None)
+    del find(doc, "aws:kms/key:Key")["inputs"]["tags"]["owner"]
+    doc["resources"] = [e for e in doc["resources"]
+                        if not (e["type"] == "kubernetes:networking.k8s.io/v1:NetworkPolicy"
+                                and e["inputs"]["metadata"]["name"] == "default-deny")]
+    offline = Counter((v.policy, v.resource_name, v.message) for v in evaluate(doc))
+    assert _sdk_findings(doc, stack) == offline
+    policies = {p for p, _, _ in offline}
+    assert {"efs-encrypted", "required-cost-tags", "training-namespace-default-deny"} <= policies
+    assert ("prod-stateful-protected" in policies) == (stack == "prod")
+
+
+def test_stack_name_comes_from_the_urn():
+    assert stack_from_urn("urn:pulumi:prod::ragpool::aws:efs/fileSystem:FileSystem::storage-efs") == "prod"
+    assert stack_from_urn("urn:pulumi:dev::ragpool::ragpool:infra:SharedStorage$aws:kms/key:Key::k") == "dev"
+    assert stack_from_urn("not-a-urn") is None
+
+
+# ------------------------------------------------------------------ the pack as the CLI runs it
+
+
+@pytest.fixture(scope="module")
+def analyzer():
+    """The pack served by `python -m pulumi.policy <engine> policy` (what the CLI runs)."""
+    import grpc
+    from pulumi.runtime.proto import analyzer_pb2_grpc
+
+    proc = subprocess.Popen([sys.executable, "-u", "-m", "pulumi.policy", "127.0.0.1:1", "policy"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        line = ""
+        while not line and time.monotonic() < deadline and proc.poll() is None:
+            ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+            if ready:
+                line = proc.stdout.readline().strip()
+        if not line.isdigit():
+            proc.kill()
+            pytest.fail(f"policy pack did not print its port (got {line!r}): {proc.stderr.read()[-2000:]}")
+        channel = grpc.insecure_channel(f"127.0.0.1:{line}")
+        yield analyzer_pb2_grpc.AnalyzerStub(channel)
+        channel.close()
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def _struct(value: dict):
+    from google.protobuf import struct_pb2
+
+    s = struct_pb2.Struct()
+    s.update(value)  # like the engine, this turns every number into a float
+    return s
+
+
+def _analyze(analyzer, stack: str, entry: dict):
+    from pulumi.runtime.proto import analyzer_pb2
+
+    return analyzer.Analyze(analyzer_pb2.AnalyzeRequest(
+        type=entry["type"], name=entry["name"], urn=urn(stack, entry), properties=_struct(entry["inputs"]),
+        options=analyzer_pb2.AnalyzerResourceOptions(protect=bool(entry.get("protect")))), timeout=30)
+
+
+def test_served_pack_reports_policies_and_levels(analyzer):
+    from google.protobuf import empty_pb2
+    from pulumi.runtime.proto import analyzer_pb2
+
+    info = analyzer.GetAnalyzerInfo(empty_pb2.Empty(), timeout=30)
+    assert info.name == "ragpool-guardrails"
+    levels = {p.name: p.enforcementLevel for p in info.policies}
+    assert list(levels) == [r.name for r in RULES]
+    expected = {r.name: analyzer_pb2.MANDATORY if r.enforcement == "mandatory" else analyzer_pb2.ADVISORY
+                for r in RULES}
+    assert levels == expected
+
+
+def test_served_pack_passes_every_committed_resource(analyzer, committed_plans):
+    from pulumi.runtime.proto import analyzer_pb2
+
+    for stack in STACKS:
+        doc = committed_plans[stack]
+        mandatory = []
+        for entry in doc["resources"]:
+            for d in _analyze(analyzer, stack, entry).diagnostics:
+                if d.enforcementLevel == analyzer_pb2.MANDATORY:
+                    mandatory.append(f"{entry['name']}: {d.policyName}: {d.message}")
+        assert mandatory == [], "\n".join(mandatory)
+        stack_request = analyzer_pb2.AnalyzeStackRequest(resources=[
+            analyzer_pb2.AnalyzerResource(type=e["type"], name=e["name"], urn=urn(stack, e),
+                                          properties=_struct(e["inputs"])) for e in doc["resources"]])
+        assert list(analyzer.AnalyzeStack(stack_request, timeout=60).diagnostics) == []
+
+
+def test_served_pack_blocks_violations(analyzer, plan_of):
+    from pulumi.runtime.proto import analyzer_pb2
+
+    doc = plan_of("prod")
+    efs = find(doc, "aws:efs/fileSystem:FileSystem")
+    efs["inputs"]["encrypted"] = False
+    efs["protect"] = False
+    diagnostics = {d.policyName: d for d in _analyze(analyzer, "prod", efs).diagnostics}
+    assert set(diagnostics) == {"efs-encrypted", "prod-stateful-protected"}
+    assert diagnostics["efs-encrypted"].enforcementLevel == analyzer_pb2.MANDATORY
+    assert "encrypted is False" in diagnostics["efs-encrypted"].message
+
+    # Counts arrive as floats over the wire; the checks must still read them as counts.
+    worker = find(doc, "kubernetes:batch/v1:CronJob")
+    container = worker["inputs"]["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
+    container["securityContext"]["runAsUser"] = 0
+    container["resources"] = {"limits": {"memory": "1Gi", "nvidia.com/gpu": 8}, "requests": {"nvidia.com/gpu": 8}}
+    [d] = _analyze(analyzer, "prod", worker).diagnostics
+    assert d.policyName == "training-containers-nonroot-limits" and "runAsUser is 0" in d.message
+
+
+def test_served_pack_reports_unknown_values_as_advisory(analyzer, plan_of):
+    from pulumi.runtime.proto import analyzer_pb2
+    from pulumi_policy.proxy import UNKNOWN_BOOLEAN_VALUE
+
+    doc = plan_of("dev")
+    efs = find(doc, "aws:efs/fileSystem:FileSystem")
+    efs["inputs"]["encrypted"] = UNKNOWN_BOOLEAN_VALUE
+    [d] = _analyze(analyzer, "dev", efs).diagnostics
+    assert d.policyName == "efs-encrypted" and d.enforcementLevel == analyzer_pb2.ADVISORY
+    assert "can't run policy 'efs-encrypted'" in d.message
+
+
+def test_served_pack_stack_policy_names_the_namespace(analyzer, plan_of):
+    from pulumi.runtime.proto import analyzer_pb2
+
+    doc = plan_of("dev")
+    resources = [e for e in doc["resources"] if not (
+        e["type"] == "kubernetes:networking.k8s.io/v1:NetworkPolicy" and e["inputs"]["metadata"]["name"] == "default-deny")]
+    request = analyzer_pb2.AnalyzeStackRequest(resources=[
+        analyzer_pb2.AnalyzerResource(type=e["type"], name=e["name"], urn=urn("dev", e), properties=_struct(e["inputs"]))
+        for e in resources])
+    [d] = analyzer.AnalyzeStack(request, timeout=60).diagnostics
+    assert d.policyName == "training-namespace-default-deny"
+    assert d.urn == urn("dev", find(doc, "kubernetes:core/v1:Namespace", "training-ns"))
+
+
+# ------------------------------------------------------------------ pack files
+
+
+def test_policy_project_file_points_at_the_repo_virtualenv():
+    project = yaml.safe_load((POLICY_DIR / "PulumiPolicy.yaml").read_text())
+    assert project["runtime"]["name"] == "python"
+    venv = (POLICY_DIR / project["runtime"]["options"]["virtualenv"]).resolve()
+    assert venv == REPO / ".venv"
+    assert re.fullmatch(r"\d+\.\d+\.\d+", str(project["version"]))
+
+
+def test_pack_requirements_match_pyproject_pins():
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    pins = {}
+    for spec in [*pyproject["project"]["dependencies"],
+                 *(s for extra in pyproject["project"]["optional-dependencies"].values() for s in extra)]:
+        name, _, version = spec.partition("==")
+        pins[name.strip().lower()] = version.strip()
+    lines = [ln.strip() for ln in (POLICY_DIR / "requirements.txt").read_text().splitlines()
+             if ln.strip() and not ln.startswith("#")]
+    assert lines, "policy/requirements.txt lists no packages"
+    for line in lines:
+        name, sep, version = line.partition("==")
+        assert sep, f"policy/requirements.txt: {line!r} is not pinned with =="
+        assert pins.get(name.lower()) == version, f"{name}=={version} differs from pyproject ({pins.get(name.lower())})"
