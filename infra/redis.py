@@ -155,7 +155,8 @@ class Redis(RagpoolComponent):
                 engine_version=ELASTICACHE_ENGINE_VERSION, node_type=cfg.redis_node_type, port=6379,
                 num_cache_clusters=len(cfg.network.availability_zones),
                 preferred_cache_cluster_azs=list(cfg.network.availability_zones),
-                automatic_failover_enabled=True, multi_az_enabled=True,
+                # The queue's Lua scripts touch keys they do not declare: cluster mode must stay off.
+                cluster_mode="disabled", automatic_failover_enabled=True, multi_az_enabled=True,
                 transit_encryption_enabled=True, at_rest_encryption_enabled=True, kms_key_id=args.kms_key_arn,
                 auth_token=password.result, subnet_group_name=subnets.name, security_group_ids=[sg.id],
                 snapshot_retention_limit=7, final_snapshot_identifier=f"{cfg.name_prefix}-queue-final",

@@ -25,6 +25,7 @@ from infra.training_namespace import (
 from training import exit_codes
 
 TRAINING_UID = 1000
+TERMINATION_GRACE_SECONDS = 300
 WORKER_LABELS = {**k8s_labels("worker", "ragpool-worker"), "ragpool.io/redis-client": "true"}
 
 
@@ -60,18 +61,22 @@ def worker_cronjob_spec(cfg: StackConfig, pool: GpuPoolConfig, image: str, names
         "nodeSelector": {POOL_LABEL: pool.name},
         "tolerations": [{"key": GPU_TAINT["key"], "operator": "Exists", "effect": GPU_TAINT["effect"]}],
         # Time for a SIGTERM'd run to reach its next step boundary and checkpoint.
-        "terminationGracePeriodSeconds": 300,
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "securityContext": {"runAsNonRoot": True, "runAsUser": TRAINING_UID, "runAsGroup": TRAINING_UID,
                             "fsGroup": TRAINING_UID, "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [{
             "name": "worker",
             "image": image,
             "command": ["python", "-m", "training.worker"],
-            "args": ["--metrics-port", str(QUEUE_METRICS_PORT), "--idle-exit-seconds", "600"],
+            "args": ["--metrics-port", str(QUEUE_METRICS_PORT), "--idle-exit-seconds", "600",
+                     "--lease-seconds", "60",
+                     # Leave the pod's grace period a margin after the run checkpointed.
+                     "--stop-grace-seconds", str(TERMINATION_GRACE_SECONDS - 15)],
             "env": [
                 {"name": "REDIS_URL", "valueFrom": {"secretKeyRef": {"name": redis_secret, "key": "url"}}},
                 {"name": "REDIS_PASSWORD_FILE", "value": "/var/run/secrets/ragpool/redis/password"},
                 {"name": "RAGPOOL_SHARED_ROOT", "value": SHARED_MOUNT_PATH},
+                {"name": "RAGPOOL_WORKER_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                 {"name": "RAGPOOL_WORKER_GROUP", "valueFrom": {"fieldRef": {
                     "fieldPath": "metadata.labels['batch.kubernetes.io/job-name']"}}},
                 {"name": "RAGPOOL_RDZV_HOST", "value": f"$(RAGPOOL_WORKER_GROUP)-0.{WORKERS_SERVICE}.{namespace}.svc"},

@@ -31,7 +31,7 @@ def build() -> Dashboard:
             Query("outcome:ragpool_queue_tasks_completed:rate5m", "{{outcome}}"),
         ], unit="ops", min_value=0, stacked=True, description="Finished tasks per second by outcome (5-minute rate)."),
         timeseries("Retries and dead letters", [
-            Query("sum(rate(ragpool_queue_retries_total[$__rate_interval]))", "retries/s"),
+            Query("max(rate(ragpool_queue_retries_total[$__rate_interval]))", "retries/s"),
             Query("max(ragpool_queue_dead_letter_size)", "dead-letter size"),
         ], unit="short", min_value=0, description="Retry rate and the size of the dead-letter list."),
         timeseries("Task duration p50 / p95 by outcome", [
