@@ -1,0 +1,50 @@
+"""Shared fixtures: a tiny local encoder and a small synthetic shared root."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+@pytest.fixture(scope="session")
+def tiny_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer, 32-wide BERT with the MiniLM WordPiece tokenizer (dropout 0.1), saved locally."""
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    import torch
+    from training.models import default_encoder_path
+
+    out = tmp_path_factory.mktemp("tiny_encoder")
+    tok = AutoTokenizer.from_pretrained(str(default_encoder_path()))
+    cfg = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=128)
+    torch.manual_seed(0)
+    BertModel(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder_no_dropout(tmp_path_factory: pytest.TempPathFactory, tiny_encoder_dir: Path) -> Path:
+    """Same weights as ``tiny_encoder_dir`` with dropout off (so 1-proc and 2-proc runs are comparable)."""
+    from transformers import AutoTokenizer, BertModel
+
+    out = tmp_path_factory.mktemp("tiny_encoder_nodrop")
+    model = BertModel.from_pretrained(tiny_encoder_dir, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(tiny_encoder_dir).save_pretrained(out)
+    return out
+
+
+@pytest.fixture()
+def shared_root(tmp_path: Path) -> Path:
+    """A shared root holding a 20-entity synthetic dataset under datasets/synthetic."""
+    from training import synthetic
+
+    synthetic.write(tmp_path / "datasets" / "synthetic", seed=3, n_entities=20)
+    return tmp_path
+
+

@@ -1,0 +1,111 @@
+"""training.config: YAML + overrides, typed fields, clear errors, path confinement."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import typing
+
+import pytest
+
+from training.config import (STAGES, ConfigError, RunConfig, describe_fields, load_run_config, parse_overrides,
+                             split_cli)
+
+
+def test_defaults_are_valid_and_stages_ordered() -> None:
+    cfg = load_run_config({})
+    assert cfg.stages == STAGES == ("retriever", "index", "generator", "evaluate")
+    assert cfg.shared_root == "/mnt/shared"
+    assert str(cfg.stage_dir("index")) == "/mnt/shared/runs/local/index"
+
+
+def test_yaml_file_then_overrides_win(tmp_path) -> None:
+    f = tmp_path / "run.yaml"
+    f.write_text("run_id: exp1\nretriever:\n  max_steps: 5\n  optim: {lr: 0.001}\nstages: [evaluate, retriever]\n")
+    cfg = load_run_config(f, ["--retriever.optim.lr=1e-4", "--shared_root=/tmp/x", "--evaluate.recall_at=1,3",
+                              "--checkpoint.async_save=false", "--generator.tiny.arch=gpt2"])
+    assert cfg.run_id == "exp1"
+    assert cfg.retriever.max_steps == 5
+    assert cfg.retriever.optim.lr == pytest.approx(1e-4)  # YAML 1.1 would read "1e-4" as a string
+    assert cfg.shared_root == "/tmp/x"
+    assert cfg.evaluate.recall_at == (1, 3)
+    assert cfg.checkpoint.async_save is False
+    assert cfg.generator.tiny.arch == "gpt2"
+    assert cfg.stages == ("retriever", "evaluate")  # canonical order
+
+
+def test_round_trip_through_to_dict() -> None:
+    cfg = load_run_config({"run_id": "a-b.c_1", "retriever": {"temperature": 0.1}})
+    assert load_run_config(cfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize(("source", "overrides", "needle"), [
+    ({"bogus": 1}, [], "bogus=1: unknown key"),
+    ({"retriever": {"lr": 1}}, [], "retriever.lr=1: unknown key"),
+    ({}, ["--retriever.optim.lrr=3"], "retriever.optim.lrr='3': unknown key"),
+    ({"retriever": {"max_steps": "ten"}}, [], "retriever.max_steps='ten': must be an integer"),
+    ({}, ["--retriever.optim.lr=-1"], "retriever.optim.lr=-1.0: must be > 0"),
+    ({"stages": ["retriever", "train"]}, [], "unknown stage 'train'"),
+    ({"stages": []}, [], "stages=(): must list at least one"),
+    ({"data": {"corpus": "../etc/passwd"}}, [], "data.corpus='../etc/passwd': must not contain '..'"),
+    ({"data": {"qa_train": "/etc/passwd"}}, [], "data.qa_train='/etc/passwd': must be relative"),
+    ({"run_id": "Bad Id!"}, [], "run_id='Bad Id!'"),
+    ({"index": {"kind": "annoy"}}, [], "index.kind='annoy': must be one of flat, ivf, hnsw"),
+    ({"retriever": {"global_batch_size": 10, "grad_accum": 3}}, [], "must be divisible by grad_accum=3"),
+    ({"checkpoint": {"async_save": "maybe"}}, [], "checkpoint.async_save='maybe': must be a boolean"),
+    ({"retriever": []}, [], "retriever=[]: must be a mapping"),
+    ({}, ["--seed"], "override must look like --key=value"),
+])
+def test_bad_values_name_key_and_value(source, overrides, needle) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_run_config(source, overrides)
+    assert needle in str(err.value)
+
+
+def test_bad_files_are_config_errors(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_run_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("run_id: [unclosed\n")
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_run_config(bad)
+    lst = tmp_path / "list.yaml"
+    lst.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_run_config(lst)
+
+
+def test_cli_split_and_override_parsing() -> None:
+    assert split_cli(["--config", "r.yaml", "--a.b=1"]) == ("r.yaml", ["--a.b=1"])
+    assert split_cli(["--config=r.yaml"]) == ("r.yaml", [])
+    assert parse_overrides(["--run-id=x", "seed=3"]) == [("run_id", "x"), ("seed", "3")]
+
+
+def test_every_field_has_a_docstring() -> None:
+    fields = describe_fields()
+    assert len(fields) > 40
+    missing = [k for k, doc in fields if not doc]
+    assert missing == []
+
+
+def test_every_section_is_a_dataclass_with_post_init() -> None:
+    hints = typing.get_type_hints(RunConfig)
+    for f in dataclasses.fields(RunConfig):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            assert "__post_init__" in vars(tp), tp
+
+
+def test_config_import_does_not_import_torch() -> None:
+    code = "import sys, training.config as c; c.load_run_config({}); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_help_lists_every_key_and_exits_0(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        split_cli(["--config", "x.yaml", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "retriever.optim.lr" in out and "checkpoint.keep_latest_k" in out

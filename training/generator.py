@@ -1,0 +1,208 @@
+"""Fine-tune a causal LM to answer from retrieved passages; loss on answer tokens only.
+
+    torchrun --nnodes=N --nproc-per-node=G -m training.generator --config RUN.yaml [--key=value ...]
+    python -m training.generator --config RUN.yaml
+
+Prompt: ``question: Q context: P1 | P2 ... answer:`` with the top ``generator.top_k``
+passages retrieved by the index stage's encoder and index, then the answer and an end
+token. ``generator.model`` empty builds a tiny Llama/GPT-2 locally (``generator.tiny``)
+with the MiniLM WordPiece tokenizer, so nothing is downloaded. Output:
+``<shared>/runs/<run_id>/generator/model/`` (Hugging Face format) and ``_COMPLETE``.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from training import distributed as D
+from training.artifacts import is_complete, mark_complete
+from training.config import RunConfig
+from training.data import Datasets, QAExample, load_datasets
+from training.exit_codes import OK
+from training.log import get_logger
+from training.loop import TrainTask, seed_everything, train
+from training.retrieval import encode_sharded, load_index, load_retriever_for_index, search
+
+STAGE = "generator"
+IGNORE = -100
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    bos: int | None
+    """Prepended to every sequence (``[CLS]`` / ``<s>``), if the tokenizer has one."""
+    eos: int
+    """Ends an answer (``[SEP]`` / ``</s>``)."""
+    pad: int
+    """Padding id (labels there are ignored)."""
+
+
+def special_ids(tok: Any) -> SpecialIds:
+    bos = tok.cls_token_id if tok.cls_token_id is not None else tok.bos_token_id
+    eos = tok.sep_token_id if tok.sep_token_id is not None else tok.eos_token_id
+    if eos is None:
+        raise ValueError("generator tokenizer has neither sep_token nor eos_token to end answers")
+    pad = tok.pad_token_id if tok.pad_token_id is not None else eos
+    return SpecialIds(bos, eos, pad)
+
+
+def encode_prompt(tok: Any, sp: SpecialIds, question: str, passages: list[str], budget: int) -> list[int]:
+    """Token ids of the prompt, cutting the context (never the question or the cue) to ``budget``."""
+    head = tok(f"question: {question} context:", add_special_tokens=False)["input_ids"]
+    ctx = tok(" | ".join(passages), add_special_tokens=False)["input_ids"]
+    cue = tok(" answer:", add_special_tokens=False)["input_ids"]
+    start = [sp.bos] if sp.bos is not None else []
+    room = budget - len(start) - len(head) - len(cue)
+    if room < 0:
+        head = head[:max(0, budget - len(start) - len(cue))]
+        room = 0
+    return start + head + ctx[:room] + cue
+
+
+def encode_example(tok: Any, sp: SpecialIds, question: str, passages: list[str], answer: str,
+                   max_length: int) -> tuple[list[int], list[int]]:
+    """``(input_ids, labels)`` with labels only on the answer and its end token."""
+    ans = tok(" " + answer, add_special_tokens=False)["input_ids"] + [sp.eos]
+    ans = ans[: max(1, max_length // 2)]
+    prompt = encode_prompt(tok, sp, question, passages, max_length - len(ans))
+    return prompt + ans, [IGNORE] * len(prompt) + ans
+
+
+def retrieve_for(cfg: RunConfig, env: D.DistEnv, questions: list[str], k: int) -> list[list[str]]:
+    """Top-k passage ids per question with the index stage's encoder and index (same on all ranks)."""
+    index, ids, marker = load_index(cfg.stage_dir("index"))
+    model, tok, max_len = load_retriever_for_index(marker)
+    model.to(env.device)
+    q = encode_sharded(env, model, tok, questions, max_len, cfg.index.batch_size)
+    del model
+    return search(index, q, ids, k)
+
+
+def contexts(data: Datasets, examples: list[QAExample], retrieved: list[list[str]], k: int,
+             include_gold: bool) -> list[list[str]]:
+    text_of = {p.id: p.text for p in data.corpus}
+    out = []
+    for ex, got in zip(examples, retrieved):
+        chosen = list(got[:k])
+        if include_gold and not any(g in chosen for g in ex.positive_ids):
+            chosen[-1] = ex.positive_ids[0]
+        out.append([text_of[i] for i in chosen])
+    return out
+
+
+def load_or_build_model(cfg: RunConfig) -> tuple[torch.nn.Module, Any]:
+    from training.models import build_tiny_causal_lm, load_causal_lm, load_generator_tokenizer
+
+    g = cfg.generator
+    if g.model:
+        return load_causal_lm(g.model)
+    tok = load_generator_tokenizer(g.tokenizer)
+    t = g.tiny
+    model = build_tiny_causal_lm(tok, t.arch, t.hidden_size, t.num_layers, t.num_heads, t.intermediate_size,
+                                 max(t.max_position, g.max_length), cfg.seed)
+    return model, tok
+
+
+def pad_batch(seqs: list[tuple[list[int], list[int]]], pad: int) -> dict[str, torch.Tensor]:
+    n = max(len(s) for s, _ in seqs)
+    ids = torch.full((len(seqs), n), pad, dtype=torch.long)
+    labels = torch.full((len(seqs), n), IGNORE, dtype=torch.long)
+    mask = torch.zeros((len(seqs), n), dtype=torch.long)
+    for i, (s, lab) in enumerate(seqs):
+        ids[i, :len(s)] = torch.tensor(s)
+        labels[i, :len(lab)] = torch.tensor(lab)
+        mask[i, :len(s)] = 1
+    return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+
+class AnswerLoss(torch.nn.Module):
+    """Wraps a causal LM so its forward returns the summed loss on answer tokens only.
+
+    The output projection runs only at positions that predict an answer token, not over
+    the whole prompt: with a 30k vocabulary and long prompts that projection would
+    otherwise dominate the step. Falls back to full logits for models whose base/head
+    split is not exposed.
+    """
+
+    def __init__(self, lm: torch.nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+        # Looked up per call, not stored: storing would register the modules twice.
+        self._base_name = getattr(lm, "base_model_prefix", "")
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        targets = labels[:, 1:]
+        keep = targets != IGNORE
+        base = getattr(self.lm, self._base_name, None) if self._base_name else None
+        head = self.lm.get_output_embeddings() if hasattr(self.lm, "get_output_embeddings") else None
+        if isinstance(base, torch.nn.Module) and isinstance(head, torch.nn.Module) and base is not self.lm:
+            hidden = base(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            logits = head(hidden[:, :-1][keep])
+        else:
+            logits = self.lm(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1][keep]
+        return F.cross_entropy(logits.float(), targets[keep], reduction="sum")
+
+
+def answer_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor], device: torch.device) -> torch.Tensor:
+    return model(batch["input_ids"].to(device), batch["attention_mask"].to(device), batch["labels"].to(device))
+
+
+def make_task(cfg: RunConfig, model: torch.nn.Module, tok: Any, encoded: list[tuple[list[int], list[int]]]) -> TrainTask:
+    g = cfg.generator
+    pad = special_ids(tok).pad
+    return TrainTask(
+        stage=STAGE, model=AnswerLoss(model), n_examples=len(encoded), global_batch_size=g.global_batch_size,
+        grad_accum=g.grad_accum, max_steps=g.max_steps, optim=g.optim,
+        make_batch=lambda idx: pad_batch([encoded[i] for i in idx], pad),
+        count=lambda b: int((b["labels"][:, 1:] != IGNORE).sum()),
+        loss_sum=answer_loss_sum, tokens=lambda b: int(b["attention_mask"].sum()))
+
+
+def run(cfg: RunConfig, env: D.DistEnv) -> int:
+    log = get_logger(STAGE, env.is_main)
+    out = cfg.stage_dir(STAGE)
+    if is_complete(out):
+        log.info("%s is complete; nothing to do", out)
+        return OK
+    g = cfg.generator
+    data = load_datasets(cfg.shared_root, cfg.data.corpus, cfg.data.qa_train, cfg.data.qa_eval)
+    retrieved = retrieve_for(cfg, env, [ex.question for ex in data.train], g.top_k)
+    ctx = contexts(data, data.train, retrieved, g.top_k, g.include_gold)
+    seed_everything(cfg.seed)
+    model, tok = load_or_build_model(cfg)
+    sp = special_ids(tok)
+    encoded = [encode_example(tok, sp, ex.question, c, ex.answer, g.max_length) for ex, c in zip(data.train, ctx)]
+    n_params = sum(p.numel() for p in model.parameters())
+    log.info("generator: %d examples, %.2fM params, top_k=%d, world_size=%d", len(encoded), n_params / 1e6,
+             g.top_k, env.world_size)
+    result = train(make_task(cfg, model, tok, encoded), cfg, env, out)
+    if result.exit_code != OK:
+        return result.exit_code
+    if env.is_main:
+        (out / "model").mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(out / "model")
+        tok.save_pretrained(out / "model")
+        first, last = result.losses[:5], result.losses[-5:]
+        mark_complete(out, {"stage": STAGE, "steps": result.step, "resumed_from": result.resumed_from,
+                            "params": n_params,
+                            "answer_loss_first": sum(first) / len(first) if first else None,
+                            "answer_loss_last": sum(last) / len(last) if last else None,
+                            "model": str(out / "model")})
+        log.info("generator model saved to %s", out / "model")
+    D.barrier(env)
+    return OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    from training.entry import run_main
+
+    return run_main(STAGE, run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
