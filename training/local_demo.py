@@ -101,10 +101,16 @@ def main(argv: list[str] | None = None) -> int:
         from training.redis_conn import connect
 
         info = TaskQueue(connect(), namespace="ragpool").get(args.run_id)
-        run_dir = shared / "runs" / args.run_id
-        print(f"\nartifacts: {run_dir}")
-        for child in sorted(run_dir.iterdir()) if run_dir.is_dir() else []:
-            print(f"  {child.name}/" if child.is_dir() else f"  {child.name}")
+        from training.demo import artifact_paths
+
+        paths = artifact_paths(shared / "runs" / args.run_id)
+        report = Path(paths["report"])
+        if report.is_file():
+            print(f"\n== evaluation report ({report})")
+            print(report.read_text().rstrip())
+        print("\n== artifacts")
+        for label, path in paths.items():
+            print(f"  {label:<16} {path}{'' if Path(path).exists() else '  (missing)'}")
         return 0 if info is not None and info.state == "succeeded" else 1
     finally:
         server.stop()

@@ -271,6 +271,7 @@ def train(task: TrainTask, cfg: RunConfig, env: D.DistEnv, stage_dir: Path) -> T
                 os.kill(os.getpid(), signal.SIGKILL)
         save(step, blocking=True)
         D.barrier(env)
+        stage_metrics.close()
     finally:
         stop.restore()
         if env.is_main:

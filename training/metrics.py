@@ -98,6 +98,18 @@ class StageMetrics:
         self.m.ckpt_duration.labels(**self.labels).observe(duration_s)
         self.m.ckpt_last_success.labels(**self.labels).set(time.time())
 
+    def close(self) -> None:
+        """Drop this stage's series once it finished: a pipeline process lives on into
+        later stages, and a finished stage must not look stalled to the alert rules."""
+        values = tuple(self.labels[k] for k in _LABELS)
+        for fam in (self.m.step_total, self.m.last_step_ts, self.m.loss, self.m.tokens_per_s,
+                    self.m.samples_per_s, self.m.step_duration, self.m.ckpt_last_success,
+                    self.m.ckpt_duration, self.m.gpu_mem):
+            try:
+                fam.remove(*values)
+            except KeyError:  # never observed (e.g. GPU memory on CPU)
+                pass
+
 
 _PROCESS_METRICS: TrainMetrics | None = None
 

@@ -54,3 +54,20 @@ def test_port_zero_disables_and_local_rank_offsets() -> None:
     assert port == base
     m.for_stage("r", "generator", 1).step(1.0, 1.0, 1, 1)
     assert _scrape(base)["ragpool_train_step_total"][0].labels["rank"] == "1"
+
+
+def test_finished_stage_drops_its_series_so_it_cannot_look_stalled() -> None:
+    from prometheus_client import generate_latest
+
+    from training.metrics import TrainMetrics
+
+    m = TrainMetrics()
+    retriever = m.for_stage("run-1", "retriever", 0)
+    retriever.step(loss=0.5, duration_s=0.1, samples=4, tokens=40)
+    retriever.checkpoint(0.2)
+    generator = m.for_stage("run-1", "generator", 0)
+    generator.step(loss=1.5, duration_s=0.1, samples=4, tokens=40)
+    retriever.close()
+    text = generate_latest(m.registry).decode()
+    assert 'stage="retriever"' not in text
+    assert 'ragpool_train_last_step_timestamp_seconds{rank="0",run_id="run-1",stage="generator"}' in text
