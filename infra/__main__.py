@@ -49,7 +49,7 @@ workers = WorkerJobs("workers", WorkerJobsArgs(
     config=cfg, k8s_provider=cluster.provider, namespace=training.name, image=registry.image_ref,
     redis_secret=redis.secret_name, shared_claim=storage.claim_name, depends_on=[redis, storage]))
 monitoring = Monitoring("monitoring", MonitoringArgs(
-    config=cfg, k8s_provider=cluster.provider, training_namespace=training.name,
+    config=cfg, cluster_name=cluster.name, k8s_provider=cluster.provider, training_namespace=training.name,
     depends_on=[cluster.system_nodes, storage]))
 gpu_plugins = GpuPlugins("gpu-plugins", GpuPluginsArgs(
     k8s_provider=cluster.provider, gpu_pool_names=[p.name for p in cfg.gpu_pools],

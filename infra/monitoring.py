@@ -1,6 +1,7 @@
 """Monitoring: kube-prometheus-stack (Prometheus, Alertmanager, Grafana), the
-PrometheusRules built from dashboards/rules (the same files promtool tests) and the
-PodMonitor that scrapes training ranks and queue workers.
+PrometheusRules built from dashboards/rules (the same files promtool tests), the
+PodMonitor that scrapes training ranks and queue workers, the Grafana dashboards, and
+a CloudWatch exporter (YACE) for the EFS metrics only CloudWatch has.
 
 Grafana's admin password is generated and kept as a Pulumi secret; Alertmanager
 routes critical alerts to the configured receiver; nothing is exposed publicly.
@@ -8,19 +9,23 @@ routes critical alerts to the configured receiver; nothing is exposed publicly.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 import pulumi
+import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 import pulumi_random as random
+import yaml
 
 from dashboards.build import render_all
+from dashboards.external_metrics import YACE_EFS_JOB
 from dashboards.rulefiles import deployment_rule_groups
-
+from infra import iam
 from infra.aliases import RagpoolComponent
 from infra.charts import KUBE_PROMETHEUS_STACK
-from infra.common import child, deep_merge, k8s_labels, load_values
+from infra.common import aws_tags, child, deep_merge, k8s_labels, load_values
 from infra.config import StackConfig
 from infra.training_namespace import MAX_RANKS_PER_POD
 
@@ -28,14 +33,27 @@ from infra.training_namespace import MAX_RANKS_PER_POD
 SCRAPED_PORTS = ["queue-metrics", *(f"rank-{r}" for r in range(MAX_RANKS_PER_POD)), "redis-metrics"]
 MONITORING_NAMESPACE = "monitoring"
 GRAFANA_ADMIN_SECRET = "grafana-admin"
+# CloudWatch is the only source of EFS burst credits and permitted throughput.
+YACE_IMAGE = "quay.io/prometheuscommunity/yet-another-cloudwatch-exporter:v0.67.0"
+YACE_NAME = "ragpool-cloudwatch-exporter"
+YACE_READ_ACTIONS = ["cloudwatch:GetMetricData", "cloudwatch:GetMetricStatistics", "cloudwatch:ListMetrics",
+                     "tag:GetResources"]
 
 
 @dataclass(frozen=True)
 class MonitoringArgs:
     config: StackConfig
+    cluster_name: pulumi.Input[str]
     k8s_provider: k8s.Provider
     training_namespace: pulumi.Input[str]
     depends_on: list[pulumi.Resource]
+
+
+def yace_config(cfg: StackConfig) -> dict[str, Any]:
+    """YACE config: the EFS job the rules expect, limited to this stack's file system by tags."""
+    job = {**YACE_EFS_JOB, "regions": [cfg.region],
+           "searchTags": [{"key": "project", "value": cfg.project}, {"key": "stack", "value": cfg.stack}]}
+    return {"apiVersion": "v1alpha1", "discovery": {"jobs": [job]}}
 
 
 def alertmanager_config(receiver: str, secret: str | None) -> dict[str, Any]:
@@ -125,6 +143,63 @@ class Monitoring(RagpoolComponent):
             },
             opts=child(self, depends_on=[self.release], **k8s_opts))
 
+        self._cloudwatch_exporter(name, cfg, args, ns, k8s_opts)
+
         self.namespace_name = ns
         self.grafana_admin_password = pulumi.Output.secret(admin_password.result)
         self.register_outputs({"namespace": ns, "grafana_admin_password": self.grafana_admin_password})
+
+    def _cloudwatch_exporter(self, name: str, cfg: StackConfig, args: MonitoringArgs, ns: pulumi.Output[str],
+                             k8s_opts: dict) -> None:
+        role = aws.iam.Role(f"{name}-cloudwatch-exporter", assume_role_policy=iam.pod_identity_trust(),
+                            tags=aws_tags(cfg, f"{cfg.name_prefix}-cloudwatch-exporter"), opts=child(self))
+        policy = aws.iam.RolePolicy(f"{name}-cloudwatch-exporter", role=role.id, policy=json.dumps({
+            "Version": "2012-10-17",
+            "Statement": [{"Sid": "ReadMetrics", "Effect": "Allow", "Action": YACE_READ_ACTIONS, "Resource": "*"}]}),
+            opts=child(self))
+        identity = aws.eks.PodIdentityAssociation(
+            f"{name}-cloudwatch-exporter", cluster_name=args.cluster_name, namespace=MONITORING_NAMESPACE,
+            service_account=YACE_NAME, role_arn=role.arn,
+            tags=aws_tags(cfg, f"{cfg.name_prefix}-cloudwatch-exporter"), opts=child(self))
+        labels = k8s_labels("cloudwatch-exporter", YACE_NAME)
+        meta = {"name": YACE_NAME, "namespace": ns, "labels": labels}
+        sa = k8s.core.v1.ServiceAccount(f"{name}-cloudwatch-exporter", metadata=meta,
+                                        opts=child(self, depends_on=[self.namespace], **k8s_opts))
+        config = k8s.core.v1.ConfigMap(f"{name}-cloudwatch-exporter", metadata=meta,
+                                       data={"config.yml": yaml.safe_dump(yace_config(cfg), sort_keys=False)},
+                                       opts=child(self, depends_on=[self.namespace], **k8s_opts))
+        k8s.apps.v1.Deployment(
+            f"{name}-cloudwatch-exporter", metadata=meta,
+            spec={
+                "replicas": 1,
+                "selector": {"matchLabels": {"app.kubernetes.io/name": YACE_NAME}},
+                "template": {"metadata": {"labels": labels}, "spec": {
+                    "serviceAccountName": YACE_NAME,
+                    "nodeSelector": {"ragpool.io/pool": "system"},
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 65534, "runAsGroup": 65534,
+                                        "seccompProfile": {"type": "RuntimeDefault"}},
+                    "containers": [{
+                        "name": "exporter", "image": YACE_IMAGE,
+                        "args": ["--config.file=/config/config.yml"],
+                        "ports": [{"name": "metrics", "containerPort": 5000}],
+                        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+                        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                            "capabilities": {"drop": ["ALL"]}},
+                        "volumeMounts": [{"name": "config", "mountPath": "/config", "readOnly": True}],
+                    }],
+                    "volumes": [{"name": "config", "configMap": {"name": YACE_NAME}}],
+                }},
+            },
+            opts=child(self, depends_on=[sa, config, identity, policy], **k8s_opts))
+        service = k8s.core.v1.Service(
+            f"{name}-cloudwatch-exporter", metadata=meta,
+            spec={"selector": {"app.kubernetes.io/name": YACE_NAME},
+                  "ports": [{"name": "metrics", "port": 5000, "targetPort": "metrics"}]},
+            opts=child(self, depends_on=[self.namespace], **k8s_opts))
+        k8s.apiextensions.CustomResource(
+            f"{name}-cloudwatch-exporter", api_version="monitoring.coreos.com/v1", kind="ServiceMonitor",
+            metadata=meta,
+            # CloudWatch data are per-minute: scraping faster only costs API calls.
+            spec={"selector": {"matchLabels": {"app.kubernetes.io/name": YACE_NAME}},
+                  "endpoints": [{"port": "metrics", "interval": "60s"}]},
+            opts=child(self, depends_on=[service, self.release], **k8s_opts))

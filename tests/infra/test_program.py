@@ -100,7 +100,7 @@ def test_managed_addons_and_pod_identity(plans):
     assert addons["aws-ebs-csi-driver"]["podIdentityAssociations"][0]["serviceAccount"] == "ebs-csi-controller-sa"
     efs = addons["aws-efs-csi-driver"]["podIdentityAssociations"][0]
     assert efs["serviceAccount"] == "efs-csi-controller-sa"
-    karpenter = one(doc, "aws:eks/podIdentityAssociation:PodIdentityAssociation")["inputs"]
+    karpenter = one(doc, "aws:eks/podIdentityAssociation:PodIdentityAssociation", "gpu-controller-identity")["inputs"]
     assert (karpenter["namespace"], karpenter["serviceAccount"]) == ("kube-system", "karpenter")
     assert not of_type(doc, "aws:iam/openIdConnectProvider:OpenIdConnectProvider")
 
@@ -150,7 +150,7 @@ def test_karpenter_interruption_handling(plans):
     assert release["values"]["settings"]["interruptionQueue"]
     assert release["values"]["settings"]["clusterName"] == "ragpool-dev"
     assert release["values"]["settings"]["featureGates"]["nodeRepair"] is True
-    policy = one(doc, "aws:iam/rolePolicy:RolePolicy")["inputs"]["policy"]
+    policy = one(doc, "aws:iam/rolePolicy:RolePolicy", "gpu-controller-policy")["inputs"]["policy"]
     assert "ec2:TerminateInstances" in policy and "kubernetes.io/cluster/ragpool-dev" in policy
 
 
@@ -399,3 +399,21 @@ def test_worker_job_template_per_pool(plans):
         assert any(r["action"] == "Ignore" and r["onPodConditions"][0]["type"] == "DisruptionTarget" for r in rules)
         assert job["ttlSecondsAfterFinished"] > 0 and pod["restartPolicy"] == "Never"
         assert pod["serviceAccountName"] == "ragpool-worker" and pod["automountServiceAccountToken"] is False
+
+
+def test_cloudwatch_exporter_feeds_the_efs_rules(plans):
+    import yaml as _yaml
+
+    from dashboards.external_metrics import EXTERNAL_METRICS, yace_metric_name
+
+    doc = plans["prod"]
+    config = _yaml.safe_load(one(doc, "kubernetes:core/v1:ConfigMap", "monitoring-cloudwatch-exporter")
+                             ["inputs"]["data"]["config.yml"])
+    job = config["discovery"]["jobs"][0]
+    assert job["type"] == "AWS/EFS" and job["regions"] == ["us-west-2"]
+    assert {"key": "stack", "value": "prod"} in job["searchTags"]
+    exported = {yace_metric_name(job["type"], m["name"], stat) for m in job["metrics"] for stat in m["statistics"]}
+    assert exported == {m.name for m in EXTERNAL_METRICS if m.source == "yace"}
+    policy = one(doc, "aws:iam/rolePolicy:RolePolicy", "monitoring-cloudwatch-exporter")["inputs"]["policy"]
+    assert "cloudwatch:GetMetricData" in policy and '"ec2:' not in policy  # read-only
+    assert one(doc, "kubernetes:monitoring.coreos.com/v1:ServiceMonitor")["inputs"]["spec"]["endpoints"][0]["port"] == "metrics"
