@@ -1,0 +1,23 @@
+"""The README's operator example is real: its config change produces its plan-diff."""
+
+from __future__ import annotations
+
+import re
+
+import yaml
+
+from infra.plan import REPO_ROOT, plan, plan_diff
+
+
+def _block(text: str, marker: str) -> str:
+    m = re.search(rf"<!-- {marker} -->\n```[a-z]*\n(.*?)```", text, re.S)
+    assert m, f"README has no {marker} block"
+    return m.group(1)
+
+
+def test_readme_plan_diff_example_comes_from_its_config_change(plans):
+    readme = (REPO_ROOT / "README.md").read_text()
+    change = yaml.safe_load(_block(readme, "plan-diff-example:config"))
+    assert set(change) == {"ragpool:gpuPools", "ragpool:prometheusRetention"}
+    after = plan("dev", overrides=change)
+    assert _block(readme, "plan-diff-example:diff") == plan_diff(plans["dev"], after)
