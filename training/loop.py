@@ -33,9 +33,13 @@ from training.log import Progress, get_logger
 from training.metrics import process_metrics
 from training.optim import build_optimizer, build_scheduler
 
-#: Fault injection for tests: SIGKILL this process right after this optimizer step
-#: (once any checkpoint for an earlier step has been fully written).
+# Fault injection for tests: environment variables only, never read from a run spec.
+#: SIGKILL this process right after this optimizer step (once any checkpoint for an
+#: earlier step has been fully written).
 FAULT_KILL_ENV = "RAGPOOL_FAULT_KILL_AFTER_STEP"
+#: Right after this optimizer step, hang (no more steps, metrics still served, as a
+#: deadlocked run looks) until SIGTERM, which then stops the run as usual (checkpoint, 75).
+FAULT_HANG_ENV = "RAGPOOL_FAULT_HANG_AFTER_STEP"
 
 
 @dataclass
@@ -205,6 +209,7 @@ def train(task: TrainTask, cfg: RunConfig, env: D.DistEnv, stage_dir: Path) -> T
     stop = _StopFlag()
     stop.install()
     kill_after = int(os.environ.get(FAULT_KILL_ENV, "-1"))
+    hang_after = int(os.environ.get(FAULT_HANG_ENV, "-1"))
     progress = Progress(log, task.max_steps, cfg.metrics.log_every, env.is_main, start=start_step)
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if env.device.type == "cuda"
                 else contextlib.nullcontext())
@@ -269,6 +274,10 @@ def train(task: TrainTask, cfg: RunConfig, env: D.DistEnv, stage_dir: Path) -> T
                 ckpt.wait()
                 D.barrier(env)
                 os.kill(os.getpid(), signal.SIGKILL)
+            if hang_after == step:
+                log.warning("%s=%d: hanging until SIGTERM", FAULT_HANG_ENV, step)
+                while not stop.requested:
+                    time.sleep(0.1)
         save(step, blocking=True)
         D.barrier(env)
         stage_metrics.close()

@@ -1,86 +1,131 @@
-"""End to end: a real prometheus on 127.0.0.1 scrapes a live ragpool metrics endpoint, the
-shipped rules evaluate against it, and RagpoolTrainingStalled fires once the run stops
-making steps (test-sized window: 3 s stale, for 2 s; everything else as shipped). The
-exporter hangs on SIGUSR1, sent once the scrape is verified, so timing never races.
-
-The endpoint is ``fake_ragpool_exporter.py`` (training rank + queue families of the
-contract). To use a real training run instead, start it with its metrics port in
-``EXPORTER_COMMAND``'s place and make it hang after a few steps while still serving
-(see dashboards/README.md, "End-to-end test").
-"""
+"""End to end: a real prometheus on 127.0.0.1 with the shipped rules scrapes a real,
+single-process retriever training run (tiny encoder, synthetic data) and the real queue
+exporter (reading a real redis-server). The run hangs after ``HANG_STEP`` optimizer steps
+(``RAGPOOL_FAULT_HANG_AFTER_STEP``) while its metrics endpoint keeps serving, and
+RagpoolTrainingStalled must fire within its test-sized window (3 s stale, for 2 s; the rest
+of the rule as shipped)."""
 
 from __future__ import annotations
 
-import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
+from datetime import datetime
 
 import pytest
+from conftest_redis import make_queue, make_spec, namespace, redis_server  # noqa: F401
+from helpers_training import HANG_FAULT_ENV, REPO, build_tiny_encoder, child_env, free_port, stage_cmd, write_run
 from prometheus_harness import Prometheus, wait_for, write_rules_with_stall_window
 
-HERE = Path(__file__).resolve().parent
+from training import synthetic
+from training.exit_codes import RETRIABLE
+from training.queue_metrics import start_queue_metrics_server
+
 RUN_ID = "e2e-run"
 STAGE = "retriever"
+HANG_STEP = 3
 STALL_THRESHOLD_S = 3
 STALL_FOR_S = 2
-EXPORTER_COMMAND = [sys.executable, str(HERE / "fake_ragpool_exporter.py"), "--run-id", RUN_ID, "--stage", STAGE,
-                    "--ranks", "2", "--lifetime", "180"]
 
 
-def _read_line(process: subprocess.Popen[str], prefix: str, timeout: float) -> str:
-    def probe() -> str | None:
-        if process.poll() is not None:
-            raise RuntimeError(f"exporter exited with {process.returncode}: {process.stderr.read()}")
-        line = process.stdout.readline()
-        return line.strip() if line.startswith(prefix) else None
+def _start_training(shared, tmp_path):
+    """Start the retriever stage hanging after HANG_STEP; return (process, metrics target, log path)."""
+    synthetic.write(shared / "datasets" / "synthetic", seed=3, n_entities=20)
+    port = free_port()
+    spec = write_run(shared, RUN_ID,
+                     retriever={"model": str(build_tiny_encoder(tmp_path / "encoder")), "global_batch_size": 8,
+                                "max_steps": 1000, "max_length": 32},
+                     checkpoint={"every_steps": 0}, metrics={"port": port, "addr": "127.0.0.1", "log_every": 1})
+    log_path = tmp_path / "training.log"
+    with log_path.open("w") as log:
+        process = subprocess.Popen(stage_cmd(STAGE, spec, []), cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                   env=child_env(**{HANG_FAULT_ENV: str(HANG_STEP)}))
+    return process, f"127.0.0.1:{port}", log_path
 
-    return wait_for(f"exporter line {prefix!r}", probe, timeout=timeout, interval=0)
+
+def _stop(process: subprocess.Popen[bytes]) -> int:
+    """SIGTERM (the hang ends, the run checkpoints and exits retriable); SIGKILL if that hangs."""
+    process.terminate()
+    try:
+        return process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=10)
+        raise
 
 
 @pytest.mark.slow
-def test_stalled_training_alert_fires_in_a_real_prometheus(prometheus_bin, tmp_path):
+@pytest.mark.timeout(300)
+def test_stalled_training_alert_fires_for_a_hung_real_run(prometheus_bin, make_queue, tmp_path):
     rules = write_rules_with_stall_window(tmp_path / "rules", STALL_THRESHOLD_S, STALL_FOR_S)
-    exporter = subprocess.Popen(EXPORTER_COMMAND, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    queue = make_queue()
+    assert queue.submit(make_spec("queued-run", priority="high")).created
+    queue_server, queue_thread = start_queue_metrics_server(queue, 0, addr="127.0.0.1")
+    queue_target = f"127.0.0.1:{queue_server.server_port}"
+    training, target, log_path = _start_training(tmp_path / "shared", tmp_path)
     try:
-        port = int(_read_line(exporter, "port ", timeout=30).split()[1])
-        target = f"127.0.0.1:{port}"
-        with Prometheus(prometheus_bin, tmp_path, rules, {"ragpool-training": [target]}) as prom:
-            # The training and queue metrics arrived through a real scrape.
-            steps = wait_for("ragpool_train_step_total scraped",
-                             lambda: prom.query(f'ragpool_train_step_total{{run_id="{RUN_ID}"}} > 0'), timeout=30)
-            assert {s["metric"]["rank"] for s in steps} == {"0", "1"}
-            assert all(s["metric"]["stage"] == STAGE and s["metric"]["instance"] == target for s in steps)
-            assert prom.query('ragpool_queue_depth{priority="high"}')
-            up = prom.query('up{job="ragpool-training"}')
-            assert [u["value"][1] for u in up] == ["1"]
-            # While it makes steps the alert is silent; then the run hangs.
-            assert not prom.alerts("RagpoolTrainingStalled")
-            exporter.send_signal(signal.SIGUSR1)
-            last_step = float(_read_line(exporter, "stalled ", timeout=30).split()[1])
-            firing = wait_for(
-                "RagpoolTrainingStalled firing",
-                lambda: [a for a in prom.alerts("RagpoolTrainingStalled") if a["state"] == "firing"],
-                timeout=60,
-            )
-            fired_at = time.time()
-            assert exporter.poll() is None, "the run must still be serving metrics (hung, not gone)"
-            assert len(firing) == 1
-            alert = firing[0]
+        def alive() -> None:
+            if training.poll() is not None:
+                raise RuntimeError(f"training exited with {training.returncode}:\n{log_path.read_text()[-3000:]}")
+
+        def scraped_steps() -> list | None:
+            alive()
+            return prom.query(f'ragpool_train_step_total{{run_id="{RUN_ID}",stage="{STAGE}"}} >= {HANG_STEP}')
+
+        def firing() -> list | None:
+            alive()
+            return [a for a in prom.alerts("RagpoolTrainingStalled") if a["state"] == "firing"]
+
+        jobs = {"ragpool-training": [target], "ragpool-queue": [queue_target]}
+        with Prometheus(prometheus_bin, tmp_path, rules, jobs) as prom:
+            # The training metrics arrived through a real scrape, and stop at the hang step.
+            (steps,) = wait_for(f"ragpool_train_step_total >= {HANG_STEP} scraped", scraped_steps, timeout=120)
+            assert steps["metric"] == {"__name__": "ragpool_train_step_total", "job": "ragpool-training",
+                                       "instance": target, "run_id": RUN_ID, "stage": STAGE, "rank": "0"}
+            assert float(steps["value"][1]) == HANG_STEP
+            selector = f'{{run_id="{RUN_ID}",stage="{STAGE}",rank="0"}}'
+            (loss,) = prom.query(f"ragpool_train_loss{selector}")
+            assert 0 < float(loss["value"][1]) < 100
+            (step_count,) = prom.query(f"ragpool_train_step_duration_seconds_count{selector}")
+            assert float(step_count["value"][1]) == HANG_STEP
+            for rate_metric in ("ragpool_train_samples_per_second", "ragpool_train_tokens_per_second"):
+                assert prom.query(f"{rate_metric}{selector} > 0"), rate_metric
+            (last_step,) = prom.query(f"ragpool_train_last_step_timestamp_seconds{selector}")
+            last_step_at = float(last_step["value"][1])
+            # The queue exporter's numbers come from Redis: one task waiting at high priority.
+            # (Its own scrape may land up to an interval after the training one.)
+            (depth,) = wait_for("ragpool_queue_depth scraped",
+                                lambda: prom.query('ragpool_queue_depth{job="ragpool-queue",priority="high"}'),
+                                timeout=30)
+            assert float(depth["value"][1]) == 1
+            assert sorted(float(u["value"][1]) for u in prom.query("up")) == [1.0, 1.0]
+
+            (alert,) = wait_for("RagpoolTrainingStalled firing", firing, timeout=60)
+            seen_firing_at = time.time()
+            # Hung, not gone: the run still serves its metrics and has made no further step.
+            assert prom.query(f'up{{job="ragpool-training"}} == 1')
+            (steps_now,) = prom.query(f"ragpool_train_step_total{selector}")
+            assert float(steps_now["value"][1]) == HANG_STEP
             assert alert["labels"] == {"alertname": "RagpoolTrainingStalled", "severity": "critical",
                                        "run_id": RUN_ID, "stage": STAGE}
             assert alert["annotations"]["runbook_url"] == "dashboards/RUNBOOK.md#ragpooltrainingstalled"
             assert alert["annotations"]["description"].startswith(f"Run {RUN_ID} stage {STAGE} completed its last")
-            # It cannot fire before the threshold plus `for` has passed since the last step.
-            assert fired_at - last_step >= STALL_THRESHOLD_S + STALL_FOR_S
-            # The scraped step timestamp is the one the exporter reported.
-            scraped_last = prom.query(f'max(ragpool_train_last_step_timestamp_seconds{{run_id="{RUN_ID}"}})')
-            assert abs(float(scraped_last[0]["value"][1]) - last_step) < 0.01
+            # Pending only once the last step is older than the threshold, firing `for` later, and
+            # within the test-sized window (plus a few scrape/evaluation intervals).
+            active_at = _unix_time(alert["activeAt"])
+            assert active_at >= last_step_at + STALL_THRESHOLD_S
+            assert seen_firing_at >= active_at + STALL_FOR_S
+            assert seen_firing_at - last_step_at < STALL_THRESHOLD_S + STALL_FOR_S + 20
+        assert _stop(training) == RETRIABLE, log_path.read_text()[-3000:]
     finally:
-        exporter.terminate()
-        try:
-            exporter.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            exporter.kill()
-            exporter.wait(timeout=10)
+        if training.poll() is None:
+            training.kill()
+            training.wait(timeout=10)
+        queue_server.shutdown()
+        queue_thread.join(timeout=10)
+
+
+def _unix_time(rfc3339: str) -> float:
+    """Prometheus' ``activeAt`` (RFC 3339, nanoseconds, ``Z``) as a unix time."""
+    seconds, _, fraction = rfc3339.rstrip("Z").partition(".")
+    whole = datetime.fromisoformat(seconds + "+00:00").timestamp()
+    return whole + float(f"0.{fraction}") if fraction else whole

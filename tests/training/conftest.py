@@ -12,19 +12,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 @pytest.fixture(scope="session")
 def tiny_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer, 32-wide BERT with the MiniLM WordPiece tokenizer (dropout 0.1), saved locally."""
-    from transformers import AutoTokenizer, BertConfig, BertModel
+    from helpers_training import build_tiny_encoder
 
-    import torch
-    from training.models import default_encoder_path
-
-    out = tmp_path_factory.mktemp("tiny_encoder")
-    tok = AutoTokenizer.from_pretrained(str(default_encoder_path()))
-    cfg = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=64, max_position_embeddings=128)
-    torch.manual_seed(0)
-    BertModel(cfg).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return build_tiny_encoder(tmp_path_factory.mktemp("tiny_encoder"))
 
 
 @pytest.fixture(scope="session")

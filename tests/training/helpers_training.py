@@ -1,4 +1,5 @@
-"""Helpers for the training tests: subprocess/torchrun runners, run specs, ports."""
+"""Helpers for the training tests (and the dashboards end-to-end test): subprocess/torchrun
+runners, run specs, ports, a tiny local encoder."""
 
 from __future__ import annotations
 
@@ -26,11 +27,29 @@ def child_env(**extra: str) -> dict[str, str]:
     env["PYTHONWARNINGS"] = "ignore"
     env["OMP_NUM_THREADS"] = "1"
     env.pop(RESUME_FAULT_ENV, None)
+    env.pop(HANG_FAULT_ENV, None)
     env.update(extra)
     return env
 
 
 RESUME_FAULT_ENV = "RAGPOOL_FAULT_KILL_AFTER_STEP"
+HANG_FAULT_ENV = "RAGPOOL_FAULT_HANG_AFTER_STEP"
+
+
+def build_tiny_encoder(out: Path) -> Path:
+    """Save a 2-layer, 32-wide BERT with the MiniLM WordPiece tokenizer (dropout 0.1) to ``out``."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from training.models import default_encoder_path
+
+    tok = AutoTokenizer.from_pretrained(str(default_encoder_path()))
+    cfg = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=128)
+    torch.manual_seed(0)
+    BertModel(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
 
 
 def stage_cmd(module: str, config: Path, overrides: list[str], nproc: int = 1) -> list[str]:
