@@ -56,6 +56,9 @@ DURATION_BUCKETS: tuple[float, ...] = (
 
 MAX_ERROR_CHARS = 4000
 """Longest error text kept in a task hash."""
+FREE_RELEASES = 20
+"""Releases (graceful hand-backs: preemption, drain) a task gets for free; past this each
+release spends an attempt, so a run that always exits retriable ends in the dead-letter list."""
 
 _PRELUDE = """
 local p = ARGV[1]
@@ -322,10 +325,20 @@ if redis.call('HGET', tk, 'cancel_requested') == '1' then
   finish(id, tk, 'cancelled', nil, true)
   return 'cancelled'
 end
-redis.call('HINCRBY', tk, 'attempts', -1)
-redis.call('HINCRBY', tk, 'releases', 1)
+local releases = redis.call('HINCRBY', tk, 'releases', 1)
 bump(p .. 'stats', 'released_total', 1)
 redis.call('HSET', tk, 'last_error', reason)
+if releases <= tonumber(ARGV[5]) then
+  -- a graceful hand-back (preemption, drain) does not spend an attempt ...
+  redis.call('HINCRBY', tk, 'attempts', -1)
+else
+  -- ... unless it keeps happening: a run that always exits retriable must not loop forever.
+  local f = redis.call('HMGET', tk, 'attempts', 'max_attempts')
+  if tonumber(f[1]) >= tonumber(f[2]) then
+    finish(id, tk, 'dead', reason .. ' (released ' .. releases .. ' times)', true)
+    return 'dead'
+  end
+end
 requeue(id, tk)
 return 'released'
 """
@@ -592,8 +605,10 @@ class TaskQueue:
 
     def release(self, claim: Claim, reason: str = "released by worker") -> str:
         """Give the task back without spending an attempt (graceful stop): ``released``,
-        ``cancelled`` (a cancel was pending) or ``stale``."""
-        return self._release(args=[self.prefix, claim.task_id, claim.token, reason[-MAX_ERROR_CHARS:]])
+        ``cancelled`` (a cancel was pending) or ``stale``. After ``FREE_RELEASES`` releases
+        each further one spends an attempt, ending ``dead`` once attempts run out."""
+        return self._release(args=[self.prefix, claim.task_id, claim.token, reason[-MAX_ERROR_CHARS:],
+                                   FREE_RELEASES])
 
     def cancelled(self, claim: Claim) -> str:
         """Confirm a cancel the heartbeat reported (same fencing as release)."""

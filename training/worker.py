@@ -381,8 +381,8 @@ class Worker:
         if why == "timeout":
             return q.fail(claim, f"timed out after {claim.timeout_s:.0f}s\n{tail}")
         if code == self.retriable_code:
-            q.release(claim, f"child exited with the retriable code {code}")
-            return "released"
+            outcome = q.release(claim, f"child exited with the retriable code {code}")
+            return "dead" if outcome == "dead" else "released"
         retriable = code != CONFIG_ERROR_EXIT_CODE
         return q.fail(claim, f"exit code {code}\n{tail}", retriable=retriable)
 

@@ -148,6 +148,24 @@ def test_release_gives_the_attempt_back_and_requeues_at_the_front(make_queue):
     assert q.stats().counters["released_total"] == 1
 
 
+def test_a_run_that_always_hands_back_ends_dead_instead_of_looping(make_queue):
+    from training.queue import FREE_RELEASES
+
+    q = make_queue()
+    q.submit(make_spec("flapping", max_attempts=2))
+    outcomes = []
+    for _ in range(FREE_RELEASES + 5):
+        claim = q.claim("w")
+        if claim is None:
+            break
+        outcomes.append(q.release(claim, "exited 75"))
+    # The free releases refund the attempt; the next two spend both attempts; then dead.
+    assert outcomes == ["released"] * (FREE_RELEASES + 1) + ["dead"]
+    info = q.get("flapping")
+    assert info.state == "dead" and "released 22 times" in info.last_error
+    assert "flapping" in q.dead_letter()
+
+
 def test_cancel_in_every_state(make_queue):
     q = make_queue(backoff_base_s=30, backoff_max_s=60)
     assert q.cancel("nope") == "missing"
