@@ -66,3 +66,15 @@ def test_rerun_skips_complete_stages(pipeline_run) -> None:
     assert again.stderr.count("complete, skipped") == 4
     after = {s: (run_dir / s / "_COMPLETE").stat().st_mtime_ns for s in before}
     assert after == before
+
+
+def test_rerun_with_other_settings_refuses_instead_of_reusing(pipeline_run) -> None:
+    run_dir, spec, _ = pipeline_run
+    marker = json.loads((run_dir / "generator" / "_COMPLETE").read_text())
+    assert len(marker["config_fingerprint"]) == 16
+    before = {s: (run_dir / s / "_COMPLETE").read_bytes() for s in ("retriever", "index", "generator", "evaluate")}
+    again = run_stage("pipeline", spec, overrides=["--generator.max_steps=151"], timeout=120)
+    assert again.returncode == 2, again.stderr[-3000:]
+    assert "stage generator of run e2e was completed with other settings" in again.stderr
+    assert again.stderr.count("complete, skipped") == 2  # retriever and index still match
+    assert {s: (run_dir / s / "_COMPLETE").read_bytes() for s in before} == before  # nothing lost
