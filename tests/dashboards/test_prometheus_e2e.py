@@ -102,7 +102,7 @@ def test_stalled_training_alert_fires_for_a_hung_real_run(prometheus_bin, make_q
             (alert,) = wait_for("RagpoolTrainingStalled firing", firing, timeout=60)
             seen_firing_at = time.time()
             # Hung, not gone: the run still serves its metrics and has made no further step.
-            assert prom.query(f'up{{job="ragpool-training"}} == 1')
+            assert prom.query('up{job="ragpool-training"} == 1')
             (steps_now,) = prom.query(f"ragpool_train_step_total{selector}")
             assert float(steps_now["value"][1]) == HANG_STEP
             assert alert["labels"] == {"alertname": "RagpoolTrainingStalled", "severity": "critical",

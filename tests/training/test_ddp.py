@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from helpers_training import load_params, run_stage, write_run
 
