@@ -41,15 +41,23 @@ storage = SharedStorage("storage", StorageArgs(
     node_security_group_id=cluster.cluster_security_group_id, k8s_provider=cluster.provider,
     namespace=training.name, depends_on=[cluster.system_nodes]))
 registry = Registry("registry", RegistryArgs(config=cfg))
+teams = [TrainingNamespace(f"team-{t.name}", TrainingNamespaceArgs(
+    config=cfg, k8s_provider=cluster.provider, depends_on=[cluster.system_nodes, storage], namespace=t.namespace,
+    gpu_quota=t.gpu_quota, cluster_scoped=False, shared_claim=storage.claim_name)) for t in cfg.teams]
 redis = Redis("redis", RedisArgs(
     config=cfg, k8s_provider=cluster.provider, namespace=training.name, vpc_id=network.vpc_id,
     private_subnet_ids=network.private_subnet_ids, node_security_group_id=cluster.cluster_security_group_id,
-    kms_key_arn=storage.key.arn, depends_on=[training]))
+    kms_key_arn=storage.key.arn, depends_on=[training, *teams], client_namespaces=tuple(t.name for t in teams)))
 workers = WorkerJobs("workers", WorkerJobsArgs(
     config=cfg, k8s_provider=cluster.provider, namespace=training.name, image=registry.image_ref,
     redis_secret=redis.secret_name, shared_claim=storage.claim_name, depends_on=[redis, storage]))
+for team, team_ns in zip(cfg.teams, teams):
+    WorkerJobs(f"workers-{team.name}", WorkerJobsArgs(
+        config=cfg, k8s_provider=cluster.provider, namespace=team_ns.name, image=registry.image_ref,
+        redis_secret=redis.secret_name, shared_claim=storage.claim_name, depends_on=[redis, team_ns],
+        queue_namespace=team.name))
 monitoring = Monitoring("monitoring", MonitoringArgs(
-    config=cfg, cluster_name=cluster.name, k8s_provider=cluster.provider, training_namespace=training.name,
+    config=cfg, cluster_name=cluster.name, k8s_provider=cluster.provider, training_namespaces=[training.name, *(t.name for t in teams)],
     depends_on=[cluster.system_nodes, storage]))
 gpu_plugins = GpuPlugins("gpu-plugins", GpuPluginsArgs(
     k8s_provider=cluster.provider, gpu_pool_names=[p.name for p in cfg.gpu_pools],

@@ -104,6 +104,13 @@ SCHEMA: tuple[ConfigKey, ...] = (
         "infra/config.py validates this key.)",
         DEFAULT_GPU_POOLS,
     ),
+    ConfigKey(
+        "trainingTeams", None,
+        "Teams that get their own training namespace ragpool-team-<name>: {name, gpuQuota}. Each has its own "
+        "GPU quota, shared-storage directory (its own EFS access point), queue (RAGPOOL_QUEUE_NAMESPACE=<name>) "
+        "and worker Job templates. The main namespace ragpool-training always exists.",
+        [],
+    ),
     ConfigKey("efsBackupRetentionDays", "integer", "Days AWS Backup keeps daily recovery points of the shared EFS file system.", 14),
     ConfigKey("buildImage", "boolean", "Build and push the training image from training/Dockerfile during `pulumi up` (needs Docker).", False),
     ConfigKey("imageTag", "string", "Tag of the training image in ECR (tags are immutable: bump it for every build; `latest` is refused).", "0.1.0"),
@@ -132,6 +139,16 @@ class GpuPoolConfig:
     consolidate_after: str = "30m"
     disruption_budget: str = "10%"
     gpus_per_worker: int = 1
+
+
+@dataclass(frozen=True)
+class TeamConfig:
+    name: str
+    gpu_quota: int
+
+    @property
+    def namespace(self) -> str:
+        return f"ragpool-team-{self.name}"
 
 
 @dataclass(frozen=True)
@@ -169,6 +186,7 @@ class StackConfig:
     image_tag: str
     alert_receiver: str
     redis_node_type: str = "cache.r7g.large"
+    teams: tuple[TeamConfig, ...] = ()
     prometheus_retention: str = "31d"
     gpu_hours_budget: int = 5000
     runbook_base_url: str = ""
@@ -342,6 +360,28 @@ def _parse_gpu_pools(r: _Reader, pools: Any, zones: tuple[str, ...]) -> tuple[Gp
     return tuple(out)
 
 
+def _parse_teams(r: _Reader, teams: Any, gpu_total: int) -> tuple[TeamConfig, ...]:
+    key = "trainingTeams"
+    if not isinstance(teams, list):
+        r.problem(key, teams, "must be a list of {name, gpuQuota} objects")
+        return ()
+    out, seen = [], set()
+    for i, t in enumerate(teams):
+        at = f"{key}[{i}]"
+        if not isinstance(t, dict) or set(t) - {"name", "gpuQuota"}:
+            r.problem(at, t, "must be an object with exactly name and gpuQuota")
+            continue
+        name, quota = t.get("name"), t.get("gpuQuota")
+        ok = _check(isinstance(name, str) and bool(re.fullmatch(r"[a-z]([-a-z0-9]{0,18}[a-z0-9])?", name)) and
+                    name not in seen, r, f"{at}.name", name, "must be a unique lowercase DNS label of at most 20 characters")
+        ok &= _check(isinstance(quota, int) and not isinstance(quota, bool) and 1 <= quota <= max(gpu_total, 1), r,
+                     f"{at}.gpuQuota", quota, f"must be an integer from 1 to the pools' total GPU limit ({gpu_total})")
+        if ok:
+            seen.add(name)
+            out.append(TeamConfig(name=name, gpu_quota=quota))
+    return tuple(out)
+
+
 def parse(raw: Mapping[str, Any], *, stack: str, region: str | None, project: str = PROJECT,
           source: str | None = None) -> StackConfig:
     """Validate raw ``ragpool:`` values (keys without the namespace) into a StackConfig.
@@ -429,6 +469,7 @@ def parse(raw: Mapping[str, Any], *, stack: str, region: str | None, project: st
         _check(any(p.capacity_type == "on-demand" for p in pools), r, "gpuPools", [p.name for p in pools],
                "prod needs at least one on-demand GPU pool (spot capacity can vanish); add a pool with capacityType: on-demand")
 
+    teams = _parse_teams(r, r.get("trainingTeams"), sum(p.gpu_limit for p in pools))
     retention = r.get("efsBackupRetentionDays")
     _check(isinstance(retention, int) and 1 <= retention <= 36500, r, "efsBackupRetentionDays", retention,
            "must be an integer from 1 to 36500 days")
@@ -472,7 +513,7 @@ def parse(raw: Mapping[str, Any], *, stack: str, region: str | None, project: st
         gpu_pools=pools, gpu_ami_alias=ami, efs_backup_retention_days=retention,
         build_image=build, image_tag=tag, alert_receiver=receiver, alert_receiver_secret=secret,
         prometheus_retention=retention_p, prometheus_storage_gib=storage_p, redis_node_type=redis_node,
-        gpu_hours_budget=budget_h, runbook_base_url=runbook,
+        gpu_hours_budget=budget_h, runbook_base_url=runbook, teams=teams,
     )
 
 

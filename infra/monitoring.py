@@ -45,7 +45,7 @@ class MonitoringArgs:
     config: StackConfig
     cluster_name: pulumi.Input[str]
     k8s_provider: k8s.Provider
-    training_namespace: pulumi.Input[str]
+    training_namespaces: list[pulumi.Input[str]]
     depends_on: list[pulumi.Resource]
 
 
@@ -137,7 +137,7 @@ class Monitoring(RagpoolComponent):
             f"{name}-training-pods", api_version="monitoring.coreos.com/v1", kind="PodMonitor",
             metadata={"name": "ragpool-training", "namespace": ns, "labels": k8s_labels("monitoring", "training")},
             spec={
-                "namespaceSelector": {"matchNames": [args.training_namespace]},
+                "namespaceSelector": {"matchNames": list(args.training_namespaces)},
                 "selector": {"matchLabels": {"app.kubernetes.io/part-of": "ragpool"}},
                 "podMetricsEndpoints": [{"port": port, "interval": "15s"} for port in SCRAPED_PORTS],
             },

@@ -22,6 +22,7 @@ import pulumi_random as random
 from infra.aliases import RagpoolComponent
 from infra.common import aws_tags, child, k8s_labels, stateful
 from infra.config import StackConfig
+from infra.training_namespace import TRAINING_NAMESPACE_LABEL
 
 # Official Valkey image (BSD-licensed Redis fork; same protocol and AOF semantics).
 VALKEY_IMAGE = "valkey/valkey:8.1.7"
@@ -46,6 +47,8 @@ class RedisArgs:
     node_security_group_id: pulumi.Input[str]
     kms_key_arn: pulumi.Input[str]
     depends_on: list[pulumi.Resource]
+    client_namespaces: tuple[pulumi.Input[str], ...] = ()
+    """Further namespaces (team namespaces) that get the connection Secret."""
 
 
 def valkey_statefulset_spec(namespace: str) -> dict:
@@ -173,6 +176,12 @@ class Redis(RagpoolComponent):
             metadata={"name": CONNECTION_SECRET, "namespace": args.namespace, "labels": k8s_labels("queue", CONNECTION_SECRET)},
             string_data={"url": url, "password": password.result},
             opts=child(self, depends_on=[*args.depends_on, *deps], **k8s_opts))
+        for i, client_ns in enumerate(args.client_namespaces):
+            k8s.core.v1.Secret(
+                f"{name}-connection-{i}",
+                metadata={"name": CONNECTION_SECRET, "namespace": client_ns, "labels": k8s_labels("queue", CONNECTION_SECRET)},
+                string_data={"url": url, "password": password.result},
+                opts=child(self, depends_on=[*args.depends_on, *deps], **k8s_opts))
 
         if not cfg.is_prod:
             ns = args.namespace
@@ -194,7 +203,8 @@ class Redis(RagpoolComponent):
                 spec={"podSelector": {"matchLabels": {"app.kubernetes.io/name": SERVICE_NAME}},
                       "policyTypes": ["Ingress"],
                       "ingress": [
-                          {"from": [{"podSelector": {"matchLabels": dict(CLIENT_LABEL)}}],
+                          {"from": [{"namespaceSelector": {"matchLabels": dict(TRAINING_NAMESPACE_LABEL)},
+                                     "podSelector": {"matchLabels": dict(CLIENT_LABEL)}}],
                            "ports": [{"protocol": "TCP", "port": 6379}]},
                           {"from": [{"namespaceSelector": {"matchLabels": {
                               "kubernetes.io/metadata.name": "monitoring"}}}],

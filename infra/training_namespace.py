@@ -37,11 +37,22 @@ PRIORITY_CLASSES = {
 }
 
 
+# Every training namespace carries this label: Redis admits queue clients from them.
+TRAINING_NAMESPACE_LABEL = {"ragpool.io/training": "true"}
+
+
 @dataclass(frozen=True)
 class TrainingNamespaceArgs:
     config: StackConfig
     k8s_provider: k8s.Provider
     depends_on: list[pulumi.Resource]
+    namespace: str = TRAINING_NAMESPACE
+    gpu_quota: int | None = None
+    """GPUs this namespace may request; None: the pools' total."""
+    cluster_scoped: bool = True
+    """Create the cluster-wide PriorityClasses (only the main namespace does)."""
+    shared_claim: str | None = None
+    """Create this RWX claim on the EFS StorageClass (team namespaces: their own directory)."""
 
 
 def network_policies(cfg: StackConfig) -> dict[str, dict[str, Any]]:
@@ -49,7 +60,8 @@ def network_policies(cfg: StackConfig) -> dict[str, dict[str, Any]]:
     workers = {"matchLabels": {"app.kubernetes.io/component": "worker"}}
     monitoring = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
     redis_peer = ({"ipBlock": {"cidr": vpc}} if cfg.is_prod else
-                  {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "ragpool-redis"}}})
+                  {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": TRAINING_NAMESPACE}},
+                   "podSelector": {"matchLabels": {"app.kubernetes.io/name": "ragpool-redis"}}})
     return {
         "default-deny": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]},
         "allow-dns": {
@@ -87,8 +99,8 @@ class TrainingNamespace(RagpoolComponent):
         k8s_opts = dict(provider=args.k8s_provider)
         self.namespace = k8s.core.v1.Namespace(
             f"{name}-ns",
-            metadata={"name": TRAINING_NAMESPACE, "labels": {
-                **k8s_labels("training", TRAINING_NAMESPACE),
+            metadata={"name": args.namespace, "labels": {
+                **k8s_labels("training", args.namespace), **TRAINING_NAMESPACE_LABEL,
                 # Pod Security Admission: training pods must meet the restricted profile.
                 "pod-security.kubernetes.io/enforce": "restricted",
                 "pod-security.kubernetes.io/enforce-version": "latest",
@@ -97,7 +109,7 @@ class TrainingNamespace(RagpoolComponent):
         self.name = self.namespace.metadata.name
         ns_opts = child(self, depends_on=[self.namespace], **k8s_opts)
 
-        gpu_total = sum(p.gpu_limit for p in cfg.gpu_pools)
+        gpu_total = args.gpu_quota or sum(p.gpu_limit for p in cfg.gpu_pools)
         k8s.core.v1.ResourceQuota(
             f"{name}-quota", metadata={"name": "ragpool-training", "namespace": self.name, "labels": k8s_labels("training")},
             spec={"hard": {"requests.nvidia.com/gpu": str(gpu_total), "limits.nvidia.com/gpu": str(gpu_total),
@@ -109,7 +121,7 @@ class TrainingNamespace(RagpoolComponent):
                               "defaultRequest": {"cpu": "500m", "memory": "1Gi"},
                               "default": {"memory": "4Gi"}}]},
             opts=ns_opts)
-        for pc_name, (value, preemption, description) in PRIORITY_CLASSES.items():
+        for pc_name, (value, preemption, description) in (PRIORITY_CLASSES.items() if args.cluster_scoped else ()):
             k8s.scheduling.v1.PriorityClass(
                 f"{name}-{pc_name}", metadata={"name": pc_name, "labels": k8s_labels("training")},
                 value=value, preemption_policy=preemption, global_default=False, description=description,
@@ -130,4 +142,15 @@ class TrainingNamespace(RagpoolComponent):
                   "selector": {"app.kubernetes.io/component": "worker"},
                   "ports": [{"name": "rdzv", "port": RDZV_PORT, "targetPort": RDZV_PORT}]},
             opts=ns_opts)
+        if args.shared_claim:
+            from infra.storage import STORAGE_CLASS
+
+            k8s.core.v1.PersistentVolumeClaim(
+                f"{name}-shared-pvc",
+                metadata={"name": args.shared_claim, "namespace": self.name,
+                          "labels": k8s_labels("storage", args.shared_claim)},
+                spec={"accessModes": ["ReadWriteMany"], "storageClassName": STORAGE_CLASS,
+                      "resources": {"requests": {"storage": "1Ti"}}},
+                opts=child(self, depends_on=[self.namespace], protect=cfg.protect_stateful,
+                           retain_on_delete=cfg.protect_stateful, **k8s_opts))
         self.register_outputs({"name": self.name})

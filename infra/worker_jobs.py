@@ -38,10 +38,12 @@ class WorkerJobsArgs:
     redis_secret: str
     shared_claim: str
     depends_on: list[pulumi.Resource]
+    queue_namespace: str = "ragpool"
+    """Redis key namespace of this namespace's queue (teams get their own)."""
 
 
 def worker_cronjob_spec(cfg: StackConfig, pool: GpuPoolConfig, image: str, namespace: str,
-                        redis_secret: str, shared_claim: str) -> dict[str, Any]:
+                        redis_secret: str, shared_claim: str, queue_namespace: str = "ragpool") -> dict[str, Any]:
     """A suspended CronJob whose jobTemplate is the worker Job for ``pool``."""
     gpus = pool.gpus_per_worker
     worker_securitycontext = {
@@ -76,6 +78,7 @@ def worker_cronjob_spec(cfg: StackConfig, pool: GpuPoolConfig, image: str, names
                 {"name": "REDIS_URL", "valueFrom": {"secretKeyRef": {"name": redis_secret, "key": "url"}}},
                 {"name": "REDIS_PASSWORD_FILE", "value": "/var/run/secrets/ragpool/redis/password"},
                 {"name": "RAGPOOL_SHARED_ROOT", "value": SHARED_MOUNT_PATH},
+                {"name": "RAGPOOL_QUEUE_NAMESPACE", "value": queue_namespace},
                 {"name": "RAGPOOL_WORKER_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                 {"name": "RAGPOOL_WORKER_GROUP", "valueFrom": {"fieldRef": {
                     "fieldPath": "metadata.labels['batch.kubernetes.io/job-name']"}}},
@@ -152,7 +155,7 @@ class WorkerJobs(RagpoolComponent):
                           "labels": {**k8s_labels("worker"), POOL_LABEL: pool.name}},
                 spec=pulumi.Output.all(args.image, args.namespace).apply(
                     lambda a, pool=pool: worker_cronjob_spec(cfg, pool, a[0], a[1], args.redis_secret,
-                                                             args.shared_claim)),
+                                                             args.shared_claim, args.queue_namespace)),
                 opts=child(self, depends_on=args.depends_on, provider=args.k8s_provider))
             self.templates.append(f"ragpool-worker-{pool.name}")
         self.register_outputs({"templates": self.templates})

@@ -437,8 +437,16 @@ def _containers(pod_spec: Any) -> list[Any]:
     return _as_list(_get(pod_spec, "initContainers")) + _as_list(_get(pod_spec, "containers"))
 
 
+#: Team namespaces (infra/config.py trainingTeams) are training namespaces too.
+TEAM_NAMESPACE_PREFIX = "ragpool-team-"
+
+
 def training_namespaces(ctx: Context) -> set[str]:
     return {str(n) for n in _as_list(ctx.config.get("trainingNamespaces", DEFAULT_TRAINING_NAMESPACES))}
+
+
+def is_training_namespace(namespace: Any, ctx: Context) -> bool:
+    return namespace in training_namespaces(ctx) or str(namespace).startswith(TEAM_NAMESPACE_PREFIX)
 
 
 def check_training_containers(resource: Resource, ctx: Context) -> Iterator[str]:
@@ -446,7 +454,7 @@ def check_training_containers(resource: Resource, ctx: Context) -> Iterator[str]
     if path is None:
         return
     namespace = _get(resource.inputs, "metadata", "namespace")
-    if namespace not in training_namespaces(ctx):
+    if not is_training_namespace(namespace, ctx):
         return
     pod = _get(resource.inputs, *path)
     pod_security = _get(pod, "securityContext")

@@ -331,7 +331,8 @@ def test_redis_queue_dev_in_cluster_prod_elasticache(plans):
     assert args[:4] == ["--appendonly", "yes", "--appendfsync", "always"] and "$(REDIS_PASSWORD)" in args
     assert sts["volumeClaimTemplates"][0]["spec"]["storageClassName"] == "gp3"
     policy = one(dev, "kubernetes:networking.k8s.io/v1:NetworkPolicy", "redis-clients-only")["inputs"]["spec"]
-    assert policy["ingress"][0]["from"] == [{"podSelector": {"matchLabels": {"ragpool.io/redis-client": "true"}}}]
+    assert policy["ingress"][0]["from"] == [{"namespaceSelector": {"matchLabels": {"ragpool.io/training": "true"}},
+                                             "podSelector": {"matchLabels": {"ragpool.io/redis-client": "true"}}}]
     secret = one(dev, "kubernetes:core/v1:Secret", "redis-connection")["inputs"]["stringData"]
     assert secret["password"] == SECRET_MASK
     prod = plans["prod"]

@@ -1,0 +1,73 @@
+"""Per-team training namespaces: own quota, storage directory, queue and worker templates."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra.config import ConfigError, parse
+from infra.plan import plan
+from tests.infra.harness import is_core, kubernetes_objects, validate_core, validate_custom
+
+TEAMS = [{"name": "search", "gpuQuota": 4}, {"name": "answers", "gpuQuota": 6}]
+
+
+@pytest.fixture(scope="module")
+def team_plan():
+    return plan("dev", overrides={"ragpool:trainingTeams": TEAMS})
+
+
+def _of(doc, typ, namespace=None):
+    return [r["inputs"] for r in doc["resources"] if r["type"] == typ
+            and (namespace is None or r["inputs"]["metadata"].get("namespace") == namespace)]
+
+
+def test_each_team_gets_an_isolated_namespace(team_plan):
+    doc = team_plan
+    for team in TEAMS:
+        ns = f"ragpool-team-{team['name']}"
+        namespace = [n for n in _of(doc, "kubernetes:core/v1:Namespace") if n["metadata"]["name"] == ns]
+        assert namespace and namespace[0]["metadata"]["labels"]["ragpool.io/training"] == "true"
+        quota = _of(doc, "kubernetes:core/v1:ResourceQuota", ns)[0]["spec"]["hard"]
+        assert quota["requests.nvidia.com/gpu"] == str(team["gpuQuota"])
+        policies = {p["metadata"]["name"]: p["spec"] for p in _of(doc, "kubernetes:networking.k8s.io/v1:NetworkPolicy", ns)}
+        assert policies["default-deny"] == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
+        pvc = _of(doc, "kubernetes:core/v1:PersistentVolumeClaim", ns)[0]
+        assert pvc["spec"]["storageClassName"] == "ragpool-efs"  # its own EFS access point / directory
+        assert _of(doc, "kubernetes:core/v1:Secret", ns)[0]["metadata"]["name"] == "ragpool-redis"
+        (cron,) = _of(doc, "kubernetes:batch/v1:CronJob", ns)
+        env = {e["name"]: e.get("value") for e in
+               cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert env["RAGPOOL_QUEUE_NAMESPACE"] == team["name"]
+    main_cron = _of(doc, "kubernetes:batch/v1:CronJob", "ragpool-training")[0]
+    env = {e["name"]: e.get("value") for e in main_cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["RAGPOOL_QUEUE_NAMESPACE"] == "ragpool"
+    assert len(_of(doc, "kubernetes:scheduling.k8s.io/v1:PriorityClass")) == 2  # cluster-wide, created once
+    monitor = _of(doc, "kubernetes:monitoring.coreos.com/v1:PodMonitor")[0]
+    assert monitor["spec"]["namespaceSelector"]["matchNames"] == [
+        "ragpool-training", "ragpool-team-search", "ragpool-team-answers"]
+    redis_policy = [p for p in _of(doc, "kubernetes:networking.k8s.io/v1:NetworkPolicy", "ragpool-training")
+                    if p["metadata"]["name"] == "ragpool-redis-clients-only"][0]
+    peer = redis_policy["spec"]["ingress"][0]["from"][0]
+    assert peer["namespaceSelector"] == {"matchLabels": {"ragpool.io/training": "true"}}
+
+
+def test_team_objects_validate_and_pass_the_policies(team_plan, schemas_dir):
+    from policy.offline import evaluate
+
+    for _, obj in kubernetes_objects(team_plan):
+        validate_core(obj, "1.35") if is_core(obj) else validate_custom(obj)
+    mandatory = [v for v in evaluate(team_plan) if v.enforcement == "mandatory"]
+    assert mandatory == []
+
+
+@pytest.mark.parametrize("teams,fragment", [
+    ([{"name": "a", "gpuQuota": 99}], "trainingTeams[0].gpuQuota"),
+    ([{"name": "a", "gpuQuota": 1}, {"name": "a", "gpuQuota": 1}], "trainingTeams[1].name"),
+    ([{"name": "A_b", "gpuQuota": 1}], "trainingTeams[0].name"),
+    ([{"name": "a"}], "trainingTeams[0].gpuQuota"),
+])
+def test_bad_teams_are_named(teams, fragment):
+    with pytest.raises(ConfigError) as err:
+        parse({"owner": "o", "costCenter": "c", "publicAccessCidrs": ["198.51.100.0/24"], "trainingTeams": teams},
+              stack="dev", region="us-west-2")
+    assert f"ragpool:{fragment}" in str(err.value)
