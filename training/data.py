@@ -14,6 +14,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 _MAX_REPORTED = 20
 
@@ -72,6 +73,18 @@ def _read_jsonl(path: Path) -> list[tuple[int, object | Exception]]:
     return out
 
 
+def _objects(path: Path, errors: list[str]) -> Iterator[tuple[int, str, dict]]:
+    """(line number, "file:line", record) for each JSON object line; other lines become errors."""
+    for lineno, rec in _read_jsonl(path):
+        where = f"{path}:{lineno}"
+        if isinstance(rec, Exception):
+            errors.append(f"{where}: invalid JSON ({rec.msg})")
+        elif not isinstance(rec, dict):
+            errors.append(f"{where}: record must be a JSON object, got {type(rec).__name__}")
+        else:
+            yield lineno, where, rec
+
+
 def _raise_if(errors: list[str], path: Path) -> None:
     if errors:
         more = f"\n... and {len(errors) - _MAX_REPORTED} more" if len(errors) > _MAX_REPORTED else ""
@@ -88,14 +101,7 @@ def load_corpus(path: str | os.PathLike[str]) -> list[Passage]:
     errors: list[str] = []
     passages: list[Passage] = []
     seen: dict[str, int] = {}
-    for lineno, rec in _read_jsonl(path):
-        where = f"{path}:{lineno}"
-        if isinstance(rec, Exception):
-            errors.append(f"{where}: invalid JSON ({rec.msg})")
-            continue
-        if not isinstance(rec, dict):
-            errors.append(f"{where}: record must be a JSON object, got {type(rec).__name__}")
-            continue
+    for lineno, where, rec in _objects(path, errors):
         extra = set(rec) - {"id", "text"}
         pid, text = rec.get("id"), rec.get("text")
         if not isinstance(pid, str) or not pid:
@@ -121,14 +127,7 @@ def load_qa(path: str | os.PathLike[str], corpus_ids: set[str] | None = None) ->
     errors: list[str] = []
     examples: list[QAExample] = []
     allowed = {"question", "answer", "positive_ids", "hard_negative_ids"}
-    for lineno, rec in _read_jsonl(path):
-        where = f"{path}:{lineno}"
-        if isinstance(rec, Exception):
-            errors.append(f"{where}: invalid JSON ({rec.msg})")
-            continue
-        if not isinstance(rec, dict):
-            errors.append(f"{where}: record must be a JSON object, got {type(rec).__name__}")
-            continue
+    for lineno, where, rec in _objects(path, errors):
         bad = len(errors)
         for key in ("question", "answer"):
             v = rec.get(key)
