@@ -18,6 +18,9 @@ PART_OF = {"app.kubernetes.io/part-of": "ragpool", "app.kubernetes.io/managed-by
 POOL_LABEL = "ragpool.io/pool"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
 SHARED_MOUNT_PATH = "/mnt/shared"
+# The training image's non-root user (training/Dockerfile); pods run as it and the EFS
+# access points hand it the shared directory.
+TRAINING_UID = 10001
 
 
 def aws_tags(cfg: StackConfig, name: str, **extra: str) -> dict[str, str]:

@@ -16,13 +16,11 @@ import pulumi_kubernetes as k8s
 
 from infra.aliases import RagpoolComponent
 from infra import iam
-from infra.common import aws_tags, child, k8s_labels, stateful
+from infra.common import TRAINING_UID, aws_tags, child, k8s_labels, stateful
 from infra.config import StackConfig
 
 STORAGE_CLASS = "ragpool-efs"
 SHARED_PVC = "ragpool-shared"
-# Training images run as this non-root uid/gid; the access point hands it the directory.
-TRAINING_UID = "1000"
 
 
 @dataclass(frozen=True)
@@ -95,7 +93,7 @@ class SharedStorage(RagpoolComponent):
             metadata={"name": STORAGE_CLASS, "labels": k8s_labels("storage", STORAGE_CLASS)},
             provisioner="efs.csi.aws.com",
             parameters={"provisioningMode": "efs-ap", "fileSystemId": self.file_system.id, "directoryPerms": "750",
-                        "uid": TRAINING_UID, "gid": TRAINING_UID, "basePath": "/ragpool"},
+                        "uid": str(TRAINING_UID), "gid": str(TRAINING_UID), "basePath": "/ragpool"},
             mount_options=["tls"],
             reclaim_policy="Retain" if cfg.protect_stateful else "Delete",
             volume_binding_mode="Immediate",

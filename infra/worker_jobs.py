@@ -17,14 +17,13 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.aliases import RagpoolComponent
-from infra.common import GPU_TAINT, POOL_LABEL, SHARED_MOUNT_PATH, child, k8s_labels
+from infra.common import GPU_TAINT, POOL_LABEL, SHARED_MOUNT_PATH, TRAINING_UID, child, k8s_labels
 from infra.config import GpuPoolConfig, StackConfig
 from infra.training_namespace import (
     MAX_RANKS_PER_POD, QUEUE_METRICS_PORT, RANK_METRICS_PORT, RDZV_PORT, WORKER_SERVICE_ACCOUNT, WORKERS_SERVICE,
 )
 from training import exit_codes
 
-TRAINING_UID = 1000
 TERMINATION_GRACE_SECONDS = 300
 WORKER_LABELS = {**k8s_labels("worker", "ragpool-worker"), "ragpool.io/redis-client": "true"}
 

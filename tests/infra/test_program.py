@@ -418,3 +418,17 @@ def test_cloudwatch_exporter_feeds_the_efs_rules(plans):
     policy = one(doc, "aws:iam/rolePolicy:RolePolicy", "monitoring-cloudwatch-exporter")["inputs"]["policy"]
     assert "cloudwatch:GetMetricData" in policy and '"ec2:' not in policy  # read-only
     assert one(doc, "kubernetes:monitoring.coreos.com/v1:ServiceMonitor")["inputs"]["spec"]["endpoints"][0]["port"] == "metrics"
+
+
+def test_pods_run_as_the_training_images_user(plans):
+    import re
+
+    from infra.common import TRAINING_UID
+    from infra.plan import REPO_ROOT
+
+    dockerfile = (REPO_ROOT / "training" / "Dockerfile").read_text()
+    assert re.search(r"^USER (\d+)$", dockerfile, re.M).group(1) == str(TRAINING_UID)
+    cron = [r for r in plans["dev"]["resources"] if r["type"] == "kubernetes:batch/v1:CronJob"][0]["inputs"]
+    assert cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == TRAINING_UID
+    sc = one(plans["dev"], "kubernetes:storage.k8s.io/v1:StorageClass", "storage-storage-class")["inputs"]
+    assert sc["parameters"]["uid"] == str(TRAINING_UID)  # the EFS access point owner
