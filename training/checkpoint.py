@@ -2,7 +2,8 @@
 
 Layout: ``<stage_dir>/checkpoints/step_NNNNNN/`` holding one ``.pt`` file per state
 (model, optimizer, scheduler, trainer: step + data position + every rank's RNG) and a
-``manifest.json`` written last with each file's size and CRC32.
+``manifest.json`` written last with each file's size and CRC32C (hardware-accelerated,
+computed while the bytes are written; manifests from before carry zlib CRC32 and still load).
 
 A save writes into ``.tmp-step_NNNNNN-*`` beside it, fsyncs every file and the
 directory, then renames it into place and fsyncs the parent, so a crash leaves either
@@ -33,6 +34,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import crc32c
 import torch
 
 _STEP_RE = re.compile(r"^step_(\d{6,})$")
@@ -72,24 +74,35 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _crc32(path: Path) -> int:
-    crc = 0
+# Checksum algorithms a manifest may name. CRC32C runs at memory speed with SSE4.2 (about
+# 6x zlib's CRC32 here), so checksumming no longer costs a large share of a save;
+# "crc32" is what manifests written before it carry.
+_CHECKSUMS: dict[str, Callable[[Any, int], int]] = {
+    "crc32c": lambda data, crc: crc32c.crc32c(data, crc),
+    "crc32": lambda data, crc: zlib.crc32(data, crc),
+}
+_WRITE_CHECKSUM = "crc32c"
+
+
+def _checksum(path: Path, algo: str) -> int:
+    fn, crc = _CHECKSUMS[algo], 0
     with path.open("rb") as fh:
         while chunk := fh.read(_CHUNK):
-            crc = zlib.crc32(chunk, crc)
+            crc = fn(chunk, crc)
     return crc
 
 
 class _CrcWriter:
-    """File wrapper that computes the CRC32 of what passes through (no second read pass)."""
+    """File wrapper that checksums what passes through (no second read pass)."""
 
     def __init__(self, fh: Any) -> None:
         self.fh, self.crc, self.n = fh, 0, 0
 
     def write(self, data: Any) -> int:
-        self.crc = zlib.crc32(data, self.crc)
-        self.n += len(memoryview(data).cast("B"))
-        return self.fh.write(data)
+        view = memoryview(data).cast("B")
+        self.crc = crc32c.crc32c(view, self.crc)
+        self.n += view.nbytes
+        return self.fh.write(view)
 
     def flush(self) -> None:
         self.fh.flush()
@@ -126,7 +139,7 @@ def write_checkpoint_dir(root: Path, step: int, state: dict[str, Any]) -> Path:
                 torch.save(value, writer)
                 fh.flush()
                 os.fsync(fh.fileno())
-            files[path.name] = {"bytes": writer.n, "crc32": writer.crc}
+            files[path.name] = {"bytes": writer.n, _WRITE_CHECKSUM: writer.crc}
         manifest = {"step": step, "files": files, "written_at": time.time()}
         mpath = tmp / "manifest.json"
         with mpath.open("w") as fh:
@@ -162,8 +175,12 @@ def verify_checkpoint_dir(path: Path, check_crc: bool = True) -> str | None:
         size = f.stat().st_size
         if size != meta.get("bytes"):
             return f"{name} has {size} bytes, manifest says {meta.get('bytes')} (truncated)"
-        if check_crc and _crc32(f) != meta.get("crc32"):
-            return f"{name} CRC32 mismatch (corrupt)"
+        if check_crc:
+            algo = next((a for a in _CHECKSUMS if a in meta), None)
+            if algo is None:
+                return f"{name} has no checksum in manifest.json"
+            if _checksum(f, algo) != meta[algo]:
+                return f"{name} {algo.upper()} mismatch (corrupt)"
     return None
 
 

@@ -43,13 +43,43 @@ def test_corrupt_and_manifestless_checkpoints_are_skipped(tmp_path) -> None:
     data = bytearray((corrupt / "model.pt").read_bytes())
     data[len(data) // 2] ^= 0xFF  # same size, different bytes
     (corrupt / "model.pt").write_bytes(bytes(data))
-    assert "CRC32" in verify_checkpoint_dir(corrupt)
+    assert "CRC32C mismatch" in verify_checkpoint_dir(corrupt)
     partial = tmp_path / "step_000003"
     partial.mkdir()
     (partial / "model.pt").write_bytes(b"half")
     assert "no manifest" in verify_checkpoint_dir(partial)
     (tmp_path / ".tmp-step_000004-abcd").mkdir()  # crashed writer
     assert Checkpointer(tmp_path, 3, True).latest()[0] == 1
+
+
+def test_manifest_checksum_is_crc32c_of_the_file_bytes(tmp_path) -> None:
+    import crc32c
+
+    path = write_checkpoint_dir(tmp_path, 1, _state(1.0))
+    files = json.loads((path / "manifest.json").read_text())["files"]
+    for name, meta in files.items():
+        data = (path / name).read_bytes()
+        assert meta == {"bytes": len(data), "crc32c": crc32c.crc32c(data)}
+
+
+def test_checkpoints_with_a_legacy_crc32_manifest_still_verify(tmp_path) -> None:
+    """Checkpoints written before CRC32C (zlib CRC32 in the manifest) must stay resumable."""
+    import zlib
+
+    path = write_checkpoint_dir(tmp_path, 1, _state(1.0))
+    mpath = path / "manifest.json"
+    manifest = json.loads(mpath.read_text())
+    manifest["files"] = {name: {"bytes": meta["bytes"], "crc32": zlib.crc32((path / name).read_bytes())}
+                         for name, meta in manifest["files"].items()}
+    mpath.write_text(json.dumps(manifest))
+    assert verify_checkpoint_dir(path) is None
+    assert Checkpointer(tmp_path, 3, True).latest()[0] == 1
+    manifest["files"]["model.pt"]["crc32"] ^= 1
+    mpath.write_text(json.dumps(manifest))
+    assert "CRC32 mismatch" in verify_checkpoint_dir(path)
+    del manifest["files"]["model.pt"]["crc32"]
+    mpath.write_text(json.dumps(manifest))
+    assert "no checksum" in verify_checkpoint_dir(path)
 
 
 def test_none_when_nothing_usable(tmp_path) -> None:
