@@ -266,6 +266,24 @@ class MetricsConfig:
         _require(self.log_every >= 1, "log_every", self.log_every, "must be >= 1")
 
 
+GRAD_COMPRESSIONS = ("none", "bf16")
+
+
+@dataclass
+class DistributedConfig:
+    grad_compression: str = "none"
+    """Gradient all-reduce precision: ``none`` (fp32; 2 ranks then train exactly like 1) or ``bf16``
+    (DDP's bf16 compression hook: half the bytes on the wire, each gradient rounded to bf16
+    before averaging; for jobs whose all-reduce is bandwidth-bound, e.g. across nodes)."""
+    bucket_cap_mb: int = 25
+    """DDP gradient bucket size in MiB: bigger buckets mean fewer, larger all-reduces."""
+
+    def __post_init__(self) -> None:
+        _require(self.grad_compression in GRAD_COMPRESSIONS, "grad_compression", self.grad_compression,
+                 f"must be one of {', '.join(GRAD_COMPRESSIONS)}")
+        _require(1 <= self.bucket_cap_mb <= 1024, "bucket_cap_mb", self.bucket_cap_mb, "must be in [1, 1024]")
+
+
 @dataclass
 class RunConfig:
     run_id: str = "local"
@@ -292,6 +310,8 @@ class RunConfig:
     """Checkpointing of the training stages."""
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     """Prometheus endpoint and logging cadence."""
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    """How DDP synchronises gradients across ranks."""
 
     def __post_init__(self) -> None:
         _require(isinstance(self.run_id, str) and bool(_RUN_ID_RE.match(self.run_id)), "run_id", self.run_id,

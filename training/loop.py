@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from training import distributed as D
 from training.artifacts import PREEMPTED_MARKER, write_json_atomic
@@ -186,13 +185,7 @@ def train(task: TrainTask, cfg: RunConfig, env: D.DistEnv, stage_dir: Path) -> T
         log.info("already at step %d of %d", start_step, task.max_steps)
         return TrainResult(OK, start_step, [], resumed_from)
 
-    if env.distributed:
-        ddp_kwargs: dict[str, Any] = {"broadcast_buffers": False, "gradient_as_bucket_view": True}
-        if env.device.type == "cuda":
-            ddp_kwargs["device_ids"] = [env.local_rank]
-        wrapped: torch.nn.Module = DDP(model, **ddp_kwargs)
-    else:
-        wrapped = model
+    wrapped = D.wrap_ddp(model, env, cfg.distributed.grad_compression, cfg.distributed.bucket_cap_mb)
 
     def state_for(step: int) -> dict[str, Any]:
         rngs = D.all_gather_object(env, rng_state())  # collective: every rank calls it

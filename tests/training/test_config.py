@@ -56,6 +56,8 @@ def test_round_trip_through_to_dict() -> None:
     ({"checkpoint": {"async_save": "maybe"}}, [], "checkpoint.async_save='maybe': must be a boolean"),
     ({"retriever": []}, [], "retriever=[]: must be a mapping"),
     ({}, ["--seed"], "override must look like --key=value"),
+    ({}, ["--distributed.grad_compression=fp8"], "distributed.grad_compression='fp8': must be one of none, bf16"),
+    ({"distributed": {"bucket_cap_mb": 0}}, [], "distributed.bucket_cap_mb=0: must be in [1, 1024]"),
 ])
 def test_bad_values_name_key_and_value(source, overrides, needle) -> None:
     with pytest.raises(ConfigError) as err:

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from helpers_training import load_params, run_stage, write_run
 
 pytestmark = pytest.mark.slow
 
 
-def _retriever_run(shared, encoder, run_id, nproc, gather=True):
-    cfg = write_run(shared, run_id,
+def _retriever_run(shared, encoder, run_id, nproc, gather=True, **sections):
+    cfg = write_run(shared, run_id, **sections,
                     retriever={"model": str(encoder), "global_batch_size": 8, "max_steps": 4, "hard_negatives": 1,
                                "gather_negatives": gather, "max_length": 32,
                                "optim": {"lr": 1e-3, "warmup_steps": 0}},
@@ -32,36 +33,15 @@ def test_two_process_ddp_matches_one_process(shared_root, tiny_encoder_no_dropou
     # update differs: the gather is what makes the two runs agree.
     local = _retriever_run(shared_root, tiny_encoder_no_dropout, "two-local", 2, gather=False)
     assert max(float((one[k] - local[k]).abs().max()) for k in one) > 10 * diff
-
-
-def test_gather_with_grad_gives_the_global_gradient(tmp_path) -> None:
-    """Under torchrun: d(mean loss over ranks)/dx via all_gather_with_grad equals the single-process gradient."""
-    script = tmp_path / "gather_check.py"
-    script.write_text('''
-import torch, torch.distributed as dist
-from training import distributed as D
-env = D.init_distributed("cpu")
-torch.manual_seed(0)
-full = torch.randn(4, 3, dtype=torch.float64)
-x = full[env.rank * 2:(env.rank + 1) * 2].clone().requires_grad_(True)
-g = D.all_gather_with_grad(env, x)
-w = torch.arange(12, dtype=torch.float64).reshape(4, 3)
-loss = ((g * w).sum() ** 2) * (env.rank + 1)
-loss.backward()
-ref = full.clone().requires_grad_(True)
-total = sum(((ref * w).sum() ** 2) * (r + 1) for r in range(2))
-total.backward()
-assert torch.allclose(x.grad, ref.grad[env.rank * 2:(env.rank + 1) * 2]), (x.grad, ref.grad)
-import pathlib, sys
-pathlib.Path(sys.argv[1], f"ok{env.rank}").write_text("ok")  # stdout of two ranks interleaves
-D.destroy()
-''')
-    import subprocess
-    import sys
-
-    from helpers_training import REPO, child_env
-
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                          str(script), str(tmp_path)], cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert (tmp_path / "ok0").is_file() and (tmp_path / "ok1").is_file()
+    # bf16 gradient all-reduce: the hook is really in the path (results move off the exact
+    # ones) yet the update stays close on average. (Not elementwise: Adam's first steps are
+    # ~lr*sign(g), so a gradient whose rank contributions nearly cancel can flip sign.)
+    bf16 = _retriever_run(shared_root, tiny_encoder_no_dropout, "two-bf16", 2,
+                          distributed={"grad_compression": "bf16", "bucket_cap_mb": 1})
+    bf16_diff = max(float((one[k] - bf16[k]).abs().max()) for k in one)
+    assert bf16_diff > 10 * diff, (bf16_diff, diff)
+    keys = [k for k in init if k in one]
+    update = torch.cat([(one[k] - init[k]).flatten() for k in keys])
+    bf16_update = torch.cat([(bf16[k] - init[k]).flatten() for k in keys])
+    rel = float((bf16_update - update).norm() / update.norm())
+    assert rel < 0.1, f"bf16-reduced update is {rel:.1%} off the exact one"
