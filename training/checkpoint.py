@@ -5,7 +5,8 @@ Layout: ``<stage_dir>/checkpoints/step_NNNNNN/`` holding one ``.pt`` file per st
 ``manifest.json`` written last with each file's size and CRC32C (hardware-accelerated,
 computed while the bytes are written; manifests from before carry zlib CRC32 and still load).
 
-A save writes into ``.tmp-step_NNNNNN-*`` beside it, fsyncs every file and the
+A save writes into ``.tmp-step_NNNNNN-*`` beside it (starting the disk writeback of each
+16 MiB as soon as it is written, so the disk works while the rest is serialised), fsyncs every file and the
 directory, then renames it into place and fsyncs the parent, so a crash leaves either
 a complete checkpoint or a temp dir that is ignored and cleaned. Loading picks the newest
 checkpoint whose manifest matches its files and that deserialises; truncated or corrupt
@@ -21,6 +22,7 @@ forward (BatchNorm running stats) are outside this contract; transformers have n
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import logging
 import os
@@ -92,17 +94,52 @@ def _checksum(path: Path, algo: str) -> int:
     return crc
 
 
+# While a checkpoint file is written, ask the kernel every this many bytes to start writing
+# the pages out (without waiting), so the disk works while the rest is serialised and the
+# final fsync only waits for the tail instead of the whole file.
+_WRITEBACK_EVERY = 16 << 20
+_SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: initiate writeback of dirty pages, do not wait
+
+
+def _find_sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    """libc's sync_file_range (Linux), or None where there is none (the fsync then does it all)."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_sync_file_range = _find_sync_file_range()
+
+
 class _CrcWriter:
-    """File wrapper that checksums what passes through (no second read pass)."""
+    """File wrapper that checksums what passes through (no second read pass) and starts
+    writeback of each finished 16 MiB range early. Durability still comes from the fsync
+    after the last byte; the early writeback only moves disk work off the critical path."""
 
     def __init__(self, fh: Any) -> None:
         self.fh, self.crc, self.n = fh, 0, 0
+        self._kicked = 0
+        self._writeback = _sync_file_range is not None
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
         self.crc = crc32c.crc32c(view, self.crc)
+        written = self.fh.write(view)
         self.n += view.nbytes
-        return self.fh.write(view)
+        if self._writeback and self.n - self._kicked >= _WRITEBACK_EVERY:
+            self._start_writeback()
+        return written
+
+    def _start_writeback(self) -> None:
+        self.fh.flush()  # the buffered tail must reach the kernel first
+        start = _sync_file_range
+        if start is None or start(self.fh.fileno(), self._kicked, self.n - self._kicked, _SYNC_FILE_RANGE_WRITE) != 0:
+            self._writeback = False  # not supported by this filesystem: the fsync covers it
+        self._kicked = self.n
 
     def flush(self) -> None:
         self.fh.flush()
@@ -134,7 +171,9 @@ def write_checkpoint_dir(root: Path, step: int, state: dict[str, Any]) -> Path:
         files: dict[str, dict[str, int]] = {}
         for name, value in state.items():
             path = tmp / f"{name}.pt"
-            with path.open("wb", buffering=_CHUNK) as fh, _without_torch_zip_crc():
+            # 1 MiB buffer: zip headers are coalesced, tensor payloads bigger than it go
+            # straight from the tensor's memory to the kernel (no copy through the buffer).
+            with path.open("wb", buffering=1 << 20) as fh, _without_torch_zip_crc():
                 writer = _CrcWriter(fh)
                 torch.save(value, writer)
                 fh.flush()

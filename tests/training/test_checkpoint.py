@@ -82,6 +82,37 @@ def test_checkpoints_with_a_legacy_crc32_manifest_still_verify(tmp_path) -> None
     assert "no checksum" in verify_checkpoint_dir(path)
 
 
+def test_writeback_starts_early_over_contiguous_ranges(tmp_path, monkeypatch) -> None:
+    import sys
+
+    import training.checkpoint as ck
+
+    if sys.platform.startswith("linux"):
+        assert ck._sync_file_range is not None  # the real libc call is what the other tests use
+    calls: list[tuple[int, int]] = []
+    monkeypatch.setattr(ck, "_sync_file_range", lambda fd, off, n, flags: calls.append((off, n)) or 0)
+    big = {"model": {"w": torch.randn((12 << 20) // 4), "v": torch.randn((12 << 20) // 4), "u": torch.randn((12 << 20) // 4)}}
+    path = write_checkpoint_dir(tmp_path, 1, big)
+    assert verify_checkpoint_dir(path) is None
+    size = (path / "model.pt").stat().st_size
+    assert calls and calls[0][0] == 0
+    assert all(a[0] + a[1] == b[0] for a, b in zip(calls, calls[1:])), calls  # no gaps, no overlaps
+    assert all(n >= ck._WRITEBACK_EVERY for _, n in calls)
+    assert calls[-1][0] + calls[-1][1] <= size
+
+
+def test_writeback_unsupported_falls_back_to_the_final_fsync(tmp_path, monkeypatch) -> None:
+    import training.checkpoint as ck
+
+    calls: list[int] = []
+    monkeypatch.setattr(ck, "_sync_file_range", lambda fd, off, n, flags: calls.append(off) or -1)
+    state = {"model": {"w": torch.randn((40 << 20) // 4)}}
+    path = write_checkpoint_dir(tmp_path, 1, state)
+    assert len(calls) == 1  # tried once, then left to fsync
+    _, states = Checkpointer(tmp_path, 1, True).latest()
+    assert torch.equal(states["model"]["w"], state["model"]["w"])
+
+
 def test_none_when_nothing_usable(tmp_path) -> None:
     assert Checkpointer(tmp_path / "nope", 2, True).latest() is None
 
