@@ -1,14 +1,25 @@
 """Training throughput figures on this machine; the last line printed is one JSON object.
 
     python bench/train_throughput.py [--dir /tmp/ragpool-bench] [--quick]
+    python bench/train_throughput.py --gpu-generator     # on a CUDA machine: ~1B Llama, bf16
+
+--gpu-generator prints one JSON object whose ``mfu`` is 6 * params * tokens/s of the ~1B-parameter
+generator step (bf16 autocast, fused AdamW, batch 8 x 2048 tokens) over 989 TFLOPS.
 
 Keys (ratios as fractions):
   mfu                      generator training step: 6 * params * tokens/s over the fp32 matmul
                            peak measured in the same run (torch.mm, all threads)
   retriever_samples_per_s  all-MiniLM-L6-v2 contrastive step, questions/s, one process, all threads
-  ddp_scaling              (2-process questions/s per process) / (1-process questions/s), torchrun
-                           gloo, one thread per process, same per-process batch, cross-rank negatives
+  ddp_scaling              1-process step time over 2-process DDP step time at the same per-process
+                           batch (= per-process throughput ratio): one torchrun job, one thread per
+                           process, gloo, the training loop's DDP wrapper and cross-rank negatives;
+                           single-process and DDP phases alternate on the same examples (medians
+                           over all rounds); ddp_scaling_bf16_grads: the same with
+                           distributed.grad_compression=bf16; ddp_host_ceiling: two un-wrapped
+                           processes at once over one alone (what sharing the host costs);
+                           ddp_comm_efficiency: those two over DDP (what synchronising costs)
   ckpt_vs_raw              synchronous checkpoint MB/s over raw write+fsync MB/s of the same bytes
+                           (medians of interleaved pairs; ckpt_vs_raw_best_of_each: best of each)
   ckpt_stall_ratio         time the training loop is blocked by one periodic background checkpoint
                            (hand-off + waiting for the CPU copy before the next optimizer step + any
                            wait for the writer at the next save) over the synchronous
@@ -48,8 +59,28 @@ def matmul_peak_flops(n: int = 2048, reps: int = 5) -> float:
     return 2 * n**3 / best
 
 
-def generator_step(quick: bool) -> dict:
-    """Full causal-LM training steps (all-token loss, so 6*N*T counts the work done)."""
+# Generator shapes: "cpu" is what the 2-core CPU figure uses; "1b" is the ~1B-parameter
+# Llama (Llama-3.2-1B's width and depth, a 32k vocabulary) for the GPU figure.
+GEN_SHAPES = {
+    "tiny": dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=4, intermediate_size=128),
+    "cpu": dict(vocab_size=1024, hidden_size=768, num_hidden_layers=4, num_attention_heads=12,
+                num_key_value_heads=12, intermediate_size=2048),
+    "1b": dict(vocab_size=32000, hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
+               num_key_value_heads=8, intermediate_size=8192),
+}
+# Dense BF16 tensor-core peak of an H100/H200 SXM (NVIDIA's datasheet figure without sparsity).
+H100_BF16_PEAK_FLOPS = 989e12
+
+
+def generator_step(quick: bool, shape: str = "cpu", device: str = "cpu", batch: int = 4, seq: int = 256,
+                   bf16: bool = False) -> dict:
+    """Full causal-LM training steps (all-token loss, so 6*N*T counts the work done).
+
+    The training loop's optimizer (AdamW; fused on CUDA) and, with ``bf16``, its autocast.
+    """
+    import contextlib
+
     import torch
     import torch.nn.functional as F
     from transformers import AutoModelForCausalLM, LlamaConfig
@@ -57,30 +88,49 @@ def generator_step(quick: bool) -> dict:
     from training.config import OptimConfig
     from training.optim import build_optimizer
 
-    cfg = LlamaConfig(vocab_size=1024, hidden_size=768, num_hidden_layers=4, num_attention_heads=12,
-                      num_key_value_heads=12, intermediate_size=2048, max_position_embeddings=512,
-                      tie_word_embeddings=True)
+    cfg = LlamaConfig(**GEN_SHAPES[shape], max_position_embeddings=max(512, seq), tie_word_embeddings=True)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg)
+    model = AutoModelForCausalLM.from_config(cfg).to(device)
     model.train()
     opt = build_optimizer(model, OptimConfig(lr=1e-4))
-    batch, seq = 4, 256
-    x = torch.randint(0, cfg.vocab_size, (batch, seq))
+    x = torch.randint(0, cfg.vocab_size, (batch, seq), device=device)
     n_params = sum(p.numel() for p in model.parameters())
+    autocast = torch.autocast(device, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     steps, warm = (2, 1) if quick else (5, 2)
     times = []
     for i in range(warm + steps):
+        sync()
         t0 = time.perf_counter()
-        logits = model(input_ids=x).logits
-        loss = F.cross_entropy(logits[:, :-1].reshape(-1, cfg.vocab_size), x[:, 1:].reshape(-1))
+        with autocast:
+            logits = model(input_ids=x).logits
+        loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, cfg.vocab_size), x[:, 1:].reshape(-1))
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        sync()
         if i >= warm:
             times.append(time.perf_counter() - t0)
     step_s = sorted(times)[len(times) // 2]
     tokens_per_s = batch * seq / step_s
-    return {"gen_params": n_params, "gen_tokens_per_s": tokens_per_s, "gen_flops": 6 * n_params * tokens_per_s}
+    out = {"gen_params": n_params, "gen_tokens_per_s": tokens_per_s, "gen_flops": 6 * n_params * tokens_per_s,
+           "gen_shape": shape, "gen_batch": batch, "gen_seq": seq, "gen_dtype": "bf16" if bf16 else "fp32",
+           "gen_loss": float(loss.detach())}
+    if device == "cuda":
+        out["gpu"] = torch.cuda.get_device_name()
+        out["gpu_peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    return out
+
+
+def gpu_generator(shape: str, batch: int, seq: int, quick: bool, device: str = "cuda") -> dict:
+    """The GPU figure: generator step in bf16 autocast, MFU against 989 TFLOPS (dense BF16)."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--gpu-generator needs a CUDA device (use --gen-device cpu only to smoke-test the path)")
+    gen = generator_step(quick, shape, device, batch, seq, bf16=True)
+    return {"mfu": gen["gen_flops"] / H100_BF16_PEAK_FLOPS, "peak_flops": H100_BF16_PEAK_FLOPS,
+            "device": device, **gen}
 
 
 def _retriever_setup(per_rank_batch: int, env):  # noqa: ANN001, ANN202
@@ -102,47 +152,100 @@ def _retriever_setup(per_rank_batch: int, env):  # noqa: ANN001, ANN202
     return cfg, ds, model, task, build_optimizer(model, cfg.retriever.optim)
 
 
-def retriever_worker(per_rank_batch: int, steps: int, warm: int) -> dict:
-    """One process of the retriever benchmark (plain or under torchrun)."""
-    import torch
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
+def _timed_steps(model, task, opt, env, batches: list[list[int]], warm: int) -> list[float]:  # noqa: ANN001
+    """Step times of the retriever's own contrastive step over ``batches`` (barrier-fenced when distributed)."""
     from training import distributed as D
 
-    env = D.init_distributed("cpu")
-    cfg, ds, model, task, opt = _retriever_setup(per_rank_batch, env)
-    wrapped = DDP(model, broadcast_buffers=False) if env.distributed else model
-    model.train()
     times = []
-    for s in range(warm + steps):
-        idx = [(s * per_rank_batch * env.world_size + env.rank * per_rank_batch + i) % len(ds.train)
-               for i in range(per_rank_batch)]
+    for s, idx in enumerate(batches[:1] * warm + batches):
         batch = task.make_batch(idx)
         D.barrier(env)
         t0 = time.perf_counter()
-        loss = task.loss_sum(wrapped, batch, env.device) / per_rank_batch
+        loss = task.loss_sum(model, batch, env.device) / len(idx)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         D.barrier(env)
         if s >= warm:
             times.append(time.perf_counter() - t0)
-    step_s = sorted(times)[len(times) // 2]
+    return times
+
+
+def ddp_worker(per_rank_batch: int, steps: int, warm: int, rounds: int) -> dict:
+    """One rank of the scaling benchmark, launched by torchrun with 2 processes.
+
+    Alternates, in the same job, a single-process phase (rank 0 trains its own un-wrapped
+    copy while rank 1 sleeps in a barrier) and a DDP phase (both ranks, the training loop's
+    DDP wrapper, cross-rank negatives), so both see the same machine state and drift on a
+    shared host cancels out instead of landing on one side of the ratio.
+    """
+    import statistics
+
+    import torch
+
+    from training import distributed as D
+    from training.distributed import DistEnv
+
+    env = D.init_distributed("cpu")
+    torch.set_num_threads(1)  # one core per process in both phases
+    solo_env = DistEnv(0, 1, 0, 1, torch.device("cpu"))
+    _, _, s_model, s_task, s_opt = _retriever_setup(per_rank_batch, solo_env)
+    _, _, model, task, opt = _retriever_setup(per_rank_batch, env)
+    wrapped = D.wrap_ddp(model, env)
+    _, _, c_model, c_task, c_opt = _retriever_setup(per_rank_batch, env)
+    compressed = D.wrap_ddp(c_model, env, grad_compression="bf16")
+    for m in (model, s_model, c_model):
+        m.train()
+    # Every phase and every rank trains on the same examples: step cost depends on the
+    # padded sequence lengths, so different batches would compare different work.
+    batches = [[(s * per_rank_batch + i) % task.n_examples for i in range(per_rank_batch)] for s in range(steps)]
+    solo_times, indep_times, ddp_times, bf16_times = [], [], [], []
+    for _ in range(rounds):
+        if env.rank == 0:  # alone on the machine
+            solo_times += _timed_steps(s_model, s_task, s_opt, solo_env, batches, warm)
+        D.barrier(env)
+        # Both ranks train their own un-wrapped copy at once: what sharing the host costs
+        # without any communication (the ceiling DDP can reach here).
+        indep_times += _timed_steps(s_model, s_task, s_opt, solo_env, batches, warm)
+        D.barrier(env)
+        ddp_times += _timed_steps(wrapped, task, opt, env, batches, warm)
+        bf16_times += _timed_steps(compressed, c_task, c_opt, env, batches, warm)
     D.destroy()
-    return {"rank": env.rank, "world": env.world_size, "per_process_samples_per_s": per_rank_batch / step_s,
-            "threads": torch.get_num_threads()}
+    out = {"rank": env.rank, "world": env.world_size, "threads": torch.get_num_threads(),
+           "ddp_step_s": statistics.median(ddp_times), "indep_step_s": statistics.median(indep_times),
+           "bf16_step_s": statistics.median(bf16_times)}
+    if solo_times:
+        out["solo_step_s"] = statistics.median(solo_times)
+    print(json.dumps({"rank": env.rank, "solo": solo_times, "indep": indep_times, "ddp": ddp_times,
+                      "ddp_bf16": bf16_times}), file=sys.stderr)
+    return out
 
 
-def run_retriever_torchrun(nproc: int, per_rank_batch: int, steps: int, warm: int) -> dict:
+def run_ddp_scaling(per_rank_batch: int, steps: int, warm: int, rounds: int) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
            str(Path(__file__).resolve()), "--worker", "--per-rank-batch", str(per_rank_batch),
-           "--steps", str(steps), "--warm", str(warm)]
-    out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+           "--steps", str(steps), "--warm", str(warm), "--rounds", str(rounds)]
+    out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     if out.returncode != 0:
         raise RuntimeError(f"torchrun worker failed:\n{out.stderr[-3000:]}")
+    for line in out.stderr.splitlines():  # per-step times, for whoever reads the log
+        if line.startswith('{"rank"'):
+            print(line, file=sys.stderr)
     results = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    return min(results, key=lambda r: r["per_process_samples_per_s"])  # the slowest rank sets the pace
+    solo_s = next(r["solo_step_s"] for r in results if "solo_step_s" in r)
+    ddp_s = max(r["ddp_step_s"] for r in results)  # the slowest rank sets the pace
+    indep_s = max(r["indep_step_s"] for r in results)
+    bf16_s = max(r["bf16_step_s"] for r in results)
+    return {"ddp_1proc_samples_per_s": per_rank_batch / solo_s,
+            "ddp_2proc_samples_per_s_per_process": per_rank_batch / ddp_s,
+            "ddp_scaling": solo_s / ddp_s, "ddp_per_rank_batch": per_rank_batch,
+            # Two un-wrapped processes at once over one alone: the host's own ceiling for
+            # ddp_scaling; ddp_comm_efficiency is what DDP keeps of it.
+            "ddp_host_ceiling": solo_s / indep_s,
+            # The same with distributed.grad_compression=bf16 (half the all-reduce bytes).
+            "ddp_scaling_bf16_grads": solo_s / bf16_s, "ddp_comm_efficiency": indep_s / ddp_s,
+            "ddp_rounds": rounds, "ddp_steps_per_phase": steps}
 
 
 def retriever_single(quick: bool) -> float:
@@ -190,7 +293,9 @@ def checkpoint_figures(workdir: Path, quick: bool) -> dict:
     shutil.rmtree(workdir / "warm")
     buf = os.urandom(1 << 20) * (nbytes >> 20)
     raw_s, sync_s = [], []
-    for i in range(1 if quick else 3):
+    # Interleaved pairs and medians: one write + fsync on a shared virtual disk varies by
+    # +-40 % from call to call, so a single pair (or the best of each) mostly measures luck.
+    for i in range(2 if quick else 7):
         t0 = time.perf_counter()
         with open(workdir / f"raw{i}.bin", "wb") as fh:
             fh.write(buf)
@@ -202,9 +307,12 @@ def checkpoint_figures(workdir: Path, quick: bool) -> dict:
         write_checkpoint_dir(workdir / "sync", i, state)
         sync_s.append(time.perf_counter() - t0)
         shutil.rmtree(workdir / "sync")
-    raw_mbps = len(buf) / 2**20 / min(raw_s)
-    sync_save = min(sync_s)
+    import statistics
+
+    raw_mbps = len(buf) / 2**20 / statistics.median(raw_s)
+    sync_save = statistics.median(sync_s)
     sync_mbps = nbytes / 2**20 / sync_save
+    best_ratio = (nbytes / min(sync_s)) / (len(buf) / min(raw_s))
 
     # Stall: the same training steps with and without one background checkpoint in flight.
     from training.distributed import DistEnv
@@ -247,20 +355,33 @@ def checkpoint_figures(workdir: Path, quick: bool) -> dict:
             "ckpt_sync_seconds": sync_save, "ckpt_stall_seconds": blocked[0],
             # Wall-clock cost of the writer thread sharing the cores with training (noisy on a busy host).
             "ckpt_async_slowdown_seconds": with_ckpt - base, "ckpt_stall_steps": n,
-            "ckpt_vs_raw": sync_mbps / raw_mbps, "ckpt_stall_ratio": blocked[0] / sync_save}
+            "ckpt_vs_raw": sync_mbps / raw_mbps, "ckpt_vs_raw_best_of_each": best_ratio, "ckpt_stall_ratio": blocked[0] / sync_save}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", default=None, help="scratch directory for checkpoint I/O (default: a temp dir)")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions (smoke run)")
+    ap.add_argument("--gpu-generator", action="store_true",
+                    help="only the generator step on CUDA in bf16, MFU against 989 TFLOPS (needs a GPU)")
+    ap.add_argument("--gen-shape", choices=sorted(GEN_SHAPES), default="1b", help="model for --gpu-generator")
+    ap.add_argument("--gen-batch", type=int, default=8, help="sequences per step for --gpu-generator")
+    ap.add_argument("--gen-seq", type=int, default=2048, help="tokens per sequence for --gpu-generator")
+    ap.add_argument("--gen-device", choices=("cuda", "cpu"), default="cuda",
+                    help="cpu only smoke-tests --gpu-generator (its mfu is then meaningless)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--per-rank-batch", type=int, default=8, help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=5, help=argparse.SUPPRESS)
     ap.add_argument("--warm", type=int, default=2, help=argparse.SUPPRESS)
+    ap.add_argument("--rounds", type=int, default=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        print(json.dumps(retriever_worker(args.per_rank_batch, args.steps, args.warm)), flush=True)
+        print(json.dumps(ddp_worker(args.per_rank_batch, args.steps, args.warm, args.rounds)), flush=True)
+        return 0
+
+    if args.gpu_generator:
+        print(json.dumps(gpu_generator(args.gen_shape, args.gen_batch, args.gen_seq, args.quick,
+                                       args.gen_device)))
         return 0
 
     import torch
@@ -273,12 +394,8 @@ def main() -> int:
     print(f"generator: {gen['gen_tokens_per_s']:.0f} tok/s, MFU {gen['gen_flops'] / peak:.3f}", file=sys.stderr)
     figures["retriever_samples_per_s"] = retriever_single(args.quick)
     print(f"retriever: {figures['retriever_samples_per_s']:.1f} q/s", file=sys.stderr)
-    steps, warm = (2, 1) if args.quick else (5, 2)
-    one = run_retriever_torchrun(1, 16, steps, warm)
-    two = run_retriever_torchrun(2, 16, steps, warm)
-    figures.update({"ddp_1proc_samples_per_s": one["per_process_samples_per_s"],
-                    "ddp_2proc_samples_per_s_per_process": two["per_process_samples_per_s"],
-                    "ddp_scaling": two["per_process_samples_per_s"] / one["per_process_samples_per_s"]})
+    steps, warm, rounds = (1, 1, 1) if args.quick else (3, 1, 3)
+    figures.update(run_ddp_scaling(16, steps, warm, rounds))
     print(f"ddp scaling {figures['ddp_scaling']:.3f}", file=sys.stderr)
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="ragpool-bench-"))
     work.mkdir(parents=True, exist_ok=True)
