@@ -249,25 +249,19 @@ def run_ddp_scaling(per_rank_batch: int, steps: int, warm: int, rounds: int) -> 
 
 
 def retriever_single(quick: bool) -> float:
+    import statistics
+
     import torch
 
     from training.distributed import DistEnv
 
     env = DistEnv(0, 1, 0, 1, torch.device("cpu"))
     torch.set_num_threads(os.cpu_count() or 1)
-    _, ds, model, task, opt = _retriever_setup(16, env)
+    _, _, model, task, opt = _retriever_setup(16, env)
     model.train()
     steps, warm = (2, 1) if quick else (6, 2)
-    times = []
-    for s in range(warm + steps):
-        batch = task.make_batch([(s * 16 + i) % len(ds.train) for i in range(16)])
-        t0 = time.perf_counter()
-        (task.loss_sum(model, batch, env.device) / 16).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if s >= warm:
-            times.append(time.perf_counter() - t0)
-    return 16 / sorted(times)[len(times) // 2]
+    batches = [[(s * 16 + i) % task.n_examples for i in range(16)] for s in range(steps)]
+    return 16 / statistics.median(_timed_steps(model, task, opt, env, batches, warm))
 
 
 def checkpoint_figures(workdir: Path, quick: bool) -> dict:

@@ -127,7 +127,7 @@ class _CrcWriter:
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
-        self.crc = crc32c.crc32c(view, self.crc)
+        self.crc = _CHECKSUMS[_WRITE_CHECKSUM](view, self.crc)
         written = self.fh.write(view)
         self.n += view.nbytes
         if self._writeback and self.n - self._kicked >= _WRITEBACK_EVERY:

@@ -105,6 +105,15 @@ class OptimConfig:
         _require(self.grad_clip >= 0, "grad_clip", self.grad_clip, "must be >= 0 (0 disables)")
 
 
+def _require_schedule(stage: Any) -> None:
+    """Checks shared by the training stages' ``global_batch_size`` / ``grad_accum`` / ``max_steps``."""
+    _require(stage.global_batch_size >= 1, "global_batch_size", stage.global_batch_size, "must be >= 1")
+    _require(stage.grad_accum >= 1, "grad_accum", stage.grad_accum, "must be >= 1")
+    _require(stage.global_batch_size % stage.grad_accum == 0, "global_batch_size", stage.global_batch_size,
+             f"must be divisible by grad_accum={stage.grad_accum}")
+    _require(stage.max_steps >= 1, "max_steps", stage.max_steps, "must be >= 1")
+
+
 @dataclass
 class RetrieverConfig:
     model: str = ""
@@ -128,11 +137,7 @@ class RetrieverConfig:
 
     def __post_init__(self) -> None:
         _require(8 <= self.max_length <= 8192, "max_length", self.max_length, "must be in [8, 8192]")
-        _require(self.global_batch_size >= 1, "global_batch_size", self.global_batch_size, "must be >= 1")
-        _require(self.grad_accum >= 1, "grad_accum", self.grad_accum, "must be >= 1")
-        _require(self.global_batch_size % self.grad_accum == 0, "global_batch_size", self.global_batch_size,
-                 f"must be divisible by grad_accum={self.grad_accum}")
-        _require(self.max_steps >= 1, "max_steps", self.max_steps, "must be >= 1")
+        _require_schedule(self)
         _require(0 < self.temperature <= 10, "temperature", self.temperature, "must be in (0, 10]")
         _require(self.hard_negatives >= 0, "hard_negatives", self.hard_negatives, "must be >= 0")
 
@@ -211,11 +216,7 @@ class GeneratorConfig:
     def __post_init__(self) -> None:
         _require(1 <= self.top_k <= 50, "top_k", self.top_k, "must be in [1, 50]")
         _require(16 <= self.max_length <= 32768, "max_length", self.max_length, "must be in [16, 32768]")
-        _require(self.global_batch_size >= 1, "global_batch_size", self.global_batch_size, "must be >= 1")
-        _require(self.grad_accum >= 1, "grad_accum", self.grad_accum, "must be >= 1")
-        _require(self.global_batch_size % self.grad_accum == 0, "global_batch_size", self.global_batch_size,
-                 f"must be divisible by grad_accum={self.grad_accum}")
-        _require(self.max_steps >= 1, "max_steps", self.max_steps, "must be >= 1")
+        _require_schedule(self)
 
 
 @dataclass
@@ -273,7 +274,7 @@ GRAD_COMPRESSIONS = ("none", "bf16")
 class DistributedConfig:
     grad_compression: str = "none"
     """Gradient all-reduce precision: ``none`` (fp32; 2 ranks then train exactly like 1) or ``bf16``
-    (DDP's bf16 compression hook: half the bytes on the wire, each gradient rounded to bf16
+    (a bf16 all-reduce hook: half the bytes on the wire, each gradient rounded to bf16
     before averaging; for jobs whose all-reduce is bandwidth-bound, e.g. across nodes)."""
     bucket_cap_mb: int = 25
     """DDP gradient bucket size in MiB: bigger buckets mean fewer, larger all-reduces."""

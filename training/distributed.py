@@ -72,11 +72,10 @@ def init_distributed(device: str = "auto", timeout_s: int = 1800) -> DistEnv:
 def bf16_allreduce_hook(state, bucket):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN201
     """DDP comm hook: average a gradient bucket as bf16 (half the bytes of fp32).
 
-    Unannotated on purpose: DDP rejects a hook whose annotations are not the real
-    ``dist.GradBucket`` / ``Future`` types, and this module's annotations are strings.
-
     What PyTorch's ``bf16_compress_hook`` does, which refuses to register without
-    NCCL; this one also runs on gloo (CPU jobs, and the tests).
+    NCCL; this one also runs on gloo (CPU jobs, and the tests). Unannotated on purpose:
+    DDP rejects a hook whose annotations are not the real ``dist.GradBucket`` /
+    ``Future`` types, and this module's annotations are strings.
     """
     buf = bucket.buffer()
     compressed = buf.to(torch.bfloat16).div_(dist.get_world_size())
