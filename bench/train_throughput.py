@@ -13,8 +13,9 @@ Keys (ratios as fractions):
   ddp_scaling              1-process step time over 2-process DDP step time at the same per-process
                            batch (= per-process throughput ratio): one torchrun job, one thread per
                            process, gloo, the training loop's DDP wrapper and cross-rank negatives;
-                           single-process and DDP phases alternate on the same examples (medians
-                           over all rounds); ddp_scaling_bf16_grads: the same with
+                           every batch is trained alone, by two independent processes, with DDP and
+                           with DDP + bf16 gradients back to back, and the median of the per-batch
+                           ratios is reported; ddp_scaling_bf16_grads: the same with
                            distributed.grad_compression=bf16; ddp_host_ceiling: two un-wrapped
                            processes at once over one alone (what sharing the host costs);
                            ddp_comm_efficiency: those two over DDP (what synchronising costs)
@@ -154,40 +155,42 @@ def _retriever_setup(per_rank_batch: int, env):  # noqa: ANN001, ANN202
 
 def _timed_steps(model, task, opt, env, batches: list[list[int]], warm: int) -> list[float]:  # noqa: ANN001
     """Step times of the retriever's own contrastive step over ``batches`` (barrier-fenced when distributed)."""
+    return [_timed_step(model, task, opt, env, idx) for idx in batches[:1] * warm + batches][warm:]
+
+
+def _timed_step(model, task, opt, env, idx: list[int]) -> float:  # noqa: ANN001
+    """One optimizer step of the retriever's contrastive loss, from a barrier to a barrier."""
     from training import distributed as D
 
-    times = []
-    for s, idx in enumerate(batches[:1] * warm + batches):
-        batch = task.make_batch(idx)
-        D.barrier(env)
-        t0 = time.perf_counter()
-        loss = task.loss_sum(model, batch, env.device) / len(idx)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        D.barrier(env)
-        if s >= warm:
-            times.append(time.perf_counter() - t0)
-    return times
+    batch = task.make_batch(idx)
+    D.barrier(env)
+    t0 = time.perf_counter()
+    loss = task.loss_sum(model, batch, env.device) / len(idx)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    D.barrier(env)
+    return time.perf_counter() - t0
 
 
-def ddp_worker(per_rank_batch: int, steps: int, warm: int, rounds: int) -> dict:
+def ddp_worker(per_rank_batch: int, steps: int, warm: int) -> dict:
     """One rank of the scaling benchmark, launched by torchrun with 2 processes.
 
-    Alternates, in the same job, a single-process phase (rank 0 trains its own un-wrapped
-    copy while rank 1 sleeps in a barrier) and a DDP phase (both ranks, the training loop's
-    DDP wrapper, cross-rank negatives), so both see the same machine state and drift on a
-    shared host cancels out instead of landing on one side of the ratio.
+    Every batch is trained four ways back to back, each by its own copy of the model:
+    rank 0 alone (rank 1 waits in a barrier), both ranks un-wrapped at once, DDP (the
+    training loop's wrapper, cross-rank negatives) and DDP with bf16 gradients. The ratios
+    are taken per batch and their medians reported: on a shared virtual host the speed of a
+    core drifts by +-10 % over tens of seconds, so comparing phases that run minutes apart
+    (or different batches: step cost follows the padded lengths) measures the drift.
+    The order of the four alternates between batches so none always runs first.
     """
-    import statistics
-
     import torch
 
     from training import distributed as D
     from training.distributed import DistEnv
 
     env = D.init_distributed("cpu")
-    torch.set_num_threads(1)  # one core per process in both phases
+    torch.set_num_threads(1)  # one core per process in every variant
     solo_env = DistEnv(0, 1, 0, 1, torch.device("cpu"))
     _, _, s_model, s_task, s_opt = _retriever_setup(per_rank_batch, solo_env)
     _, _, model, task, opt = _retriever_setup(per_rank_batch, env)
@@ -196,56 +199,81 @@ def ddp_worker(per_rank_batch: int, steps: int, warm: int, rounds: int) -> dict:
     compressed = D.wrap_ddp(c_model, env, grad_compression="bf16")
     for m in (model, s_model, c_model):
         m.train()
-    # Every phase and every rank trains on the same examples: step cost depends on the
-    # padded sequence lengths, so different batches would compare different work.
+
+    def solo(idx: list[int]) -> float:
+        if env.rank == 0:
+            t = _timed_step(s_model, s_task, s_opt, solo_env, idx)
+        D.barrier(env)  # rank 1 waits here, off the core rank 0 runs on
+        return t if env.rank == 0 else float("nan")
+
+    def independent(idx: list[int]) -> float:
+        D.barrier(env)  # start together
+        t = _timed_step(s_model, s_task, s_opt, solo_env, idx)
+        D.barrier(env)
+        return t
+
+    variants = {
+        "solo": solo,
+        "indep": independent,
+        "ddp": lambda idx: _timed_step(wrapped, task, opt, env, idx),
+        "ddp_bf16": lambda idx: _timed_step(compressed, c_task, c_opt, env, idx),
+    }
     batches = [[(s * per_rank_batch + i) % task.n_examples for i in range(per_rank_batch)] for s in range(steps)]
-    solo_times, indep_times, ddp_times, bf16_times = [], [], [], []
-    for _ in range(rounds):
-        if env.rank == 0:  # alone on the machine
-            solo_times += _timed_steps(s_model, s_task, s_opt, solo_env, batches, warm)
-        D.barrier(env)
-        # Both ranks train their own un-wrapped copy at once: what sharing the host costs
-        # without any communication (the ceiling DDP can reach here).
-        indep_times += _timed_steps(s_model, s_task, s_opt, solo_env, batches, warm)
-        D.barrier(env)
-        ddp_times += _timed_steps(wrapped, task, opt, env, batches, warm)
-        bf16_times += _timed_steps(compressed, c_task, c_opt, env, batches, warm)
+    for name, step in variants.items():  # first steps allocate and fault in memory
+        for _ in range(warm):
+            step(batches[0])
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for s, idx in enumerate(batches):
+        for name in list(variants)[:: 1 if s % 2 == 0 else -1]:
+            times[name].append(variants[name](idx))
     D.destroy()
-    out = {"rank": env.rank, "world": env.world_size, "threads": torch.get_num_threads(),
-           "ddp_step_s": statistics.median(ddp_times), "indep_step_s": statistics.median(indep_times),
-           "bf16_step_s": statistics.median(bf16_times)}
-    if solo_times:
-        out["solo_step_s"] = statistics.median(solo_times)
-    print(json.dumps({"rank": env.rank, "solo": solo_times, "indep": indep_times, "ddp": ddp_times,
-                      "ddp_bf16": bf16_times}), file=sys.stderr)
-    return out
+    return {"rank": env.rank, "world": env.world_size, "threads": torch.get_num_threads(), "times": times}
 
 
-def run_ddp_scaling(per_rank_batch: int, steps: int, warm: int, rounds: int) -> dict:
+def run_ddp_scaling(per_rank_batch: int, steps: int, warm: int) -> dict:
+    import statistics
+
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
            str(Path(__file__).resolve()), "--worker", "--per-rank-batch", str(per_rank_batch),
-           "--steps", str(steps), "--warm", str(warm), "--rounds", str(rounds)]
+           "--steps", str(steps), "--warm", str(warm)]
     out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     if out.returncode != 0:
         raise RuntimeError(f"torchrun worker failed:\n{out.stderr[-3000:]}")
-    for line in out.stderr.splitlines():  # per-step times, for whoever reads the log
-        if line.startswith('{"rank"'):
-            print(line, file=sys.stderr)
-    results = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    solo_s = next(r["solo_step_s"] for r in results if "solo_step_s" in r)
-    ddp_s = max(r["ddp_step_s"] for r in results)  # the slowest rank sets the pace
-    indep_s = max(r["indep_step_s"] for r in results)
-    bf16_s = max(r["bf16_step_s"] for r in results)
-    return {"ddp_1proc_samples_per_s": per_rank_batch / solo_s,
+    results = {r["rank"]: r["times"] for r in (json.loads(line) for line in out.stdout.splitlines()
+                                                if line.startswith("{"))}
+    print(json.dumps({"ddp_step_seconds_by_rank": results}), file=sys.stderr)  # for whoever reads the log
+    solo = results[0]["solo"]
+    # A step both ranks take ends when the slower one does.
+    both = {k: [max(a, b) for a, b in zip(results[0][k], results[1][k])] for k in ("indep", "ddp", "ddp_bf16")}
+
+    def ratio(num: list[float], den: list[float]) -> float:  # median of per-batch ratios
+        return statistics.median(n / d for n, d in zip(num, den))
+
+    scaling = [n / d for n, d in zip(solo, both["ddp"])]
+
+    ddp_s = statistics.median(both["ddp"])
+    return {"ddp_1proc_samples_per_s": per_rank_batch / statistics.median(solo),
             "ddp_2proc_samples_per_s_per_process": per_rank_batch / ddp_s,
-            "ddp_scaling": solo_s / ddp_s, "ddp_per_rank_batch": per_rank_batch,
+            "ddp_scaling": ratio(solo, both["ddp"]), "ddp_per_rank_batch": per_rank_batch,
             # Two un-wrapped processes at once over one alone: the host's own ceiling for
             # ddp_scaling; ddp_comm_efficiency is what DDP keeps of it.
-            "ddp_host_ceiling": solo_s / indep_s,
+            "ddp_host_ceiling": ratio(solo, both["indep"]),
+            "ddp_comm_efficiency": ratio(both["indep"], both["ddp"]),
             # The same with distributed.grad_compression=bf16 (half the all-reduce bytes).
-            "ddp_scaling_bf16_grads": solo_s / bf16_s, "ddp_comm_efficiency": indep_s / ddp_s,
-            "ddp_rounds": rounds, "ddp_steps_per_phase": steps}
+            "ddp_scaling_bf16_grads": ratio(solo, both["ddp_bf16"]),
+            # How far the median of these few noisy ratios can be trusted (bootstrap).
+            "ddp_scaling_ci90": median_ci90(scaling), "ddp_steps": steps}
+
+
+def median_ci90(values: list[float], resamples: int = 2000) -> list[float]:
+    """90 % bootstrap confidence interval of the median of ``values`` (seeded: same input, same answer)."""
+    import random
+    import statistics
+
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
+    return [round(medians[int(0.05 * resamples)], 4), round(medians[int(0.95 * resamples) - 1], 4)]
 
 
 def retriever_single(quick: bool) -> float:
@@ -367,10 +395,9 @@ def main() -> int:
     ap.add_argument("--per-rank-batch", type=int, default=8, help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=5, help=argparse.SUPPRESS)
     ap.add_argument("--warm", type=int, default=2, help=argparse.SUPPRESS)
-    ap.add_argument("--rounds", type=int, default=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        print(json.dumps(ddp_worker(args.per_rank_batch, args.steps, args.warm, args.rounds)), flush=True)
+        print(json.dumps(ddp_worker(args.per_rank_batch, args.steps, args.warm)), flush=True)
         return 0
 
     if args.gpu_generator:
@@ -388,8 +415,8 @@ def main() -> int:
     print(f"generator: {gen['gen_tokens_per_s']:.0f} tok/s, MFU {gen['gen_flops'] / peak:.3f}", file=sys.stderr)
     figures["retriever_samples_per_s"] = retriever_single(args.quick)
     print(f"retriever: {figures['retriever_samples_per_s']:.1f} q/s", file=sys.stderr)
-    steps, warm, rounds = (1, 1, 1) if args.quick else (3, 1, 3)
-    figures.update(run_ddp_scaling(16, steps, warm, rounds))
+    steps, warm = (2, 1) if args.quick else (12, 1)
+    figures.update(run_ddp_scaling(16, steps, warm))
     print(f"ddp scaling {figures['ddp_scaling']:.3f}", file=sys.stderr)
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="ragpool-bench-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -51,3 +51,22 @@ def test_gpu_generator_without_cuda_refuses() -> None:
         pytest.skip("this machine has CUDA: the refusal path does not apply")
     out = _run("--gpu-generator", "--quick")
     assert out.returncode != 0 and "needs a CUDA device" in out.stderr
+
+
+def test_median_ci90_brackets_the_median_and_narrows_with_more_data() -> None:
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        from train_throughput import median_ci90
+    finally:
+        sys.path.pop(0)
+    import random
+    import statistics
+
+    rng = random.Random(1)
+    few = [rng.gauss(0.9, 0.05) for _ in range(12)]
+    many = [rng.gauss(0.9, 0.05) for _ in range(400)]
+    lo, hi = median_ci90(few)
+    assert lo <= statistics.median(few) <= hi and lo < hi
+    assert median_ci90(few) == [lo, hi]  # seeded: the same figures give the same interval
+    lo_many, hi_many = median_ci90(many)
+    assert hi_many - lo_many < (hi - lo) / 2
