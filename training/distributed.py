@@ -88,14 +88,131 @@ def bf16_allreduce_hook(state, bucket):  # type: ignore[no-untyped-def]  # noqa:
     return fut.then(decompress)
 
 
+class SparseEmbeddingGrads:
+    """State of :func:`sparse_embedding_allreduce_hook`: the embedding tables it may send
+    row by row, and the rows of each that this rank looked up since the last all-reduce.
+
+    A table qualifies when it is an ``nn.Embedding`` with at least ``min_rows`` rows whose
+    weight no other module holds (a weight tied to an output layer gets a dense gradient).
+    Its gradient is non-zero only on looked-up rows, so averaging the union of all ranks'
+    rows gives the same gradient as averaging the whole table: all-MiniLM-L6-v2's 30522 x 384
+    word embeddings are half its parameters, of which a batch touches a few percent.
+    The first all-reduce checks that claim (a table used outside its module's forward
+    would break it) and raises instead of training on a wrong gradient.
+    """
+
+    def __init__(self, model: torch.nn.Module, dtype: torch.dtype = torch.float32, min_rows: int = 1024) -> None:
+        self.dtype = dtype
+        """Dtype the gradients travel in (float32, or bfloat16 for grad_compression=bf16)."""
+        self.masks: dict[int, torch.Tensor] = {}
+        """id(weight) -> uint8 mask of the rows looked up since the last all-reduce."""
+        self.rows_sent = 0
+        """Table rows all-reduced so far (all tables, all steps)."""
+        self.rows_total = 0
+        """Table rows a dense all-reduce would have sent."""
+        self.checked = False
+        holders: dict[int, int] = {}
+        for module in model.modules():
+            for p in module._parameters.values():
+                if p is not None:
+                    holders[id(p)] = holders.get(id(p), 0) + 1
+        for module in model.modules():
+            if (isinstance(module, torch.nn.Embedding) and not module.sparse and module.max_norm is None
+                    and module.weight.requires_grad and module.num_embeddings >= min_rows
+                    and holders[id(module.weight)] == 1):
+                mask = torch.zeros(module.num_embeddings, dtype=torch.uint8, device=module.weight.device)
+                self.masks[id(module.weight)] = mask
+                module.register_forward_pre_hook(self._recorder(mask))
+
+    @staticmethod
+    def _recorder(mask: torch.Tensor) -> Any:
+        def record(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+            if torch.is_grad_enabled():
+                mask[args[0].reshape(-1)] = 1
+        return record
+
+
+def _all_reduce_as(t: torch.Tensor, dtype: torch.dtype) -> None:
+    """Sum ``t`` over ranks in place, travelling as ``dtype``."""
+    if t.dtype == dtype:
+        dist.all_reduce(t)
+    else:
+        wire = t.to(dtype)
+        dist.all_reduce(wire)
+        t.copy_(wire)
+
+
+def sparse_embedding_allreduce_hook(state, bucket):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN201
+    """DDP comm hook: average a gradient bucket, sending embedding tables' looked-up rows only.
+
+    Buckets without a table go as DDP's default does (or as bf16, see ``state.dtype``).
+    For a bucket holding a table, the rest of the bucket is all-reduced as usual, the ranks'
+    row masks are OR-ed, and only those rows of the table are all-reduced: the same sums
+    as the dense path (rows outside every mask are zero on every rank). Synchronous: a
+    table's gradient is the last one backward produces, so there is nothing left to overlap.
+    """
+    buf = bucket.buffer()
+    world = dist.get_world_size()
+    buf.div_(world)
+    tables = []
+    for p, g in zip(bucket.parameters(), bucket.gradients()):
+        if id(p) in state.masks:
+            offset = (g.data_ptr() - buf.data_ptr()) // buf.element_size()
+            if not 0 <= offset <= buf.numel() - p.numel():  # DDP hands out views into the bucket
+                raise RuntimeError("DDP gradient is not a view into its bucket; set "
+                                   "distributed.sparse_embedding_grads: never")
+            tables.append((offset, p.shape, state.masks[id(p)]))
+    if not tables:
+        if state.dtype == buf.dtype:
+            return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])
+        _all_reduce_as(buf, state.dtype)
+    else:
+        tables.sort(key=lambda t: t[0])
+        start = 0
+        for offset, shape, _ in tables:  # the dense spans between tables
+            if offset > start:
+                _all_reduce_as(buf[start:offset], state.dtype)
+            start = offset + shape.numel()
+        if start < buf.numel():
+            _all_reduce_as(buf[start:], state.dtype)
+        looked_up = torch.cat([mask for _, _, mask in tables])
+        dist.all_reduce(looked_up, op=dist.ReduceOp.MAX)  # union of the ranks' rows
+        at = 0
+        for offset, shape, mask in tables:
+            grad = buf[offset:offset + shape.numel()].view(shape)
+            union = looked_up[at:at + shape[0]]
+            at += shape[0]
+            if not state.checked and bool(grad[union == 0].ne(0).any()):
+                raise RuntimeError(
+                    f"an embedding table ({tuple(shape)}) has gradient on rows no forward looked up: it is "
+                    "used outside its module; set distributed.sparse_embedding_grads: never")
+            rows = union.nonzero().squeeze(1)
+            sent = grad.index_select(0, rows)
+            _all_reduce_as(sent, state.dtype)
+            grad.index_copy_(0, rows, sent)
+            state.rows_sent += rows.numel()
+            state.rows_total += shape[0]
+            mask.zero_()
+        state.checked = True
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[buf.device] if buf.is_cuda else None)
+    fut.set_result(buf)
+    return fut
+
+
 def wrap_ddp(model: torch.nn.Module, env: DistEnv, grad_compression: str = "none",
-             bucket_cap_mb: int = 25) -> torch.nn.Module:
+             bucket_cap_mb: int = 25, sparse_embedding_grads: str = "auto") -> torch.nn.Module:
     """``model`` in DistributedDataParallel when distributed, else itself.
 
     Gradients are views into DDP's buckets (no copy per step); buffers are not broadcast
     every forward (transformers have none that change). ``grad_compression="bf16"``
-    all-reduces bf16 copies of the gradient buckets (see :func:`bf16_allreduce_hook`).
+    all-reduces bf16 copies of the gradient buckets (see :func:`bf16_allreduce_hook`);
+    ``sparse_embedding_grads`` (``auto``: on with gloo, off with NCCL) sends only the
+    looked-up rows of embedding tables (see :class:`SparseEmbeddingGrads`).
     """
+    if grad_compression not in ("none", "bf16"):
+        raise ValueError(f"distributed.grad_compression={grad_compression!r}: must be none or bf16")
+    if sparse_embedding_grads not in ("auto", "always", "never"):
+        raise ValueError(f"distributed.sparse_embedding_grads={sparse_embedding_grads!r}: must be auto, always or never")
     if not env.distributed:
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -105,10 +222,14 @@ def wrap_ddp(model: torch.nn.Module, env: DistEnv, grad_compression: str = "none
     if env.device.type == "cuda":
         kwargs["device_ids"] = [env.local_rank]
     wrapped = DDP(model, **kwargs)
-    if grad_compression == "bf16":
+    sparse = sparse_embedding_grads == "always" or (sparse_embedding_grads == "auto" and env.device.type == "cpu")
+    state = SparseEmbeddingGrads(model, torch.bfloat16 if grad_compression == "bf16" else torch.float32) \
+        if sparse else None
+    if state is not None and state.masks:
+        wrapped.register_comm_hook(state, sparse_embedding_allreduce_hook)
+        wrapped.sparse_embedding_grads = state  # rows_sent / rows_total, for tests and the curious
+    elif grad_compression == "bf16":
         wrapped.register_comm_hook(None, bf16_allreduce_hook)
-    elif grad_compression != "none":
-        raise ValueError(f"distributed.grad_compression={grad_compression!r}: must be none or bf16")
     return wrapped
 
 

@@ -185,7 +185,8 @@ def train(task: TrainTask, cfg: RunConfig, env: D.DistEnv, stage_dir: Path) -> T
         log.info("already at step %d of %d", start_step, task.max_steps)
         return TrainResult(OK, start_step, [], resumed_from)
 
-    wrapped = D.wrap_ddp(model, env, cfg.distributed.grad_compression, cfg.distributed.bucket_cap_mb)
+    wrapped = D.wrap_ddp(model, env, cfg.distributed.grad_compression, cfg.distributed.bucket_cap_mb,
+                         cfg.distributed.sparse_embedding_grads)
 
     def state_for(step: int) -> dict[str, Any]:
         rngs = D.all_gather_object(env, rng_state())  # collective: every rank calls it

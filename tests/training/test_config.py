@@ -58,6 +58,8 @@ def test_round_trip_through_to_dict() -> None:
     ({}, ["--seed"], "override must look like --key=value"),
     ({}, ["--distributed.grad_compression=fp8"], "distributed.grad_compression='fp8': must be one of none, bf16"),
     ({"distributed": {"bucket_cap_mb": 0}}, [], "distributed.bucket_cap_mb=0: must be in [1, 1024]"),
+    ({}, ["--distributed.sparse_embedding_grads=on"],
+     "distributed.sparse_embedding_grads='on': must be one of auto, always, never"),
 ])
 def test_bad_values_name_key_and_value(source, overrides, needle) -> None:
     with pytest.raises(ConfigError) as err:
