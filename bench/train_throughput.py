@@ -12,7 +12,8 @@ Keys (ratios as fractions):
   retriever_samples_per_s  all-MiniLM-L6-v2 contrastive step, questions/s, one process, all threads
   ddp_scaling              1-process step time over 2-process DDP step time at the same per-process
                            batch (= per-process throughput ratio): one torchrun job, one thread per
-                           process, gloo, the training loop's DDP wrapper and cross-rank negatives;
+                           process, gloo, the training loop's DDP wrapper with its defaults
+                           (fp32, row-sparse embedding all-reduce) and cross-rank negatives;
                            every batch is trained alone, by two independent processes, with DDP and
                            with DDP + bf16 gradients back to back, and the median of the per-batch
                            ratios is reported; ddp_scaling_bf16_grads: the same with
@@ -227,7 +228,9 @@ def ddp_worker(per_rank_batch: int, steps: int, warm: int) -> dict:
         for name in list(variants)[:: 1 if s % 2 == 0 else -1]:
             times[name].append(variants[name](idx))
     D.destroy()
-    return {"rank": env.rank, "world": env.world_size, "threads": torch.get_num_threads(), "times": times}
+    state = getattr(wrapped, "sparse_embedding_grads", None)
+    return {"rank": env.rank, "world": env.world_size, "threads": torch.get_num_threads(), "times": times,
+            "embedding_rows_sent": state.rows_sent / state.rows_total if state is not None else 1.0}
 
 
 def run_ddp_scaling(per_rank_batch: int, steps: int, warm: int) -> dict:
@@ -240,8 +243,8 @@ def run_ddp_scaling(per_rank_batch: int, steps: int, warm: int) -> dict:
     out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     if out.returncode != 0:
         raise RuntimeError(f"torchrun worker failed:\n{out.stderr[-3000:]}")
-    results = {r["rank"]: r["times"] for r in (json.loads(line) for line in out.stdout.splitlines()
-                                                if line.startswith("{"))}
+    ranks = {r["rank"]: r for r in (json.loads(line) for line in out.stdout.splitlines() if line.startswith("{"))}
+    results = {rank: r["times"] for rank, r in ranks.items()}
     print(json.dumps({"ddp_step_seconds_by_rank": results}), file=sys.stderr)  # for whoever reads the log
     solo = results[0]["solo"]
     # A step both ranks take ends when the slower one does.
@@ -263,7 +266,10 @@ def run_ddp_scaling(per_rank_batch: int, steps: int, warm: int) -> dict:
             # The same with distributed.grad_compression=bf16 (half the all-reduce bytes).
             "ddp_scaling_bf16_grads": ratio(solo, both["ddp_bf16"]),
             # How far the median of these few noisy ratios can be trusted (bootstrap).
-            "ddp_scaling_ci90": median_ci90(scaling), "ddp_steps": steps}
+            "ddp_scaling_ci90": median_ci90(scaling), "ddp_steps": steps,
+            # distributed.sparse_embedding_grads (auto: on with gloo): the share of the word
+            # embedding table's rows that went through the all-reduce.
+            "ddp_embedding_rows_sent": ranks[0]["embedding_rows_sent"]}
 
 
 def median_ci90(values: list[float], resamples: int = 2000) -> list[float]:
