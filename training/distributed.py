@@ -175,17 +175,21 @@ def sparse_embedding_allreduce_hook(state, bucket):  # type: ignore[no-untyped-d
             start = offset + shape.numel()
         if start < buf.numel():
             _all_reduce_as(buf[start:], state.dtype)
-        looked_up = torch.cat([mask for _, _, mask in tables])
-        dist.all_reduce(looked_up, op=dist.ReduceOp.MAX)  # union of the ranks' rows
+        grads = [buf[offset:offset + shape.numel()].view(shape) for offset, shape, _ in tables]
+        # One more entry per table: 1 where this rank's gradient has rows its forward never
+        # looked up (checked on the first all-reduce only), so every rank learns of it and
+        # all of them stop instead of one waiting for the others in the next collective.
+        masks = [mask for _, _, mask in tables]
+        flags = [int(not state.checked and bool(g[m == 0].ne(0).any())) for g, m in zip(grads, masks)]
+        looked_up = torch.cat(masks + [torch.tensor(flags, dtype=torch.uint8, device=buf.device)])
+        dist.all_reduce(looked_up, op=dist.ReduceOp.MAX)  # union of the ranks' rows (and flags)
+        if looked_up[-len(tables):].any():
+            raise RuntimeError("an embedding table has gradient on rows no forward looked up: it is used "
+                               "outside its module; set distributed.sparse_embedding_grads: never")
         at = 0
-        for offset, shape, mask in tables:
-            grad = buf[offset:offset + shape.numel()].view(shape)
+        for grad, (_, shape, mask) in zip(grads, tables, strict=True):
             union = looked_up[at:at + shape[0]]
             at += shape[0]
-            if not state.checked and bool(grad[union == 0].ne(0).any()):
-                raise RuntimeError(
-                    f"an embedding table ({tuple(shape)}) has gradient on rows no forward looked up: it is "
-                    "used outside its module; set distributed.sparse_embedding_grads: never")
             rows = union.nonzero().squeeze(1)
             sent = grad.index_select(0, rows)
             _all_reduce_as(sent, state.dtype)
