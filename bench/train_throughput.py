@@ -254,11 +254,10 @@ def run_ddp_scaling(per_rank_batch: int, steps: int, warm: int) -> dict:
         return statistics.median(n / d for n, d in zip(num, den))
 
     scaling = [n / d for n, d in zip(solo, both["ddp"])]
-
     ddp_s = statistics.median(both["ddp"])
     return {"ddp_1proc_samples_per_s": per_rank_batch / statistics.median(solo),
             "ddp_2proc_samples_per_s_per_process": per_rank_batch / ddp_s,
-            "ddp_scaling": ratio(solo, both["ddp"]), "ddp_per_rank_batch": per_rank_batch,
+            "ddp_scaling": statistics.median(scaling), "ddp_per_rank_batch": per_rank_batch,
             # Two un-wrapped processes at once over one alone: the host's own ceiling for
             # ddp_scaling; ddp_comm_efficiency is what DDP keeps of it.
             "ddp_host_ceiling": ratio(solo, both["indep"]),
