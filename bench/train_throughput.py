@@ -79,7 +79,7 @@ def generator_step(quick: bool, shape: str = "cpu", device: str = "cpu", batch: 
                    bf16: bool = False) -> dict:
     """Full causal-LM training steps (all-token loss, so 6*N*T counts the work done).
 
-    The training loop's optimizer (AdamW; fused on CUDA) and, with ``bf16``, its autocast.
+    The training loop's optimizer (fused AdamW) and, with ``bf16``, its autocast.
     """
     import contextlib
 
@@ -181,7 +181,7 @@ def ddp_worker(per_rank_batch: int, steps: int, warm: int) -> dict:
     rank 0 alone (rank 1 waits in a barrier), both ranks un-wrapped at once, DDP (the
     training loop's wrapper, cross-rank negatives) and DDP with bf16 gradients. The ratios
     are taken per batch and their medians reported: on a shared virtual host the speed of a
-    core drifts by +-10 % over tens of seconds, so comparing phases that run minutes apart
+    core drifts by 10 % and more over tens of seconds, so comparing phases that run minutes apart
     (or different batches: step cost follows the padded lengths) measures the drift.
     The order of the four alternates between batches so none always runs first.
     """

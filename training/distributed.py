@@ -152,8 +152,6 @@ def sparse_embedding_allreduce_hook(state, bucket):  # type: ignore[no-untyped-d
     table's gradient is the last one backward produces, so there is nothing left to overlap.
     """
     buf = bucket.buffer()
-    world = dist.get_world_size()
-    buf.div_(world)
     tables = []
     for p, g in zip(bucket.parameters(), bucket.gradients()):
         if id(p) in state.masks:
@@ -162,42 +160,43 @@ def sparse_embedding_allreduce_hook(state, bucket):  # type: ignore[no-untyped-d
                 raise RuntimeError("DDP gradient is not a view into its bucket; set "
                                    "distributed.sparse_embedding_grads: never")
             tables.append((offset, p.shape, state.masks[id(p)]))
-    if not tables:
-        if state.dtype == buf.dtype:
-            return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])
-        _all_reduce_as(buf, state.dtype)
-    else:
-        tables.sort(key=lambda t: t[0])
-        start = 0
-        for offset, shape, _ in tables:  # the dense spans between tables
-            if offset > start:
-                _all_reduce_as(buf[start:offset], state.dtype)
-            start = offset + shape.numel()
-        if start < buf.numel():
-            _all_reduce_as(buf[start:], state.dtype)
-        grads = [buf[offset:offset + shape.numel()].view(shape) for offset, shape, _ in tables]
-        # One more entry per table: 1 where this rank's gradient has rows its forward never
-        # looked up (checked on the first all-reduce only), so every rank learns of it and
-        # all of them stop instead of one waiting for the others in the next collective.
-        masks = [mask for _, _, mask in tables]
-        flags = [int(not state.checked and bool(g[m == 0].ne(0).any())) for g, m in zip(grads, masks)]
-        looked_up = torch.cat(masks + [torch.tensor(flags, dtype=torch.uint8, device=buf.device)])
-        dist.all_reduce(looked_up, op=dist.ReduceOp.MAX)  # union of the ranks' rows (and flags)
-        if looked_up[-len(tables):].any():
-            raise RuntimeError("an embedding table has gradient on rows no forward looked up: it is used "
-                               "outside its module; set distributed.sparse_embedding_grads: never")
-        at = 0
-        for grad, (_, shape, mask) in zip(grads, tables, strict=True):
-            union = looked_up[at:at + shape[0]]
-            at += shape[0]
-            rows = union.nonzero().squeeze(1)
-            sent = grad.index_select(0, rows)
-            _all_reduce_as(sent, state.dtype)
-            grad.index_copy_(0, rows, sent)
-            state.rows_sent += rows.numel()
-            state.rows_total += shape[0]
-            mask.zero_()
-        state.checked = True
+    if not tables:  # as without this hook: overlapped with the rest of backward
+        if state.dtype != buf.dtype:
+            return bf16_allreduce_hook(None, bucket)
+        buf.div_(dist.get_world_size())
+        return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])
+    buf.div_(dist.get_world_size())
+    tables.sort(key=lambda t: t[0])
+    start = 0
+    for offset, shape, _ in tables:  # the dense spans between tables
+        if offset > start:
+            _all_reduce_as(buf[start:offset], state.dtype)
+        start = offset + shape.numel()
+    if start < buf.numel():
+        _all_reduce_as(buf[start:], state.dtype)
+    grads = [buf[offset:offset + shape.numel()].view(shape) for offset, shape, _ in tables]
+    # One more entry per table: 1 where this rank's gradient has rows its forward never
+    # looked up (checked on the first all-reduce only), so every rank learns of it and
+    # all of them stop instead of one waiting for the others in the next collective.
+    masks = [mask for _, _, mask in tables]
+    flags = [int(not state.checked and bool(g[m == 0].ne(0).any())) for g, m in zip(grads, masks)]
+    looked_up = torch.cat(masks + [torch.tensor(flags, dtype=torch.uint8, device=buf.device)])
+    dist.all_reduce(looked_up, op=dist.ReduceOp.MAX)  # union of the ranks' rows (and flags)
+    if looked_up[-len(tables):].any():
+        raise RuntimeError("an embedding table has gradient on rows no forward looked up: it is used "
+                           "outside its module; set distributed.sparse_embedding_grads: never")
+    at = 0
+    for grad, (_, shape, mask) in zip(grads, tables, strict=True):
+        union = looked_up[at:at + shape[0]]
+        at += shape[0]
+        rows = union.nonzero().squeeze(1)
+        sent = grad.index_select(0, rows)
+        _all_reduce_as(sent, state.dtype)
+        grad.index_copy_(0, rows, sent)
+        state.rows_sent += rows.numel()
+        state.rows_total += shape[0]
+        mask.zero_()
+    state.checked = True
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[buf.device] if buf.is_cuda else None)
     fut.set_result(buf)
     return fut
@@ -213,10 +212,12 @@ def wrap_ddp(model: torch.nn.Module, env: DistEnv, grad_compression: str = "none
     ``sparse_embedding_grads`` (``auto``: on with gloo, off with NCCL) sends only the
     looked-up rows of embedding tables (see :class:`SparseEmbeddingGrads`).
     """
-    if grad_compression not in ("none", "bf16"):
-        raise ValueError(f"distributed.grad_compression={grad_compression!r}: must be none or bf16")
-    if sparse_embedding_grads not in ("auto", "always", "never"):
-        raise ValueError(f"distributed.sparse_embedding_grads={sparse_embedding_grads!r}: must be auto, always or never")
+    from training.config import GRAD_COMPRESSIONS, SPARSE_EMBEDDING_GRADS
+
+    for key, value, allowed in (("grad_compression", grad_compression, GRAD_COMPRESSIONS),
+                                ("sparse_embedding_grads", sparse_embedding_grads, SPARSE_EMBEDDING_GRADS)):
+        if value not in allowed:
+            raise ValueError(f"distributed.{key}={value!r}: must be one of {', '.join(allowed)}")
     if not env.distributed:
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP

@@ -1,4 +1,5 @@
-"""training.distributed: the row-sparse embedding all-reduce gives DDP's dense gradients exactly."""
+"""training.distributed: the gradient-preserving all-gather, and the row-sparse embedding all-reduce
+that gives DDP's dense gradients exactly."""
 
 from __future__ import annotations
 
@@ -124,5 +125,40 @@ def test_tied_and_small_tables_are_left_dense() -> None:
 
 
 def test_bad_option_is_refused() -> None:
-    with pytest.raises(ValueError, match="sparse_embedding_grads='yes': must be auto, always or never"):
+    with pytest.raises(ValueError, match="sparse_embedding_grads='yes': must be one of auto, always, never"):
         wrap_ddp(Toy(), DistEnv(0, 1, 0, 1, torch.device("cpu")), sparse_embedding_grads="yes")
+
+
+@pytest.mark.slow
+def test_gather_with_grad_gives_the_global_gradient(tmp_path: Path) -> None:
+    """Under torchrun: d(mean loss over ranks)/dx via all_gather_with_grad equals the single-process gradient."""
+    script = tmp_path / "gather_check.py"
+    script.write_text('''
+import torch, torch.distributed as dist
+from training import distributed as D
+env = D.init_distributed("cpu")
+torch.manual_seed(0)
+full = torch.randn(4, 3, dtype=torch.float64)
+x = full[env.rank * 2:(env.rank + 1) * 2].clone().requires_grad_(True)
+g = D.all_gather_with_grad(env, x)
+w = torch.arange(12, dtype=torch.float64).reshape(4, 3)
+loss = ((g * w).sum() ** 2) * (env.rank + 1)
+loss.backward()
+ref = full.clone().requires_grad_(True)
+total = sum(((ref * w).sum() ** 2) * (r + 1) for r in range(2))
+total.backward()
+assert torch.allclose(x.grad, ref.grad[env.rank * 2:(env.rank + 1) * 2]), (x.grad, ref.grad)
+import pathlib, sys
+pathlib.Path(sys.argv[1], f"ok{env.rank}").write_text("ok")  # stdout of two ranks interleaves
+D.destroy()
+''')
+    import subprocess
+    import sys
+
+    from helpers_training import REPO, child_env
+
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                          str(script), str(tmp_path)], cwd=REPO, env=child_env(), capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert (tmp_path / "ok0").is_file() and (tmp_path / "ok1").is_file()
