@@ -382,33 +382,34 @@ def _parse_teams(r: _Reader, teams: Any, gpu_total: int) -> tuple[TeamConfig, ..
     return tuple(out)
 
 
-def parse(raw: Mapping[str, Any], *, stack: str, region: str | None, project: str = PROJECT,
-          source: str | None = None) -> StackConfig:
-    """Validate raw ``ragpool:`` values (keys without the namespace) into a StackConfig.
-
-    ``raw`` values may be Pulumi's wire form (strings, JSON text) or native YAML values.
-    Raises one ConfigError listing every problem.
-    """
-    r = _Reader(raw)
-    for key in sorted(raw):
+def _check_unknown_keys(r: _Reader) -> None:
+    for key in sorted(r.raw):
         if key not in SCHEMA_BY_NAME:
             close = difflib.get_close_matches(key, list(SCHEMA_BY_NAME), n=1, cutoff=0.75)
             hint = f"did you mean {close[0]}?" if close else "known keys: " + ", ".join(sorted(SCHEMA_BY_NAME))
             r.problems.append(f"{PROJECT}:{key} is not a ragpool config key ({hint}); remove it with: pulumi config rm {key}")
 
+
+def _parse_identity(r: _Reader) -> dict[str, Any]:
+    """environment, owner, costCenter."""
     env = r.get("environment")
     _check(env in ENVIRONMENTS, r, "environment", env, "must be one of " + ", ".join(ENVIRONMENTS))
-    prod = env == "prod"
     owner = r.get("owner")
     cost_center = r.get("costCenter")
     for key, value in (("owner", owner), ("costCenter", cost_center)):
         if value is not None:
             _check(bool(re.fullmatch(r"[\w .:/=+@-]{1,128}", value)), r, key, value,
                    "must be 1-128 characters valid in an AWS tag value")
+    return {"environment": env, "owner": owner, "cost_center": cost_center}
 
+
+def _check_region(r: _Reader, region: str | None) -> None:
     if region is None or not re.fullmatch(r"[a-z]{2}(-gov)?-[a-z]+-\d", region or ""):
         r.problems.append(f"aws:region = {json.dumps(region)}: must be set to an AWS region, e.g. us-west-2 (fix: pulumi config set aws:region us-west-2)")
 
+
+def _parse_network(r: _Reader, prod: bool, region: str | None) -> NetworkConfig:
+    """vpcCidr, availabilityZones, natGateways."""
     cidr = r.get("vpcCidr")
     try:
         net = ipaddress.ip_network(cidr, strict=True)
@@ -430,7 +431,11 @@ def parse(raw: Mapping[str, Any], *, stack: str, region: str | None, project: st
 
     nat = r.get("natGateways")
     _check(nat in NAT_MODES, r, "natGateways", nat, "must be one of " + ", ".join(NAT_MODES))
+    return NetworkConfig(vpc_cidr=cidr, availability_zones=zones, nat_gateways=nat)
 
+
+def _parse_cluster(r: _Reader, prod: bool) -> ClusterConfig:
+    """kubernetesVersion, the API endpoint's access, admin roles and the system node group."""
     version = r.get("kubernetesVersion")
     _check(version in SUPPORTED_KUBERNETES_VERSIONS, r, "kubernetesVersion", version,
            "must be one of " + ", ".join(SUPPORTED_KUBERNETES_VERSIONS))
@@ -459,7 +464,15 @@ def parse(raw: Mapping[str, Any], *, stack: str, region: str | None, project: st
         _check(smin >= (2 if prod else 1), r, "systemNodeMinCount", smin, f"must be at least {2 if prod else 1}")
         _check(smin <= smax, r, "systemNodeMinCount", smin, f"must not exceed systemNodeMaxCount ({smax})")
         _check(smax <= 100, r, "systemNodeMaxCount", smax, "must be at most 100")
+    return ClusterConfig(
+        kubernetes_version=version, endpoint_public_access=public, public_access_cidrs=cidrs,
+        admin_role_arns=arns, system_node_instance_types=sys_types,
+        system_node_min_count=smin, system_node_max_count=smax,
+    )
 
+
+def _parse_gpu(r: _Reader, prod: bool, zones: tuple[str, ...]) -> dict[str, Any]:
+    """gpuAmiAlias, gpuPools and the trainingTeams that share the pools' GPUs."""
     ami = r.get("gpuAmiAlias")
     _check(isinstance(ami, str) and bool(re.fullmatch(r"(al2023|bottlerocket)@(latest|v\d{8}|\d+\.\d+\.\d+)", ami or "")),
            r, "gpuAmiAlias", ami, "must be an AMI alias like al2023@latest, al2023@v20250101 or bottlerocket@1.30.0")
@@ -470,6 +483,11 @@ def parse(raw: Mapping[str, Any], *, stack: str, region: str | None, project: st
                "prod needs at least one on-demand GPU pool (spot capacity can vanish); add a pool with capacityType: on-demand")
 
     teams = _parse_teams(r, r.get("trainingTeams"), sum(p.gpu_limit for p in pools))
+    return {"gpu_ami_alias": ami, "gpu_pools": pools, "teams": teams}
+
+
+def _parse_storage_and_image(r: _Reader) -> dict[str, Any]:
+    """efsBackupRetentionDays, buildImage, imageTag."""
     retention = r.get("efsBackupRetentionDays")
     _check(isinstance(retention, int) and 1 <= retention <= 36500, r, "efsBackupRetentionDays", retention,
            "must be an integer from 1 to 36500 days")
@@ -477,6 +495,11 @@ def parse(raw: Mapping[str, Any], *, stack: str, region: str | None, project: st
     tag = r.get("imageTag")
     _check(isinstance(tag, str) and bool(_IMAGE_TAG.match(tag)) and tag != "latest", r, "imageTag", tag,
            "must be a valid immutable Docker tag (not `latest`), e.g. 0.1.0 or a git SHA")
+    return {"efs_backup_retention_days": retention, "build_image": build, "image_tag": tag}
+
+
+def _parse_monitoring(r: _Reader) -> dict[str, Any]:
+    """prometheusRetention, gpuHoursBudget, runbookBaseUrl, prometheusStorageGiB."""
     retention_p = r.get("prometheusRetention")
     _check(_duration_days(retention_p) >= 30, r, "prometheusRetention", retention_p,
            "must be a Prometheus duration of at least 30d, such as 31d or 1y (the GPU-hour budget looks back 30 days)")
@@ -488,9 +511,20 @@ def parse(raw: Mapping[str, Any], *, stack: str, region: str | None, project: st
     storage_p = r.get("prometheusStorageGiB")
     _check(isinstance(storage_p, int) and 10 <= storage_p <= 16384, r, "prometheusStorageGiB", storage_p,
            "must be an integer from 10 to 16384")
+    return {"prometheus_retention": retention_p, "gpu_hours_budget": budget_h, "runbook_base_url": runbook,
+            "prometheus_storage_gib": storage_p}
+
+
+def _parse_queue(r: _Reader) -> dict[str, Any]:
+    """redisNodeType."""
     redis_node = r.get("redisNodeType")
     _check(isinstance(redis_node, str) and bool(re.fullmatch(r"cache\.[a-z0-9]+\.[a-z0-9]+", redis_node or "")), r,
            "redisNodeType", redis_node, "must be an ElastiCache node type such as cache.r7g.large")
+    return {"redis_node_type": redis_node}
+
+
+def _parse_alerts(r: _Reader) -> dict[str, Any]:
+    """alertReceiver and its secret."""
     receiver = r.get("alertReceiver")
     _check(receiver in ALERT_RECEIVERS, r, "alertReceiver", receiver, "must be one of " + ", ".join(ALERT_RECEIVERS))
     secret = r.get("alertReceiverSecret")
@@ -499,22 +533,34 @@ def parse(raw: Mapping[str, Any], *, stack: str, region: str | None, project: st
             f"{PROJECT}:alertReceiverSecret is required when alertReceiver is {receiver} "
             f"(fix: pulumi config set --secret alertReceiverSecret <{'webhook URL' if receiver == 'slack' else 'routing key'}>)"
         )
+    return {"alert_receiver": receiver, "alert_receiver_secret": secret}
 
+
+def parse(raw: Mapping[str, Any], *, stack: str, region: str | None, project: str = PROJECT,
+          source: str | None = None) -> StackConfig:
+    """Validate raw ``ragpool:`` values (keys without the namespace) into a StackConfig.
+
+    ``raw`` values may be Pulumi's wire form (strings, JSON text) or native YAML values.
+    Raises one ConfigError listing every problem.
+    """
+    r = _Reader(raw)
+    _check_unknown_keys(r)
+    identity = _parse_identity(r)
+    prod = identity["environment"] == "prod"
+    _check_region(r, region)
+    network = _parse_network(r, prod, region)
+    cluster = _parse_cluster(r, prod)
+    groups = {
+        **_parse_gpu(r, prod, network.availability_zones),
+        **_parse_storage_and_image(r),
+        **_parse_monitoring(r),
+        **_parse_queue(r),
+        **_parse_alerts(r),
+    }
     if r.problems:
         raise ConfigError(r.problems, source or f"stack {stack}")
-    return StackConfig(
-        project=project, stack=stack, region=region, environment=env, owner=owner, cost_center=cost_center,
-        network=NetworkConfig(vpc_cidr=cidr, availability_zones=zones, nat_gateways=nat),
-        cluster=ClusterConfig(
-            kubernetes_version=version, endpoint_public_access=public, public_access_cidrs=cidrs,
-            admin_role_arns=arns, system_node_instance_types=sys_types,
-            system_node_min_count=smin, system_node_max_count=smax,
-        ),
-        gpu_pools=pools, gpu_ami_alias=ami, efs_backup_retention_days=retention,
-        build_image=build, image_tag=tag, alert_receiver=receiver, alert_receiver_secret=secret,
-        prometheus_retention=retention_p, prometheus_storage_gib=storage_p, redis_node_type=redis_node,
-        gpu_hours_budget=budget_h, runbook_base_url=runbook, teams=teams,
-    )
+    return StackConfig(project=project, stack=stack, region=region, network=network, cluster=cluster,
+                       **identity, **groups)
 
 
 def from_pulumi() -> StackConfig:
