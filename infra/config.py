@@ -93,6 +93,8 @@ SCHEMA: tuple[ConfigKey, ...] = (
     ConfigKey("endpointPublicAccess", "boolean", "Expose the EKS API endpoint publicly (restricted to publicAccessCidrs). Must be false in prod.", True),
     ConfigKey("publicAccessCidrs", "array", "CIDRs allowed to reach a public EKS API endpoint; required when endpointPublicAccess is true; 0.0.0.0/0 is refused.", [], items="string"),
     ConfigKey("adminRoleArns", "array", "IAM role ARNs granted cluster-admin through EKS access entries.", [], items="string"),
+    ConfigKey("deployRoleArn", "string", "IAM role ARN that runs `pulumi up` (CI's AWS_DEPLOY_ROLE_ARN for this stack). The cluster uses API authentication without creator admin, so this role gets an access entry with AmazonEKSClusterAdminPolicy; without it every Kubernetes resource fails with Unauthorized. Example-account ARNs (111122223333) are refused by `ragpool config check --deploy` and by `pulumi up`.", required=True),
+    ConfigKey("apiAccessCidrs", "array", "Private CIDRs (VPN, the deploy runner's subnet) admitted to the EKS API endpoint on TCP 443 through the cluster security group; required when endpointPublicAccess is false.", [], items="string"),
     ConfigKey("systemNodeInstanceTypes", "array", "Instance types of the on-demand system node group (controllers, monitoring, Redis).", ["m7i.large"], items="string"),
     ConfigKey("systemNodeMinCount", "integer", "Minimum nodes in the system node group (spread across AZs).", 2),
     ConfigKey("systemNodeMaxCount", "integer", "Maximum nodes in the system node group.", 4),
@@ -167,6 +169,13 @@ class ClusterConfig:
     system_node_instance_types: tuple[str, ...]
     system_node_min_count: int
     system_node_max_count: int
+    deploy_role_arn: str = ""
+    api_access_cidrs: tuple[str, ...] = ()
+
+    @property
+    def cluster_admin_arns(self) -> tuple[str, ...]:
+        """Principals given an access entry with AmazonEKSClusterAdminPolicy: the deploy role first."""
+        return tuple(dict.fromkeys(a for a in (self.deploy_role_arn, *self.admin_role_arns) if a))
 
 
 @dataclass(frozen=True)
@@ -455,6 +464,22 @@ def _parse_cluster(r: _Reader, prod: bool) -> ClusterConfig:
     arns = tuple(r.get("adminRoleArns") or ())
     for a in arns:
         _check(bool(_ROLE_ARN.match(a)), r, "adminRoleArns", a, "must be an IAM role ARN: arn:aws:iam::<12-digit account>:role/<name>")
+    deploy_role = r.get("deployRoleArn")
+    if deploy_role is not None:
+        _check(bool(_ROLE_ARN.fullmatch(deploy_role)), r, "deployRoleArn", deploy_role,
+               "must be the IAM role ARN `pulumi up` runs as: arn:aws:iam::<12-digit account>:role/<name> "
+               "(fix: pulumi config set deployRoleArn arn:aws:iam::<account>:role/<deploy-role>)")
+    api_cidrs = tuple(r.get("apiAccessCidrs") or ())
+    for c in api_cidrs:
+        try:
+            _check(ipaddress.ip_network(c, strict=True).is_private, r, "apiAccessCidrs", c,
+                   "must be a private range (VPN, deploy runner subnet) such as 10.0.0.0/16")
+        except ValueError:
+            r.problem("apiAccessCidrs", c, "must be a valid CIDR such as 10.0.0.0/16")
+    if public is False:
+        _check(bool(api_cidrs), r, "apiAccessCidrs", list(api_cidrs),
+               "must list the VPN / deploy-runner CIDRs that reach the private API endpoint (otherwise nobody "
+               "outside the cluster can run kubectl or `pulumi up`; fix: pulumi config set --path 'apiAccessCidrs[0]' 10.0.0.0/16)")
     sys_types = tuple(r.get("systemNodeInstanceTypes") or ())
     _check(bool(sys_types), r, "systemNodeInstanceTypes", list(sys_types), "must list at least one instance type")
     for t in sys_types:
@@ -468,6 +493,7 @@ def _parse_cluster(r: _Reader, prod: bool) -> ClusterConfig:
         kubernetes_version=version, endpoint_public_access=public, public_access_cidrs=cidrs,
         admin_role_arns=arns, system_node_instance_types=sys_types,
         system_node_min_count=smin, system_node_max_count=smax,
+        deploy_role_arn=deploy_role or "", api_access_cidrs=api_cidrs,
     )
 
 
@@ -572,7 +598,43 @@ def from_pulumi() -> StackConfig:
     prefix = PROJECT + ":"
     raw = {k[len(prefix):]: v for k, v in every.items() if k.startswith(prefix)}
     region = rc.get_config("aws:region")
-    return parse(raw, stack=pulumi.get_stack(), region=region, project=pulumi.get_project())
+    cfg = parse(raw, stack=pulumi.get_stack(), region=region, project=pulumi.get_project())
+    if not _under_mocks():
+        problems = deploy_problems(cfg)
+        if problems:
+            raise ConfigError(problems, f"stack {cfg.stack} (deploy)")
+    return cfg
+
+
+# AWS's documentation account IDs: the committed stack files carry them as marked
+# placeholders so the offline plan works; a real deployment must replace them.
+EXAMPLE_ACCOUNT_IDS = ("111122223333", "123456789012")
+
+
+def deploy_problems(cfg: StackConfig) -> list[str]:
+    """Problems that only matter when the program talks to AWS: placeholders still in place.
+
+    ``ragpool config check --deploy`` reports them and a real ``pulumi preview``/``up``
+    refuses to start; the offline plan (under mocks) and ``make demo`` accept them.
+    """
+    problems = []
+    for key, arns in (("deployRoleArn", (cfg.cluster.deploy_role_arn,)), ("adminRoleArns", cfg.cluster.admin_role_arns)):
+        for arn in arns:
+            account = arn.split(":")[4] if arn.count(":") >= 5 else ""
+            if account in EXAMPLE_ACCOUNT_IDS:
+                problems.append(
+                    f"{PROJECT}:{key} = {json.dumps(arn)}: account {account} is AWS's documentation example, a placeholder; "
+                    f"set the role `pulumi up` runs as (fix: pulumi config set "
+                    f"{'deployRoleArn' if key == 'deployRoleArn' else '--path adminRoleArns[0]'} arn:aws:iam::<account>:role/<name>)")
+    return problems
+
+
+def _under_mocks() -> bool:
+    """True when the program runs under Pulumi mocks (``ragpool plan``, tests), not a real engine."""
+    from pulumi.runtime.mocks import MockMonitor
+    from pulumi.runtime.settings import SETTINGS
+
+    return isinstance(SETTINGS.monitor, MockMonitor)
 
 
 # ------------------------------------------------------------------ Pulumi.yaml rendering

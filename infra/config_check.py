@@ -1,6 +1,7 @@
 """``ragpool config check --stack S``: validate a stack file without running the program.
 
-Prints every problem at once (file, key, value, fix) and exits 2, or prints a
+``--deploy`` also refuses placeholders a real ``pulumi up`` cannot use (the example-account
+deploy role the committed stack files carry). Prints every problem at once (file, key, value, fix) and exits 2, or prints a
 one-line summary and exits 0.
 """
 
@@ -12,13 +13,15 @@ from pathlib import Path
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from infra.config import ConfigError
+    from infra.config import ConfigError, deploy_problems
     from infra.plan import load_stack, validate_stack
 
     status = 0
     for stack in args.stack:
         try:
             cfg = validate_stack(load_stack(stack, Path(args.root)))
+            if args.deploy and (problems := deploy_problems(cfg)):
+                raise ConfigError(problems, f"Pulumi.{stack}.yaml")
         except ConfigError as exc:
             print(f"{exc.source}: {len(exc.problems)} problem(s)", file=sys.stderr)
             for problem in exc.problems:
@@ -38,4 +41,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     c = csub.add_parser("check", help="validate stack files; print every problem at once")
     c.add_argument("--stack", action="append", required=True, help="stack to check (repeatable)")
     c.add_argument("--root", default=str(REPO_ROOT))
+    c.add_argument("--deploy", action="store_true",
+                   help="also refuse what only a real deployment cannot use (example-account role ARNs)")
     c.set_defaults(handler=cmd_check)

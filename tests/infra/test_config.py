@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 from infra.config import DEFAULT_GPU_POOLS, SCHEMA, SCHEMA_BY_NAME, ConfigError, parse, pulumi_yaml_config
 from infra.plan import REPO_ROOT, load_stack, validate_stack
 
-BASE = {"owner": "ml-platform", "costCenter": "rag", "publicAccessCidrs": ["198.51.100.0/24"]}
+BASE = {"owner": "ml-platform", "costCenter": "rag", "publicAccessCidrs": ["198.51.100.0/24"],
+        "deployRoleArn": "arn:aws:iam::444455556666:role/deploy"}
 PROD = {**BASE, "environment": "prod", "availabilityZones": ["us-west-2a", "us-west-2b", "us-west-2c"],
-        "endpointPublicAccess": False, "systemNodeMinCount": 3,
+        "endpointPublicAccess": False, "systemNodeMinCount": 3, "apiAccessCidrs": ["10.0.0.0/16"],
         "gpuPools": [{"name": "od", "instanceTypes": ["p5.48xlarge"], "capacityType": "on-demand", "gpuLimit": 8}]}
 
 
@@ -105,6 +106,11 @@ BAD = [
     ("public endpoint without allow-list", {"publicAccessCidrs": []}, "publicAccessCidrs", "[]"),
     ("bad admin ARN", {"adminRoleArns": ["arn:aws:iam::12:user/x"]}, "adminRoleArns", "arn:aws:iam::12:user/x"),
     ("mutable image tag", {"imageTag": "latest"}, "imageTag", "latest"),
+    ("deploy role missing", {"deployRoleArn": None}, "deployRoleArn", "is required but not set"),
+    ("deploy role not a role", {"deployRoleArn": "arn:aws:iam::444455556666:user/ci"}, "deployRoleArn",
+     "arn:aws:iam::444455556666:user/ci"),
+    ("deploy role trailing newline", {"deployRoleArn": "arn:aws:iam::444455556666:role/ci\n"}, "deployRoleArn", "role/ci"),
+    ("public API access range", {"apiAccessCidrs": ["8.8.8.0/24"]}, "apiAccessCidrs", "8.8.8.0/24"),
     ("not a boolean", {"endpointPublicAccess": "yes"}, "endpointPublicAccess", "yes"),
     ("not an integer", {"efsBackupRetentionDays": "two weeks"}, "efsBackupRetentionDays", "two weeks"),
 ]
@@ -127,6 +133,7 @@ def test_bad_value_names_key_value_and_allowed(label, override, key, value):
      "gpuPools", "on-demand"),
     ({"endpointPublicAccess": True, "publicAccessCidrs": ["198.51.100.0/24"]}, "endpointPublicAccess", "private"),
     ({"availabilityZones": ["us-west-2a", "us-west-2b"]}, "availabilityZones", "at least 3"),
+    ({"apiAccessCidrs": []}, "apiAccessCidrs", "private API endpoint"),
 ])
 def test_prod_rules(override, key, fragment):
     with pytest.raises(ConfigError) as err:
@@ -191,3 +198,14 @@ def test_fuzzed_configs_parse_or_fail_cleanly(raw, wire, region):
         assert "Traceback" not in str(exc)
     else:
         assert cfg.network.availability_zones and cfg.gpu_pools
+
+
+def test_deploy_role_is_first_cluster_admin_and_placeholders_are_refused_only_for_deploy():
+    from infra.config import deploy_problems
+
+    cfg = _parse({**BASE, "adminRoleArns": ["arn:aws:iam::444455556666:role/ops", "arn:aws:iam::444455556666:role/deploy"]})
+    assert cfg.cluster.cluster_admin_arns == ("arn:aws:iam::444455556666:role/deploy", "arn:aws:iam::444455556666:role/ops")
+    assert deploy_problems(cfg) == []
+    committed = validate_stack(load_stack("dev"))  # the stack file's marked placeholder parses offline
+    [problem] = deploy_problems(committed)
+    assert "ragpool:deployRoleArn" in problem and "111122223333" in problem and "pulumi config set deployRoleArn" in problem
