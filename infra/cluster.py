@@ -110,15 +110,8 @@ class Cluster(RagpoolComponent):
                 policy_arn=f"arn:{iam.partition()}:eks::aws:cluster-access-policy/{CLUSTER_ADMIN_POLICY}",
                 access_scope={"type": "cluster"}, opts=child(self, depends_on=[entry]))
 
-        # One node role for the system node group and Karpenter's GPU nodes.
-        self.node_role = aws.iam.Role(f"{name}-node-role", assume_role_policy=iam.service_trust("ec2.amazonaws.com"),
-                                      tags=aws_tags(cfg, f"{args.cluster_name}-node"), opts=child(self))
-        node_policies = [
-            aws.iam.RolePolicyAttachment(f"{name}-node-{policy}", role=self.node_role.name,
-                                         policy_arn=iam.managed_policy(policy), opts=child(self))
-            for policy in ("AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy",
-                           "AmazonEC2ContainerRegistryPullOnly", "AmazonSSMManagedInstanceCore")
-        ]
+        # The system node group's role (Karpenter's GPU nodes have their own, gpu_pools.py).
+        self.node_role, node_policies = iam.node_role(name, aws_tags(cfg, f"{args.cluster_name}-node"), self)
 
         base_addons = {}
         for addon in ADDONS:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 
+import pulumi
 import pulumi_aws as aws
 
 
@@ -40,3 +41,27 @@ def pod_identity_trust() -> str:
             "Action": ["sts:AssumeRole", "sts:TagSession"],
         }],
     })
+
+
+# Managed policies of a node role: the same four as Karpenter's reference KarpenterNodeRole
+# (infra/reference/karpenter_v1.14_controller_policy.json, "node_role"). Used by the system
+# node group's role (cluster.py) and the GPU nodes' role (gpu_pools.py).
+NODE_ROLE_POLICIES = ("AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy", "AmazonEC2ContainerRegistryPullOnly",
+                      "AmazonSSMManagedInstanceCore")
+
+
+def node_role(prefix: str, tags: dict[str, str], parent: pulumi.Resource,
+              ) -> tuple[aws.iam.Role, list[aws.iam.RolePolicyAttachment]]:
+    """An EC2 node role with NODE_ROLE_POLICIES attached.
+
+    Children are named ``{prefix}-node-role`` and ``{prefix}-node-{policy}`` (names are part
+    of the URNs: keep them, or existing roles are replaced).
+    """
+    role = aws.iam.Role(f"{prefix}-node-role", assume_role_policy=service_trust("ec2.amazonaws.com"), tags=tags,
+                        opts=pulumi.ResourceOptions(parent=parent))
+    attachments = [
+        aws.iam.RolePolicyAttachment(f"{prefix}-node-{policy}", role=role.name, policy_arn=managed_policy(policy),
+                                     opts=pulumi.ResourceOptions(parent=parent))
+        for policy in NODE_ROLE_POLICIES
+    ]
+    return role, attachments
