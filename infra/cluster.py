@@ -7,6 +7,7 @@ EKS Pod Identity, so there is no OIDC provider to manage.
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass
 
@@ -16,7 +17,7 @@ import pulumi_kubernetes as k8s
 
 from infra.aliases import RagpoolComponent
 from infra import iam
-from infra.common import aws_tags, child, stateful
+from infra.common import GPU_TOLERATION, POOL_LABEL, aws_tags, child, stateful
 from infra.config import StackConfig
 
 CONTROL_PLANE_LOGS = ("api", "audit", "authenticator", "controllerManager", "scheduler")
@@ -32,6 +33,32 @@ CSI_IDENTITIES = {
     "aws-ebs-csi-driver": ("ebs-csi-controller-sa", "service-role/AmazonEBSCSIDriverPolicy"),
 }
 CLUSTER_ADMIN_POLICY = "AmazonEKSClusterAdminPolicy"
+NODE_POLICIES = ("AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy",
+                 "AmazonEC2ContainerRegistryPullOnly", "AmazonSSMManagedInstanceCore")
+API_PORT = 443
+
+# Add-on configuration values (`aws eks describe-addon-configuration` schema of each add-on).
+# - vpc-cni: the training namespaces rely on NetworkPolicies; VPC CNI enforces them.
+# - eks-node-monitoring-agent: its dcgm-server DaemonSet has no tolerations by default
+#   (charts/eks-node-monitoring-agent/values.yaml `dcgmAgent.tolerations: []`), so on the
+#   tainted GPU nodes the agent finds no DCGM host engine, reports AcceleratedHardwareReady
+#   False and Karpenter's node repair replaces a healthy node. `dcgmAgent.tolerations` is in
+#   the add-on's configuration schema (charts/configuration.schema.json). The node agent
+#   itself tolerates everything by default. Reference data: infra/reference/addon_daemonsets.yaml.
+ADDON_CONFIGURATION: dict[str, dict] = {
+    "vpc-cni": {"enableNetworkPolicy": "true"},
+    "eks-node-monitoring-agent": {"dcgmAgent": {"tolerations": [dict(GPU_TOLERATION)]}},
+}
+
+
+def addon_configuration(addon: str) -> dict:
+    """The configuration values ragpool gives a managed add-on ({} for its defaults)."""
+    return copy.deepcopy(ADDON_CONFIGURATION.get(addon, {}))
+
+
+def cluster_access_policy_arn(policy: str) -> str:
+    """ARN of an EKS access policy: arn:<partition>:eks::aws:cluster-access-policy/<name> (no region, account `aws`)."""
+    return f"arn:{iam.partition()}:eks::aws:cluster-access-policy/{policy}"
 
 
 @dataclass(frozen=True)
@@ -58,11 +85,40 @@ def kubeconfig_for(cluster_name: str, endpoint: str, ca_data: str, region: str) 
 
 
 class Cluster(RagpoolComponent):
+    """The control plane and what makes it usable: access, add-ons, system nodes, a provider."""
+
     def __init__(self, name: str, args: ClusterArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("ragpool:infra:Cluster", name, opts)
         name = self.child_prefix
-        cfg, cc = args.config, args.config.cluster
+        cfg = args.config
 
+        self.cluster = self._control_plane(name, args)
+        # EKS creates this security group and attaches it to the control plane's ENIs and
+        # every node; other components admit traffic from it (EFS, Redis).
+        self.cluster_security_group_id = self.cluster.vpc_config.cluster_security_group_id
+        self.api_access_rules = self._api_access_rules(name, cfg)
+        self.admin_associations = self._admin_access(name, args)
+        self.node_role, node_policies = self._node_role(name, args)
+        base_addons = self._base_addons(name, cfg)
+        self.system_nodes = self._system_nodes(name, args, depends_on=[*node_policies, *base_addons])
+        self._node_addons(name, args)
+
+        self.kubeconfig = pulumi.Output.secret(pulumi.Output.all(
+            self.cluster.name, self.cluster.endpoint, self.cluster.certificate_authority.data,
+        ).apply(lambda a: kubeconfig_for(a[0], a[1], a[2], cfg.region)))
+        # The provider waits for the deploy role's cluster-admin association: without it the
+        # first Kubernetes call races the access entry and fails with Unauthorized.
+        self.provider = k8s.Provider(f"{name}-k8s", kubeconfig=self.kubeconfig, enable_server_side_apply=True,
+                                     opts=child(self, depends_on=list(self.admin_associations)))
+        self.name = self.cluster.name
+        self.endpoint = self.cluster.endpoint
+        self.register_outputs({"name": self.name, "endpoint": self.endpoint, "kubeconfig": self.kubeconfig})
+
+    # ------------------------------------------------------------------ control plane
+
+    def _control_plane(self, name: str, args: ClusterArgs) -> aws.eks.Cluster:
+        """KMS key for secrets, the cluster role and the EKS cluster (API authentication only)."""
+        cfg, cc = args.config, args.config.cluster
         self.secrets_key = aws.kms.Key(
             f"{name}-secrets-key", description=f"EKS secrets envelope encryption for {args.cluster_name}",
             enable_key_rotation=True, deletion_window_in_days=30,
@@ -75,8 +131,7 @@ class Cluster(RagpoolComponent):
         cluster_policy = aws.iam.RolePolicyAttachment(
             f"{name}-cluster-policy", role=cluster_role.name,
             policy_arn=iam.managed_policy("AmazonEKSClusterPolicy"), opts=child(self))
-
-        self.cluster = aws.eks.Cluster(
+        return aws.eks.Cluster(
             f"{name}-eks",
             name=args.cluster_name,
             version=cc.kubernetes_version,
@@ -89,6 +144,8 @@ class Cluster(RagpoolComponent):
             },
             encryption_config={"provider": {"key_arn": self.secrets_key.arn}, "resources": ["secrets"]},
             enabled_cluster_log_types=list(CONTROL_PLANE_LOGS),
+            # API mode without creator admin: who may call Kubernetes is exactly the access
+            # entries below (deployRoleArn + adminRoleArns), never "whoever created it".
             access_config={"authentication_mode": "API", "bootstrap_cluster_creator_admin_permissions": False},
             # ragpool installs vpc-cni/kube-proxy/coredns as managed add-ons below.
             bootstrap_self_managed_addons=False,
@@ -97,32 +154,59 @@ class Cluster(RagpoolComponent):
             tags=aws_tags(cfg, args.cluster_name),
             opts=child(self, depends_on=[cluster_policy]),
         )
-        # EKS creates this security group and attaches it to every node; other
-        # components admit traffic from it (EFS, Redis).
-        self.cluster_security_group_id = self.cluster.vpc_config.cluster_security_group_id
 
-        for i, arn in enumerate(cc.admin_role_arns):
+    # ------------------------------------------------------------------ access
+
+    def _api_access_rules(self, name: str, cfg: StackConfig) -> list[aws.vpc.SecurityGroupIngressRule]:
+        """HTTPS to the API endpoint's private ENIs from apiAccessCidrs (VPN, deploy runner).
+
+        The cluster security group otherwise admits only itself, so a private endpoint is
+        unreachable from anything that is not a node.
+        """
+        return [
+            aws.vpc.SecurityGroupIngressRule(
+                f"{name}-api-from-{i}", security_group_id=self.cluster_security_group_id, cidr_ipv4=cidr,
+                ip_protocol="tcp", from_port=API_PORT, to_port=API_PORT,
+                description=f"Kubernetes API from {cidr} (ragpool:apiAccessCidrs)",
+                tags=aws_tags(cfg, f"{cfg.name_prefix}-api-{i}"), opts=child(self))
+            for i, cidr in enumerate(cfg.cluster.api_access_cidrs)
+        ]
+
+    def _admin_access(self, name: str, args: ClusterArgs) -> list[aws.eks.AccessPolicyAssociation]:
+        """An access entry + cluster-scoped AmazonEKSClusterAdminPolicy per admin principal.
+
+        The deploy role (ragpool:deployRoleArn) is admin 0, so `pulumi up` can create the
+        Kubernetes resources; adminRoleArns follow.
+        """
+        cfg = args.config
+        associations = []
+        for i, arn in enumerate(cfg.cluster.cluster_admin_arns):
             entry = aws.eks.AccessEntry(f"{name}-admin-{i}", cluster_name=self.cluster.name, principal_arn=arn,
                                         type="STANDARD", tags=aws_tags(cfg, f"{args.cluster_name}-admin-{i}"),
                                         opts=child(self))
-            aws.eks.AccessPolicyAssociation(
+            associations.append(aws.eks.AccessPolicyAssociation(
                 f"{name}-admin-{i}", cluster_name=self.cluster.name, principal_arn=arn,
-                policy_arn=f"arn:{iam.partition()}:eks::aws:cluster-access-policy/{CLUSTER_ADMIN_POLICY}",
-                access_scope={"type": "cluster"}, opts=child(self, depends_on=[entry]))
+                policy_arn=cluster_access_policy_arn(CLUSTER_ADMIN_POLICY),
+                access_scope={"type": "cluster"}, opts=child(self, depends_on=[entry])))
+        return associations
 
-        # The system node group's role (Karpenter's GPU nodes have their own, gpu_pools.py).
-        self.node_role, node_policies = iam.node_role(name, aws_tags(cfg, f"{args.cluster_name}-node"), self)
+    # ------------------------------------------------------------------ nodes
 
-        base_addons = {}
-        for addon in ADDONS:
-            if addon in ADDONS_NEEDING_NODES:
-                continue
-            extra = {}
-            if addon == "vpc-cni":
-                # The training namespace relies on NetworkPolicies; VPC CNI enforces them.
-                extra["configuration_values"] = json.dumps({"enableNetworkPolicy": "true"})
-            base_addons[addon] = self._addon(name, cfg, addon, **extra)
+    def _node_role(self, name: str, args: ClusterArgs) -> tuple[aws.iam.Role, list[aws.iam.RolePolicyAttachment]]:
+        """The system node group's role and its managed policies."""
+        cfg = args.config
+        role = aws.iam.Role(f"{name}-node-role", assume_role_policy=iam.service_trust("ec2.amazonaws.com"),
+                            tags=aws_tags(cfg, f"{args.cluster_name}-node"), opts=child(self))
+        policies = [
+            aws.iam.RolePolicyAttachment(f"{name}-node-{policy}", role=role.name,
+                                         policy_arn=iam.managed_policy(policy), opts=child(self))
+            for policy in NODE_POLICIES
+        ]
+        return role, policies
 
+    def _system_nodes(self, name: str, args: ClusterArgs, depends_on: list[pulumi.Resource]) -> aws.eks.NodeGroup:
+        """On-demand system node group: IMDSv2 launch template, node auto-repair."""
+        cfg, cc = args.config, args.config.cluster
         # IMDSv2 only; hop limit 2 so system controllers without host networking can
         # still read their region (GPU nodes use hop limit 1: training pods need no IMDS).
         launch_template = aws.ec2.LaunchTemplate(
@@ -134,7 +218,7 @@ class Cluster(RagpoolComponent):
             tag_specifications=[{"resource_type": "instance", "tags": aws_tags(cfg, f"{args.cluster_name}-system")},
                                 {"resource_type": "volume", "tags": aws_tags(cfg, f"{args.cluster_name}-system")}],
             tags=aws_tags(cfg, f"{args.cluster_name}-system"), opts=child(self))
-        self.system_nodes = aws.eks.NodeGroup(
+        return aws.eks.NodeGroup(
             f"{name}-system",
             cluster_name=self.cluster.name,
             node_group_name_prefix="system-",
@@ -148,15 +232,24 @@ class Cluster(RagpoolComponent):
             update_config={"max_unavailable": 1},
             launch_template={"id": launch_template.id, "version": launch_template.latest_version.apply(str)},
             node_repair_config={"enabled": True},
-            labels={"ragpool.io/pool": "system"},
+            labels={POOL_LABEL: "system"},
             tags=aws_tags(cfg, f"{args.cluster_name}-system"),
-            opts=child(self, depends_on=[*node_policies, *base_addons.values()],
-                       ignore_changes=["scalingConfig.desiredSize"]),
+            opts=child(self, depends_on=depends_on, ignore_changes=["scalingConfig.desiredSize"]),
         )
 
+    # ------------------------------------------------------------------ add-ons
+
+    def _base_addons(self, name: str, cfg: StackConfig) -> list[aws.eks.Addon]:
+        """Add-ons a node needs to become Ready (installed before the node group)."""
+        return [self._addon(name, cfg, addon) for addon in ADDONS if addon not in ADDONS_NEEDING_NODES]
+
+    def _node_addons(self, name: str, args: ClusterArgs) -> list[aws.eks.Addon]:
+        """Add-ons whose pods need nodes; CSI drivers get their AWS identity through Pod Identity."""
+        cfg = args.config
+        addons = []
         for addon in ADDONS_NEEDING_NODES:
-            extra = {}
             deps: list[pulumi.Resource] = [self.system_nodes]
+            extra = {}
             if addon in CSI_IDENTITIES:
                 service_account, policy = CSI_IDENTITIES[addon]
                 short = addon.removeprefix("aws-").removesuffix("-driver")
@@ -165,19 +258,14 @@ class Cluster(RagpoolComponent):
                 deps.append(aws.iam.RolePolicyAttachment(f"{name}-{short}-policy", role=role.name,
                                                          policy_arn=iam.managed_policy(policy), opts=child(self)))
                 extra["pod_identity_associations"] = [{"role_arn": role.arn, "service_account": service_account}]
-            self._addon(name, cfg, addon, deps=deps, **extra)
-
-        self.kubeconfig = pulumi.Output.secret(pulumi.Output.all(
-            self.cluster.name, self.cluster.endpoint, self.cluster.certificate_authority.data,
-        ).apply(lambda a: kubeconfig_for(a[0], a[1], a[2], cfg.region)))
-        self.provider = k8s.Provider(f"{name}-k8s", kubeconfig=self.kubeconfig,
-                                     enable_server_side_apply=True, opts=child(self))
-        self.name = self.cluster.name
-        self.endpoint = self.cluster.endpoint
-        self.register_outputs({"name": self.name, "endpoint": self.endpoint, "kubeconfig": self.kubeconfig})
+            addons.append(self._addon(name, cfg, addon, deps=deps, **extra))
+        return addons
 
     def _addon(self, name: str, cfg: StackConfig, addon: str, deps: list[pulumi.Resource] | None = None,
                **extra) -> aws.eks.Addon:
+        values = addon_configuration(addon)
+        if values:
+            extra["configuration_values"] = json.dumps(values)
         return aws.eks.Addon(
             f"{name}-addon-{addon}", cluster_name=self.cluster.name, addon_name=addon,
             resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="OVERWRITE",

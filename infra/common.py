@@ -17,6 +17,8 @@ VALUES_DIR = Path(__file__).resolve().parent / "values"
 PART_OF = {"app.kubernetes.io/part-of": "ragpool", "app.kubernetes.io/managed-by": "pulumi"}
 POOL_LABEL = "ragpool.io/pool"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
+# What a pod that must run on GPU nodes carries (device plugin, DCGM, node agents, workers).
+GPU_TOLERATION = {"key": GPU_TAINT["key"], "operator": "Exists", "effect": GPU_TAINT["effect"]}
 SHARED_MOUNT_PATH = "/mnt/shared"
 # The training image's non-root user (training/Dockerfile); pods run as it and the EFS
 # access points hand it the shared directory.

@@ -1,7 +1,7 @@
 """Offline plan: run the real Pulumi program under mocks with a stack's config.
 
 ``ragpool plan --stack dev|prod`` prints every resource the program declares as
-``{"resources": [{"type", "name", "parent", "inputs", ...}]}``: sorted, deterministic,
+``{"resources": [{"type", "name", "parent", "inputs", "dependsOn", ...}]}``: sorted, deterministic,
 secrets masked as ``[secret]``. No cloud account, no Pulumi CLI, no state.
 ``ragpool plan-diff OLD.json NEW.json`` summarises what changes between two plans,
 with Helm values and Kubernetes objects as YAML diffs.
@@ -263,6 +263,12 @@ def run_program(settings: StackSettings, program: Path = INFRA_DIR) -> list[Reco
     return recorded
 
 
+def urn_key(urn: str) -> str:
+    """``urn:pulumi:<stack>::<project>::<parent$...$type>::<name>`` -> ``<type>::<name>``."""
+    parts = urn.split("::")
+    return f"{parts[2].rsplit('$', 1)[-1]}::{parts[-1]}" if len(parts) >= 4 else urn
+
+
 def _short_parent(urn: str) -> str | None:
     # urn:pulumi:<stack>::<project>::<parent types joined by $>::<name>
     if not urn or urn.split("::")[2] == "pulumi:pulumi:Stack":
@@ -281,6 +287,9 @@ def render_plan(settings: StackSettings, recorded: list[Recorded]) -> dict[str, 
             entry["retainOnDelete"] = True
         if r.aliases:
             entry["aliases"] = sorted(r.aliases)
+        if r.dependencies:
+            # What the engine waits for before creating this resource, as "type::name".
+            entry["dependsOn"] = sorted({urn_key(u) for u in r.dependencies})
         resources.append(entry)
     resources.sort(key=lambda e: (e["type"], e["name"]))
     return {"project": PROJECT, "stack": settings.stack, "resources": resources}

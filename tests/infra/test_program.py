@@ -219,6 +219,7 @@ def test_dev_and_prod_differ_exactly_as_configured(plans):
         "aws:ec2/routeTable:RouteTable": 1,
         "aws:ec2/natGateway:NatGateway": 2, "aws:ec2/eip:Eip": 2,  # NAT per AZ
         "aws:efs/mountTarget:MountTarget": 1,
+        "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule": 1,  # private API endpoint from apiAccessCidrs
         "kubernetes:karpenter.sh/v1:NodePool": 1, "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass": 1,
         "kubernetes:batch/v1:CronJob": 1,  # a worker Job template per GPU pool
         # the queue: ElastiCache in prod instead of the in-cluster StatefulSet
