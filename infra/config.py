@@ -13,7 +13,7 @@ import difflib
 import ipaddress
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Mapping
 
 PROJECT = "ragpool"
@@ -31,14 +31,86 @@ GPU_INSTANCE_FAMILIES = (
     "g4dn", "g5", "g5g", "g6", "g6e", "g6f", "gr6", "gr6f",
     "p3", "p3dn", "p4d", "p4de", "p5", "p5e", "p5en", "p6-b200", "p6e-gb200",
 )
-_INSTANCE_TYPE = re.compile(r"^(?P<family>[a-z][a-z0-9-]*?)\.(?P<size>[0-9a-z-]+)$")
-_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,30}[a-z0-9])?$")
-_ROLE_ARN = re.compile(r"^arn:aws(-cn|-us-gov)?:iam::\d{12}:role/[\w+=,.@/-]{1,512}$")
-_DURATION = re.compile(r"^(Never|(\d+h)?(\d+m)?(\d+s)?)$")
-_BUDGET = re.compile(r"^(\d+|\d{1,3}%)$")
-_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+# Identifier rules. Always applied with fullmatch: re.match(r"...$") accepts a trailing newline.
+_INSTANCE_TYPE = re.compile(r"(?P<family>[a-z][a-z0-9-]*?)\.(?P<size>[0-9a-z-]+)")
+_DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]{0,30}[a-z0-9])?")
+_ROLE_ARN = re.compile(r"arn:aws(-cn|-us-gov)?:iam::\d{12}:role/[\w+=,.@/-]{1,512}")
+_DURATION = re.compile(r"Never|(\d{1,6}h)?(\d{1,6}m)?(\d{1,6}s)?")
+_BUDGET = re.compile(r"\d{1,6}|\d{1,3}%")
+_LABEL_KEY = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 _RESERVED_LABEL_DOMAINS = ("kubernetes.io", "k8s.io", "karpenter.sh", "karpenter.k8s.aws", "ragpool.io")
-_IMAGE_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+_IMAGE_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+_REGION = re.compile(r"[a-z]{2}(-gov)?-[a-z]+-\d")
+# Longest text of one value quoted in an error message.
+MAX_SHOWN = 120
+
+
+def is_gpu_instance_type(instance_type: Any) -> bool:
+    """An EC2 instance type of one of GPU_INSTANCE_FAMILIES, e.g. g6e.12xlarge (the one rule; policy uses it too)."""
+    m = _INSTANCE_TYPE.fullmatch(instance_type) if isinstance(instance_type, str) else None
+    return bool(m) and m.group("family") in GPU_INSTANCE_FAMILIES
+
+
+def shown(value: Any, limit: int = MAX_SHOWN) -> str:
+    """``value`` as an error message quotes it: JSON-like, control characters escaped, at most ``limit`` characters.
+
+    Bounded in time too: a value that shares sub-lists (a YAML alias bomb) is walked only
+    until the text is full, and a huge integer is described rather than converted.
+    """
+    out: list[str] = []
+    used = 0
+
+    class _Full(Exception):
+        pass
+
+    def emit(text: str) -> None:
+        nonlocal used
+        out.append(text)
+        used += len(text)
+        if used > limit:
+            raise _Full
+
+    def walk(v: Any, depth: int) -> None:
+        if depth > 32:
+            emit("...")
+            raise _Full
+        if isinstance(v, Mapping):
+            emit("{")
+            for i, (k, x) in enumerate(v.items()):
+                emit(", " if i else "")
+                walk(k, depth + 1)
+                emit(": ")
+                walk(x, depth + 1)
+            emit("}")
+        elif isinstance(v, (list, tuple)):
+            emit("[")
+            for i, x in enumerate(v):
+                emit(", " if i else "")
+                walk(x, depth + 1)
+            emit("]")
+        elif v is None or isinstance(v, (bool, float)):
+            emit(json.dumps(v))
+        elif isinstance(v, int):
+            emit(str(v) if v.bit_length() <= 256 else f"<{v.bit_length()}-bit integer>")
+        elif isinstance(v, str):
+            emit(json.dumps(v[:limit + 1]))
+        else:
+            emit(json.dumps(str(v)[:limit + 1]))
+
+    try:
+        walk(value, 0)
+    except _Full:
+        pass
+    text = "".join(out)
+    return text if len(text) <= limit else text[:limit] + "...(truncated)"
+
+
+def shown_key(key: Any) -> str:
+    """A config key as a message names it: verbatim when it is a plain identifier, else quoted like a value."""
+    if isinstance(key, str) and re.fullmatch(r"[A-Za-z0-9_.:/\[\]-]{1,100}", key):
+        return key
+    return shown(key, 60)
 
 
 _DURATION_DAYS = {"ms": 1 / 86_400_000, "s": 1 / 86400, "m": 1 / 1440, "h": 1 / 24, "d": 1, "w": 7, "y": 365}
@@ -46,7 +118,7 @@ _DURATION_DAYS = {"ms": 1 / 86_400_000, "s": 1 / 86400, "m": 1 / 1440, "h": 1 / 
 
 def _duration_days(value: Any) -> float:
     """Days in a Prometheus duration like 31d or 1y; -1 when it is not one."""
-    m = re.fullmatch(r"(\d+)(ms|s|m|h|d|w|y)", value) if isinstance(value, str) else None
+    m = re.fullmatch(r"(\d{1,9})(ms|s|m|h|d|w|y)", value) if isinstance(value, str) else None
     return int(m.group(1)) * _DURATION_DAYS[m.group(2)] if m else -1
 
 
@@ -239,8 +311,8 @@ class _Reader:
         self.problems: list[str] = []
 
     def problem(self, key: str, value: Any, allowed: str) -> None:
-        shown = "[secret]" if key in SCHEMA_BY_NAME and SCHEMA_BY_NAME[key].secret else json.dumps(value, default=str)
-        self.problems.append(f"{PROJECT}:{key} = {shown}: {allowed}")
+        text = "[secret]" if key in SCHEMA_BY_NAME and SCHEMA_BY_NAME[key].secret else shown(value)
+        self.problems.append(f"{PROJECT}:{key} = {text}: {allowed}")
 
     def get(self, key: str) -> Any:
         decl = SCHEMA_BY_NAME[key]
@@ -273,17 +345,19 @@ def _decode(decl: ConfigKey, value: Any) -> Any:
     if decl.type == "integer":
         if isinstance(value, bool):
             raise ValueError("must be an integer")
-        if isinstance(value, int):
+        if isinstance(value, int) and abs(value) < 2**63:
             return value
-        if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
+        if isinstance(value, str) and re.fullmatch(r"-?\d{1,18}", value.strip()):
             return int(value)
-        raise ValueError("must be an integer")
+        raise ValueError("must be an integer (at most 18 digits)")
     # arrays and objects arrive from the Pulumi engine as JSON text
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except json.JSONDecodeError as exc:
             raise ValueError(f"must be valid {'a list' if decl.type == 'array' else 'structured'} value ({exc.msg})") from None
+        except RecursionError:
+            raise ValueError("is nested too deeply") from None
     if decl.type == "array":
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ValueError("must be a list of strings")
@@ -296,13 +370,38 @@ def _check(ok: bool, r: _Reader, key: str, value: Any, allowed: str) -> bool:
     return ok
 
 
+# gpuPools[] field -> GpuPoolConfig attribute; the dataclass holds the defaults of the optional ones.
+_POOL_FIELDS = {
+    "name": "name", "instanceTypes": "instance_types", "capacityType": "capacity_type", "gpuLimit": "gpu_limit",
+    "zones": "zones", "diskSizeGiB": "disk_size_gib", "labels": "labels", "weight": "weight",
+    "expireAfter": "expire_after", "consolidateAfter": "consolidate_after", "disruptionBudget": "disruption_budget",
+    "gpusPerWorker": "gpus_per_worker",
+}
+_POOL_DEFAULTS = {f.name: f.default for f in fields(GpuPoolConfig) if f.default is not MISSING}
+
+
+def _pool_value(p: Mapping[str, Any], key: str) -> Any:
+    """A pool field as written, else GpuPoolConfig's default in the stack file's shape (a map for labels, a list).
+
+    ``zones`` has no default there: absent (empty), the pool spans every availabilityZone.
+    """
+    if key in p:
+        return p[key]
+    default = _POOL_DEFAULTS.get(_POOL_FIELDS[key], ())
+    if key == "labels":
+        return dict(default)
+    return list(default) if isinstance(default, tuple) else default
+
+
+def _is_int(value: Any, lo: int, hi: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
+
+
 def _parse_gpu_pools(r: _Reader, pools: Any, zones: tuple[str, ...]) -> tuple[GpuPoolConfig, ...]:
     key = "gpuPools"
     if not isinstance(pools, list) or not pools:
         r.problem(key, pools, "must be a non-empty list of pool objects, e.g. [{name: gpu-spot, instanceTypes: [g5.xlarge], capacityType: spot, gpuLimit: 8}]")
         return ()
-    known = {"name", "instanceTypes", "capacityType", "gpuLimit", "zones", "diskSizeGiB", "labels", "weight",
-             "expireAfter", "consolidateAfter", "disruptionBudget", "gpusPerWorker"}
     out: list[GpuPoolConfig] = []
     seen: set[str] = set()
     for i, p in enumerate(pools):
@@ -310,63 +409,73 @@ def _parse_gpu_pools(r: _Reader, pools: Any, zones: tuple[str, ...]) -> tuple[Gp
         if not isinstance(p, dict):
             r.problem(at, p, "must be an object with name, instanceTypes, capacityType and gpuLimit")
             continue
-        for unknown in sorted(set(p) - known):
-            r.problem(f"{at}.{unknown}", p[unknown], "unknown pool field; allowed: " + ", ".join(sorted(known)))
-        name = p.get("name")
-        if _check(isinstance(name, str) and bool(_DNS_LABEL.match(name)), r, f"{at}.name", name,
-                  "must be a lowercase DNS label of at most 32 characters (a-z, 0-9, -)"):
-            _check(name not in seen, r, f"{at}.name", name, "pool names must be unique")
-            seen.add(name)
-        itypes = p.get("instanceTypes")
-        if _check(isinstance(itypes, list) and bool(itypes) and all(isinstance(t, str) for t in itypes),
-                  r, f"{at}.instanceTypes", itypes, "must be a non-empty list of EC2 instance types"):
-            for t in itypes:
-                m = _INSTANCE_TYPE.match(t)
-                _check(bool(m) and m.group("family") in GPU_INSTANCE_FAMILIES, r, f"{at}.instanceTypes", t,
-                       "is not an NVIDIA GPU instance type; allowed families: " + ", ".join(GPU_INSTANCE_FAMILIES))
-        cap = p.get("capacityType")
-        _check(cap in CAPACITY_TYPES, r, f"{at}.capacityType", cap, "must be one of " + ", ".join(CAPACITY_TYPES))
-        limit = p.get("gpuLimit")
-        _check(isinstance(limit, int) and not isinstance(limit, bool) and 1 <= limit <= 4096, r, f"{at}.gpuLimit", limit,
-               "must be an integer from 1 to 4096 (the most GPUs this pool may run at once)")
-        pzones = p.get("zones", [])
-        if _check(isinstance(pzones, list) and all(isinstance(z, str) for z in pzones), r, f"{at}.zones", pzones,
-                  "must be a list of availability zones"):
-            for z in pzones:
-                _check(z in zones, r, f"{at}.zones", z, "must be one of availabilityZones: " + ", ".join(zones))
-        disk = p.get("diskSizeGiB", 200)
-        _check(isinstance(disk, int) and not isinstance(disk, bool) and 50 <= disk <= 16384, r, f"{at}.diskSizeGiB", disk,
-               "must be an integer from 50 to 16384 (GPU images and datasets need room)")
-        labels = p.get("labels", {})
-        if _check(isinstance(labels, dict) and all(isinstance(v, str) for v in labels.values()), r, f"{at}.labels", labels,
-                  "must be a map of label key to string value"):
-            for lk in labels:
-                domain = lk.split("/", 1)[0] if "/" in lk else ""
-                _check(bool(_LABEL_KEY.match(lk)) and not any(domain == d or domain.endswith("." + d) for d in _RESERVED_LABEL_DOMAINS),
-                       r, f"{at}.labels", lk, "must be a valid label key outside the reserved domains " + ", ".join(_RESERVED_LABEL_DOMAINS))
-        weight = p.get("weight", 10)
-        _check(isinstance(weight, int) and not isinstance(weight, bool) and 0 <= weight <= 100, r, f"{at}.weight", weight,
-               "must be an integer from 0 to 100 (higher pools are tried first)")
-        for fld, default in (("expireAfter", "720h"), ("consolidateAfter", "30m")):
-            v = p.get(fld, default)
-            _check(isinstance(v, str) and v != "" and bool(_DURATION.match(v)), r, f"{at}.{fld}", v,
-                   "must be a Go duration like 720h, 30m or Never")
-        per_worker = p.get("gpusPerWorker", 1)
-        _check(isinstance(per_worker, int) and not isinstance(per_worker, bool) and 1 <= per_worker <= 8, r,
-               f"{at}.gpusPerWorker", per_worker, "must be an integer from 1 to 8 (GPUs one worker pod requests)")
-        budget = p.get("disruptionBudget", "10%")
-        _check(isinstance(budget, str) and bool(_BUDGET.match(budget)), r, f"{at}.disruptionBudget", budget,
-               "must be a node count or percentage string, e.g. \"1\" or \"10%\"")
-        if r.problems and any(pr.startswith(f"{PROJECT}:{at}") for pr in r.problems):
-            continue
-        out.append(GpuPoolConfig(
+        before = len(r.problems)
+        pool = _parse_pool(r, at, p, zones, seen)
+        if len(r.problems) == before:
+            out.append(pool)
+    return tuple(out)
+
+
+def _parse_pool(r: _Reader, at: str, p: Mapping[Any, Any], zones: tuple[str, ...], seen: set[str]) -> GpuPoolConfig | None:
+    """One gpuPools[] entry; problems are recorded on ``r`` (the result is only used when there were none)."""
+    for unknown in sorted(set(p) - set(_POOL_FIELDS), key=str):
+        r.problem(f"{at}.{shown_key(unknown)}", p[unknown], "unknown pool field; allowed: " + ", ".join(sorted(_POOL_FIELDS)))
+    name = p.get("name")
+    if _check(isinstance(name, str) and bool(_DNS_LABEL.fullmatch(name)), r, f"{at}.name", name,
+              "must be a lowercase DNS label of at most 32 characters (a-z, 0-9, -)"):
+        _check(name not in seen, r, f"{at}.name", name, "pool names must be unique")
+        seen.add(name)
+    itypes = p.get("instanceTypes")
+    if _check(isinstance(itypes, list) and bool(itypes) and all(isinstance(t, str) for t in itypes),
+              r, f"{at}.instanceTypes", itypes, "must be a non-empty list of EC2 instance types"):
+        for t in itypes:
+            _check(is_gpu_instance_type(t), r, f"{at}.instanceTypes", t,
+                   "is not an NVIDIA GPU instance type; allowed families: " + ", ".join(GPU_INSTANCE_FAMILIES))
+    cap = p.get("capacityType")
+    _check(cap in CAPACITY_TYPES, r, f"{at}.capacityType", cap, "must be one of " + ", ".join(CAPACITY_TYPES))
+    limit = p.get("gpuLimit")
+    _check(_is_int(limit, 1, 4096), r, f"{at}.gpuLimit", limit,
+           "must be an integer from 1 to 4096 (the most GPUs this pool may run at once)")
+    pzones = _pool_value(p, "zones")
+    if _check(isinstance(pzones, list) and all(isinstance(z, str) for z in pzones), r, f"{at}.zones", pzones,
+              "must be a list of availability zones"):
+        for z in pzones:
+            _check(z in zones, r, f"{at}.zones", z, "must be one of availabilityZones: " + ", ".join(zones))
+    disk = _pool_value(p, "diskSizeGiB")
+    _check(_is_int(disk, 50, 16384), r, f"{at}.diskSizeGiB", disk,
+           "must be an integer from 50 to 16384 (GPU images and datasets need room)")
+    labels = _pool_value(p, "labels")
+    if _check(isinstance(labels, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()),
+              r, f"{at}.labels", labels, "must be a map of label key to string value"):
+        for lk, lv in labels.items():
+            domain = lk.split("/", 1)[0] if "/" in lk else ""
+            _check(bool(_LABEL_KEY.fullmatch(lk)) and not any(domain == d or domain.endswith("." + d) for d in _RESERVED_LABEL_DOMAINS),
+                   r, f"{at}.labels", lk, "must be a valid label key outside the reserved domains " + ", ".join(_RESERVED_LABEL_DOMAINS))
+            _check(bool(_LABEL_VALUE.fullmatch(lv)), r, f"{at}.labels.{shown_key(lk)}", lv,
+                   "must be a Kubernetes label value: at most 63 of A-Z a-z 0-9 - _ . , starting and ending alphanumeric")
+    weight = _pool_value(p, "weight")
+    _check(_is_int(weight, 0, 100), r, f"{at}.weight", weight,
+           "must be an integer from 0 to 100 (higher pools are tried first)")
+    for fld in ("expireAfter", "consolidateAfter"):
+        v = _pool_value(p, fld)
+        _check(isinstance(v, str) and v != "" and bool(_DURATION.fullmatch(v)), r, f"{at}.{fld}", v,
+               "must be a Go duration like 720h, 30m or Never")
+    per_worker = _pool_value(p, "gpusPerWorker")
+    _check(_is_int(per_worker, 1, 8), r,
+           f"{at}.gpusPerWorker", per_worker, "must be an integer from 1 to 8 (GPUs one worker pod requests)")
+    budget = _pool_value(p, "disruptionBudget")
+    _check(isinstance(budget, str) and bool(_BUDGET.fullmatch(budget)), r, f"{at}.disruptionBudget", budget,
+           "must be a node count or percentage string, e.g. \"1\" or \"10%\"")
+    try:
+        return GpuPoolConfig(
             name=name, instance_types=tuple(itypes), capacity_type=cap, gpu_limit=limit,
             zones=tuple(pzones) or zones, disk_size_gib=disk, labels=tuple(sorted(labels.items())),
-            weight=weight, expire_after=p.get("expireAfter", "720h"),
-            consolidate_after=p.get("consolidateAfter", "30m"), disruption_budget=budget,
+            weight=weight, expire_after=_pool_value(p, "expireAfter"),
+            consolidate_after=_pool_value(p, "consolidateAfter"), disruption_budget=budget,
             gpus_per_worker=per_worker,
-        ))
-    return tuple(out)
+        )
+    except (TypeError, AttributeError):  # only with problems recorded above
+        return None
 
 
 def _parse_teams(r: _Reader, teams: Any, gpu_total: int) -> tuple[TeamConfig, ...]:
@@ -392,11 +501,14 @@ def _parse_teams(r: _Reader, teams: Any, gpu_total: int) -> tuple[TeamConfig, ..
 
 
 def _check_unknown_keys(r: _Reader) -> None:
-    for key in sorted(r.raw):
-        if key not in SCHEMA_BY_NAME:
-            close = difflib.get_close_matches(key, list(SCHEMA_BY_NAME), n=1, cutoff=0.75)
+    for key in sorted(r.raw, key=str):
+        if not isinstance(key, str):
+            r.problems.append(f"{PROJECT}: key {shown_key(key)} is not a string; config keys are names like owner")
+        elif key not in SCHEMA_BY_NAME:
+            close = difflib.get_close_matches(key[:100], list(SCHEMA_BY_NAME), n=1, cutoff=0.75)
             hint = f"did you mean {close[0]}?" if close else "known keys: " + ", ".join(sorted(SCHEMA_BY_NAME))
-            r.problems.append(f"{PROJECT}:{key} is not a ragpool config key ({hint}); remove it with: pulumi config rm {key}")
+            r.problems.append(f"{PROJECT}:{shown_key(key)} is not a ragpool config key ({hint}); "
+                              f"remove it with: pulumi config rm {shown_key(key)}")
 
 
 def _parse_identity(r: _Reader) -> dict[str, Any]:
@@ -412,9 +524,13 @@ def _parse_identity(r: _Reader) -> dict[str, Any]:
     return {"environment": env, "owner": owner, "cost_center": cost_center}
 
 
+def _valid_region(region: Any) -> bool:
+    return isinstance(region, str) and bool(_REGION.fullmatch(region))
+
+
 def _check_region(r: _Reader, region: str | None) -> None:
-    if region is None or not re.fullmatch(r"[a-z]{2}(-gov)?-[a-z]+-\d", region or ""):
-        r.problems.append(f"aws:region = {json.dumps(region)}: must be set to an AWS region, e.g. us-west-2 (fix: pulumi config set aws:region us-west-2)")
+    if not _valid_region(region):
+        r.problems.append(f"aws:region = {shown(region)}: must be set to an AWS region, e.g. us-west-2 (fix: pulumi config set aws:region us-west-2)")
 
 
 def _parse_network(r: _Reader, prod: bool, region: str | None) -> NetworkConfig:
@@ -433,7 +549,7 @@ def _parse_network(r: _Reader, prod: bool, region: str | None) -> NetworkConfig:
            f"needs at least {min_zones} availability zones{' in prod (HA)' if prod else ''}")
     _check(len(set(zones)) == len(zones), r, "availabilityZones", list(zones), "zones must be distinct")
     _check(len(zones) <= 6, r, "availabilityZones", list(zones), "at most 6 zones (subnets are carved per AZ)")
-    if region:
+    if _valid_region(region):
         for z in zones:
             _check(bool(re.fullmatch(re.escape(region) + r"[a-z]", z)), r, "availabilityZones", z,
                    f"must be a zone of aws:region {region}, e.g. {region}a")
@@ -463,7 +579,7 @@ def _parse_cluster(r: _Reader, prod: bool) -> ClusterConfig:
             r.problem("publicAccessCidrs", c, "must be a valid CIDR such as 203.0.113.0/24")
     arns = tuple(r.get("adminRoleArns") or ())
     for a in arns:
-        _check(bool(_ROLE_ARN.match(a)), r, "adminRoleArns", a, "must be an IAM role ARN: arn:aws:iam::<12-digit account>:role/<name>")
+        _check(bool(_ROLE_ARN.fullmatch(a)), r, "adminRoleArns", a, "must be an IAM role ARN: arn:aws:iam::<12-digit account>:role/<name>")
     deploy_role = r.get("deployRoleArn")
     if deploy_role is not None:
         _check(bool(_ROLE_ARN.fullmatch(deploy_role)), r, "deployRoleArn", deploy_role,
@@ -483,7 +599,7 @@ def _parse_cluster(r: _Reader, prod: bool) -> ClusterConfig:
     sys_types = tuple(r.get("systemNodeInstanceTypes") or ())
     _check(bool(sys_types), r, "systemNodeInstanceTypes", list(sys_types), "must list at least one instance type")
     for t in sys_types:
-        _check(bool(_INSTANCE_TYPE.match(t)), r, "systemNodeInstanceTypes", t, "must be an EC2 instance type like m7i.large")
+        _check(bool(_INSTANCE_TYPE.fullmatch(t)), r, "systemNodeInstanceTypes", t, "must be an EC2 instance type like m7i.large")
     smin, smax = r.get("systemNodeMinCount"), r.get("systemNodeMaxCount")
     if isinstance(smin, int) and isinstance(smax, int):
         _check(smin >= (2 if prod else 1), r, "systemNodeMinCount", smin, f"must be at least {2 if prod else 1}")
@@ -519,7 +635,7 @@ def _parse_storage_and_image(r: _Reader) -> dict[str, Any]:
            "must be an integer from 1 to 36500 days")
     build = r.get("buildImage")
     tag = r.get("imageTag")
-    _check(isinstance(tag, str) and bool(_IMAGE_TAG.match(tag)) and tag != "latest", r, "imageTag", tag,
+    _check(isinstance(tag, str) and bool(_IMAGE_TAG.fullmatch(tag)) and tag != "latest", r, "imageTag", tag,
            "must be a valid immutable Docker tag (not `latest`), e.g. 0.1.0 or a git SHA")
     return {"efs_backup_retention_days": retention, "build_image": build, "image_tag": tag}
 
