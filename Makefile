@@ -29,7 +29,7 @@ setup: sysdeps $(STAMP) $(ACTIONLINT_PKG)
 # offline plans of both stacks and their diff.
 demo: setup
 	@mkdir -p $(OUT)
-	$(PY) -m training.local_demo --out $(OUT)/demo
+	$(PY) -m training.demo.through_queue --out $(OUT)/demo
 	$(PY) -m infra.cli plan --stack dev --format tree --out $(OUT)/plan-dev.json
 	$(PY) -m infra.cli plan --stack prod --format json --out $(OUT)/plan-prod.json > /dev/null
 	$(PY) -m infra.cli plan-diff $(OUT)/plan-dev.json $(OUT)/plan-prod.json

@@ -32,8 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from training.queue import TaskQueue  # noqa: E402
-from training.queue_local_server import LocalRedisServer  # noqa: E402
+from training.scheduler.run_queue import TaskQueue  # noqa: E402
+from training.demo.redis_server import LocalRedisServer  # noqa: E402
 
 
 def _client(port: int):

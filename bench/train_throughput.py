@@ -88,7 +88,7 @@ def generator_step(quick: bool, shape: str = "cpu", device: str = "cpu", batch: 
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     from training.config import OptimConfig
-    from training.optim import build_optimizer
+    from training.components.optim import build_optimizer
 
     cfg = LlamaConfig(**GEN_SHAPES[shape], max_position_embeddings=max(512, seq), tie_word_embeddings=True)
     torch.manual_seed(0)
@@ -137,11 +137,11 @@ def gpu_generator(shape: str, batch: int, seq: int, quick: bool, device: str = "
 
 def _retriever_setup(per_rank_batch: int, env):  # noqa: ANN001, ANN202
     """Real MiniLM, real synthetic data, the retriever stage's own batch and loss code."""
-    from training import synthetic
+    from training.demo import synthetic
     from training.config import load_run_config
-    from training.data import Passage, QAExample, Datasets
-    from training.models import load_encoder
-    from training.optim import build_optimizer
+    from training.components.data import Passage, QAExample, Datasets
+    from training.components.models import load_encoder
+    from training.components.optim import build_optimizer
     from training.retriever import make_task
 
     data = synthetic.generate(0, 60)
@@ -161,7 +161,7 @@ def _timed_steps(model, task, opt, env, batches: list[list[int]], warm: int) -> 
 
 def _timed_step(model, task, opt, env, idx: list[int]) -> float:  # noqa: ANN001
     """One optimizer step of the retriever's contrastive loss, from a barrier to a barrier."""
-    from training import distributed as D
+    from training.components import distributed as D
 
     batch = task.make_batch(idx)
     D.barrier(env)
@@ -187,8 +187,8 @@ def ddp_worker(per_rank_batch: int, steps: int, warm: int) -> dict:
     """
     import torch
 
-    from training import distributed as D
-    from training.distributed import DistEnv
+    from training.components import distributed as D
+    from training.components.distributed import DistEnv
 
     env = D.init_distributed("cpu")
     torch.set_num_threads(1)  # one core per process in every variant
@@ -286,7 +286,7 @@ def retriever_single(quick: bool) -> float:
 
     import torch
 
-    from training.distributed import DistEnv
+    from training.components.distributed import DistEnv
 
     env = DistEnv(0, 1, 0, 1, torch.device("cpu"))
     torch.set_num_threads(os.cpu_count() or 1)
@@ -301,10 +301,10 @@ def checkpoint_figures(workdir: Path, quick: bool) -> dict:
     """Sync checkpoint vs raw fsync bandwidth, and the stall one background checkpoint causes."""
     import torch
 
-    from training.checkpoint import Checkpointer, write_checkpoint_dir
+    from training.components.checkpoint import Checkpointer, write_checkpoint_dir
     from training.config import OptimConfig
-    from training.models import load_encoder
-    from training.optim import build_optimizer
+    from training.components.models import load_encoder
+    from training.components.optim import build_optimizer
 
     model, tok = load_encoder("")
     opt = build_optimizer(model, OptimConfig())
@@ -342,7 +342,7 @@ def checkpoint_figures(workdir: Path, quick: bool) -> dict:
     best_ratio = (nbytes / min(sync_s)) / (len(buf) / min(raw_s))
 
     # Stall: the same training steps with and without one background checkpoint in flight.
-    from training.distributed import DistEnv
+    from training.components.distributed import DistEnv
 
     env = DistEnv(0, 1, 0, 1, torch.device("cpu"))
     _, ds, model, task, opt = _retriever_setup(16, env)
@@ -355,7 +355,7 @@ def checkpoint_figures(workdir: Path, quick: bool) -> dict:
         t0 = time.perf_counter()
         for s in range(n):
             (task.loss_sum(model, batches[s % 4], env.device) / 16).backward()
-            if ck is not None:  # as training.loop does: the weights may change once copied
+            if ck is not None:  # as training.components.loop does: the weights may change once copied
                 t1 = time.perf_counter()
                 ck.wait_snapshot()
                 blocked[0] += time.perf_counter() - t1

@@ -1,6 +1,6 @@
 """The ragpool metric contract: every ``ragpool_*`` name the rules and dashboards may use.
 
-One place for the names shared by training (``training/metrics.py``), the queue worker,
+One place for the names shared by training (``training/components/metrics.py``), the queue worker,
 the rules and the dashboards. A test proves every ``ragpool_*`` name a rule or panel uses
 is listed here; the lead's cross-check compares this table with the real exporters.
 

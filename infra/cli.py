@@ -19,7 +19,7 @@ COMMAND_MODULES = (
     "infra.plan",
     "infra.config_check",
     "infra.leftovers",
-    "training.runs_cli",
+    "training.scheduler.cli",
     "dashboards.cli",
     "policy.offline",
 )

@@ -26,7 +26,7 @@ WORKER_SERVICE_ACCOUNT = "ragpool-worker"
 WORKERS_SERVICE = "ragpool-workers"  # headless: stable DNS for Indexed Job pods (rendezvous)
 RDZV_PORT = 29400
 QUEUE_METRICS_PORT = 9300
-RANK_METRICS_PORT = 9400  # rank r serves on 9400 + r (training.metrics)
+RANK_METRICS_PORT = 9400  # rank r serves on 9400 + r (training.components.metrics)
 MAX_RANKS_PER_POD = 8
 PRIORITY_CLASSES = {
     # Long GPU training (retriever, generator): expensive to lose, may preempt batch work.

@@ -14,26 +14,24 @@ message names the dotted key and the offending value.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
-import re
 import types
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import yaml
 
+from training.paths import DEFAULT_SHARED_ROOT, RUN_ID_RULE, PathError, confine, is_valid_run_id
+from training.paths import run_dir as _run_dir
+
 #: Stages a run may contain, in the order the pipeline runs them.
 STAGES: tuple[str, ...] = ("retriever", "index", "generator", "evaluate")
 
-#: Shared root inside pods (EFS mount); overridable per run for local use.
-DEFAULT_SHARED_ROOT = "/mnt/shared"
-
-# Kubernetes label values (ragpool.io/run-id) allow at most 63 of these characters.
-_RUN_ID_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
 
 
 class ConfigError(ValueError):
@@ -50,16 +48,15 @@ def _require(ok: bool, key: str, value: Any, why: str) -> None:
 
 
 def confine_relative(key: str, rel: str) -> str:
-    """Check that ``rel`` is a relative path that cannot leave its root lexically.
+    """``rel`` checked by the one confinement rule (:func:`training.paths.confine`), lexically.
 
-    Used at submit time (no filesystem access); :func:`training.data.resolve_confined`
-    re-checks against the real filesystem (symlinks) inside the job.
+    Used at submit time (no filesystem access); the data loaders re-check against the real
+    filesystem (symlinks) inside the job with :func:`training.paths.resolve_confined`.
     """
-    _require(isinstance(rel, str) and rel.strip() != "", key, rel, "must be a non-empty relative path")
-    p = PurePosixPath(rel)
-    _require(not p.is_absolute() and not rel.startswith("\\") and ":" not in p.parts[0],
-             key, rel, "must be relative to shared_root, not absolute")
-    _require(".." not in p.parts, key, rel, "must not contain '..' (paths are confined to shared_root)")
+    try:
+        confine(rel)
+    except PathError as err:
+        _fail(key, rel, str(err))
     return rel
 
 
@@ -322,8 +319,7 @@ class RunConfig:
     """How DDP synchronises gradients across ranks."""
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.run_id, str) and bool(_RUN_ID_RE.match(self.run_id)), "run_id", self.run_id,
-                 "must be 1-63 letters, digits, '.', '_' or '-', starting and ending alphanumeric")
+        _require(is_valid_run_id(self.run_id), "run_id", self.run_id, f"must be {RUN_ID_RULE}")
         _require(bool(self.shared_root), "shared_root", self.shared_root, "must be a non-empty path")
         _require(len(self.stages) >= 1, "stages", self.stages, f"must list at least one of {', '.join(STAGES)}")
         for s in self.stages:
@@ -336,7 +332,7 @@ class RunConfig:
     # Paths ----------------------------------------------------------------------------
     def run_dir(self) -> Path:
         """``<shared_root>/runs/<run_id>``."""
-        return Path(self.shared_root) / "runs" / self.run_id
+        return _run_dir(self.shared_root, self.run_id)
 
     def stage_dir(self, stage: str) -> Path:
         """``<shared_root>/runs/<run_id>/<stage>``."""
@@ -347,6 +343,44 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain mapping (lists for tuples) that :func:`load_run_config` reads back unchanged."""
         return _to_plain(dataclasses.asdict(self))
+
+
+# --------------------------------------------------------------------------- nested mappings
+# The one home of ragpool's nested-dict helpers (run config, run spec, demo, Helm values).
+
+
+def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """A new dict: ``override`` merged into ``base`` (mappings merge, anything else replaces)."""
+    out = {k: deep_merge({}, v) if isinstance(v, Mapping) else copy.deepcopy(v) for k, v in base.items()}
+    for key, value in override.items():
+        if isinstance(value, Mapping):
+            out[key] = deep_merge(out[key] if isinstance(out.get(key), Mapping) else {}, value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def nest(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"optim.lr": 1}`` -> ``{"optim": {"lr": 1}}``."""
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        out = deep_merge(out, _nested_one(key.split("."), value))
+    return out
+
+
+def _nested_one(parts: list[str], value: Any) -> dict[str, Any]:
+    return {parts[0]: value if len(parts) == 1 else _nested_one(parts[1:], value)}
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"optim": {"lr": 1}}`` -> ``{"optim.lr": 1}`` (tuples become lists): the inverse of :func:`nest`."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = list(value) if isinstance(value, tuple) else value
+    return out
 
 
 # --------------------------------------------------------------------------- loading
@@ -447,20 +481,6 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
         raise
 
 
-def _set_dotted(tree: dict[str, Any], dotted: str, value: str) -> None:
-    parts = dotted.split(".")
-    node = tree
-    for part in parts[:-1]:
-        child = node.get(part)
-        if not isinstance(child, dict):
-            child = {} if child is None else child
-            if not isinstance(child, dict):
-                raise ConfigError(f"{dotted}={value!r}: {part!r} is not a section")
-            node[part] = child
-        node = child
-    node[parts[-1]] = value
-
-
 def parse_overrides(overrides: Iterable[str]) -> list[tuple[str, str]]:
     """Split ``--section.key=value`` strings into ``(dotted_key, value)`` pairs."""
     pairs = []
@@ -486,7 +506,7 @@ def load_run_config(source: Mapping[str, Any] | str | os.PathLike[str] | None = 
     if source is None:
         tree: dict[str, Any] = {}
     elif isinstance(source, Mapping):
-        tree = _deep_copy(source)
+        tree = deep_merge({}, source)
     else:
         path = Path(source)
         try:
@@ -503,12 +523,8 @@ def load_run_config(source: Mapping[str, Any] | str | os.PathLike[str] | None = 
             raise ConfigError(f"config file {str(path)!r}: top level must be a mapping, got {type(loaded).__name__}")
         tree = loaded
     for key, value in parse_overrides(overrides):
-        _set_dotted(tree, key, value)
+        tree = deep_merge(tree, nest({key: value}))
     return _build(RunConfig, tree, "")
-
-
-def _deep_copy(m: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: _deep_copy(v) if isinstance(v, Mapping) else v for k, v in m.items()}
 
 
 def split_cli(argv: list[str]) -> tuple[str | None, list[str]]:

@@ -20,15 +20,15 @@ from typing import Any
 
 import torch
 
-from training import distributed as D
-from training.artifacts import is_complete, mark_complete, write_json_atomic
+from training.components import distributed as D
+from training.components.stage import is_complete, mark_complete, write_json_atomic
 from training.config import RunConfig
-from training.data import load_datasets
+from training.components.data import load_datasets
 from training.exit_codes import OK
 from training.generator import contexts, encode_prompt, special_ids
-from training.log import get_logger
-from training.models import load_encoder
-from training.retrieval import (build_faiss, encode_sharded, load_index, load_retriever_for_index,
+from training.components.logs import get_logger
+from training.components.models import load_encoder
+from training.components.search import (build_faiss, encode_sharded, load_index, load_retriever_for_index,
                                 retrieval_metrics, search)
 
 STAGE = "evaluate"
@@ -148,7 +148,7 @@ def run(cfg: RunConfig, env: D.DistEnv) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from training.entry import run_main
+    from training.components.stage import run_main
 
     return run_main(STAGE, run, argv)
 

@@ -1,14 +1,22 @@
-"""Process exit codes of the training entrypoints: the one place they are defined.
+"""Process exit codes of ragpool's commands: the one place they are defined.
 
-The Kubernetes Job's ``podFailurePolicy`` and the queue worker key on these numbers.
+The stage commands, the worker and the ``ragpool`` run commands all return these; the
+Kubernetes Job's ``podFailurePolicy`` and the queue worker key on them.
 """
 
-#: Stage finished (or was already complete).
+#: Done (a stage finished or was already complete; a command did what was asked).
 OK = 0
 #: Training failed for a reason a retry will not fix (bug, divergence, missing model).
 FAILED = 1
-#: Bad input: invalid run config, bad data record, escaping path.
+#: ``ragpool`` commands: refused (a run id reused with another spec, cancel of a finished
+#: run, retry of a run not in the dead-letter list). Same number as FAILED.
+REFUSED = 1
+#: Bad input: invalid run config or spec, bad data record, escaping path, bad settings.
 BAD_INPUT = 2
+#: ``ragpool`` commands: unknown run id.
+NOT_FOUND = 3
+#: ``ragpool`` commands: Redis unreachable or unusable right now (retry later).
+UNAVAILABLE = 4
 #: Preempted (SIGTERM / spot notice): a checkpoint was written at the last step
 #: boundary; rerunning the same command resumes from it. 75 = EX_TEMPFAIL (sysexits.h).
 RETRIABLE = 75

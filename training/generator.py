@@ -19,14 +19,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from training import distributed as D
-from training.artifacts import is_complete, mark_complete
+from training.components import distributed as D
+from training.components.stage import is_complete, mark_complete
 from training.config import RunConfig
-from training.data import Datasets, QAExample, load_datasets
+from training.components.data import Datasets, QAExample, load_datasets
 from training.exit_codes import OK
-from training.log import get_logger
-from training.loop import TrainTask, seed_everything, train
-from training.retrieval import encode_sharded, load_index, load_retriever_for_index, search
+from training.components.logs import get_logger
+from training.components.loop import TrainTask, seed_everything, train
+from training.components.search import encode_sharded, load_index, load_retriever_for_index, search
 
 STAGE = "generator"
 IGNORE = -100
@@ -96,7 +96,7 @@ def contexts(data: Datasets, examples: list[QAExample], retrieved: list[list[str
 
 
 def load_or_build_model(cfg: RunConfig) -> tuple[torch.nn.Module, Any]:
-    from training.models import build_tiny_causal_lm, load_causal_lm, load_generator_tokenizer
+    from training.components.models import build_tiny_causal_lm, load_causal_lm, load_generator_tokenizer
 
     g = cfg.generator
     if g.model:
@@ -199,7 +199,7 @@ def run(cfg: RunConfig, env: D.DistEnv) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from training.entry import run_main
+    from training.components.stage import run_main
 
     return run_main(STAGE, run, argv)
 

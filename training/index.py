@@ -13,14 +13,14 @@ from __future__ import annotations
 import sys
 import time
 
-from training import distributed as D
-from training.artifacts import is_complete, mark_complete
+from training.components import distributed as D
+from training.components.stage import is_complete, mark_complete
 from training.config import RunConfig
-from training.data import load_corpus, resolve_confined
+from training.components.data import load_corpus, resolve_confined
 from training.exit_codes import OK
-from training.log import get_logger
-from training.models import load_encoder
-from training.retrieval import build_faiss, encode_sharded, retriever_model_path, save_index
+from training.components.logs import get_logger
+from training.components.models import load_encoder
+from training.components.search import build_faiss, encode_sharded, retriever_model_path, save_index
 
 STAGE = "index"
 
@@ -52,7 +52,7 @@ def run(cfg: RunConfig, env: D.DistEnv) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from training.entry import run_main
+    from training.components.stage import run_main
 
     return run_main(STAGE, run, argv)
 

@@ -22,11 +22,11 @@ import importlib
 import json
 import sys
 
-from training import distributed as D
-from training.artifacts import COMPLETE_MARKER, is_complete, read_marker, write_json_atomic
+from training.components import distributed as D
+from training.components.stage import COMPLETE_MARKER, is_complete, read_marker, write_json_atomic
 from training.config import STAGES, ConfigError, RunConfig
 from training.exit_codes import OK
-from training.log import get_logger
+from training.components.logs import get_logger
 
 FINGERPRINT_KEY = "config_fingerprint"
 
@@ -78,7 +78,7 @@ def run(cfg: RunConfig, env: D.DistEnv) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from training.entry import run_main
+    from training.components.stage import run_main
 
     return run_main("pipeline", run, argv)
 

@@ -19,14 +19,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from training import distributed as D
-from training.artifacts import is_complete, mark_complete
+from training.components import distributed as D
+from training.components.stage import is_complete, mark_complete
 from training.config import RunConfig
-from training.data import Datasets, load_datasets
+from training.components.data import Datasets, load_datasets
 from training.exit_codes import OK
-from training.log import get_logger
-from training.loop import TrainTask, seed_everything, train
-from training.models import DualEncoder, load_encoder, save_encoder
+from training.components.logs import get_logger
+from training.components.loop import TrainTask, seed_everything, train
+from training.components.models import DualEncoder, load_encoder, save_encoder
 
 STAGE = "retriever"
 
@@ -102,7 +102,7 @@ def run(cfg: RunConfig, env: D.DistEnv) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from training.entry import run_main
+    from training.components.stage import run_main
 
     return run_main(STAGE, run, argv)
 

@@ -29,11 +29,7 @@ def test_gpu_generator_path_reports_mfu_against_989_tflops() -> None:
 
 
 def test_1b_shape_is_about_one_billion_parameters() -> None:
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        from train_throughput import GEN_SHAPES
-    finally:
-        sys.path.pop(0)
+    from bench.train_throughput import GEN_SHAPES
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     import torch
@@ -54,11 +50,7 @@ def test_gpu_generator_without_cuda_refuses() -> None:
 
 
 def test_median_ci90_brackets_the_median_and_narrows_with_more_data() -> None:
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        from train_throughput import median_ci90
-    finally:
-        sys.path.pop(0)
+    from bench.train_throughput import median_ci90
     import random
     import statistics
 

@@ -1,19 +1,10 @@
-"""Fixtures for the dashboards tests: the promtool / prometheus binaries (apt `prometheus`).
-
-The end-to-end test also uses the training tests' helpers (``helpers_training``,
-``conftest_redis``), so their directory is importable from here."""
+"""Fixtures for the dashboards tests: the promtool / prometheus binaries (apt `prometheus`)."""
 
 from __future__ import annotations
 
 import shutil
-import sys
-from pathlib import Path
 
 import pytest
-
-TRAINING_TESTS = Path(__file__).resolve().parents[1] / "training"
-if str(TRAINING_TESTS) not in sys.path:
-    sys.path.append(str(TRAINING_TESTS))
 
 
 def _binary(name: str) -> str:

@@ -12,13 +12,13 @@ import time
 from datetime import datetime
 
 import pytest
-from conftest_redis import make_queue, make_spec, namespace, redis_server  # noqa: F401
-from helpers_training import HANG_FAULT_ENV, REPO, build_tiny_encoder, child_env, free_port, stage_cmd, write_run
+from tests.support.redis_fixtures import make_spec
+from tests.support.training import HANG_FAULT_ENV, REPO, build_tiny_encoder, child_env, free_port, stage_cmd, write_run
 from prometheus_harness import Prometheus, wait_for, write_rules_with_stall_window
 
-from training import synthetic
+from training.demo import synthetic
 from training.exit_codes import RETRIABLE
-from training.queue_metrics import start_queue_metrics_server
+from training.scheduler.exporter import start_queue_metrics_server
 
 RUN_ID = "e2e-run"
 STAGE = "retriever"
@@ -35,7 +35,7 @@ def _start_training(shared, tmp_path):
                      retriever={"model": str(build_tiny_encoder(tmp_path / "encoder")), "global_batch_size": 8,
                                 "max_steps": 1000, "max_length": 32},
                      checkpoint={"every_steps": 0}, metrics={"port": port, "addr": "127.0.0.1", "log_every": 1})
-    log_path = tmp_path / "training.log"
+    log_path = tmp_path / "training.components.logs"
     with log_path.open("w") as log:
         process = subprocess.Popen(stage_cmd(STAGE, spec, []), cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                                    env=child_env(**{HANG_FAULT_ENV: str(HANG_STEP)}))

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 @pytest.fixture(scope="session")
 def tiny_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer, 32-wide BERT with the MiniLM WordPiece tokenizer (dropout 0.1), saved locally."""
-    from helpers_training import build_tiny_encoder
+    from tests.support.training import build_tiny_encoder
 
     return build_tiny_encoder(tmp_path_factory.mktemp("tiny_encoder"))
 
@@ -32,7 +30,7 @@ def tiny_encoder_no_dropout(tmp_path_factory: pytest.TempPathFactory, tiny_encod
 @pytest.fixture()
 def shared_root(tmp_path: Path) -> Path:
     """A shared root holding a 20-entity synthetic dataset under datasets/synthetic."""
-    from training import synthetic
+    from training.demo import synthetic
 
     synthetic.write(tmp_path / "datasets" / "synthetic", seed=3, n_entities=20)
     return tmp_path

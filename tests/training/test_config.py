@@ -36,7 +36,7 @@ def test_yaml_file_then_overrides_win(tmp_path) -> None:
 
 
 def test_round_trip_through_to_dict() -> None:
-    cfg = load_run_config({"run_id": "a-b.c_1", "retriever": {"temperature": 0.1}})
+    cfg = load_run_config({"run_id": "a-b-c1", "retriever": {"temperature": 0.1}})
     assert load_run_config(cfg.to_dict()) == cfg
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers_training import load_params, run_stage, write_run
+from tests.support.training import load_params, run_stage, write_run
 
 pytestmark = pytest.mark.slow
 

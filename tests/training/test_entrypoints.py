@@ -7,7 +7,7 @@ import json
 import pytest
 
 from training.exit_codes import BAD_INPUT
-from helpers_training import run_stage, write_run
+from tests.support.training import run_stage, write_run
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers_training import RESUME_FAULT_ENV, load_params, run_stage, write_run
+from tests.support.training import RESUME_FAULT_ENV, load_params, run_stage, write_run
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def indexed_root(tmp_path_factory: pytest.TempPathFactory, tiny_encoder_no_dropout: Path) -> Path:
     """A shared root with the synthetic dataset and one index built by the index stage (1 process)."""
-    from training import synthetic
+    from training.demo import synthetic
 
     root = tmp_path_factory.mktemp("gen_shared")
     synthetic.write(root / "datasets" / "synthetic", seed=3, n_entities=20)
@@ -50,7 +50,7 @@ def _params(root: Path, run_id: str) -> dict:
 
 def _initial_params(arch: str) -> dict:
     """The tiny model as the stage builds it from the run seed (default 1234), before training."""
-    from training.models import build_tiny_causal_lm, load_generator_tokenizer
+    from training.components.models import build_tiny_causal_lm, load_generator_tokenizer
 
     return build_tiny_causal_lm(load_generator_tokenizer(), arch, 32, 2, 2, 64, 512, 1234).state_dict()
 

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from training import synthetic
-from helpers_training import run_stage, write_run
+from training.demo import synthetic
+from tests.support.training import run_stage, write_run
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from training.exit_codes import RETRIABLE
-from helpers_training import REPO, RESUME_FAULT_ENV, child_env, free_port, load_params, run_stage, stage_cmd, write_run
+from tests.support.training import REPO, RESUME_FAULT_ENV, child_env, free_port, load_params, run_stage, stage_cmd, write_run
 
 pytestmark = pytest.mark.slow
 

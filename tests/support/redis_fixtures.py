@@ -1,0 +1,85 @@
+"""Real redis-server fixtures for the queue, worker and CLI tests (never fakeredis).
+
+Registered for every test by ``pytest_plugins`` in ``tests/conftest.py``: a session
+server on 127.0.0.1 at a free port with a temp data dir, killed at teardown; each test
+gets its own key namespace on it, or its own server when it needs to crash/restart one.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from training.demo.redis_server import LocalRedisServer, find_redis_server
+from training.scheduler.run_queue import TaskQueue
+from training.scheduler.spec import parse_spec
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+requires_redis = pytest.mark.skipif(find_redis_server() is None,
+                                    reason="redis-server binary not installed (apt-get install redis-server)")
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """Environment for child Python processes that import ``training`` from this checkout."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    env.update(extra)
+    return env
+
+
+def make_spec(run_id: str, **fields):
+    """A valid run spec with overrides."""
+    raw = {"run_id": run_id, "stages": ["retriever"], **fields}
+    return parse_spec(raw, shared_root="/mnt/shared")
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    if find_redis_server() is None:
+        pytest.skip("redis-server binary not installed (apt-get install redis-server)")
+    server = LocalRedisServer(data_dir=tmp_path_factory.mktemp("redis-session"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def namespace() -> str:
+    return f"t{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def make_queue(redis_server, namespace):
+    """Factory: ``make_queue(lease_seconds=..., backoff_base_s=...)`` on this test's namespace."""
+    clients = []
+
+    def factory(**kwargs) -> TaskQueue:
+        client = redis_server.client()
+        clients.append(client)
+        kwargs.setdefault("backoff_base_s", 0.05)
+        kwargs.setdefault("backoff_max_s", 1.0)
+        return TaskQueue(client, namespace=namespace, **kwargs)
+
+    yield factory
+    for client in clients:
+        client.close()
+
+
+@pytest.fixture
+def own_redis(tmp_path):
+    """Factory for a dedicated server (AOF, password, TLS...) that the test may kill."""
+    servers: list[LocalRedisServer] = []
+
+    def factory(**kwargs) -> LocalRedisServer:
+        kwargs.setdefault("data_dir", tmp_path / f"redis-{len(servers)}")
+        server = LocalRedisServer(**kwargs).start()
+        servers.append(server)
+        return server
+
+    yield factory
+    for server in servers:
+        server.stop()

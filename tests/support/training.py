@@ -1,0 +1,86 @@
+"""Helpers for the training tests (and the dashboards end-to-end test): subprocess/torchrun
+runners, run specs, ports, a tiny local encoder."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["HF_HUB_OFFLINE"] = "1"
+    env["PYTHONWARNINGS"] = "ignore"
+    env["OMP_NUM_THREADS"] = "1"
+    env.pop(RESUME_FAULT_ENV, None)
+    env.pop(HANG_FAULT_ENV, None)
+    env.update(extra)
+    return env
+
+
+RESUME_FAULT_ENV = "RAGPOOL_FAULT_KILL_AFTER_STEP"
+HANG_FAULT_ENV = "RAGPOOL_FAULT_HANG_AFTER_STEP"
+
+
+def build_tiny_encoder(out: Path) -> Path:
+    """Save a 2-layer, 32-wide BERT with the MiniLM WordPiece tokenizer (dropout 0.1) to ``out``."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from training.components.models import default_encoder_path
+
+    tok = AutoTokenizer.from_pretrained(str(default_encoder_path()))
+    cfg = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=128)
+    torch.manual_seed(0)
+    BertModel(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def stage_cmd(module: str, config: Path, overrides: list[str], nproc: int = 1) -> list[str]:
+    """``python -m training.<module>`` for one process, torchrun for more."""
+    if nproc == 1:
+        return [sys.executable, "-m", f"training.{module}", "--config", str(config), *overrides]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            "-m", f"training.{module}", "--config", str(config), *overrides]
+
+
+def run_stage(module: str, config: Path, overrides: list[str] = (), nproc: int = 1, timeout: int = 300,
+              **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(stage_cmd(module, config, list(overrides), nproc), cwd=REPO, env=child_env(**env),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def write_run(shared: Path, run_id: str, **sections: object) -> Path:
+    """A run.yaml under ``shared`` with metrics off and the given sections merged in."""
+    spec: dict[str, object] = {"run_id": run_id, "shared_root": str(shared), "device": "cpu",
+                               "metrics": {"port": 0, "log_every": 1}}
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(spec.get(key), dict):
+            spec[key] = {**spec[key], **value}  # type: ignore[dict-item]
+        else:
+            spec[key] = value
+    path = shared / f"{run_id}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def load_params(model_dir: Path) -> dict[str, "object"]:
+    from safetensors.torch import load_file
+
+    return load_file(str(model_dir / "model.safetensors"))

@@ -1,0 +1,403 @@
+"""Queue operations against a real redis-server (fixtures: tests/support/redis_fixtures.py)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import shutil
+import threading
+import time
+
+import pytest
+import redis
+from tests.support.redis_fixtures import make_spec
+
+from training.scheduler.run_queue import TaskQueue
+from training.demo.redis_server import make_tls_files
+from training.scheduler.exporter import queue_registry
+from training.scheduler.redis_conn import RedisConfigError, RedisSettings, connect, redact_url, settings_from_env
+
+
+def test_submit_claim_ack_records_state_and_completion_once(make_queue):
+    q = make_queue()
+    assert q.submit(make_spec("run-a")).created
+    claim = q.claim("w1")
+    assert claim.task_id == "run-a" and claim.attempt == 1 and claim.spec.run_id == "run-a"
+    info = q.get("run-a")
+    assert info.state == "running" and info.worker == "w1" and info.claimed_at >= info.created_at
+    assert q.ack(claim)
+    assert not q.ack(claim), "a second ack of the same lease must not record anything"
+    info = q.get("run-a")
+    assert info.state == "succeeded" and info.completions == 1 and info.finished_at >= info.claimed_at
+    assert q.stats().counters["completed:succeeded"] == 1
+    assert q.claim("w1") is None
+
+
+def test_submit_is_idempotent_per_run_id(make_queue):
+    q = make_queue()
+    first = q.submit(make_spec("same"))
+    again = q.submit(make_spec("same"))
+    changed = q.submit(make_spec("same", priority="high"))
+    assert first.created and not again.created and again.same_spec
+    assert not changed.created and not changed.same_spec and changed.state == "queued"
+    assert q.stats().depth == {"high": 0, "normal": 1, "low": 0}
+    assert q.claim("w").task_id == "same"
+    assert q.claim("w") is None
+
+
+def test_priorities_then_fifo(make_queue):
+    q = make_queue()
+    for run_id, prio in [("l1", "low"), ("n1", "normal"), ("h1", "high"), ("n2", "normal"), ("h2", "high")]:
+        q.submit(make_spec(run_id, priority=prio))
+    order = [q.claim("w").task_id for _ in range(5)]
+    assert order == ["h1", "h2", "n1", "n2", "l1"]
+
+
+def test_blocking_claim_is_woken_by_submit(make_queue):
+    q = make_queue()
+    submitter = threading.Timer(0.3, lambda: make_queue().submit(make_spec("late")))
+    submitter.start()
+    start = time.monotonic()
+    claim = q.claim("w", block_s=5.0, poll_s=5.0)
+    waited = time.monotonic() - start
+    submitter.join()
+    assert claim is not None and claim.task_id == "late"
+    assert waited < 2.0, f"woken only after {waited:.2f}s; the wake list should cut the 5 s poll"
+    assert q.claim("w", block_s=0.2) is None
+
+
+def test_heartbeat_extends_lease_and_fences_stale_worker(make_queue):
+    q = make_queue(lease_seconds=0.6)
+    q.submit(make_spec("beat"))
+    old = q.claim("old")
+    for _ in range(6):  # 1.2 s > lease, kept alive by heartbeats
+        time.sleep(0.2)
+        assert q.heartbeat(old, "old") == "ok"
+        assert q.claim("thief") is None
+    time.sleep(0.7)  # stop heartbeating: the lease expires and the next claimer reaps it
+    new = q.claim("new")
+    assert new is not None and new.task_id == "beat" and new.attempt == 2 and new.token != old.token
+    assert "lease expired" in q.get("beat").last_error
+    assert q.heartbeat(old, "old") == "lost"
+    assert q.ack(old) is False
+    assert q.fail(old, "late failure") == "stale"
+    assert q.release(old) == "stale"
+    assert q.ack(new)
+    info = q.get("beat")
+    assert info.state == "succeeded" and info.completions == 1 and info.worker == "new"
+    counters = q.stats().counters
+    assert counters["completed:succeeded"] == 1 and counters["reaped_total"] == 1
+
+
+def test_failures_back_off_exponentially_then_dead_letter(make_queue):
+    q = make_queue(backoff_base_s=0.2, backoff_max_s=5.0)
+    q.submit(make_spec("flaky", max_attempts=3))
+    c1 = q.claim("w")
+    assert q.fail(c1, "first boom") == "retry"
+    info = q.get("flaky")
+    assert info.state == "failed" and info.last_error == "first boom"
+    delay1 = info.next_attempt_at - info.claimed_at
+    assert q.claim("w") is None, "a failed task waits out its backoff"
+    time.sleep(0.3)
+    c2 = q.claim("w")
+    assert c2.attempt == 2
+    assert q.fail(c2, "second boom") == "retry"
+    delay2 = q.get("flaky").next_attempt_at - q.get("flaky").claimed_at
+    assert 0.18 < delay1 < 0.3 and 0.38 < delay2 < 0.5, (delay1, delay2)
+    time.sleep(0.5)
+    c3 = q.claim("w")
+    assert q.fail(c3, "Traceback: final boom") == "dead"
+    info = q.get("flaky")
+    assert info.state == "dead" and info.attempts == 3 and info.last_error == "Traceback: final boom"
+    assert q.dead_letter() == ["flaky"]
+    stats = q.stats()
+    assert stats.dead_letter == 1 and stats.counters["retries_total"] == 2
+    assert stats.counters["completed:dead"] == 1 and stats.counters["completed:failed"] == 2
+
+
+def test_non_retriable_failure_goes_straight_to_dead_letter(make_queue):
+    q = make_queue()
+    q.submit(make_spec("badcfg", max_attempts=5))
+    assert q.fail(q.claim("w"), "config error", retriable=False) == "dead"
+    assert q.get("badcfg").attempts == 1 and q.dead_letter() == ["badcfg"]
+
+
+def test_poison_task_that_kills_its_workers_ends_dead_with_error(make_queue):
+    q = make_queue(lease_seconds=0.2)
+    q.submit(make_spec("poison", max_attempts=2))
+    for attempt in (1, 2):
+        claim = q.claim(f"w{attempt}")
+        assert claim.attempt == attempt  # the worker "dies": no heartbeat, no ack
+        time.sleep(0.3)
+    assert q.reap() == 1
+    info = q.get("poison")
+    assert info.state == "dead" and "lease expired: worker w2" in info.last_error
+    assert q.dead_letter() == ["poison"] and q.claim("w3") is None
+
+
+def test_release_gives_the_attempt_back_and_requeues_at_the_front(make_queue):
+    q = make_queue()
+    q.submit(make_spec("first"))
+    q.submit(make_spec("second"))
+    claim = q.claim("w")
+    assert claim.task_id == "first"
+    assert q.release(claim, "SIGTERM, checkpointed") == "released"
+    info = q.get("first")
+    assert info.state == "queued" and info.attempts == 0 and info.last_error == "SIGTERM, checkpointed"
+    again = q.claim("w2")
+    assert again.task_id == "first" and again.attempt == 1
+    assert q.stats().counters["released_total"] == 1
+
+
+def test_a_run_that_always_hands_back_ends_dead_instead_of_looping(make_queue):
+    from training.scheduler.run_queue import FREE_RELEASES
+
+    q = make_queue()
+    q.submit(make_spec("flapping", max_attempts=2))
+    outcomes = []
+    for _ in range(FREE_RELEASES + 5):
+        claim = q.claim("w")
+        if claim is None:
+            break
+        outcomes.append(q.release(claim, "exited 75"))
+    # The free releases refund the attempt; the next two spend both attempts; then dead.
+    assert outcomes == ["released"] * (FREE_RELEASES + 1) + ["dead"]
+    info = q.get("flapping")
+    assert info.state == "dead" and "released 22 times" in info.last_error
+    assert "flapping" in q.dead_letter()
+
+
+def test_cancel_in_every_state(make_queue):
+    q = make_queue(backoff_base_s=30, backoff_max_s=60)
+    assert q.cancel("nope") == "missing"
+    q.submit(make_spec("waiting"))
+    assert q.cancel("waiting") == "cancelled"
+    assert q.claim("w") is None and q.get("waiting").state == "cancelled"
+
+    q.submit(make_spec("backoff"))
+    q.fail(q.claim("w"), "boom")
+    assert q.cancel("backoff") == "cancelled"
+    assert q.stats().delayed == 0
+
+    q.submit(make_spec("busy"))
+    claim = q.claim("w")
+    assert q.cancel("busy") == "cancelling"
+    assert q.heartbeat(claim, "w") == "cancel"
+    assert q.cancelled(claim) == "cancelled"
+    assert q.cancel("busy") == "finished:cancelled"  # already terminal: reports the state
+    q.submit(make_spec("done"))
+    q.ack(q.claim("w"))
+    assert q.cancel("done") == "finished:succeeded"
+    assert q.stats().counters["completed:cancelled"] == 3
+
+
+def test_cancelled_task_whose_worker_died_is_not_requeued(make_queue):
+    q = make_queue(lease_seconds=0.2)
+    q.submit(make_spec("orphan"))
+    q.claim("w")
+    q.cancel("orphan")
+    time.sleep(0.3)
+    assert q.claim("w2") is None
+    assert q.get("orphan").state == "cancelled"
+
+
+def test_retry_moves_dead_letter_back_with_fresh_attempts(make_queue):
+    q = make_queue()
+    assert q.retry("nope") == "missing"
+    q.submit(make_spec("dead1", max_attempts=1))
+    q.fail(q.claim("w"), "boom")
+    q.submit(make_spec("alive"))
+    assert q.retry("alive") == "queued"  # not dead: reports its state, changes nothing
+    assert q.retry("dead1") == "requeued"
+    assert q.dead_letter() == []
+    claims = {q.claim("w").task_id: None for _ in range(2)}
+    assert set(claims) == {"dead1", "alive"}
+    assert q.get("dead1").attempts == 1
+
+
+def test_claim_by_run_id_and_multi_node_runs_stay_separate(make_queue):
+    q = make_queue()
+    q.submit(make_spec("single-a"))
+    q.submit(make_spec("multi-b", nodes=2))
+    q.submit(make_spec("single-c"))
+    assert q.claim("w", run_id="single-c").task_id == "single-c"
+    assert q.claim("w").task_id == "single-a"
+    assert q.claim("w") is None, "a single-pod worker must not claim a 2-node run"
+    assert q.claim("w", nodes=3) is None
+    assert q.stats().depth["normal"] == 1
+    assert q.claim("index0", nodes=2).task_id == "multi-b"
+
+
+def test_batch_claim_and_ack(make_queue):
+    q = make_queue()
+    for i in range(10):
+        q.submit_payload(f"b{i}", "{}")
+    claims = q.claim_batch("w", 4)
+    assert [c.task_id for c in claims] == ["b0", "b1", "b2", "b3"]
+    assert len({c.token for c in claims}) == 4
+    acked, more = q.ack_batch(claims, worker_id="w", claim_next=10)
+    assert acked == [True] * 4 and [c.task_id for c in more] == [f"b{i}" for i in range(4, 10)]
+    acked, none = q.ack_batch(more + claims[:1])
+    assert acked == [True] * 6 + [False] and none == []
+    assert q.stats().counters["completed:succeeded"] == 10
+
+
+def test_task_run_twice_is_completed_once(make_queue):
+    q = make_queue(lease_seconds=0.2)
+    q.submit(make_spec("twice"))
+    slow = q.claim("slow")
+    time.sleep(0.3)
+    fast = q.claim("fast")
+    assert fast.task_id == "twice"
+    assert q.ack(fast) and not q.ack(slow)
+    assert q.get("twice").completions == 1
+    assert q.stats().counters["completed:succeeded"] == 1
+
+
+def test_stats_and_prometheus_exporter(make_queue):
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    q = make_queue()
+    q.submit(make_spec("h", priority="high"))
+    q.submit(make_spec("l1", priority="low"))
+    q.submit(make_spec("l2", priority="low"))
+    q.submit(make_spec("m", nodes=2, priority="low"))
+    q.submit(make_spec("d", max_attempts=1, priority="normal"))
+    time.sleep(0.05)
+    q.fail(q.claim("w-dead", run_id="d"), "boom")
+    running = q.claim("w-run")
+    assert running.task_id == "h"
+    samples = {}
+    for family in text_string_to_metric_families(generate_latest(queue_registry(q)).decode()):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    assert samples[("ragpool_queue_depth", (("priority", "low"),))] == 3
+    assert samples[("ragpool_queue_depth", (("priority", "high"),))] == 0
+    assert samples[("ragpool_queue_oldest_age_seconds", (("priority", "low"),))] >= 0.05
+    assert samples[("ragpool_queue_running", ())] == 1
+    assert samples[("ragpool_queue_dead_letter_size", ())] == 1
+    assert samples[("ragpool_queue_retries_total", ())] == 0
+    assert samples[("ragpool_queue_tasks_completed_total", (("outcome", "dead"),))] == 1
+    assert samples[("ragpool_task_duration_seconds_count", (("outcome", "dead"),))] == 1
+    assert samples[("ragpool_task_duration_seconds_bucket", (("le", "+Inf"), ("outcome", "dead")))] == 1
+    assert samples[("ragpool_worker_last_heartbeat_timestamp_seconds", (("worker", "w-run"),))] > 1e9
+
+
+def _submit_many(url_port: int, ns: str, ids: list[str], results) -> None:
+    client = redis.Redis(port=url_port, decode_responses=True)
+    q = TaskQueue(client, namespace=ns)
+    created = sum(q.submit(make_spec(run_id)).created for run_id in ids)
+    results.put(created)
+
+
+def test_concurrent_submitters_create_each_run_once(redis_server, namespace):
+    ids = [f"run-{i:03d}" for i in range(120)]
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    # Six processes submit the same 120 run ids in different orders at the same time.
+    procs = [ctx.Process(target=_submit_many, args=(redis_server.port, namespace, ids[k:] + ids[:k], results))
+             for k in range(0, 120, 20)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert sum(results.get(timeout=5) for _ in procs) == 120
+    q = TaskQueue(redis_server.client(), namespace=namespace)
+    assert q.stats().depth["normal"] == 120
+    claimed = [c.task_id for c in q.claim_batch("w", 500)]
+    assert sorted(claimed) == ids
+
+
+# -- connection settings, AUTH and TLS ------------------------------------------------------
+
+def test_settings_from_env_reads_password_file_and_rejects_bad_values(tmp_path):
+    secret = tmp_path / "password"
+    secret.write_text("s3cret\n")
+    s = settings_from_env({"REDIS_URL": "rediss://cache.example:6379/0", "REDIS_PASSWORD_FILE": str(secret)})
+    assert s.password == "s3cret" and s.tls
+    assert settings_from_env({"REDIS_PASSWORD": "env", "REDIS_PASSWORD_FILE": str(secret)}).password == "env"
+    with pytest.raises(RedisConfigError, match="REDIS_PASSWORD_FILE"):
+        settings_from_env({"REDIS_PASSWORD_FILE": str(tmp_path / "missing")})
+    with pytest.raises(RedisConfigError, match="REDIS_URL"):
+        settings_from_env({"REDIS_URL": "http://x:1"})
+    with pytest.raises(RedisConfigError, match="REDIS_CA_FILE"):
+        settings_from_env({"REDIS_CA_FILE": str(tmp_path / "nope.pem")})
+    assert redact_url("redis://u:hunter2@h:1/0") == "redis://u:***@h:1/0"
+
+
+def test_auth_password_from_mounted_secret_file(own_redis, tmp_path):
+    server = own_redis(password="p4ss-word")
+    with open(f"/proc/{server.process.pid}/cmdline", "rb") as f:
+        assert b"p4ss-word" not in f.read(), "the password must never be on a command line"
+    with pytest.raises(redis.AuthenticationError):
+        connect(RedisSettings(url=server.url)).ping()
+    secret = tmp_path / "redis-password"
+    secret.write_text("p4ss-word\n")
+    client = connect(settings_from_env({"REDIS_URL": server.url, "REDIS_PASSWORD_FILE": str(secret)}))
+    q = TaskQueue(client, namespace="auth")
+    q.submit(make_spec("authed"))
+    assert q.claim("w").task_id == "authed"
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl CLI not installed (needed to make test certs)")
+def test_tls_rediss_url_with_ca_file(own_redis, tmp_path):
+    tls = make_tls_files(tmp_path / "tls")
+    server = own_redis(tls=tls, password="tls-pass")
+    env = {"REDIS_URL": server.url, "REDIS_PASSWORD": "tls-pass", "REDIS_CA_FILE": str(tls.ca_cert)}
+    assert server.url.startswith("rediss://")
+    q = TaskQueue(connect(settings_from_env(env)), namespace="tls")
+    q.submit(make_spec("secure"))
+    assert q.claim("w").task_id == "secure"
+    with pytest.raises(redis.ConnectionError):  # plaintext to the TLS port fails
+        connect(RedisSettings(url=server.url.replace("rediss://", "redis://"), password="tls-pass")).ping()
+    with pytest.raises(redis.ConnectionError):  # an untrusted server certificate is refused
+        connect(RedisSettings(url=server.url, password="tls-pass")).ping()
+
+
+# -- crash safety -----------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_redis_sigkill_and_aof_restart_loses_no_acknowledged_submission(own_redis):
+    server = own_redis(appendonly=True)
+    acknowledged: list[str] = []
+    done_before_crash: list[str] = []
+    stop = threading.Event()
+
+    def submitter() -> None:
+        client = server.client(socket_timeout=2, socket_connect_timeout=1)
+        q = TaskQueue(client, namespace="aof")
+        i = 0
+        while not stop.is_set():
+            run_id = f"sub-{i:05d}"
+            try:
+                q.submit(make_spec(run_id))  # created, or stored before a lost reply
+                acknowledged.append(run_id)  # only after Redis replied
+                i += 1
+            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
+                time.sleep(0.05)  # retry the same id: idempotent submit
+
+    threads = [threading.Thread(target=submitter) for _ in range(1)]
+    for t in threads:
+        t.start()
+    q = TaskQueue(server.client(), namespace="aof")
+    time.sleep(0.5)
+    for c in q.claim_batch("w", 20):
+        assert q.ack(c)
+        done_before_crash.append(c.task_id)
+    time.sleep(0.3)
+    server.kill()  # SIGKILL mid-stream: no shutdown, only the fsynced AOF survives
+    killed_at = len(acknowledged)
+    time.sleep(0.3)
+    server.start()
+    time.sleep(0.5)
+    stop.set()
+    for t in threads:
+        t.join(timeout=30)
+    assert killed_at > 50 and len(acknowledged) > killed_at, "submissions ran before and after the crash"
+    q = TaskQueue(server.client(), namespace="aof")
+    missing = [r for r in acknowledged if q.get(r) is None]
+    assert missing == []
+    assert all(q.get(r).state == "succeeded" for r in done_before_crash)
+    waiting = {c.task_id for c in q.claim_batch("w", 100000)}
+    assert waiting == set(acknowledged) - set(done_before_crash)

@@ -1,0 +1,165 @@
+"""Run spec validation: every field, clear errors naming it, bounded payload."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from training.config import load_run_config
+from training.config import STAGES
+from training.scheduler.spec import MAX_SPEC_BYTES, RunSpec, SpecError, load_spec, parse_spec, parse_spec_text
+
+ROOT = "/mnt/shared"
+GOOD = {
+    "run_id": "demo-001",
+    "stages": ["retriever", "index", "generator", "evaluate"],
+    "data": {"corpus": "datasets/demo/corpus.jsonl", "qa_train": "/mnt/shared/datasets/demo/qa_train.jsonl",
+             "qa_eval": "datasets/./demo/qa_eval.jsonl"},
+    "models": {"generator": "models/tiny-lm"},
+    "hyperparameters": {"retriever": {"max_steps": 20, "optim.lr": 3.0e-5}, "generator": {"tiny.num_layers": 1}},
+    "nodes": 2,
+    "gpus_per_node": 4,
+    "priority": "high",
+    "max_attempts": 5,
+    "timeout_seconds": 3600,
+}
+
+
+def test_valid_spec_normalises_paths_and_round_trips():
+    spec = parse_spec(GOOD, shared_root=ROOT)
+    assert spec.data == {"corpus": "datasets/demo/corpus.jsonl", "qa_train": "datasets/demo/qa_train.jsonl",
+                         "qa_eval": "datasets/demo/qa_eval.jsonl"}
+    assert spec.stages == STAGES and spec.nodes == 2 and spec.gpus_per_node == 4
+    assert RunSpec.from_json(spec.to_json()) == spec
+    assert parse_spec_text(json.dumps(GOOD), shared_root=ROOT) == spec
+    assert parse_spec_text(yaml.safe_dump(GOOD), shared_root=ROOT) == spec
+
+
+def test_training_config_is_what_the_training_package_reads():
+    cfg = load_run_config(parse_spec(GOOD, shared_root=ROOT).to_training_config("/tmp/shared"))
+    assert cfg.run_id == "demo-001" and cfg.shared_root == "/tmp/shared"
+    assert cfg.retriever.max_steps == 20 and cfg.retriever.optim.lr == pytest.approx(3e-5)
+    assert cfg.generator.tiny.num_layers == 1 and cfg.generator.model == "/tmp/shared/models/tiny-lm"
+    assert cfg.data.qa_train == "datasets/demo/qa_train.jsonl"
+
+
+def test_run_section_sets_run_wide_keys_but_not_the_specs_own():
+    spec = parse_spec(_with(hyperparameters={"run": {"seed": 7, "checkpoint.every_steps": 5, "metrics.port": 0}}),
+                      shared_root=ROOT)
+    cfg = load_run_config(spec.to_training_config(ROOT))
+    assert cfg.seed == 7 and cfg.checkpoint.every_steps == 5 and cfg.metrics.port == 0
+    for key in ("run_id", "shared_root", "stages", "data.corpus"):
+        with pytest.raises(SpecError) as info:
+            parse_spec(_with(hyperparameters={"run": {key: "x"}}), shared_root=ROOT)
+        assert f"hyperparameters.run.{key}" in dict(info.value.problems)
+    with pytest.raises(SpecError) as info:
+        parse_spec(_with(hyperparameters={"run": {"seed": "abc"}}), shared_root=ROOT)
+    assert "hyperparameters.run.seed" in dict(info.value.problems)
+
+
+def test_defaults():
+    spec = parse_spec({"run_id": "r1", "stages": ["index"]}, shared_root=ROOT)
+    assert (spec.priority, spec.max_attempts, spec.nodes, spec.gpus_per_node) == ("normal", 3, 1, None)
+
+
+def _with(**changes):
+    raw = {k: v for k, v in GOOD.items()}
+    for key, value in changes.items():
+        if value is ...:
+            raw.pop(key, None)
+        else:
+            raw[key] = value
+    return raw
+
+
+@pytest.mark.parametrize("raw, field, fragment", [
+    (_with(run_id="Demo_1"), "run_id", "DNS label"),
+    (_with(run_id="-x"), "run_id", "DNS label"),
+    (_with(run_id="a" * 64), "run_id", "DNS label"),
+    (_with(run_id=...), "run_id", "DNS label"),
+    (_with(stages=[]), "stages", "non-empty"),
+    (_with(stages=["retriever", "train.py"]), "stages", "never a script path"),
+    (_with(stages=["/mnt/shared/evil.sh"]), "stages", "unknown stage"),
+    (_with(stages=["index", "index"]), "stages", "twice"),
+    (_with(stages=["evaluate", "retriever"]), "stages", "pipeline order"),
+    (_with(script_path="train.py"), "script_path", "script paths are not accepted"),
+    (_with(data={"corpus": "../etc/passwd"}), "data.corpus", "'..'"),
+    (_with(data={"corpus": "/etc/passwd"}), "data.corpus", "outside the shared root"),
+    (_with(data={"corpus": "/mnt/sharedx/a"}), "data.corpus", "outside the shared root"),
+    (_with(data={"corpus": "a/../../b"}), "data.corpus", "'..'"),
+    (_with(data={"corpus": ""}), "data.corpus", "non-empty"),
+    (_with(data={"Corpus": "a"}), "data.Corpus", "name must match"),
+    (_with(data={"corpus_extra": "a"}), "data.corpus_extra", "unknown key"),
+    (_with(data=["a"]), "data", "mapping"),
+    (_with(models={"generator": "/root/model"}), "models.generator", "outside the shared root"),
+    (_with(models={"critic": "models/x"}), "models.critic", "unknown model slot"),
+    (_with(hyperparameters={"retriever": {"optim.lr": float("nan")}}), "hyperparameters.retriever.optim.lr", "finite"),
+    (_with(hyperparameters={"retriever": {"Bad-Key": 1}}), "hyperparameters.retriever.Bad-Key", "lower_snake_case"),
+    (_with(hyperparameters={"trainer": {"lr": 1}}), "hyperparameters.trainer", "unknown stage"),
+    (_with(stages=["index"], hyperparameters={"retriever": {"max_steps": 1}}), "hyperparameters.retriever",
+     "not in this run's stages"),
+    (_with(hyperparameters={"retriever": {"max_stepz": 5}}), "hyperparameters.retriever.max_stepz", "unknown key"),
+    (_with(hyperparameters={"retriever": {"max_steps": 0}}), "hyperparameters.retriever.max_steps", ">= 1"),
+    (_with(hyperparameters={"retriever": {"max_steps": {"a": 1}}}), "hyperparameters.retriever.max_steps", "finite"),
+    (_with(nodes=0), "nodes", "[1, 64]"),
+    (_with(nodes="2"), "nodes", "integer"),
+    (_with(nodes=True), "nodes", "integer"),
+    (_with(gpus_per_node=17), "gpus_per_node", "[1, 16]"),
+    (_with(priority="urgent"), "priority", "high, normal, low"),
+    (_with(max_attempts=0), "max_attempts", "[1, 100]"),
+    (_with(timeout_seconds=10**9), "timeout_seconds", "[1, 604800]"),
+])
+def test_bad_field_is_named(raw, field, fragment):
+    with pytest.raises(SpecError) as info:
+        parse_spec(raw, shared_root=ROOT)
+    fields = [name for name, _ in info.value.problems]
+    assert field in fields, info.value.problems
+    message = dict(info.value.problems)[field]
+    assert fragment in message, message
+    assert "nothing was submitted" in str(info.value)
+
+
+def test_all_problems_reported_at_once():
+    with pytest.raises(SpecError) as info:
+        parse_spec(_with(run_id="BAD", priority="x", nodes=0), shared_root=ROOT)
+    assert {"run_id", "priority", "nodes"} <= {f for f, _ in info.value.problems}
+
+
+def test_payload_and_file_size_are_bounded(tmp_path):
+    big = _with(hyperparameters={"retriever": {f"k{i}": "x" * 1000 for i in range(70)}})
+    with pytest.raises(SpecError, match="limit is"):
+        parse_spec(big, shared_root=ROOT)
+    path = tmp_path / "huge.yaml"
+    path.write_text("run_id: a\n" + "#" * (MAX_SPEC_BYTES + 1))
+    with pytest.raises(SpecError, match="limit is"):
+        load_spec(path, shared_root=ROOT)
+
+
+def test_file_errors_name_the_file(tmp_path):
+    bad_yaml = tmp_path / "run.yaml"
+    bad_yaml.write_text("run_id: [unclosed\n")
+    with pytest.raises(SpecError, match=r"(?s)run\.yaml.*invalid YAML"):
+        load_spec(bad_yaml)
+    bad_json = tmp_path / "run.json"
+    bad_json.write_text('{"run_id": }')
+    with pytest.raises(SpecError, match=r"invalid JSON at line 1"):
+        load_spec(bad_json)
+    with pytest.raises(SpecError, match="cannot read"):
+        load_spec(tmp_path / "missing.yaml")
+    top_list = tmp_path / "list.yaml"
+    top_list.write_text("- a\n")
+    with pytest.raises(SpecError, match="must be a mapping"):
+        load_spec(top_list)
+
+
+def test_local_demo_spec_is_valid_and_matches_the_demo_config(tmp_path):
+    from training.demo.direct import demo_config
+    from training.demo.through_queue import demo_spec
+
+    spec = parse_spec(demo_spec("demo", 2, tmp_path), shared_root=str(tmp_path))
+    via_queue = load_run_config(spec.to_training_config(str(tmp_path)))
+    direct = load_run_config(demo_config(tmp_path, "demo"))
+    assert via_queue == direct, "the queued demo must train exactly what python -m training.demo trains"
+    assert spec.gpus_per_node == 2

@@ -1,0 +1,415 @@
+"""The worker as a real process against a real redis-server.
+
+Most tests replace torchrun by a tiny shell command through the test-only hook
+``RAGPOOL_WORKER_TEST_COMMAND``; ``test_worker_launches_torchrun_*`` runs the real
+torchrun with a tiny script, and ``test_worker_runs_real_pipeline_end_to_end`` the
+real ``training.pipeline``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from tests.support.redis_fixtures import make_spec, subprocess_env
+
+from training.config import load_run_config
+from training.exit_codes import RETRIABLE
+
+
+def start_worker(redis_server, namespace, shared: Path, command: list[str] | None = None, *,
+                 lease=1.0, idle=0.5, extra_args=(), **env) -> subprocess.Popen:
+    env_vars = {"REDIS_URL": redis_server.url, "RAGPOOL_QUEUE_NAMESPACE": namespace,
+                "RAGPOOL_SHARED_ROOT": str(shared), **env}
+    if command is not None:
+        env_vars["RAGPOOL_WORKER_TEST_COMMAND"] = json.dumps(command)
+    args = [sys.executable, "-m", "training.worker", "--lease-seconds", str(lease), "--idle-exit-seconds", str(idle),
+            "--poll-seconds", "0.1", "--backoff-base-seconds", "0.1", "--backoff-max-seconds", "0.5",
+            "--stop-grace-seconds", "10", *extra_args]
+    # Output to a file, not a pipe nobody drains while the test waits.
+    log_path = shared / f"worker-{time.monotonic_ns()}.log"
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(args, env=subprocess_env(**env_vars), stdout=log_file, stderr=subprocess.STDOUT)
+    proc.log_path = log_path
+    return proc
+
+
+def finish(proc: subprocess.Popen, timeout: float = 60) -> tuple[int, str]:
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"worker still running after {timeout}s:\n{proc.log_path.read_text()[-3000:]}")
+    return proc.returncode, proc.log_path.read_text(errors="replace")
+
+
+def sh(script: str) -> list[str]:
+    return ["sh", "-c", script]
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.slow
+def test_worker_claims_runs_heartbeats_and_acks(redis_server, namespace, make_queue, tmp_path):
+    q = make_queue()
+    spec = make_spec("e2e-run", stages=["retriever", "index"],
+                     hyperparameters={"retriever": {"max_steps": 7}})
+    q.submit(spec)
+    # Runs 2.5 s with a 0.9 s lease: only heartbeats keep the task ours.
+    cmd = sh('test -f "$RAGPOOL_RUN_CONFIG" && echo "training {run_id} attempt {attempt}" && sleep 2.5 '
+             '&& echo done > "$RAGPOOL_SHARED_ROOT/runs/$RAGPOOL_RUN_ID/artifact.txt"')
+    worker = start_worker(redis_server, namespace, tmp_path, cmd, lease=0.9)
+    time.sleep(1.5)
+    assert make_queue().claim("thief") is None, "a heartbeated lease must not be reaped"
+    code, out = finish(worker)
+    assert code == 0, out
+    info = q.get("e2e-run")
+    assert info.state == "succeeded" and info.attempts == 1 and info.completions == 1
+    assert info.heartbeat_at - info.claimed_at > 0.5
+    run_dir = tmp_path / "runs" / "e2e-run"
+    assert (run_dir / "artifact.txt").read_text() == "done\n"
+    cfg = load_run_config(run_dir / "run.yaml")
+    assert cfg.run_id == "e2e-run" and cfg.stages == ("retriever", "index") and cfg.retriever.max_steps == 7
+    assert cfg.shared_root == str(tmp_path)
+    assert "training e2e-run attempt 1" in (run_dir / "logs" / "attempt-1-node-0.log").read_text()
+    assert "training e2e-run attempt 1" in out
+
+
+@pytest.mark.slow
+def test_failing_run_is_retried_then_dead_lettered_with_its_error(redis_server, namespace, make_queue, tmp_path):
+    q = make_queue()
+    q.submit(make_spec("always-fails", max_attempts=2))
+    q.submit(make_spec("bad-config", max_attempts=5))
+    cmd = sh('if [ "{run_id}" = bad-config ]; then echo "config: no such key" >&2; exit 2; fi; '
+             'echo "RuntimeError: loss is NaN at step {attempt}" >&2; exit 3')
+    code, out = finish(start_worker(redis_server, namespace, tmp_path, cmd, idle=1.5))
+    assert code == 0, out
+    dead = q.get("always-fails")
+    assert dead.state == "dead" and dead.attempts == 2
+    assert "exit code 3" in dead.last_error and "loss is NaN at step 2" in dead.last_error
+    bad = q.get("bad-config")
+    assert bad.state == "dead" and bad.attempts == 1, "exit code 2 (bad input) must not be retried"
+    assert sorted(q.dead_letter()) == ["always-fails", "bad-config"]
+
+
+@pytest.mark.slow
+def test_retriable_exit_requeues_without_spending_an_attempt(redis_server, namespace, make_queue, tmp_path):
+    q = make_queue()
+    q.submit(make_spec("preempted", max_attempts=1))
+    marker = tmp_path / "checkpointed"
+    cmd = sh(f'if [ -f {marker} ]; then exit 0; fi; touch {marker}; exit {RETRIABLE}')
+    code, out = finish(start_worker(redis_server, namespace, tmp_path, cmd, idle=1.0))
+    assert code == 0, out
+    info = q.get("preempted")
+    assert info.state == "succeeded" and info.attempts == 1, "a retriable exit must not burn the only attempt"
+    assert q.stats().counters["released_total"] == 1
+
+
+@pytest.mark.slow
+def test_sigterm_forwards_to_run_and_releases_the_lease(redis_server, namespace, make_queue, tmp_path):
+    q = make_queue()
+    q.submit(make_spec("spot-victim", max_attempts=1))
+    ckpt = tmp_path / "runs" / "spot-victim" / "checkpoint"
+    # The "training" checkpoints on SIGTERM and exits with the retriable code.
+    cmd = sh(f'trap "echo step-42 > {ckpt}; exit {RETRIABLE}" TERM; echo started; '
+             'while true; do sleep 0.05; done')
+    worker = start_worker(redis_server, namespace, tmp_path, cmd, idle=30)
+    wait_for(lambda: (q.get("spot-victim") or None) and q.get("spot-victim").state == "running", 20, "claim")
+    time.sleep(0.5)
+    worker.send_signal(signal.SIGTERM)
+    code, out = finish(worker, timeout=30)
+    assert code == RETRIABLE, out
+    assert ckpt.read_text() == "step-42\n", "SIGTERM must reach the run so it can checkpoint"
+    info = q.get("spot-victim")
+    assert info.state == "queued" and info.attempts == 0 and "SIGTERM" in info.last_error
+    # Another worker resumes it: the only attempt was not spent by the interruption.
+    resume = sh(f'test -f {ckpt} && echo resumed-from-$(cat {ckpt})')
+    code, out = finish(start_worker(redis_server, namespace, tmp_path, resume))
+    assert code == 0 and "resumed-from-step-42" in out, out
+    assert q.get("spot-victim").state == "succeeded"
+
+
+@pytest.mark.slow
+def test_cancel_stops_a_running_task(redis_server, namespace, make_queue, tmp_path):
+    q = make_queue()
+    q.submit(make_spec("to-cancel"))
+    worker = start_worker(redis_server, namespace, tmp_path, sh("sleep 60"), lease=0.6, idle=0.5)
+    wait_for(lambda: q.get("to-cancel").state == "running", 20, "claim")
+    start = time.monotonic()
+    assert q.cancel("to-cancel") == "cancelling"
+    code, out = finish(worker, timeout=30)
+    assert code == 0, out
+    assert q.get("to-cancel").state == "cancelled"
+    assert time.monotonic() - start < 10
+
+
+@pytest.mark.slow
+def test_attempt_timeout_stops_the_run_and_counts_a_failure(redis_server, namespace, make_queue, tmp_path):
+    q = make_queue()
+    q.submit(make_spec("too-slow", timeout_seconds=1, max_attempts=1))
+    code, out = finish(start_worker(redis_server, namespace, tmp_path, sh("sleep 60"), idle=0.5), timeout=40)
+    assert code == 0, out
+    info = q.get("too-slow")
+    assert info.state == "dead" and "timed out after 1s" in info.last_error
+
+
+def test_idle_worker_exits_after_idle_time(redis_server, namespace, tmp_path):
+    start = time.monotonic()
+    code, out = finish(start_worker(redis_server, namespace, tmp_path, sh("true"), idle=0.7))
+    elapsed = time.monotonic() - start
+    assert code == 0, out
+    assert 0.7 <= elapsed < 15
+
+
+def test_worker_rejects_bad_settings_without_claiming(redis_server, namespace, make_queue, tmp_path):
+    q = make_queue()
+    q.submit(make_spec("untouched"))
+    code, out = finish(start_worker(redis_server, namespace, tmp_path, sh("true"), REDIS_URL="http://nope"))
+    assert code == 2 and "REDIS_URL" in out
+    code, out = finish(start_worker(redis_server, namespace, tmp_path, sh("true"), RAGPOOL_NNODES="2"))
+    assert code == 2 and "RAGPOOL_WORKER_GROUP" in out
+    assert q.get("untouched").state == "queued"
+
+
+@pytest.mark.slow
+def test_indexed_job_group_runs_one_task_on_every_index(redis_server, namespace, make_queue, tmp_path):
+    q = make_queue()
+    q.submit(make_spec("single"))
+    q.submit(make_spec("two-node", nodes=2))
+    out_dir = tmp_path / "nodes"
+    out_dir.mkdir()
+    cmd = sh(f'echo "{{run_id}} attempt {{attempt}}" > {out_dir}/{{run_id}}-node-{{node_index}}.txt; sleep 0.5')
+    group = dict(RAGPOOL_NNODES="2", RAGPOOL_WORKER_GROUP="job-abc", RAGPOOL_RDZV_HOST="job-abc-0.job-abc")
+    follower = start_worker(redis_server, namespace, tmp_path, cmd, idle=3, JOB_COMPLETION_INDEX="1", **group)
+    leader = start_worker(redis_server, namespace, tmp_path, cmd, idle=1, JOB_COMPLETION_INDEX="0", **group)
+    assert finish(leader)[0] == 0
+    assert finish(follower)[0] == 0
+    assert sorted(p.name for p in out_dir.iterdir()) == ["two-node-node-0.txt", "two-node-node-1.txt"]
+    assert (out_dir / "two-node-node-1.txt").read_text() == "two-node attempt 1\n"
+    assert q.get("two-node").state == "succeeded"
+    assert q.get("single").state == "queued", "an Indexed Job of 2 pods must not take single-node runs"
+
+
+# -- real torchrun ------------------------------------------------------------------------
+
+TINY_DDP_SCRIPT = textwrap.dedent("""
+    import os, signal, sys, time
+    import torch
+    import torch.distributed as dist
+    from training.config import load_run_config
+    from training.exit_codes import RETRIABLE
+
+    cfg = load_run_config(sys.argv[sys.argv.index("--config") + 1])
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = os.path.join(cfg.shared_root, "runs", cfg.run_id, "ddp")
+    os.makedirs(out, exist_ok=True)
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+    total = torch.tensor([rank + 1.0])
+    dist.all_reduce(total)
+    steps = int(os.environ.get("TINY_STEPS", "1"))
+    for step in range(steps):
+        if stop:
+            open(os.path.join(out, f"checkpoint-rank{rank}"), "w").write(str(step))
+            sys.exit(RETRIABLE)
+        time.sleep(0.1)
+    if rank == 0:
+        open(os.path.join(out, "result.txt"), "w").write(f"world={world} sum={total.item():g}")
+""")
+
+
+@pytest.mark.slow
+def test_worker_launches_torchrun_with_gpus_per_node_processes(redis_server, namespace, make_queue, tmp_path):
+    script = tmp_path / "tiny_ddp.py"
+    script.write_text(TINY_DDP_SCRIPT)
+    q = make_queue()
+    q.submit(make_spec("ddp-run", gpus_per_node=2))
+    code, out = finish(start_worker(redis_server, namespace, tmp_path, None, lease=5, idle=0.5,
+                                    RAGPOOL_WORKER_TEST_ENTRYPOINT=str(script)), timeout=240)
+    assert code == 0, out
+    assert (tmp_path / "runs" / "ddp-run" / "ddp" / "result.txt").read_text() == "world=2 sum=3"
+    assert q.get("ddp-run").state == "succeeded"
+
+
+@pytest.mark.slow
+def test_sigterm_through_torchrun_reaches_ranks_and_releases(redis_server, namespace, make_queue, tmp_path):
+    script = tmp_path / "tiny_ddp.py"
+    script.write_text(TINY_DDP_SCRIPT)
+    q = make_queue()
+    q.submit(make_spec("ddp-spot", gpus_per_node=2, max_attempts=1))
+    worker = start_worker(redis_server, namespace, tmp_path, None, lease=5, idle=30,
+                          RAGPOOL_WORKER_TEST_ENTRYPOINT=str(script), TINY_STEPS="100000")
+    ddp_dir = tmp_path / "runs" / "ddp-spot" / "ddp"
+    wait_for(lambda: ddp_dir.is_dir(), 180, "ranks to start")
+    time.sleep(1.0)
+    worker.send_signal(signal.SIGTERM)
+    code, out = finish(worker, timeout=120)
+    assert code == RETRIABLE, out
+    assert sorted(p.name for p in ddp_dir.iterdir()) == ["checkpoint-rank0", "checkpoint-rank1"], out
+    info = q.get("ddp-spot")
+    assert info.state == "queued" and info.attempts == 0
+
+
+@pytest.mark.slow
+def test_two_node_indexed_job_joins_one_torchrun_rendezvous(redis_server, namespace, make_queue, tmp_path):
+    """Two worker 'pods' (indices 0 and 1) on this machine: one claim, one c10d rendezvous, world size 2."""
+    from training.demo.redis_server import free_port
+
+    script = tmp_path / "tiny_ddp.py"
+    script.write_text(TINY_DDP_SCRIPT)
+    q = make_queue()
+    q.submit(make_spec("two-node-ddp", nodes=2, gpus_per_node=1))
+    group = dict(RAGPOOL_NNODES="2", RAGPOOL_WORKER_GROUP="job-ddp", RAGPOOL_RDZV_HOST="127.0.0.1",
+                 RAGPOOL_RDZV_PORT=str(free_port()), RAGPOOL_WORKER_TEST_ENTRYPOINT=str(script))
+    follower = start_worker(redis_server, namespace, tmp_path, None, lease=5, idle=5, JOB_COMPLETION_INDEX="1",
+                            **group)
+    leader = start_worker(redis_server, namespace, tmp_path, None, lease=5, idle=0.5, JOB_COMPLETION_INDEX="0",
+                          **group)
+    code, out = finish(leader, timeout=240)
+    assert code == 0, out
+    code, out_follower = finish(follower, timeout=60)
+    assert code == 0, out_follower
+    assert (tmp_path / "runs" / "two-node-ddp" / "ddp" / "result.txt").read_text() == "world=2 sum=3", out
+    assert q.get("two-node-ddp").state == "succeeded"
+
+
+@pytest.mark.slow
+def test_worker_runs_real_pipeline_end_to_end(redis_server, namespace, make_queue, tmp_path):
+    """submit a tiny pipeline run -> worker -> torchrun -m training.pipeline -> succeeded + artifacts."""
+    data = tmp_path / "datasets" / "tiny"
+    subprocess.run([sys.executable, "-m", "training.demo.synthetic", "--out", str(data), "--n-entities", "12"],
+                   check=True, env=subprocess_env(), capture_output=True)
+    spec = make_spec(
+        "pipeline-e2e", stages=["retriever", "index", "generator", "evaluate"], gpus_per_node=1,
+        data={"corpus": "datasets/tiny/corpus.jsonl", "qa_train": "datasets/tiny/qa_train.jsonl",
+              "qa_eval": "datasets/tiny/qa_eval.jsonl"},
+        hyperparameters={"retriever": {"max_steps": 2, "global_batch_size": 8},
+                         "generator": {"max_steps": 2, "global_batch_size": 4}},
+    )
+    q = make_queue()
+    q.submit(spec)
+    code, out = finish(start_worker(redis_server, namespace, tmp_path, None, lease=20, idle=0.5), timeout=420)
+    assert code == 0, out[-4000:]
+    info = q.get("pipeline-e2e")
+    assert info.state == "succeeded", (info, out[-4000:])
+    run_dir = tmp_path / "runs" / "pipeline-e2e"
+    assert (run_dir / "evaluate" / "report.json").is_file(), sorted(str(p) for p in run_dir.rglob("*"))[:50]
+    assert all((run_dir / stage).is_dir() for stage in spec.stages)
+
+
+# -- chaos ------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_chaos_sigkilled_workers_lose_nothing_and_complete_each_task_once(redis_server, namespace, make_queue,
+                                                                          tmp_path):
+    n_tasks, n_workers = 200, 4
+    q = make_queue(lease_seconds=1.0)
+    for i in range(n_tasks):
+        q.submit(make_spec(f"chaos-{i:03d}", max_attempts=100))
+    executions = tmp_path / "executions.log"
+    # Each execution appends its run id (atomic O_APPEND line) then works a little.
+    # >= 5 s of sleep-bound work over 4 workers, so even a fast machine sees >= 20 kills.
+    cmd = sh(f'echo {{run_id}} >> {executions}; sleep 0.1')
+    rng = random.Random(1234)
+    workers: list[subprocess.Popen] = []
+    kills = 0
+
+    def spawn() -> subprocess.Popen:
+        return start_worker(redis_server, namespace, tmp_path, cmd, lease=1.0, idle=3.0)
+
+    workers = [spawn() for _ in range(n_workers)]
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline:
+            counts = q.stats().counters
+            if counts.get("completed:succeeded", 0) >= n_tasks:
+                break
+            time.sleep(rng.uniform(0.05, 0.3))
+            victim = rng.randrange(n_workers)
+            if workers[victim].poll() is None:
+                workers[victim].send_signal(signal.SIGKILL)  # mid-claim, mid-run or mid-ack
+                kills += 1
+            workers[victim].wait()
+            workers[victim] = spawn()
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.send_signal(signal.SIGKILL)
+            w.wait()
+    infos = [q.get(f"chaos-{i:03d}") for i in range(n_tasks)]
+    states = {}
+    for info in infos:
+        states[info.state] = states.get(info.state, 0) + 1
+    ran = executions.read_text().split()
+    reruns = len(ran) - len(set(ran))
+    summary = f"kills={kills} executions={len(ran)} reruns={reruns} states={states}"
+    print(summary)
+    assert kills >= 20, summary
+    assert states == {"succeeded": n_tasks}, summary
+    assert all(info.completions == 1 for info in infos), summary
+    assert q.stats().counters["completed:succeeded"] == n_tasks, summary
+    assert set(ran) == {f"chaos-{i:03d}" for i in range(n_tasks)}, summary
+    assert q.stats().running == 0 and q.stats().depth["normal"] == 0
+
+
+def test_worker_serves_queue_metrics(redis_server, namespace, make_queue, tmp_path):
+    import urllib.request
+
+    from training.demo.redis_server import free_port
+
+    q = make_queue()
+    q.submit(make_spec("metered", priority="low", nodes=2))  # waits: no 2-node group here
+    port = free_port()
+    worker = start_worker(redis_server, namespace, tmp_path, sh("true"), idle=30,
+                          extra_args=("--metrics-port", str(port)))
+    try:
+        def scrape() -> str:
+            try:
+                return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+            except OSError:
+                return ""
+
+        wait_for(lambda: "ragpool_queue_depth" in scrape(), 30, "the metrics endpoint")
+        text = scrape()
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        code, out = finish(worker)
+    assert code == 0, out
+    assert 'ragpool_queue_depth{priority="low"} 1.0' in text
+    assert "ragpool_queue_oldest_age_seconds" in text and "ragpool_task_duration_seconds_bucket" in text
+    assert "ragpool_worker_last_heartbeat_timestamp_seconds{worker=" in text
+
+
+@pytest.mark.slow
+def test_worker_rides_out_a_redis_crash_and_restart(own_redis, tmp_path):
+    server = own_redis(appendonly=True)
+    from training.scheduler.run_queue import TaskQueue
+
+    q = TaskQueue(server.client(), namespace="crash")
+    q.submit(make_spec("survivor"))
+    worker = start_worker(server, "crash", tmp_path, sh("sleep 3; echo finished"), lease=6, idle=1)
+    wait_for(lambda: q.get("survivor").state == "running", 20, "claim")
+    server.kill()  # SIGKILL Redis mid-run; the lease and the claim survive in the AOF
+    time.sleep(1.0)
+    server.start()
+    code, out = finish(worker, timeout=60)
+    assert code == 0, out
+    q = TaskQueue(server.client(), namespace="crash")
+    info = q.get("survivor")
+    assert info.state == "succeeded" and info.attempts == 1 and info.completions == 1, (info, out)

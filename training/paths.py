@@ -1,0 +1,87 @@
+"""Where runs live on the shared filesystem, what a run id may be, and the one rule that keeps
+every path a user can name inside the shared root.
+
+Torch-free: the run spec (``ragpool submit``), the run config, the data loaders and the
+Pulumi program (the mount path) all import their facts from here.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+from pathlib import Path
+
+DEFAULT_SHARED_ROOT = "/mnt/shared"
+"""The shared filesystem (EFS) inside training pods; the Pulumi program mounts it here."""
+
+SHARED_ROOT_ENV = "RAGPOOL_SHARED_ROOT"
+"""Environment variable that overrides :data:`DEFAULT_SHARED_ROOT` (local runs, tests)."""
+
+RUN_ID_RULE = "a DNS label: 1-63 lowercase letters, digits or '-', starting and ending alphanumeric"
+# A run id names a Redis key, a directory, a Kubernetes label value and part of Job names,
+# so it must satisfy the strictest of them (RFC 1123 label).
+_RUN_ID = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+
+MAX_PATH_CHARS = 1024
+"""Longest path a spec or config may name."""
+
+
+class PathError(ValueError):
+    """A path that is not allowed; the message says why (callers prefix the key)."""
+
+
+def shared_root_from_env() -> str:
+    """The shared root as seen by this process (``RAGPOOL_SHARED_ROOT``, default /mnt/shared)."""
+    return os.environ.get(SHARED_ROOT_ENV) or DEFAULT_SHARED_ROOT
+
+
+def is_valid_run_id(value: object) -> bool:
+    """True when ``value`` is a run id (see :data:`RUN_ID_RULE`); a trailing newline is not."""
+    return isinstance(value, str) and _RUN_ID.fullmatch(value) is not None
+
+
+def confine(value: object, *, root: str | os.PathLike[str] | None = None) -> str:
+    """The one confinement rule: ``value`` as a normalised POSIX path relative to the shared root.
+
+    Accepts a relative path, or (when ``root`` is given) an absolute path inside ``root``.
+    Refuses non-strings, empty or over-long paths, NUL, backslashes, control characters,
+    any ``..`` component, absolute paths outside ``root`` and the root itself. Purely
+    lexical (submit time, no filesystem); :func:`resolve_confined` adds the symlink check
+    where the files are.
+    """
+    if not isinstance(value, str) or not value.strip():
+        raise PathError("must be a non-empty path relative to the shared root")
+    if len(value) > MAX_PATH_CHARS:
+        raise PathError(f"is longer than {MAX_PATH_CHARS} characters")
+    if "\\" in value or any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise PathError("must not contain backslashes or control characters")
+    if value.startswith("/"):
+        if root is None:
+            raise PathError("must be relative to the shared root, not absolute")
+        base = posixpath.normpath(os.fspath(root))
+        norm = posixpath.normpath(value)
+        if posixpath.commonpath([base, norm]) != base:
+            raise PathError(f"is outside the shared root {base}")
+        value = posixpath.relpath(norm, base)
+    if ".." in value.split("/"):
+        raise PathError("must not contain '..' (paths stay inside the shared root)")
+    norm = posixpath.normpath(value)
+    if norm in (".", ""):
+        raise PathError("names the shared root itself, not a file or directory in it")
+    return norm
+
+
+def resolve_confined(root: str | os.PathLike[str], value: object) -> Path:
+    """``root / confine(value)`` with symlinks resolved; refuses a link that leads out of ``root``."""
+    rel = confine(value, root=root)
+    base = Path(root).resolve()
+    target = (base / rel).resolve()
+    if target != base and base not in target.parents:
+        raise PathError(f"resolves to {target}, outside the shared root {base} (symlink escape)")
+    return target
+
+
+def run_dir(shared_root: str | os.PathLike[str], run_id: str) -> Path:
+    """``<shared_root>/runs/<run_id>``: everything a run writes lives below it."""
+    return Path(shared_root) / "runs" / run_id

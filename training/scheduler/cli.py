@@ -1,0 +1,269 @@
+"""``ragpool`` run commands: submit, status, list, cancel, retry, worker.
+
+    ragpool submit run.yaml            # validate, enqueue (idempotent per run_id)
+    ragpool status [RUN_ID] [--json]   # one run in detail, or the queue and recent runs
+    ragpool list [--state S] [--limit N] [--json]
+    ragpool cancel RUN_ID              # waiting: cancelled now; running: stopped at the next heartbeat
+    ragpool retry RUN_ID               # dead-letter -> queue, attempts reset
+    ragpool worker [...]               # same as python -m training.worker
+
+Redis comes from ``REDIS_URL`` and ``REDIS_PASSWORD`` / ``REDIS_PASSWORD_FILE`` (never a
+flag); the key namespace from ``RAGPOOL_QUEUE_NAMESPACE`` (default ``ragpool``).
+
+Exit codes scripts can rely on:
+
+- 0: done (``submit`` of a run id already queued with the same spec is also 0)
+- 1: refused: ``submit`` of an existing run id with a different spec, ``cancel`` of a
+  finished run, ``retry`` of a run that is not in the dead-letter list
+- 2: bad input: invalid run spec (nothing enqueued) or bad connection settings
+- 3: not found: unknown run id
+- 4: Redis unreachable (retry later)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from training import exit_codes
+
+
+def register(subparsers) -> None:
+    """Add the run subcommands to the ``ragpool`` parser."""
+    p = subparsers.add_parser("submit", help="validate a run spec (YAML/JSON) and enqueue it")
+    p.add_argument("file", help="run spec file (.yaml/.yml/.json)")
+    p.set_defaults(handler=cmd_submit)
+
+    p = subparsers.add_parser("status", help="show one run, or the queue and recent runs")
+    p.add_argument("run_id", nargs="?", help="run id (omit for the queue overview)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(handler=cmd_status)
+
+    p = subparsers.add_parser("list", help="list runs, newest first")
+    p.add_argument("--state", action="append", help="only runs in this state (repeatable)")
+    p.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(handler=cmd_list)
+
+    p = subparsers.add_parser("cancel", help="cancel a waiting or running run")
+    p.add_argument("run_id")
+    p.set_defaults(handler=cmd_cancel)
+
+    p = subparsers.add_parser("retry", help="move a dead-letter run back to the queue")
+    p.add_argument("run_id")
+    p.set_defaults(handler=cmd_retry)
+
+    from training.scheduler.supervisor import build_arg_parser
+
+    p = subparsers.add_parser("worker", help="claim and run tasks (python -m training.worker)")
+    build_arg_parser(p)
+    p.set_defaults(handler=cmd_worker)
+
+
+class _Unavailable(Exception):
+    pass
+
+
+def _queue():
+    """The queue from the environment; raises _Unavailable / RedisConfigError."""
+    import redis
+
+    from training.scheduler.run_queue import TaskQueue
+    from training.scheduler.redis_conn import connect, redact_url, settings_from_env
+
+    settings = settings_from_env()
+    client = connect(settings)
+    try:
+        client.ping()
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise _Unavailable(f"cannot reach Redis at {redact_url(settings.url)}: {exc}") from None
+    except redis.AuthenticationError as exc:
+        raise _Unavailable(f"Redis at {redact_url(settings.url)} refused the credentials: {exc}") from None
+    namespace = os.environ.get("RAGPOOL_QUEUE_NAMESPACE") or "ragpool"
+    return TaskQueue(client, namespace=namespace)
+
+
+def _with_queue(fn):
+    """Run ``fn(queue)`` mapping connection problems to exit codes 2 / 4."""
+    from training.scheduler.redis_conn import RedisConfigError
+
+    try:
+        return fn(_queue())
+    except RedisConfigError as exc:
+        print(f"ragpool: {exc}", file=sys.stderr)
+        return exit_codes.BAD_INPUT
+    except _Unavailable as exc:
+        print(f"ragpool: {exc}", file=sys.stderr)
+        return exit_codes.UNAVAILABLE
+
+
+def cmd_submit(args) -> int:
+    from training.scheduler.spec import SpecError, load_spec
+
+    try:
+        spec = load_spec(args.file)
+    except SpecError as exc:
+        print(f"ragpool submit: {exc}", file=sys.stderr)
+        return exit_codes.BAD_INPUT
+
+    def submit(queue) -> int:
+        result = queue.submit(spec)
+        if result.created:
+            print(f"submitted {spec.run_id} (priority {spec.priority}, {len(spec.stages)} stage(s): "
+                  f"{', '.join(spec.stages)})")
+            return exit_codes.OK
+        if result.same_spec:
+            print(f"{spec.run_id} was already submitted with this spec (state {result.state}); nothing changed")
+            return exit_codes.OK
+        print(f"ragpool submit: run id {spec.run_id!r} already exists (state {result.state}) with a different "
+              "spec; choose a new run_id", file=sys.stderr)
+        return exit_codes.REFUSED
+
+    return _with_queue(submit)
+
+
+def _ago(ts: float | None, now: float) -> str:
+    if not ts:
+        return "-"
+    s = max(0.0, now - ts)
+    if s < 120:
+        return f"{s:.0f}s ago"
+    if s < 7200:
+        return f"{s / 60:.0f}m ago"
+    return f"{s / 3600:.1f}h ago"
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(header, widths)).rstrip()]
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def _task_dict(info) -> dict:
+    return {"run_id": info.task_id, "state": info.state, "priority": info.priority, "attempts": info.attempts,
+            "max_attempts": info.max_attempts, "worker": info.worker, "created_at": info.created_at,
+            "claimed_at": info.claimed_at, "finished_at": info.finished_at, "heartbeat_at": info.heartbeat_at,
+            "next_attempt_at": info.next_attempt_at, "cancel_requested": info.cancel_requested,
+            "completions": info.completions, "last_error": info.last_error}
+
+
+def _task_rows(tasks, now: float) -> list[list[str]]:
+    return [[t.task_id, t.state + (" (cancelling)" if t.cancel_requested and t.state == "running" else ""),
+             t.priority, f"{t.attempts}/{t.max_attempts}", t.worker or "-", _ago(t.created_at, now),
+             _ago(t.finished_at or t.heartbeat_at, now)] for t in tasks]
+
+
+_TASK_HEADER = ["RUN_ID", "STATE", "PRIORITY", "ATTEMPTS", "WORKER", "SUBMITTED", "LAST_ACTIVITY"]
+
+
+def cmd_status(args) -> int:
+    def status(queue) -> int:
+        now = time.time()
+        if args.run_id:
+            info = queue.get(args.run_id)
+            if info is None:
+                print(f"ragpool status: no run {args.run_id!r}", file=sys.stderr)
+                return exit_codes.NOT_FOUND
+            if args.json:
+                print(json.dumps(_task_dict(info), indent=2))
+                return exit_codes.OK
+            print(_table(_task_rows([info], now), _TASK_HEADER))
+            if info.state == "failed" and info.next_attempt_at:
+                print(f"next attempt in {max(0.0, info.next_attempt_at - now):.0f}s")
+            if info.last_error:
+                print("last error:\n  " + info.last_error.strip().replace("\n", "\n  "))
+            return exit_codes.OK
+        stats = queue.stats()
+        recent = queue.list(limit=20)
+        if args.json:
+            print(json.dumps({"depth": stats.depth, "oldest_age_seconds": stats.oldest_age_s,
+                              "running": stats.running, "retry_waiting": stats.delayed,
+                              "dead_letter": stats.dead_letter, "counters": stats.counters,
+                              "runs": [_task_dict(t) for t in recent]}, indent=2))
+            return exit_codes.OK
+        rows = [[p, str(stats.depth[p]), f"{stats.oldest_age_s[p]:.0f}s"] for p in stats.depth]
+        print(_table(rows, ["PRIORITY", "WAITING", "OLDEST"]))
+        print(f"running: {stats.running}   waiting to retry: {stats.delayed}   dead-letter: {stats.dead_letter}")
+        if recent:
+            print()
+            print(_table(_task_rows(recent, now), _TASK_HEADER))
+        return exit_codes.OK
+
+    return _with_queue(status)
+
+
+def cmd_list(args) -> int:
+    from training.scheduler.run_queue import STATES
+
+    bad = [s for s in args.state or [] if s not in STATES]
+    if bad or args.limit < 1:
+        print(f"ragpool list: --state must be one of {', '.join(STATES)} and --limit >= 1", file=sys.stderr)
+        return exit_codes.BAD_INPUT
+
+    def list_(queue) -> int:
+        tasks = queue.list(limit=args.limit, states=args.state)
+        if args.json:
+            print(json.dumps([_task_dict(t) for t in tasks], indent=2))
+        elif tasks:
+            print(_table(_task_rows(tasks, time.time()), _TASK_HEADER))
+        else:
+            print("no runs")
+        return exit_codes.OK
+
+    return _with_queue(list_)
+
+
+def cmd_cancel(args) -> int:
+    def cancel(queue) -> int:
+        result = queue.cancel(args.run_id)
+        if result == "missing":
+            print(f"ragpool cancel: no run {args.run_id!r}", file=sys.stderr)
+            return exit_codes.NOT_FOUND
+        if result == "cancelled":
+            print(f"cancelled {args.run_id}")
+            return exit_codes.OK
+        if result == "cancelling":
+            print(f"{args.run_id} is running; its worker stops it at the next heartbeat")
+            return exit_codes.OK
+        state = result.split(":", 1)[-1]
+        print(f"ragpool cancel: {args.run_id} already finished ({state})", file=sys.stderr)
+        return exit_codes.REFUSED
+
+    return _with_queue(cancel)
+
+
+def cmd_retry(args) -> int:
+    def retry(queue) -> int:
+        result = queue.retry(args.run_id)
+        if result == "missing":
+            print(f"ragpool retry: no run {args.run_id!r}", file=sys.stderr)
+            return exit_codes.NOT_FOUND
+        if result == "requeued":
+            print(f"{args.run_id} moved from the dead-letter list back to the queue")
+            return exit_codes.OK
+        print(f"ragpool retry: {args.run_id} is {result}, not in the dead-letter list", file=sys.stderr)
+        return exit_codes.REFUSED
+
+    return _with_queue(retry)
+
+
+def cmd_worker(args) -> int:
+    from training.scheduler.supervisor import worker_main
+
+    return worker_main(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry (``python -m training.scheduler.cli ...``) with just these commands."""
+    parser = argparse.ArgumentParser(prog="ragpool")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.handler(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

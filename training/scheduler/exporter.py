@@ -1,0 +1,85 @@
+"""Prometheus exporter for the queue: reads Redis at scrape time (prometheus-client collector).
+
+Metric names follow the shared contract (prefix ``ragpool_``):
+
+- ``ragpool_queue_depth{priority}``, ``ragpool_queue_oldest_age_seconds{priority}``
+- ``ragpool_queue_running``, ``ragpool_queue_dead_letter_size``
+- ``ragpool_queue_retries_total``, ``ragpool_queue_tasks_completed_total{outcome}``
+- ``ragpool_task_duration_seconds{outcome}`` (histogram of attempt durations)
+- ``ragpool_worker_last_heartbeat_timestamp_seconds{worker}``
+
+The values are queue-wide (they live in Redis), so every worker exports the same
+numbers: dashboards and rules should aggregate with ``max`` (not ``sum``) across
+scrape targets. Counters are Redis-side cumulative counts, monotonic across worker
+restarts. Workers silent for a day are dropped from the heartbeat gauge.
+"""
+
+from __future__ import annotations
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from training.scheduler.run_queue import DURATION_BUCKETS, OUTCOMES, TaskQueue
+from training.scheduler.spec import PRIORITIES
+
+STALE_WORKER_S = 86400.0
+
+
+class QueueCollector(Collector):
+    """Reads the queue state once per scrape and yields the contract's metric families."""
+
+    def __init__(self, queue: TaskQueue) -> None:
+        self.queue = queue
+
+    def collect(self):
+        stats = self.queue.stats()
+        depth = GaugeMetricFamily("ragpool_queue_depth", "Tasks waiting to be claimed.", labels=["priority"])
+        age = GaugeMetricFamily("ragpool_queue_oldest_age_seconds", "Age of the oldest waiting task.",
+                                labels=["priority"])
+        for prio in PRIORITIES:
+            depth.add_metric([prio], stats.depth.get(prio, 0))
+            age.add_metric([prio], stats.oldest_age_s.get(prio, 0.0))
+        yield depth
+        yield age
+        yield GaugeMetricFamily("ragpool_queue_running", "Tasks under a lease.", value=stats.running)
+        yield GaugeMetricFamily("ragpool_queue_dead_letter_size", "Tasks in the dead-letter list.",
+                                value=stats.dead_letter)
+        yield CounterMetricFamily("ragpool_queue_retries", "Failed attempts scheduled for another try.",
+                                  value=stats.counters.get("retries_total", 0))
+        completed = CounterMetricFamily("ragpool_queue_tasks_completed",
+                                        "Finished attempts by outcome (failed = will be retried).",
+                                        labels=["outcome"])
+        duration = HistogramMetricFamily("ragpool_task_duration_seconds", "Duration of task attempts.",
+                                         labels=["outcome"])
+        for outcome in OUTCOMES:
+            completed.add_metric([outcome], stats.counters.get(f"completed:{outcome}", 0))
+            h = stats.durations.get(outcome, {})
+            cumulative, buckets = 0.0, []
+            for i, le in enumerate(DURATION_BUCKETS, start=1):
+                cumulative += h.get(f"b{i}", 0.0)
+                buckets.append((repr(float(le)), cumulative))
+            cumulative += h.get(f"b{len(DURATION_BUCKETS) + 1}", 0.0)
+            buckets.append(("+Inf", cumulative))
+            duration.add_metric([outcome], buckets, sum_value=h.get("sum", 0.0))
+        yield completed
+        yield duration
+        heartbeat = GaugeMetricFamily("ragpool_worker_last_heartbeat_timestamp_seconds",
+                                      "Last time each worker claimed or heartbeated.", labels=["worker"])
+        for worker, ts in sorted(stats.workers.items()):
+            if stats.now - ts <= STALE_WORKER_S:
+                heartbeat.add_metric([worker], ts)
+        yield heartbeat
+
+
+def queue_registry(queue: TaskQueue) -> CollectorRegistry:
+    """A registry holding only the queue collector."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(QueueCollector(queue))
+    return registry
+
+
+def start_queue_metrics_server(queue: TaskQueue, port: int, addr: str = "0.0.0.0"):
+    """Serve ``/metrics`` for the queue on ``port``; returns (server, thread)."""
+    from prometheus_client import start_http_server
+
+    return start_http_server(port, addr=addr, registry=queue_registry(queue))

@@ -1,0 +1,532 @@
+"""Queue worker: the command of a GPU worker Job pod.
+
+    python -m training.worker [--idle-exit-seconds 300] [--lease-seconds 60] [--metrics-port 9400]
+
+For each task it claims it writes the run's training config to
+``<shared>/runs/<run_id>/run.yaml`` and runs the stages with torchrun over the pod::
+
+    python -m torch.distributed.run --nnodes 1 --nproc-per-node G --standalone --max-restarts 0 \\
+        -m training.pipeline --config <shared>/runs/<run_id>/run.yaml
+
+(``G`` = the spec's ``gpus_per_node``, else the pod's CUDA device count, 1 on CPU.)
+While the run goes it heartbeats the lease from a thread; on success it acks, on failure
+it records the error (retry with backoff, dead-letter after ``max_attempts``; exit code 2
+= bad config fails fast). A pending ``ragpool cancel`` stops the run at the next heartbeat.
+
+SIGTERM (spot notice, eviction, scale-down): stop claiming, forward SIGTERM to torchrun
+(which forwards it to the ranks so they checkpoint and exit with the retriable code),
+wait up to ``--stop-grace-seconds``, then release the lease without spending an attempt
+so another worker resumes from the checkpoint. torchrun itself exits 1 after a signal
+whatever the ranks return, so any non-zero exit after *our* SIGTERM counts as
+interrupted, not failed. A child that exits with the retriable code on its own is also
+released. The worker exits 0 after ``--idle-exit-seconds`` with an empty queue (or
+after ``--max-tasks``), and with the retriable code when SIGTERM interrupted a run.
+
+Multi-node (an Indexed Job with ``completions = parallelism = N`` and a headless Service):
+set ``RAGPOOL_NNODES=N``, ``RAGPOOL_WORKER_GROUP=<job name>`` and
+``RAGPOOL_RDZV_HOST=<job>-0.<service>`` (the index-0 pod's DNS name); Kubernetes sets
+``JOB_COMPLETION_INDEX``. Index 0 claims a run with ``nodes: N`` (optionally only
+``RAGPOOL_RUN_ID``), publishes it under ``<ns>:group:<group>`` in Redis and owns the
+lease; the other indices read that key and join with the same torchrun c10d rendezvous
+(``--rdzv-endpoint <RAGPOOL_RDZV_HOST>:<RAGPOOL_RDZV_PORT> --rdzv-id <run>-a<attempt>
+--rdzv-conf is_host=<index == 0>``).
+Single-pod workers never claim multi-node runs.
+
+Environment: ``REDIS_URL``/``REDIS_PASSWORD``/``REDIS_PASSWORD_FILE`` (see
+``training.scheduler.redis_conn``), ``RAGPOOL_SHARED_ROOT`` (default /mnt/shared),
+``RAGPOOL_QUEUE_NAMESPACE`` (default ``ragpool``), ``RAGPOOL_WORKER_ID`` (default
+``<hostname>-<pid>``), ``RAGPOOL_RUN_ID``.
+
+Test hooks (used only by tests; never set them in a Job): ``RAGPOOL_WORKER_TEST_COMMAND``
+(a JSON list that replaces the whole torchrun command; ``{config}``, ``{run_id}``,
+``{attempt}``, ``{node_index}`` are substituted) and ``RAGPOOL_WORKER_TEST_ENTRYPOINT``
+(a script path torchrun runs instead of ``-m training.pipeline``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import collections
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from training import exit_codes
+from training.paths import shared_root_from_env
+from training.scheduler.spec import RunSpec
+
+log = logging.getLogger("ragpool.worker")
+
+def default_worker_id() -> str:
+    return os.environ.get("RAGPOOL_WORKER_ID") or f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass
+class WorkerConfig:
+    """How one worker process behaves."""
+
+    worker_id: str = field(default_factory=default_worker_id)
+    """Name in task hashes and the heartbeat metric."""
+    namespace: str = field(default_factory=lambda: os.environ.get("RAGPOOL_QUEUE_NAMESPACE") or "ragpool")
+    """Redis key prefix of the queue."""
+    shared_root: str = field(default_factory=shared_root_from_env)
+    """Where runs live (``runs/<run_id>/``): the EFS mount in pods."""
+    lease_seconds: float = 60.0
+    """Lease length; a worker silent this long loses its task to the next claimer."""
+    heartbeat_seconds: float | None = None
+    """Heartbeat period; default a third of the lease."""
+    idle_exit_seconds: float = 300.0
+    """Exit after the queue stayed empty this long (0: exit at the first empty poll)."""
+    poll_seconds: float = 1.0
+    """Longest wait between claim attempts while idle (submits wake it sooner)."""
+    stop_grace_seconds: float = 120.0
+    """After forwarding SIGTERM/cancel, how long the run gets to checkpoint before SIGKILL."""
+    backoff_base_s: float = 30.0
+    """First retry delay after a failed attempt; doubles each attempt."""
+    backoff_max_s: float = 3600.0
+    """Upper bound of the retry delay."""
+    max_tasks: int = 0
+    """Exit after this many tasks (0 = no limit)."""
+    metrics_port: int = field(default_factory=lambda: int(os.environ.get("RAGPOOL_QUEUE_METRICS_PORT") or 0))
+    """Serve queue metrics on this port (0 = off; env RAGPOOL_QUEUE_METRICS_PORT)."""
+    run_id: str | None = field(default_factory=lambda: os.environ.get("RAGPOOL_RUN_ID") or None)
+    """Only claim this run (a Job dedicated to one run)."""
+    nnodes: int = field(default_factory=lambda: int(os.environ.get("RAGPOOL_NNODES") or 1))
+    """Pods in this worker's group (Indexed Job size); 1 for ordinary workers."""
+    node_index: int = field(default_factory=lambda: int(os.environ.get("JOB_COMPLETION_INDEX") or 0))
+    """This pod's index in the group (Kubernetes ``JOB_COMPLETION_INDEX``)."""
+    group: str | None = field(default_factory=lambda: os.environ.get("RAGPOOL_WORKER_GROUP") or None)
+    """Group name shared by the pods of one Indexed Job (the Job name)."""
+    rdzv_host: str = field(default_factory=lambda: os.environ.get("RAGPOOL_RDZV_HOST") or "127.0.0.1")
+    """Index-0 pod's DNS name (headless Service) for the torchrun c10d rendezvous."""
+    rdzv_port: int = field(default_factory=lambda: int(os.environ.get("RAGPOOL_RDZV_PORT") or 29400))
+    """Rendezvous port on the index-0 pod."""
+    test_command: list[str] | None = field(default_factory=lambda: _json_list_env("RAGPOOL_WORKER_TEST_COMMAND"))
+    """TEST ONLY: replaces the whole torchrun command."""
+    test_entrypoint: str | None = field(default_factory=lambda: os.environ.get("RAGPOOL_WORKER_TEST_ENTRYPOINT") or None)
+    """TEST ONLY: a script torchrun runs instead of ``-m training.pipeline``."""
+
+    def __post_init__(self) -> None:
+        if self.lease_seconds <= 0:
+            raise ValueError(f"lease_seconds must be > 0, got {self.lease_seconds}")
+        if self.heartbeat_seconds is None:
+            self.heartbeat_seconds = self.lease_seconds / 3
+        if not 0 < self.heartbeat_seconds < self.lease_seconds:
+            raise ValueError(f"heartbeat_seconds must be in (0, lease_seconds), got {self.heartbeat_seconds}")
+        if self.nnodes < 1 or not 0 <= self.node_index < self.nnodes:
+            raise ValueError(f"JOB_COMPLETION_INDEX={self.node_index} must be in [0, RAGPOOL_NNODES={self.nnodes})")
+        if self.nnodes > 1 and not self.group:
+            raise ValueError("RAGPOOL_NNODES > 1 needs RAGPOOL_WORKER_GROUP (the Indexed Job's name)")
+
+
+def _json_list_env(name: str) -> list[str] | None:
+    raw = os.environ.get(name)
+    if not raw:
+        return None
+    value = json.loads(raw)
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        raise ValueError(f"{name} must be a JSON list of strings")
+    return value
+
+
+def detect_nproc(spec: RunSpec) -> int:
+    """Processes per node: the spec's ``gpus_per_node``, else CUDA devices, else 1 (CPU)."""
+    if spec.gpus_per_node:
+        return spec.gpus_per_node
+    try:
+        import torch
+    except ImportError:
+        return 1
+    return torch.cuda.device_count() or 1
+
+
+def write_run_config(spec: RunSpec, shared_root: str) -> Path:
+    """Write ``<shared>/runs/<run_id>/run.yaml`` atomically and return its path."""
+    import yaml
+
+    run_dir = Path(shared_root) / "runs" / spec.run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "run.yaml"
+    tmp = run_dir / f".run.yaml.{os.getpid()}.tmp"
+    tmp.write_text(yaml.safe_dump(spec.to_training_config(shared_root), sort_keys=False))
+    os.replace(tmp, path)
+    return path
+
+
+def check_run_config(path: Path) -> str | None:
+    """Validate with the training package when present; the error text, or None if fine."""
+    from training.config import load_run_config
+
+    try:
+        load_run_config(str(path))
+    except Exception as exc:  # the training package's own clear message
+        return f"training config rejected: {exc}"
+    return None
+
+
+class Worker:
+    """Claim → run → heartbeat → ack loop (see the module docstring)."""
+
+    def __init__(self, queue, config: WorkerConfig) -> None:
+        self.queue = queue
+        self.config = config
+        self.stopping = threading.Event()
+        self.retriable_code = exit_codes.RETRIABLE
+        self._child: subprocess.Popen | None = None
+        # Re-entrant: the SIGTERM handler runs on the main thread, which may hold it.
+        self._child_lock = threading.RLock()
+        self._sigterm_sent_to: int | None = None
+        self.tasks_done = 0
+
+    # -- signals ---------------------------------------------------------------------------
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+
+    def _on_signal(self, signum, _frame) -> None:
+        log.info("worker %s: got %s, finishing up", self.config.worker_id, signal.Signals(signum).name)
+        self.stopping.set()
+        self._signal_child(signal.SIGTERM)
+
+    def _signal_child(self, sig: int) -> None:
+        with self._child_lock:
+            child = self._child
+        if child is not None and child.poll() is None:
+            try:
+                os.killpg(child.pid, sig)  # torchrun and anything else in its session
+            except ProcessLookupError:
+                return
+            if sig == signal.SIGTERM:
+                self._sigterm_sent_to = child.pid
+
+    # -- main loop -------------------------------------------------------------------------
+
+    def run(self) -> int:
+        if self.config.metrics_port:
+            from training.scheduler.exporter import start_queue_metrics_server
+
+            start_queue_metrics_server(self.queue, self.config.metrics_port)
+        if self.config.nnodes > 1 and self.config.node_index > 0:
+            return self._run_follower()
+        interrupted = False
+        idle_since = time.monotonic()
+        while not self.stopping.is_set():
+            if self.config.max_tasks and self.tasks_done >= self.config.max_tasks:
+                break
+            idle_left = self.config.idle_exit_seconds - (time.monotonic() - idle_since)
+            try:
+                claim = self.queue.claim(self.config.worker_id, run_id=self.config.run_id,
+                                         nodes=self.config.nnodes,
+                                         block_s=max(0.0, min(self.config.poll_seconds, idle_left)),
+                                         poll_s=self.config.poll_seconds)
+            except Exception as exc:  # Redis restarting / failing over: keep trying
+                if not _is_redis_error(exc):
+                    raise
+                log.warning("worker %s: queue unavailable (%s); retrying", self.config.worker_id, exc)
+                self.stopping.wait(min(5.0, self.config.poll_seconds))
+                continue
+            if claim is None:
+                if time.monotonic() - idle_since >= self.config.idle_exit_seconds:
+                    log.info("worker %s: queue empty for %.0fs, exiting", self.config.worker_id,
+                             self.config.idle_exit_seconds)
+                    break
+                continue
+            interrupted = self.run_task(claim) == "interrupted" or interrupted
+            self.tasks_done += 1
+            idle_since = time.monotonic()
+        return self.retriable_code if interrupted else 0
+
+    def _run_follower(self) -> int:
+        """Index > 0 of an Indexed Job: join whatever run index 0 publishes."""
+        seen: tuple | None = None
+        idle_since = time.monotonic()
+        while not self.stopping.is_set():
+            try:
+                group = self.queue.read_group(self.config.group)
+            except Exception as exc:
+                if not _is_redis_error(exc):
+                    raise
+                log.warning("worker %s: queue unavailable (%s); retrying", self.config.worker_id, exc)
+                self.stopping.wait(min(5.0, self.config.poll_seconds))
+                continue
+            key = (group["task_id"], group["attempt"]) if group else None
+            if group and key != seen:
+                seen = key
+                spec = RunSpec.from_json(group["spec_json"])
+                cmd, env = self._command(spec, Path(group["config"]), group["attempt"])
+                code, _tail, _why = self._supervise(cmd, env, spec, timeout_s=spec.timeout_seconds, claim=None,
+                                                    attempt=group["attempt"])
+                log.info("worker %s (index %d): run %s exited %s", self.config.worker_id,
+                         self.config.node_index, spec.run_id, code)
+                self.tasks_done += 1
+                idle_since = time.monotonic()
+                if self.config.max_tasks and self.tasks_done >= self.config.max_tasks:
+                    break
+                continue
+            if time.monotonic() - idle_since >= self.config.idle_exit_seconds:
+                break
+            self.stopping.wait(min(self.config.poll_seconds, 0.5))
+        return 0
+
+    # -- one task --------------------------------------------------------------------------
+
+    def _command(self, spec: RunSpec, config_path: Path, attempt: int) -> tuple[list[str], dict[str, str]]:
+        env = dict(os.environ)
+        env.update(RAGPOOL_RUN_ID=spec.run_id, RAGPOOL_RUN_CONFIG=str(config_path),
+                   RAGPOOL_ATTEMPT=str(attempt), RAGPOOL_SHARED_ROOT=self.config.shared_root,
+                   RAGPOOL_NODE_INDEX=str(self.config.node_index))
+        # The child must import the same training package as this worker.
+        package_root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        if self.config.test_command:
+            subst = {"{config}": str(config_path), "{run_id}": spec.run_id, "{attempt}": str(attempt),
+                     "{node_index}": str(self.config.node_index)}
+            cmd = []
+            for part in self.config.test_command:
+                for token, value in subst.items():
+                    part = part.replace(token, value)
+                cmd.append(part)
+            return cmd, env
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(spec.nodes),
+               "--nproc-per-node", str(detect_nproc(spec)), "--max-restarts", "0"]
+        if spec.nodes == 1:
+            cmd.append("--standalone")
+        else:
+            # Index 0 hosts the c10d store; saying so beats torch's hostname guess, which
+            # cannot match a headless-Service name against the pod's own hostname.
+            is_host = "true" if self.config.node_index == 0 else "false"
+            cmd += ["--rdzv-backend", "c10d",
+                    "--rdzv-endpoint", f"{self.config.rdzv_host}:{self.config.rdzv_port}",
+                    "--rdzv-id", f"{spec.run_id}-a{attempt}", "--rdzv-conf", f"is_host={is_host}"]
+        entry = [self.config.test_entrypoint] if self.config.test_entrypoint else ["-m", "training.pipeline"]
+        return cmd + entry + ["--config", str(config_path)], env
+
+    def run_task(self, claim) -> str:
+        """Run one claimed task to an outcome; returns what was recorded."""
+        q, cfg = self.queue, self.config
+        try:
+            spec = claim.spec
+        except Exception as exc:  # a stored spec that no longer validates (allow-list changed)
+            q.fail(claim, f"stored run spec is invalid: {exc}", retriable=False)
+            return "dead"
+        log.info("worker %s: claimed %s (attempt %d/%d)", cfg.worker_id, spec.run_id, claim.attempt,
+                 claim.max_attempts)
+        try:
+            config_path = write_run_config(spec, cfg.shared_root)
+        except OSError as exc:
+            q.fail(claim, f"cannot write run config under {cfg.shared_root}: {exc}")
+            return "failed"
+        problem = check_run_config(config_path)
+        if problem:
+            q.fail(claim, problem, retriable=False)
+            return "dead"
+        cmd, env = self._command(spec, config_path, claim.attempt)
+        if cfg.nnodes > 1:
+            q.publish_group(cfg.group, claim, {"spec_json": claim.spec_json, "config": str(config_path)},
+                            ttl_s=int(cfg.lease_seconds * 2) + 1)
+        try:
+            code, tail, why = self._supervise(cmd, env, spec, timeout_s=claim.timeout_s, claim=claim)
+        finally:
+            if cfg.nnodes > 1:
+                q.clear_group(cfg.group)
+        return self._record(claim, code, tail, why)
+
+    def _record(self, claim, code: int | None, tail: str, why: str) -> str:
+        """Record the outcome, retrying through a Redis restart/failover for up to a lease."""
+        deadline = time.monotonic() + self.config.lease_seconds
+        while True:
+            try:
+                return self._record_once(claim, code, tail, why)
+            except Exception as exc:
+                if not _is_redis_error(exc) or time.monotonic() > deadline:
+                    raise
+                log.warning("run %s: cannot record outcome yet (%s); retrying", claim.task_id, exc)
+                time.sleep(1.0)
+
+    def _record_once(self, claim, code: int | None, tail: str, why: str) -> str:
+        q = self.queue
+        if why == "lost":
+            log.warning("run %s: lease lost (reaped or taken over); not recording anything", claim.task_id)
+            return "lost"
+        if why == "cancel":
+            return q.cancelled(claim)
+        if code == 0:
+            return "succeeded" if q.ack(claim) else "lost"
+        if why == "stop":
+            q.release(claim, f"interrupted by worker shutdown (SIGTERM); child exited {code}")
+            return "interrupted"
+        if why == "timeout":
+            return q.fail(claim, f"timed out after {claim.timeout_s:.0f}s\n{tail}")
+        if code == self.retriable_code:
+            outcome = q.release(claim, f"child exited with the retriable code {code}")
+            return "dead" if outcome == "dead" else "released"
+        retriable = code != exit_codes.BAD_INPUT
+        return q.fail(claim, f"exit code {code}\n{tail}", retriable=retriable)
+
+    def _supervise(self, cmd: list[str], env: dict[str, str], spec: RunSpec, *, timeout_s: float,
+                   claim, attempt: int = 0) -> tuple[int | None, str, str]:
+        """Run the child; heartbeat; enforce timeout/cancel/stop. Returns (exit code, output tail, why)."""
+        cfg = self.config
+        log_dir = Path(cfg.shared_root) / "runs" / spec.run_id / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        attempt = claim.attempt if claim is not None else attempt
+        log_path = log_dir / f"attempt-{attempt}-node-{cfg.node_index}.log"
+        tail: collections.deque[str] = collections.deque(maxlen=40)
+        with self._child_lock:
+            if self.stopping.is_set() and claim is not None:
+                return None, "", "stop"
+            child = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+            self._child = child
+        reader = threading.Thread(target=_pump, args=(child, log_path, tail), daemon=True)
+        reader.start()
+        why = ""
+        stop_heartbeat = threading.Event()
+        verdict: dict[str, str] = {}
+        if claim is not None:
+            beat = threading.Thread(target=self._heartbeat_loop, args=(claim, stop_heartbeat, verdict), daemon=True)
+            beat.start()
+        deadline = time.monotonic() + timeout_s
+        signalled_at: float | None = None
+        try:
+            while True:
+                try:
+                    code = child.wait(timeout=0.05)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                if not why:
+                    if verdict.get("state") in ("cancel", "lost"):
+                        why = verdict["state"]
+                    elif self.stopping.is_set():
+                        why = "stop"  # the signal handler already forwarded SIGTERM
+                    elif time.monotonic() > deadline:
+                        why = "timeout"
+                    if why:
+                        # Once only: a second SIGTERM would cut torchrun's own shutdown short.
+                        if self._sigterm_sent_to != child.pid:
+                            self._signal_child(signal.SIGTERM)
+                        signalled_at = time.monotonic()
+                elif signalled_at is not None and time.monotonic() - signalled_at > cfg.stop_grace_seconds:
+                    log.warning("run %s: no exit %.0fs after SIGTERM, killing", spec.run_id, cfg.stop_grace_seconds)
+                    self._signal_child(signal.SIGKILL)
+                    signalled_at = None
+        finally:
+            stop_heartbeat.set()
+            with self._child_lock:
+                self._child = None
+            reader.join(timeout=10)
+        if not why and self.stopping.is_set() and code != 0:
+            why = "stop"
+        if verdict.get("state") == "lost":
+            why = "lost"
+        return code, "".join(tail), why
+
+    def _heartbeat_loop(self, claim, stop: threading.Event, verdict: dict[str, str]) -> None:
+        cfg = self.config
+        while not stop.wait(cfg.heartbeat_seconds):
+            try:
+                state = self.queue.heartbeat(claim, cfg.worker_id)
+                if cfg.nnodes > 1:
+                    self.queue.client.expire(self.queue.key("group", cfg.group), int(cfg.lease_seconds * 2) + 1)
+            except Exception as exc:
+                if not _is_redis_error(exc):
+                    raise
+                log.warning("run %s: heartbeat failed (%s); retrying", claim.task_id, exc)
+                continue
+            if state in ("cancel", "lost"):
+                verdict["state"] = state
+                return
+
+
+def _pump(child: subprocess.Popen, log_path: Path, tail: collections.deque) -> None:
+    """Copy the child's output to our stdout (pod logs), a per-attempt log file and a tail buffer."""
+    with open(log_path, "a", encoding="utf-8", errors="replace") as log_file:
+        for raw in iter(child.stdout.readline, b""):
+            line = raw.decode("utf-8", errors="replace")
+            tail.append(line)
+            log_file.write(line)
+            log_file.flush()
+            sys.stdout.write(line)
+            sys.stdout.flush()
+    child.stdout.close()
+
+
+def _is_redis_error(exc: Exception) -> bool:
+    import redis
+
+    return isinstance(exc, (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError))
+
+
+# Worker settings a command line may set: flag -> WorkerConfig field (defaults and help come
+# from the dataclass, their one home).
+_FLAGS: tuple[tuple[str, str], ...] = (
+    ("--idle-exit-seconds", "idle_exit_seconds"),
+    ("--lease-seconds", "lease_seconds"),
+    ("--poll-seconds", "poll_seconds"),
+    ("--stop-grace-seconds", "stop_grace_seconds"),
+    ("--backoff-base-seconds", "backoff_base_s"),
+    ("--backoff-max-seconds", "backoff_max_s"),
+    ("--max-tasks", "max_tasks"),
+    ("--metrics-port", "metrics_port"),
+)
+
+
+def build_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    from training.config import describe_fields
+
+    parser = parser or argparse.ArgumentParser(prog="python -m training.worker",
+                                               description="Claim and run ragpool training tasks.")
+    docs = dict(describe_fields(WorkerConfig))
+    fields = {f.name: f for f in dataclasses.fields(WorkerConfig)}
+    for flag, name in _FLAGS:
+        f = fields[name]
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        kind = int if isinstance(default, int) else float
+        parser.add_argument(flag, dest=name, type=kind, default=default,
+                            help=f"{docs.get(name, '').splitlines()[0]} (default {default:g})")
+    return parser
+
+
+def worker_main(args: argparse.Namespace) -> int:
+    """Shared by ``python -m training.worker`` and ``ragpool worker``."""
+    from training.scheduler.run_queue import TaskQueue
+    from training.scheduler.redis_conn import RedisConfigError, connect, settings_from_env
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        config = WorkerConfig(**{name: getattr(args, name) for _, name in _FLAGS})
+        settings = settings_from_env()
+    except (ValueError, RedisConfigError) as exc:
+        print(f"ragpool worker: {exc}", file=sys.stderr)
+        return exit_codes.BAD_INPUT
+    queue = TaskQueue(connect(settings), namespace=config.namespace, lease_seconds=config.lease_seconds,
+                      backoff_base_s=config.backoff_base_s, backoff_max_s=config.backoff_max_s)
+    try:
+        queue.client.ping()
+    except Exception as exc:
+        if not _is_redis_error(exc):
+            raise
+        print(f"ragpool worker: cannot reach Redis: {exc}", file=sys.stderr)
+        return exit_codes.FAILED
+    worker = Worker(queue, config)
+    worker.install_signal_handlers()
+    return worker.run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    return worker_main(build_arg_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
