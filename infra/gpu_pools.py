@@ -94,59 +94,85 @@ def node_class_spec(cfg: StackConfig, pool: GpuPoolConfig, cluster_name: str, ro
 
 
 def controller_policy(cluster_name: str, region: str, node_role_arn: str, queue_arn: str) -> str:
-    """Least-privilege Karpenter controller policy, scoped to this cluster's tags."""
+    """Karpenter's controller policy, statement for statement the reference of the pinned
+    version (infra/reference/karpenter_v1.14_controller_policy.json, checked by
+    tests/infra/test_iam_reference.py) merged into one document; the deliberate
+    deviations are listed in infra/reference/iam_deviations.yaml.
+    """
     p, acct = iam.partition(), iam.account_id()
-    owned = {f"aws:ResourceTag/kubernetes.io/cluster/{cluster_name}": "owned"}
-    req_owned = {f"aws:RequestTag/kubernetes.io/cluster/{cluster_name}": "owned",
-                 "aws:RequestTag/eks:eks-cluster-name": cluster_name}
-    in_region = {"aws:RequestedRegion": region}
     ec2 = f"arn:{p}:ec2:{region}"
+    instance_profiles = f"arn:{p}:iam::{acct}:instance-profile/*"
+    cluster_tag = f"kubernetes.io/cluster/{cluster_name}"
+    owned = {f"aws:ResourceTag/{cluster_tag}": "owned"}
+    req_owned = {f"aws:RequestTag/{cluster_tag}": "owned", "aws:RequestTag/eks:eks-cluster-name": cluster_name}
+    nodepool = {"aws:ResourceTag/karpenter.sh/nodepool": "*"}
+    req_nodepool = {"aws:RequestTag/karpenter.sh/nodepool": "*"}
+    launched = [f"{ec2}:*:{r}/*" for r in ("fleet", "instance", "volume", "network-interface", "launch-template",
+                                             "spot-instances-request")]
+    profile_owned = {f"aws:ResourceTag/{cluster_tag}": "owned", "aws:ResourceTag/topology.kubernetes.io/region": region}
+    profile_req = {**req_owned, "aws:RequestTag/topology.kubernetes.io/region": region}
     return json.dumps({"Version": "2012-10-17", "Statement": [
-        {"Sid": "ScopedEC2InstanceAccess", "Effect": "Allow", "Action": ["ec2:RunInstances", "ec2:CreateFleet"],
+        # NodeLifecyclePolicy
+        {"Sid": "AllowScopedEC2InstanceAccessActions", "Effect": "Allow",
          "Resource": [f"{ec2}::image/*", f"{ec2}::snapshot/*", f"{ec2}:*:security-group/*", f"{ec2}:*:subnet/*",
-                      f"{ec2}:*:capacity-reservation/*"]},
-        {"Sid": "ScopedEC2LaunchTemplateAccess", "Effect": "Allow", "Action": ["ec2:RunInstances", "ec2:CreateFleet"],
-         "Resource": f"{ec2}:*:launch-template/*",
-         "Condition": {"StringEquals": owned, "StringLike": {"aws:ResourceTag/karpenter.sh/nodepool": "*"}}},
-        {"Sid": "ScopedEC2InstanceActionsWithTags", "Effect": "Allow",
+                      f"{ec2}:*:capacity-reservation/*", f"{ec2}:*:placement-group/*"],
+         "Action": ["ec2:RunInstances", "ec2:CreateFleet"]},
+        {"Sid": "AllowScopedEC2LaunchTemplateAccessActions", "Effect": "Allow",
+         "Resource": f"{ec2}:*:launch-template/*", "Action": ["ec2:RunInstances", "ec2:CreateFleet"],
+         "Condition": {"StringEquals": owned, "StringLike": nodepool}},
+        {"Sid": "AllowScopedEC2InstanceActionsWithTags", "Effect": "Allow", "Resource": launched,
          "Action": ["ec2:RunInstances", "ec2:CreateFleet", "ec2:CreateLaunchTemplate"],
-         "Resource": [f"{ec2}:*:{r}/*" for r in ("fleet", "instance", "volume", "network-interface",
-                                                  "launch-template", "spot-instances-request")],
-         "Condition": {"StringEquals": req_owned, "StringLike": {"aws:RequestTag/karpenter.sh/nodepool": "*"}}},
-        {"Sid": "ScopedResourceCreationTagging", "Effect": "Allow", "Action": "ec2:CreateTags",
-         "Resource": [f"{ec2}:*:{r}/*" for r in ("fleet", "instance", "volume", "network-interface",
-                                                  "launch-template", "spot-instances-request")],
-         "Condition": {"StringEquals": {**req_owned, "ec2:CreateAction": ["RunInstances", "CreateFleet", "CreateLaunchTemplate"]},
-                       "StringLike": {"aws:RequestTag/karpenter.sh/nodepool": "*"}}},
-        {"Sid": "ScopedResourceTagging", "Effect": "Allow", "Action": "ec2:CreateTags", "Resource": f"{ec2}:*:instance/*",
-         "Condition": {"StringEquals": owned, "StringLike": {"aws:ResourceTag/karpenter.sh/nodepool": "*"},
-                       "ForAllValues:StringEquals": {"aws:TagKeys": ["eks:eks-cluster-name", "karpenter.sh/nodeclaim", "Name"]}}},
-        {"Sid": "ScopedDeletion", "Effect": "Allow", "Action": ["ec2:TerminateInstances", "ec2:DeleteLaunchTemplate"],
-         "Resource": [f"{ec2}:*:instance/*", f"{ec2}:*:launch-template/*"],
-         "Condition": {"StringEquals": owned, "StringLike": {"aws:ResourceTag/karpenter.sh/nodepool": "*"}}},
-        {"Sid": "RegionalReadActions", "Effect": "Allow", "Resource": "*", "Condition": {"StringEquals": in_region},
-         "Action": ["ec2:DescribeAvailabilityZones", "ec2:DescribeCapacityReservations", "ec2:DescribeImages",
-                    "ec2:DescribeInstances", "ec2:DescribeInstanceTypeOfferings", "ec2:DescribeInstanceTypes",
-                    "ec2:DescribeLaunchTemplates", "ec2:DescribeSecurityGroups", "ec2:DescribeSpotPriceHistory",
-                    "ec2:DescribeSubnets"]},
-        {"Sid": "SSMReadActions", "Effect": "Allow", "Action": "ssm:GetParameter",
-         "Resource": f"arn:{p}:ssm:{region}::parameter/aws/service/*"},
-        {"Sid": "PricingReadActions", "Effect": "Allow", "Action": "pricing:GetProducts", "Resource": "*"},
-        {"Sid": "InterruptionQueueActions", "Effect": "Allow", "Resource": queue_arn,
-         "Action": ["sqs:DeleteMessage", "sqs:GetQueueUrl", "sqs:ReceiveMessage"]},
-        {"Sid": "PassNodeRole", "Effect": "Allow", "Action": "iam:PassRole", "Resource": node_role_arn,
-         "Condition": {"StringEquals": {"iam:PassedToService": ["ec2.amazonaws.com"]}}},
-        {"Sid": "ScopedInstanceProfileActions", "Effect": "Allow",
-         "Action": ["iam:CreateInstanceProfile", "iam:TagInstanceProfile", "iam:AddRoleToInstanceProfile",
-                    "iam:RemoveRoleFromInstanceProfile", "iam:DeleteInstanceProfile"],
-         "Resource": f"arn:{p}:iam::{acct}:instance-profile/*",
-         "Condition": {"StringEquals": {f"aws:ResourceTag/kubernetes.io/cluster/{cluster_name}": "owned",
-                                        "aws:ResourceTag/topology.kubernetes.io/region": region},
+         "Condition": {"StringEquals": req_owned, "StringLike": req_nodepool}},
+        {"Sid": "AllowScopedResourceCreationTagging", "Effect": "Allow", "Resource": launched, "Action": "ec2:CreateTags",
+         "Condition": {"StringEquals": {**req_owned,
+                                        "ec2:CreateAction": ["RunInstances", "CreateFleet", "CreateLaunchTemplate"]},
+                       "StringLike": req_nodepool}},
+        {"Sid": "AllowScopedResourceTagging", "Effect": "Allow", "Resource": f"{ec2}:*:instance/*",
+         "Action": "ec2:CreateTags",
+         "Condition": {"StringEquals": owned, "StringLike": nodepool,
+                       "StringEqualsIfExists": {"aws:RequestTag/eks:eks-cluster-name": cluster_name},
+                       "ForAllValues:StringEquals": {"aws:TagKeys": ["eks:eks-cluster-name", "karpenter.sh/nodeclaim",
+                                                                     "Name"]}}},
+        {"Sid": "AllowScopedDeletion", "Effect": "Allow", "Resource": [f"{ec2}:*:instance/*", f"{ec2}:*:launch-template/*"],
+         "Action": ["ec2:TerminateInstances", "ec2:DeleteLaunchTemplate"],
+         "Condition": {"StringEquals": owned, "StringLike": nodepool}},
+        # IAMIntegrationPolicy
+        {"Sid": "AllowPassingInstanceRole", "Effect": "Allow", "Resource": node_role_arn, "Action": "iam:PassRole",
+         "Condition": {"StringEquals": {"iam:PassedToService": ["ec2.amazonaws.com", "ec2.amazonaws.com.cn"]}}},
+        # A new profile has no tags yet: creation is scoped by the tags in the request.
+        {"Sid": "AllowScopedInstanceProfileCreationActions", "Effect": "Allow", "Resource": instance_profiles,
+         "Action": ["iam:CreateInstanceProfile"],
+         "Condition": {"StringEquals": profile_req,
+                       "StringLike": {"aws:RequestTag/karpenter.k8s.aws/ec2nodeclass": "*"}}},
+        {"Sid": "AllowScopedInstanceProfileTagActions", "Effect": "Allow", "Resource": instance_profiles,
+         "Action": ["iam:TagInstanceProfile"],
+         "Condition": {"StringEquals": {**profile_owned, **profile_req},
+                       "StringLike": {"aws:ResourceTag/karpenter.k8s.aws/ec2nodeclass": "*",
+                                      "aws:RequestTag/karpenter.k8s.aws/ec2nodeclass": "*"}}},
+        {"Sid": "AllowScopedInstanceProfileActions", "Effect": "Allow", "Resource": instance_profiles,
+         "Action": ["iam:AddRoleToInstanceProfile", "iam:RemoveRoleFromInstanceProfile", "iam:DeleteInstanceProfile"],
+         "Condition": {"StringEquals": profile_owned,
                        "StringLike": {"aws:ResourceTag/karpenter.k8s.aws/ec2nodeclass": "*"}}},
-        {"Sid": "InstanceProfileRead", "Effect": "Allow", "Action": ["iam:GetInstanceProfile", "iam:ListInstanceProfiles"],
-         "Resource": "*"},
-        {"Sid": "APIServerEndpointDiscovery", "Effect": "Allow", "Action": "eks:DescribeCluster",
-         "Resource": f"arn:{p}:eks:{region}:{acct}:cluster/{cluster_name}"},
+        # EKSIntegrationPolicy
+        {"Sid": "AllowAPIServerEndpointDiscovery", "Effect": "Allow",
+         "Resource": f"arn:{p}:eks:{region}:{acct}:cluster/{cluster_name}", "Action": "eks:DescribeCluster"},
+        # InterruptionPolicy
+        {"Sid": "AllowInterruptionQueueActions", "Effect": "Allow", "Resource": queue_arn,
+         "Action": ["sqs:DeleteMessage", "sqs:GetQueueUrl", "sqs:ReceiveMessage"]},
+        # ResourceDiscoveryPolicy (ZonalShiftPolicy is left out: settings.enableZonalShift stays false)
+        {"Sid": "AllowRegionalReadActions", "Effect": "Allow", "Resource": "*",
+         "Action": ["ec2:DescribeCapacityReservations", "ec2:DescribeImages", "ec2:DescribeInstances",
+                    "ec2:DescribeInstanceStatus", "ec2:DescribeInstanceTypeOfferings", "ec2:DescribeInstanceTypes",
+                    "ec2:DescribeLaunchTemplates", "ec2:DescribePlacementGroups", "ec2:DescribeSecurityGroups",
+                    "ec2:DescribeSpotPriceHistory", "ec2:DescribeSubnets"],
+         "Condition": {"StringEquals": {"aws:RequestedRegion": region}}},
+        {"Sid": "AllowSSMReadActions", "Effect": "Allow", "Resource": f"arn:{p}:ssm:{region}::parameter/aws/service/*",
+         "Action": "ssm:GetParameter"},
+        {"Sid": "AllowPricingReadActions", "Effect": "Allow", "Resource": "*", "Action": "pricing:GetProducts"},
+        {"Sid": "AllowUnscopedInstanceProfileListAction", "Effect": "Allow", "Resource": "*",
+         "Action": "iam:ListInstanceProfiles"},
+        {"Sid": "AllowInstanceProfileReadActions", "Effect": "Allow", "Resource": instance_profiles,
+         "Action": "iam:GetInstanceProfile"},
     ]})
 
 
@@ -158,12 +184,7 @@ class GpuPools(RagpoolComponent):
         k8s_opts = dict(provider=args.k8s_provider)
 
         # GPU nodes get their own role (the managed node group's role already has an access entry).
-        node_role = aws.iam.Role(f"{name}-node-role", assume_role_policy=iam.service_trust("ec2.amazonaws.com"),
-                                 tags=aws_tags(cfg, f"{cfg.name_prefix}-gpu-node"), opts=child(self))
-        for policy in ("AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy", "AmazonEC2ContainerRegistryPullOnly",
-                       "AmazonSSMManagedInstanceCore"):
-            aws.iam.RolePolicyAttachment(f"{name}-node-{policy}", role=node_role.name,
-                                         policy_arn=iam.managed_policy(policy), opts=child(self))
+        node_role, _ = iam.node_role(name, aws_tags(cfg, f"{cfg.name_prefix}-gpu-node"), self)
         node_access = aws.eks.AccessEntry(f"{name}-node-access", cluster_name=args.cluster_name,
                                           principal_arn=node_role.arn, type="EC2_LINUX",
                                           tags=aws_tags(cfg, f"{cfg.name_prefix}-gpu-node"), opts=child(self))

@@ -23,6 +23,28 @@ STORAGE_CLASS = "ragpool-efs"
 SHARED_PVC = "ragpool-shared"
 
 
+def file_system_policy(file_system_arn: str) -> str:
+    """The EFS file system policy: TLS only, mounts through the mount targets.
+
+    Once a file system has a policy, EFS no longer applies its default (full access for
+    any client that reaches a mount target), and the EFS CSI driver mounts anonymously
+    (no ``iam`` mount option), so the policy must allow mounting itself. As
+    terraform-aws-modules/terraform-aws-efs does (infra/reference/efs_file_system_policy.json),
+    any client that comes through a mount target (reachable only from the cluster's nodes,
+    see the security group below) may mount and write; without TLS everything is denied.
+    ClientRootAccess is not granted: the driver mounts through access points, which fix
+    the POSIX user, and only needs root for ``deleteAccessPointRootDir``, which stays off
+    (infra/reference/iam_deviations.yaml).
+    """
+    return json.dumps({"Version": "2012-10-17", "Statement": [
+        {"Sid": "DenyUnencryptedTransport", "Effect": "Deny", "Principal": {"AWS": "*"}, "Action": "*",
+         "Resource": file_system_arn, "Condition": {"Bool": {"aws:SecureTransport": "false"}}},
+        {"Sid": "AllowMountViaMountTarget", "Effect": "Allow", "Principal": {"AWS": "*"},
+         "Action": ["elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"], "Resource": file_system_arn,
+         "Condition": {"Bool": {"elasticfilesystem:AccessedViaMountTarget": "true"}}},
+    ]})
+
+
 @dataclass(frozen=True)
 class StorageArgs:
     config: StackConfig
@@ -52,13 +74,9 @@ class SharedStorage(RagpoolComponent):
             lifecycle_policies=[{"transition_to_ia": "AFTER_30_DAYS"},
                                 {"transition_to_primary_storage_class": "AFTER_1_ACCESS"}],
             tags=aws_tags(cfg, f"{prefix}-shared"), opts=stateful(self, cfg))
+        # (The resource keeps its first name, "-tls-only": renaming it would replace the policy.)
         aws.efs.FileSystemPolicy(f"{name}-tls-only", file_system_id=self.file_system.id,
-                                 policy=self.file_system.arn.apply(lambda arn: json.dumps({
-                                     "Version": "2012-10-17",
-                                     "Statement": [{"Sid": "DenyUnencryptedTransport", "Effect": "Deny",
-                                                    "Principal": {"AWS": "*"}, "Action": "*", "Resource": arn,
-                                                    "Condition": {"Bool": {"aws:SecureTransport": "false"}}}]})),
-                                 opts=child(self))
+                                 policy=self.file_system.arn.apply(file_system_policy), opts=child(self))
 
         sg = aws.ec2.SecurityGroup(
             f"{name}-efs-sg", vpc_id=args.vpc_id, description="NFS to the shared EFS, from cluster nodes only",
