@@ -33,8 +33,6 @@ CSI_IDENTITIES = {
     "aws-ebs-csi-driver": ("ebs-csi-controller-sa", "service-role/AmazonEBSCSIDriverPolicy"),
 }
 CLUSTER_ADMIN_POLICY = "AmazonEKSClusterAdminPolicy"
-NODE_POLICIES = ("AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy",
-                 "AmazonEC2ContainerRegistryPullOnly", "AmazonSSMManagedInstanceCore")
 API_PORT = 443
 
 # Add-on configuration values (`aws eks describe-addon-configuration` schema of each add-on).
@@ -194,15 +192,8 @@ class Cluster(RagpoolComponent):
 
     def _node_role(self, name: str, args: ClusterArgs) -> tuple[aws.iam.Role, list[aws.iam.RolePolicyAttachment]]:
         """The system node group's role and its managed policies."""
-        cfg = args.config
-        role = aws.iam.Role(f"{name}-node-role", assume_role_policy=iam.service_trust("ec2.amazonaws.com"),
-                            tags=aws_tags(cfg, f"{args.cluster_name}-node"), opts=child(self))
-        policies = [
-            aws.iam.RolePolicyAttachment(f"{name}-node-{policy}", role=role.name,
-                                         policy_arn=iam.managed_policy(policy), opts=child(self))
-            for policy in NODE_POLICIES
-        ]
-        return role, policies
+        # Karpenter's GPU nodes have their own role from the same helper (gpu_pools.py).
+        return iam.node_role(name, aws_tags(args.config, f"{args.cluster_name}-node"), self)
 
     def _system_nodes(self, name: str, args: ClusterArgs, depends_on: list[pulumi.Resource]) -> aws.eks.NodeGroup:
         """On-demand system node group: IMDSv2 launch template, node auto-repair."""
