@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 OUT    ?= .local
 
-.PHONY: setup sysdeps demo plan policy-check test test-fast bench clean
+.PHONY: setup sysdeps demo plan policy-check lint test test-fast bench clean
 
 # System packages the local services need (redis-server, prometheus/promtool).
 sysdeps:
@@ -40,7 +40,10 @@ plan: setup
 policy-check: setup
 	$(PY) -m policy.offline --stack $(or $(STACK),dev)
 
-test: setup
+lint: setup
+	$(VENV)/bin/ruff check .
+
+test: setup lint
 	$(PY) -m pytest
 
 test-fast: setup

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
-from dashboards.panels import Query, Row, dashboard, query_variable, stat, table, timeseries
+from dashboards.panels import PanelBuilder, Query, Row, dashboard, query_variable, stat, table, timeseries
 
 UID = "ragpool-gpu-fleet"
 # DCGM series of the selected pools and nodes, with their pool as a label.
@@ -22,134 +22,425 @@ def _rate_per_gpu(metric: str, scale: str = "") -> str:
     return f"rate({metric}{{{_SEL}}}[$__rate_interval]){scale} * {_POOL_JOIN}"
 
 
-def build() -> Dashboard:
-    overview = Row("Overview", [
-        stat("GPUs reporting", Query(f"count({_per_gpu('DCGM_FI_DEV_GPU_TEMP')})"), unit="short",
-             description="GPUs of the selected pools and nodes that dcgm-exporter reports."),
-        stat("Average GPU utilisation", Query(f"avg({_per_gpu('DCGM_FI_DEV_GPU_UTIL')})"), unit="percent",
-             description="Mean DCGM_FI_DEV_GPU_UTIL over the selected GPUs.",
-             thresholds=((None, "red"), (30, "orange"), (70, "green"))),
-        stat("Power draw", Query(f"sum({_per_gpu('DCGM_FI_DEV_POWER_USAGE')})"), unit="watt",
-             description="Total power drawn by the selected GPUs."),
-        stat("GPUs with XID errors (1h)",
-             Query(f'count(max by (node, gpu) (max_over_time(DCGM_EXP_XID_ERRORS_COUNT{{xid!="", {_SEL}}}[1h])) > 0) or vector(0)'),
-             unit="short", description="GPUs that reported any XID in the last hour.",
-             thresholds=((None, "green"), (1, "red"))),
-    ])
-    utilisation = Row("Utilisation", [
-        timeseries("GPU utilisation by pool", [Query('pool:dcgm_gpu_utilization:avg{pool=~"$pool"}', "{{pool}}")],
-                   unit="percent", min_value=0, max_value=100,
-                   description="Average DCGM_FI_DEV_GPU_UTIL per pool (recording rule)."),
-        timeseries("GPU utilisation per GPU", [Query(_per_gpu("DCGM_FI_DEV_GPU_UTIL"), "{{node}} gpu{{gpu}}")],
-                   unit="percent", min_value=0, max_value=100,
-                   description="Per-GPU utilisation: the share of time a kernel was running."),
-        timeseries("Tensor core activity", [Query(_per_gpu("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"), "{{node}} gpu{{gpu}}")],
-                   unit="percentunit", min_value=0, max_value=1,
-                   description="Ratio of cycles the tensor pipes are active (DCP): real math throughput."),
-        timeseries("Graphics engine and memory interface activity", [
+# --------------------------------------------------------------------------- overview
+
+
+def _gpus_reporting() -> PanelBuilder:
+    return stat(
+        "GPUs reporting",
+        Query(f"count({_per_gpu('DCGM_FI_DEV_GPU_TEMP')})"),
+        unit="short",
+        description="GPUs of the selected pools and nodes that dcgm-exporter reports.",
+    )
+
+
+def _average_gpu_utilisation() -> PanelBuilder:
+    return stat(
+        "Average GPU utilisation",
+        Query(f"avg({_per_gpu('DCGM_FI_DEV_GPU_UTIL')})"),
+        unit="percent",
+        description="Mean DCGM_FI_DEV_GPU_UTIL over the selected GPUs.",
+        thresholds=((None, "red"), (30, "orange"), (70, "green")),
+    )
+
+
+def _power_draw() -> PanelBuilder:
+    return stat(
+        "Power draw",
+        Query(f"sum({_per_gpu('DCGM_FI_DEV_POWER_USAGE')})"),
+        unit="watt",
+        description="Total power drawn by the selected GPUs.",
+    )
+
+
+def _gpus_with_xid_errors() -> PanelBuilder:
+    return stat(
+        "GPUs with XID errors (1h)",
+        Query(
+            f'count(max by (node, gpu) (max_over_time(DCGM_EXP_XID_ERRORS_COUNT{{xid!="", {_SEL}}}[1h])) > 0) or vector(0)'
+        ),
+        unit="short",
+        description="GPUs that reported any XID in the last hour.",
+        thresholds=((None, "green"), (1, "red")),
+    )
+
+
+# --------------------------------------------------------------------------- utilisation
+
+
+def _gpu_utilisation_by_pool() -> PanelBuilder:
+    return timeseries(
+        "GPU utilisation by pool",
+        [Query('pool:dcgm_gpu_utilization:avg{pool=~"$pool"}', "{{pool}}")],
+        unit="percent",
+        min_value=0,
+        max_value=100,
+        description="Average DCGM_FI_DEV_GPU_UTIL per pool (recording rule).",
+    )
+
+
+def _gpu_utilisation_per_gpu() -> PanelBuilder:
+    return timeseries(
+        "GPU utilisation per GPU",
+        [Query(_per_gpu("DCGM_FI_DEV_GPU_UTIL"), "{{node}} gpu{{gpu}}")],
+        unit="percent",
+        min_value=0,
+        max_value=100,
+        description="Per-GPU utilisation: the share of time a kernel was running.",
+    )
+
+
+def _tensor_core_activity() -> PanelBuilder:
+    return timeseries(
+        "Tensor core activity",
+        [Query(_per_gpu("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"), "{{node}} gpu{{gpu}}")],
+        unit="percentunit",
+        min_value=0,
+        max_value=1,
+        description="Ratio of cycles the tensor pipes are active (DCP): real math throughput.",
+    )
+
+
+def _graphics_engine_and_memory_interface_activity() -> PanelBuilder:
+    return timeseries(
+        "Graphics engine and memory interface activity",
+        [
             Query(f"avg by (pool) ({_per_gpu('DCGM_FI_PROF_GR_ENGINE_ACTIVE')})", "{{pool}} engine"),
             Query(f"avg by (pool) ({_per_gpu('DCGM_FI_PROF_DRAM_ACTIVE')})", "{{pool}} dram"),
-        ], unit="percentunit", min_value=0, max_value=1,
-            description="Average engine-active and DRAM-active ratios per pool (DCP)."),
-    ])
-    memory = Row("Memory", [
-        timeseries("Framebuffer used by pool", [Query('pool:dcgm_fb_used_ratio:avg{pool=~"$pool"}', "{{pool}}")],
-                   unit="percentunit", min_value=0, max_value=1,
-                   description="Average share of GPU memory in use per pool (recording rule)."),
-        timeseries("Framebuffer used per GPU",
-                   [Query(_per_gpu("DCGM_FI_DEV_FB_USED", " * 1024 * 1024"), "{{node}} gpu{{gpu}}")],
-                   unit="bytes", min_value=0, description="GPU memory in use (DCGM reports MiB)."),
-        timeseries("Memory copy utilisation", [Query(_per_gpu("DCGM_FI_DEV_MEM_COPY_UTIL"), "{{node}} gpu{{gpu}}")],
-                   unit="percent", min_value=0, max_value=100,
-                   description="Share of time the memory controller was busy."),
-        timeseries("Framebuffer free and reserved", [
+        ],
+        unit="percentunit",
+        min_value=0,
+        max_value=1,
+        description="Average engine-active and DRAM-active ratios per pool (DCP).",
+    )
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def _framebuffer_used_by_pool() -> PanelBuilder:
+    return timeseries(
+        "Framebuffer used by pool",
+        [Query('pool:dcgm_fb_used_ratio:avg{pool=~"$pool"}', "{{pool}}")],
+        unit="percentunit",
+        min_value=0,
+        max_value=1,
+        description="Average share of GPU memory in use per pool (recording rule).",
+    )
+
+
+def _framebuffer_used_per_gpu() -> PanelBuilder:
+    return timeseries(
+        "Framebuffer used per GPU",
+        [Query(_per_gpu("DCGM_FI_DEV_FB_USED", " * 1024 * 1024"), "{{node}} gpu{{gpu}}")],
+        unit="bytes",
+        min_value=0,
+        description="GPU memory in use (DCGM reports MiB).",
+    )
+
+
+def _memory_copy_utilisation() -> PanelBuilder:
+    return timeseries(
+        "Memory copy utilisation",
+        [Query(_per_gpu("DCGM_FI_DEV_MEM_COPY_UTIL"), "{{node}} gpu{{gpu}}")],
+        unit="percent",
+        min_value=0,
+        max_value=100,
+        description="Share of time the memory controller was busy.",
+    )
+
+
+def _framebuffer_free_and_reserved() -> PanelBuilder:
+    return timeseries(
+        "Framebuffer free and reserved",
+        [
             Query(f"sum by (pool) ({_per_gpu('DCGM_FI_DEV_FB_FREE', ' * 1024 * 1024')})", "{{pool}} free"),
             Query(f"sum by (pool) ({_per_gpu('DCGM_FI_DEV_FB_RESERVED', ' * 1024 * 1024')})", "{{pool}} reserved"),
-        ], unit="bytes", min_value=0, description="Free and driver-reserved GPU memory per pool."),
-    ])
-    thermals = Row("Temperature, power and clocks", [
-        timeseries("GPU temperature", [Query(_per_gpu("DCGM_FI_DEV_GPU_TEMP"), "{{node}} gpu{{gpu}}")],
-                   unit="celsius", description="GPU die temperature."),
-        timeseries("Memory temperature", [Query(_per_gpu("DCGM_FI_DEV_MEMORY_TEMP"), "{{node}} gpu{{gpu}}")],
-                   unit="celsius", description="HBM temperature (GPUs that report it)."),
-        timeseries("Power draw per GPU", [Query(_per_gpu("DCGM_FI_DEV_POWER_USAGE"), "{{node}} gpu{{gpu}}")],
-                   unit="watt", min_value=0, description="Board power draw."),
-        timeseries("Power draw by pool", [Query('pool:dcgm_power_usage_watts:sum{pool=~"$pool"}', "{{pool}}")],
-                   unit="watt", min_value=0, stacked=True, description="Total GPU power per pool (recording rule)."),
-        timeseries("Time throttled", [
+        ],
+        unit="bytes",
+        min_value=0,
+        description="Free and driver-reserved GPU memory per pool.",
+    )
+
+
+# --------------------------------------------------------------------------- thermals
+
+
+def _gpu_temperature() -> PanelBuilder:
+    return timeseries(
+        "GPU temperature",
+        [Query(_per_gpu("DCGM_FI_DEV_GPU_TEMP"), "{{node}} gpu{{gpu}}")],
+        unit="celsius",
+        description="GPU die temperature.",
+    )
+
+
+def _memory_temperature() -> PanelBuilder:
+    return timeseries(
+        "Memory temperature",
+        [Query(_per_gpu("DCGM_FI_DEV_MEMORY_TEMP"), "{{node}} gpu{{gpu}}")],
+        unit="celsius",
+        description="HBM temperature (GPUs that report it).",
+    )
+
+
+def _power_draw_per_gpu() -> PanelBuilder:
+    return timeseries(
+        "Power draw per GPU",
+        [Query(_per_gpu("DCGM_FI_DEV_POWER_USAGE"), "{{node}} gpu{{gpu}}")],
+        unit="watt",
+        min_value=0,
+        description="Board power draw.",
+    )
+
+
+def _power_draw_by_pool() -> PanelBuilder:
+    return timeseries(
+        "Power draw by pool",
+        [Query('pool:dcgm_power_usage_watts:sum{pool=~"$pool"}', "{{pool}}")],
+        unit="watt",
+        min_value=0,
+        stacked=True,
+        description="Total GPU power per pool (recording rule).",
+    )
+
+
+def _time_throttled() -> PanelBuilder:
+    return timeseries(
+        "Time throttled",
+        [
             Query(_rate_per_gpu("DCGM_FI_DEV_THERMAL_VIOLATION", " / 1e9"), "{{node}} gpu{{gpu}} thermal"),
             Query(_rate_per_gpu("DCGM_FI_DEV_POWER_VIOLATION", " / 1e9"), "{{node}} gpu{{gpu}} power"),
-        ], unit="percentunit", min_value=0,
-            description="Share of time throttled by thermal and power limits (violation ns per second / 1e9)."),
-        timeseries("Energy used by pool",
-                   [Query(f"sum by (pool) (increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{_SEL}}}[$__rate_interval]) * {_POOL_JOIN}) / 3.6e9",
-                          "{{pool}}")],
-                   unit="kwatth", min_value=0, description="Energy per interval (DCGM counts mJ; / 3.6e9 = kWh)."),
-        timeseries("SM and memory clocks", [
+        ],
+        unit="percentunit",
+        min_value=0,
+        description="Share of time throttled by thermal and power limits (violation ns per second / 1e9).",
+    )
+
+
+def _energy_used_by_pool() -> PanelBuilder:
+    return timeseries(
+        "Energy used by pool",
+        [
+            Query(
+                f"sum by (pool) (increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{_SEL}}}[$__rate_interval]) * {_POOL_JOIN}) / 3.6e9",
+                "{{pool}}",
+            )
+        ],
+        unit="kwatth",
+        min_value=0,
+        description="Energy per interval (DCGM counts mJ; / 3.6e9 = kWh).",
+    )
+
+
+def _sm_and_memory_clocks() -> PanelBuilder:
+    return timeseries(
+        "SM and memory clocks",
+        [
             Query(f"avg by (pool) ({_per_gpu('DCGM_FI_DEV_SM_CLOCK')})", "{{pool}} SM"),
             Query(f"avg by (pool) ({_per_gpu('DCGM_FI_DEV_MEM_CLOCK')})", "{{pool}} memory"),
-        ], unit="rotmhz", min_value=0, description="Average clocks per pool; drops line up with throttling."),
-        timeseries("PCIe traffic", [
+        ],
+        unit="rotmhz",
+        min_value=0,
+        description="Average clocks per pool; drops line up with throttling.",
+    )
+
+
+def _pcie_traffic() -> PanelBuilder:
+    return timeseries(
+        "PCIe traffic",
+        [
             Query(f"sum by (node) ({_per_gpu('DCGM_FI_PROF_PCIE_TX_BYTES')})", "{{node}} tx"),
             Query(f"sum by (node) ({_per_gpu('DCGM_FI_PROF_PCIE_RX_BYTES')})", "{{node}} rx"),
-        ], unit="Bps", min_value=0, description="Bytes per second over PCIe per node (DCP gauges)."),
-        timeseries("NVLink bandwidth counter", [
+        ],
+        unit="Bps",
+        min_value=0,
+        description="Bytes per second over PCIe per node (DCP gauges).",
+    )
+
+
+def _nvlink_bandwidth_counter() -> PanelBuilder:
+    return timeseries(
+        "NVLink bandwidth counter",
+        [
             Query(f"sum by (node) ({_rate_per_gpu('DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL')})", "{{node}}"),
-        ], unit="short", min_value=0,
-            description="Per-second rate of DCGM's all-lane NVLink bandwidth counter per node, in DCGM's "
-                        "counter units; compare nodes and runs, not absolute link speeds."),
-    ])
-    errors = Row("Errors", [
-        table("XID errors by code (current window)",
-              [Query(f'max by (node, gpu, UUID, xid, exported_pod) (DCGM_EXP_XID_ERRORS_COUNT{{xid!="", {_SEL}}}) > 0',
-                     instant=True),
-               Query(f"max by (node, gpu, UUID) (DCGM_FI_DEV_XID_ERRORS{{{_SEL}}}) > 0", instant=True)],
-              unit="short",
-              description="A: XID count per code within the exporter's window (5 min); B: the last XID code a "
-                          "GPU reported since the driver loaded. See the runbook for each code."),
-        timeseries("ECC errors", [
-            Query(f"sum by (node, gpu) (increase(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{{{_SEL}}}[$__rate_interval]))",
-                  "{{node}} gpu{{gpu}} double-bit"),
-            Query(f"sum by (node, gpu) (increase(DCGM_FI_DEV_ECC_SBE_VOL_TOTAL{{{_SEL}}}[$__rate_interval]))",
-                  "{{node}} gpu{{gpu}} single-bit"),
-        ], unit="short", min_value=0, description="New volatile ECC errors per interval."),
-        table("Lifetime ECC, retired pages and remapped rows", [
+        ],
+        unit="short",
+        min_value=0,
+        description="Per-second rate of DCGM's all-lane NVLink bandwidth counter per node, in DCGM's "
+        "counter units; compare nodes and runs, not absolute link speeds.",
+    )
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def _xid_errors_by_code_current_window() -> PanelBuilder:
+    return table(
+        "XID errors by code (current window)",
+        [
+            Query(
+                f'max by (node, gpu, UUID, xid, exported_pod) (DCGM_EXP_XID_ERRORS_COUNT{{xid!="", {_SEL}}}) > 0',
+                instant=True,
+            ),
+            Query(f"max by (node, gpu, UUID) (DCGM_FI_DEV_XID_ERRORS{{{_SEL}}}) > 0", instant=True),
+        ],
+        unit="short",
+        description="A: XID count per code within the exporter's window (5 min); B: the last XID code a "
+        "GPU reported since the driver loaded. See the runbook for each code.",
+    )
+
+
+def _ecc_errors() -> PanelBuilder:
+    return timeseries(
+        "ECC errors",
+        [
+            Query(
+                f"sum by (node, gpu) (increase(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{{{_SEL}}}[$__rate_interval]))",
+                "{{node}} gpu{{gpu}} double-bit",
+            ),
+            Query(
+                f"sum by (node, gpu) (increase(DCGM_FI_DEV_ECC_SBE_VOL_TOTAL{{{_SEL}}}[$__rate_interval]))",
+                "{{node}} gpu{{gpu}} single-bit",
+            ),
+        ],
+        unit="short",
+        min_value=0,
+        description="New volatile ECC errors per interval.",
+    )
+
+
+def _lifetime_ecc_retired_pages_and_remapped_rows() -> PanelBuilder:
+    return table(
+        "Lifetime ECC, retired pages and remapped rows",
+        [
             Query(f"max by (node, gpu, UUID) (DCGM_FI_DEV_ECC_DBE_AGG_TOTAL{{{_SEL}}})", instant=True),
             Query(f"max by (node, gpu, UUID) (DCGM_FI_DEV_ECC_SBE_AGG_TOTAL{{{_SEL}}})", instant=True),
-            Query(f"max by (node, gpu, UUID) (DCGM_FI_DEV_RETIRED_DBE{{{_SEL}}} + DCGM_FI_DEV_RETIRED_SBE{{{_SEL}}})", instant=True),
+            Query(
+                f"max by (node, gpu, UUID) (DCGM_FI_DEV_RETIRED_DBE{{{_SEL}}} + DCGM_FI_DEV_RETIRED_SBE{{{_SEL}}})",
+                instant=True,
+            ),
             Query(f"max by (node, gpu, UUID) (DCGM_FI_DEV_RETIRED_PENDING{{{_SEL}}})", instant=True),
             Query(f"max by (node, gpu, UUID) (DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS{{{_SEL}}})", instant=True),
             Query(f"max by (node, gpu, UUID) (DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS{{{_SEL}}})", instant=True),
             Query(f"max by (node, gpu, UUID) (DCGM_FI_DEV_ROW_REMAP_FAILURE{{{_SEL}}})", instant=True),
-        ], unit="short", width=24,
-            description="Persistent ECC counts (A: double-bit, B: single-bit), retired pages (C, D pending) "
-                        "and remapped rows (E uncorrectable, F correctable, G remap failure) per GPU."),
-        timeseries("NVLink and PCIe errors", [
-            Query(f"sum by (node) (rate(DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL{{{_SEL}}}[$__rate_interval]))",
-                  "{{node}} NVLink CRC flit"),
-            Query(f"sum by (node) (rate(DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL{{{_SEL}}}[$__rate_interval]))",
-                  "{{node}} NVLink CRC data"),
-            Query(f"sum by (node) (rate(DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL{{{_SEL}}}[$__rate_interval]))",
-                  "{{node}} NVLink replay"),
-            Query(f"sum by (node) (rate(DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL{{{_SEL}}}[$__rate_interval]))",
-                  "{{node}} NVLink recovery"),
-            Query(f"sum by (node) (rate(DCGM_FI_DEV_PCIE_REPLAY_COUNTER{{{_SEL}}}[$__rate_interval]))",
-                  "{{node}} PCIe replay"),
-        ], unit="short", min_value=0, description="Link error rates per node (per second)."),
-        table("GPUs visible vs node capacity", [
+        ],
+        unit="short",
+        width=24,
+        description="Persistent ECC counts (A: double-bit, B: single-bit), retired pages (C, D pending) "
+        "and remapped rows (E uncorrectable, F correctable, G remap failure) per GPU.",
+    )
+
+
+def _nvlink_and_pcie_errors() -> PanelBuilder:
+    return timeseries(
+        "NVLink and PCIe errors",
+        [
+            Query(
+                f"sum by (node) (rate(DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL{{{_SEL}}}[$__rate_interval]))",
+                "{{node}} NVLink CRC flit",
+            ),
+            Query(
+                f"sum by (node) (rate(DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL{{{_SEL}}}[$__rate_interval]))",
+                "{{node}} NVLink CRC data",
+            ),
+            Query(
+                f"sum by (node) (rate(DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL{{{_SEL}}}[$__rate_interval]))",
+                "{{node}} NVLink replay",
+            ),
+            Query(
+                f"sum by (node) (rate(DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL{{{_SEL}}}[$__rate_interval]))",
+                "{{node}} NVLink recovery",
+            ),
+            Query(
+                f"sum by (node) (rate(DCGM_FI_DEV_PCIE_REPLAY_COUNTER{{{_SEL}}}[$__rate_interval]))",
+                "{{node}} PCIe replay",
+            ),
+        ],
+        unit="short",
+        min_value=0,
+        description="Link error rates per node (per second).",
+    )
+
+
+def _gpus_visible_vs_node_capacity() -> PanelBuilder:
+    return table(
+        "GPUs visible vs node capacity",
+        [
             Query('max by (node) (kube_node_status_capacity{resource="nvidia_com_gpu", node=~"$node"})', instant=True),
             Query('count by (node) (DCGM_FI_DEV_GPU_TEMP{node=~"$node"})', instant=True),
-            Query('max by (node) (kube_node_status_allocatable{resource="nvidia_com_gpu", node=~"$node"})', instant=True),
-        ], unit="short",
-            description="A: GPU capacity, B: GPUs DCGM sees, C: GPUs the device plugin offers. "
-                        "B < A: a GPU fell off the bus; C < A: the plugin marked one unhealthy."),
-        timeseries("Encoder, decoder and vGPU license", [
+            Query(
+                'max by (node) (kube_node_status_allocatable{resource="nvidia_com_gpu", node=~"$node"})', instant=True
+            ),
+        ],
+        unit="short",
+        description="A: GPU capacity, B: GPUs DCGM sees, C: GPUs the device plugin offers. "
+        "B < A: a GPU fell off the bus; C < A: the plugin marked one unhealthy.",
+    )
+
+
+def _encoder_decoder_and_vgpu_license() -> PanelBuilder:
+    return timeseries(
+        "Encoder, decoder and vGPU license",
+        [
             Query(f"avg by (pool) ({_per_gpu('DCGM_FI_DEV_ENC_UTIL')})", "{{pool}} encoder"),
             Query(f"avg by (pool) ({_per_gpu('DCGM_FI_DEV_DEC_UTIL')})", "{{pool}} decoder"),
             Query(f"min by (pool) ({_per_gpu('DCGM_FI_DEV_VGPU_LICENSE_STATUS')})", "{{pool}} vGPU license"),
-        ], unit="short", min_value=0,
-            description="Video engines (unused by training; non-zero means a foreign workload) and vGPU licence status."),
-    ])
+        ],
+        unit="short",
+        min_value=0,
+        description="Video engines (unused by training; non-zero means a foreign workload) and vGPU licence status.",
+    )
+
+
+def build() -> Dashboard:
+    """The dashboard: one row per concern, each panel built by its own function above."""
+    rows = [
+        Row("Overview", [_gpus_reporting(), _average_gpu_utilisation(), _power_draw(), _gpus_with_xid_errors()]),
+        Row(
+            "Utilisation",
+            [
+                _gpu_utilisation_by_pool(),
+                _gpu_utilisation_per_gpu(),
+                _tensor_core_activity(),
+                _graphics_engine_and_memory_interface_activity(),
+            ],
+        ),
+        Row(
+            "Memory",
+            [
+                _framebuffer_used_by_pool(),
+                _framebuffer_used_per_gpu(),
+                _memory_copy_utilisation(),
+                _framebuffer_free_and_reserved(),
+            ],
+        ),
+        Row(
+            "Temperature, power and clocks",
+            [
+                _gpu_temperature(),
+                _memory_temperature(),
+                _power_draw_per_gpu(),
+                _power_draw_by_pool(),
+                _time_throttled(),
+                _energy_used_by_pool(),
+                _sm_and_memory_clocks(),
+                _pcie_traffic(),
+                _nvlink_bandwidth_counter(),
+            ],
+        ),
+        Row(
+            "Errors",
+            [
+                _xid_errors_by_code_current_window(),
+                _ecc_errors(),
+                _lifetime_ecc_retired_pages_and_remapped_rows(),
+                _nvlink_and_pcie_errors(),
+                _gpus_visible_vs_node_capacity(),
+                _encoder_decoder_and_vgpu_license(),
+            ],
+        ),
+    ]
     return dashboard(
         UID,
         "ragpool / GPU fleet",
@@ -159,6 +450,5 @@ def build() -> Dashboard:
             query_variable("pool", "Pool", "label_values(ragpool:node_pool:info, pool)"),
             query_variable("node", "Node", 'label_values(ragpool:node_pool:info{pool=~"$pool"}, node)'),
         ],
-        rows=[overview, utilisation, memory, thermals, errors],
+        rows=rows,
     )
-
