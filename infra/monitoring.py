@@ -27,6 +27,7 @@ from infra.aliases import RagpoolComponent
 from infra.charts import KUBE_PROMETHEUS_STACK
 from infra.common import aws_tags, child, deep_merge, k8s_labels, load_values
 from infra.config import StackConfig
+from infra.pod_security import container_security_context, pod_security_context
 from infra.training_namespace import MAX_RANKS_PER_POD
 
 # Port names the PodMonitor scrapes: the worker's queue metrics, rank r's metrics, Redis.
@@ -36,6 +37,7 @@ GRAFANA_ADMIN_SECRET = "grafana-admin"
 # CloudWatch is the only source of EFS burst credits and permitted throughput.
 YACE_IMAGE = "quay.io/prometheuscommunity/yet-another-cloudwatch-exporter:v0.67.0"
 YACE_NAME = "ragpool-cloudwatch-exporter"
+NOBODY_UID = 65534  # the YACE image runs as nobody
 YACE_READ_ACTIONS = ["cloudwatch:GetMetricData", "cloudwatch:GetMetricStatistics", "cloudwatch:ListMetrics",
                      "tag:GetResources"]
 
@@ -176,15 +178,13 @@ class Monitoring(RagpoolComponent):
                 "template": {"metadata": {"labels": labels}, "spec": {
                     "serviceAccountName": YACE_NAME,
                     "nodeSelector": {"ragpool.io/pool": "system"},
-                    "securityContext": {"runAsNonRoot": True, "runAsUser": 65534, "runAsGroup": 65534,
-                                        "seccompProfile": {"type": "RuntimeDefault"}},
+                    "securityContext": pod_security_context(NOBODY_UID),
                     "containers": [{
                         "name": "exporter", "image": YACE_IMAGE,
                         "args": ["--config.file=/config/config.yml"],
                         "ports": [{"name": "metrics", "containerPort": 5000}],
                         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
-                        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                                            "capabilities": {"drop": ["ALL"]}},
+                        "securityContext": container_security_context(),
                         "volumeMounts": [{"name": "config", "mountPath": "/config", "readOnly": True}],
                     }],
                     "volumes": [{"name": "config", "configMap": {"name": YACE_NAME}}],

@@ -22,12 +22,14 @@ import pulumi_random as random
 from infra.aliases import RagpoolComponent
 from infra.common import aws_tags, child, k8s_labels, stateful
 from infra.config import StackConfig
+from infra.pod_security import container_security_context, pod_security_context
 from infra.training_namespace import TRAINING_NAMESPACE_LABEL
 
 # Official Valkey image (BSD-licensed Redis fork; same protocol and AOF semantics).
 VALKEY_IMAGE = "valkey/valkey:8.1.7"
 REDIS_EXPORTER_IMAGE = "oliver006/redis_exporter:v1.87.0"
 VALKEY_UID = 999  # the `valkey` user of the official image
+EXPORTER_UID = 59000  # the redis_exporter image's user
 CONNECTION_SECRET = "ragpool-redis"
 SERVICE_NAME = "ragpool-redis"
 # Pods carrying this label may talk to Redis (workers, the submit/status Job).
@@ -53,9 +55,6 @@ class RedisArgs:
 
 def valkey_statefulset_spec(namespace: str) -> dict:
     labels = k8s_labels("queue", SERVICE_NAME)
-    secure = {"runAsNonRoot": True, "runAsUser": VALKEY_UID, "runAsGroup": VALKEY_UID,
-              "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-              "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
     password_env = {"name": "REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {"name": CONNECTION_SECRET,
                                                                              "key": "password"}}}
     return {
@@ -66,7 +65,7 @@ def valkey_statefulset_spec(namespace: str) -> dict:
             "metadata": {"labels": labels},
             "spec": {
                 "nodeSelector": {"ragpool.io/pool": "system"},
-                "securityContext": {"fsGroup": VALKEY_UID, "seccompProfile": {"type": "RuntimeDefault"}},
+                "securityContext": pod_security_context(fs_group=VALKEY_UID),
                 "automountServiceAccountToken": False,
                 "terminationGracePeriodSeconds": 30,
                 "containers": [
@@ -82,7 +81,7 @@ def valkey_statefulset_spec(namespace: str) -> dict:
                                            "periodSeconds": 10},
                         "livenessProbe": {"tcpSocket": {"port": "redis"}, "periodSeconds": 20},
                         "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
-                        "securityContext": secure,
+                        "securityContext": container_security_context(VALKEY_UID),
                         "volumeMounts": [{"name": "data", "mountPath": "/data"}],
                     },
                     {
@@ -92,7 +91,7 @@ def valkey_statefulset_spec(namespace: str) -> dict:
                                 {"name": "REDIS_PASSWORD", "valueFrom": password_env["valueFrom"]}],
                         "ports": [{"name": "redis-metrics", "containerPort": EXPORTER_PORT}],
                         "resources": {"requests": {"cpu": "20m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}},
-                        "securityContext": {**secure, "runAsUser": 59000, "runAsGroup": 59000},
+                        "securityContext": container_security_context(EXPORTER_UID),
                     },
                 ],
             },
@@ -115,8 +114,7 @@ def exporter_deployment_spec() -> dict:
             "spec": {
                 "automountServiceAccountToken": False,
                 "nodeSelector": {"ragpool.io/pool": "system"},
-                "securityContext": {"runAsNonRoot": True, "runAsUser": 59000, "runAsGroup": 59000,
-                                    "seccompProfile": {"type": "RuntimeDefault"}},
+                "securityContext": pod_security_context(EXPORTER_UID),
                 "containers": [{
                     "name": "exporter",
                     "image": REDIS_EXPORTER_IMAGE,
@@ -127,8 +125,7 @@ def exporter_deployment_spec() -> dict:
                     ],
                     "ports": [{"name": "redis-metrics", "containerPort": EXPORTER_PORT}],
                     "resources": {"requests": {"cpu": "20m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}},
-                    "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                                        "capabilities": {"drop": ["ALL"]}},
+                    "securityContext": container_security_context(),
                 }],
             },
         },

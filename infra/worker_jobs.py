@@ -19,6 +19,7 @@ import pulumi_kubernetes as k8s
 from infra.aliases import RagpoolComponent
 from infra.common import GPU_TAINT, POOL_LABEL, SHARED_MOUNT_PATH, TRAINING_UID, child, k8s_labels
 from infra.config import GpuPoolConfig, StackConfig
+from infra.pod_security import container_security_context, pod_security_context
 from infra.training_namespace import (
     MAX_RANKS_PER_POD, QUEUE_METRICS_PORT, RANK_METRICS_PORT, RDZV_PORT, WORKER_SERVICE_ACCOUNT, WORKERS_SERVICE,
 )
@@ -45,11 +46,6 @@ def worker_cronjob_spec(cfg: StackConfig, pool: GpuPoolConfig, image: str, names
                         redis_secret: str, shared_claim: str, queue_namespace: str = "ragpool") -> dict[str, Any]:
     """A suspended CronJob whose jobTemplate is the worker Job for ``pool``."""
     gpus = pool.gpus_per_worker
-    worker_securitycontext = {
-        "runAsNonRoot": True, "runAsUser": TRAINING_UID, "runAsGroup": TRAINING_UID,
-        "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-        "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
-    }
     ports = [{"name": "queue-metrics", "containerPort": QUEUE_METRICS_PORT},
              {"name": "rdzv", "containerPort": RDZV_PORT}]
     ports += [{"name": f"rank-{r}", "containerPort": RANK_METRICS_PORT + r} for r in range(min(gpus, MAX_RANKS_PER_POD))]
@@ -63,8 +59,7 @@ def worker_cronjob_spec(cfg: StackConfig, pool: GpuPoolConfig, image: str, names
         "tolerations": [{"key": GPU_TAINT["key"], "operator": "Exists", "effect": GPU_TAINT["effect"]}],
         # Time for a SIGTERM'd run to reach its next step boundary and checkpoint.
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
-        "securityContext": {"runAsNonRoot": True, "runAsUser": TRAINING_UID, "runAsGroup": TRAINING_UID,
-                            "fsGroup": TRAINING_UID, "seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": pod_security_context(TRAINING_UID, fs_group=TRAINING_UID),
         "containers": [{
             "name": "worker",
             "image": image,
@@ -91,7 +86,7 @@ def worker_cronjob_spec(cfg: StackConfig, pool: GpuPoolConfig, image: str, names
                 "requests": {"nvidia.com/gpu": str(gpus), "cpu": str(2 * gpus), "memory": f"{8 * gpus}Gi"},
                 "limits": {"nvidia.com/gpu": str(gpus), "memory": f"{12 * gpus}Gi"},
             },
-            "securityContext": worker_securitycontext,
+            "securityContext": container_security_context(TRAINING_UID),
             "volumeMounts": [
                 {"name": "shared", "mountPath": SHARED_MOUNT_PATH},
                 {"name": "dshm", "mountPath": "/dev/shm"},

@@ -14,10 +14,15 @@ preview; those errors are left to propagate so the SDK reports them as "can't ru
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from infra.config import GPU_INSTANCE_FAMILIES, is_gpu_instance_type  # Pulumi-free: the one GPU-family rule
+from infra.pod_security import restricted_problems  # Pulumi-free: the one home of the restricted context
+from policy.k8s_scheduling import untolerated_taints
 
 MANDATORY = "mandatory"
 ADVISORY = "advisory"
@@ -35,6 +40,7 @@ NON_TAGGABLE_AWS_TYPES = frozenset({
     "aws:backup/selection:Selection",
     "aws:cloudwatch/eventTarget:EventTarget",
     "aws:ec2/routeTableAssociation:RouteTableAssociation",
+    "aws:eks/accessPolicyAssociation:AccessPolicyAssociation",
     "aws:ecr/lifecyclePolicy:LifecyclePolicy",
     "aws:efs/fileSystemPolicy:FileSystemPolicy",
     "aws:efs/mountTarget:MountTarget",
@@ -77,9 +83,6 @@ NETWORK_POLICY_TYPE = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
 SERVICE_TYPE = "kubernetes:core/v1:Service"
 HELM_RELEASE_TYPE = "kubernetes:helm.sh/v3:Release"
 
-# GPU instance families: p2..p6 (NVIDIA datacenter) and g3..g6 (NVIDIA graphics), e.g.
-# p4d.24xlarge, g6e.12xlarge. Inferentia/Trainium (inf*, trn*) do not carry nvidia.com/gpu.
-_GPU_INSTANCE_TYPE = re.compile(r"^(p[2-9]|g[3-9])[a-z]*\.")
 _MONITORING_NAME = re.compile(r"grafana|prometheus|alertmanager", re.IGNORECASE)
 _SELF_HOSTED_REDIS_IMAGE = re.compile(r"(^|/)(redis|valkey)(:|@|$)")
 _INTERNAL_LB_ANNOTATIONS = {
@@ -105,6 +108,9 @@ class Resource:
     """The ``protect`` resource option."""
     urn: str | None = None
     """The URN under CrossGuard; None offline."""
+    dependencies: tuple[str, ...] = ()
+    """What the engine creates first, as ``type::name`` (plan ``dependsOn``; CrossGuard stack
+    policies: ``PolicyResource.dependencies``). Resource policies do not see them."""
 
     @property
     def label(self) -> str:
@@ -388,11 +394,11 @@ def is_gpu_nodepool(resource: Resource) -> bool:
         values = [str(v) for v in _as_list(_get(req, "values"))]
         if isinstance(key, str) and key.startswith("karpenter.k8s.aws/instance-gpu"):
             return True
-        if key == "node.kubernetes.io/instance-type" and any(_GPU_INSTANCE_TYPE.match(v) for v in values):
+        if key == "node.kubernetes.io/instance-type" and any(is_gpu_instance_type(v) for v in values):
             return True
         if key == "karpenter.k8s.aws/instance-category" and {"g", "p"} & set(values):
             return True
-        if key == "karpenter.k8s.aws/instance-family" and any(_GPU_INSTANCE_TYPE.match(v + ".") for v in values):
+        if key == "karpenter.k8s.aws/instance-family" and any(v in GPU_INSTANCE_FAMILIES for v in values):
             return True
     return False
 
@@ -478,6 +484,9 @@ def check_training_containers(resource: Resource, ctx: Context) -> Iterator[str]
             yield f"container {name!r}: runAsUser is 0 (root); use the image's non-root user (1000)"
         if _is_true(_get(security, "privileged")):
             yield f"container {name!r}: privileged is true; training never needs a privileged container"
+        for problem in restricted_problems(pod_security, security):
+            yield (f"container {name!r}: {problem} (the restricted securityContext of "
+                   "infra/pod_security.py; build it with container_security_context())")
         limits = _get(container, "resources", "limits")
         limits = limits if isinstance(limits, Mapping) else {}
         if _is_blank(limits.get("memory")):
@@ -567,6 +576,231 @@ def check_monitoring_not_public(resource: Resource, ctx: Context) -> Iterator[st
                    "policy's allowPublicLoadBalancer config to true")
 
 
+
+# ------------------------------------------------------------------ cluster access and node agents
+
+EKS_CLUSTER_TYPE = "aws:eks/cluster:Cluster"
+ACCESS_ENTRY_TYPE = "aws:eks/accessEntry:AccessEntry"
+ACCESS_POLICY_ASSOCIATION_TYPE = "aws:eks/accessPolicyAssociation:AccessPolicyAssociation"
+K8S_PROVIDER_TYPE = "pulumi:providers:kubernetes"
+ADDON_TYPE = "aws:eks/addon:Addon"
+EFS_POLICY_TYPE = "aws:efs/fileSystemPolicy:FileSystemPolicy"
+STORAGE_CLASS_TYPE = "kubernetes:storage.k8s.io/v1:StorageClass"
+PERSISTENT_VOLUME_TYPE = "kubernetes:core/v1:PersistentVolume"
+# arn:<partition>:eks::aws:cluster-access-policy/<name> (EKS User Guide, "access policies").
+_ADMIN_ACCESS_POLICY = re.compile(r"arn:aws(-cn|-us-gov)?:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy")
+NODE_MONITORING_AGENT = "eks-node-monitoring-agent"
+
+
+def _key(resource: Resource) -> str:
+    return f"{resource.type}::{resource.name}"
+
+
+def _api_mode_without_creator_admin(cluster: Resource) -> bool:
+    access = _first(_get(cluster.inputs, "accessConfig"))
+    mode = _get(access, "authenticationMode")
+    # EKS default: CONFIG_MAP with the creator as admin; only the API modes use access entries.
+    return mode in ("API", "API_AND_CONFIG_MAP") and not _is_true(_get(access, "bootstrapClusterCreatorAdminPermissions"))
+
+
+def _admin_associations(resources: Sequence[Resource], cluster_name: Any) -> list[Resource]:
+    """Cluster-scoped AmazonEKSClusterAdminPolicy associations of a cluster that have an access entry."""
+    entries = {(_get(r.inputs, "clusterName"), _get(r.inputs, "principalArn"))
+               for r in resources if r.type == ACCESS_ENTRY_TYPE}
+    return [r for r in resources if r.type == ACCESS_POLICY_ASSOCIATION_TYPE
+            and _get(r.inputs, "clusterName") == cluster_name
+            and _ADMIN_ACCESS_POLICY.fullmatch(str(_get(r.inputs, "policyArn") or ""))
+            and _get(r.inputs, "accessScope", "type") == "cluster"
+            and (cluster_name, _get(r.inputs, "principalArn")) in entries]
+
+
+def check_api_cluster_has_admin(resources: Sequence[Resource], ctx: Context) -> Iterator[tuple[Resource | None, str]]:
+    for cluster in resources:
+        if cluster.type != EKS_CLUSTER_TYPE or not _api_mode_without_creator_admin(cluster):
+            continue
+        name = _get(cluster.inputs, "name")
+        if not _admin_associations(resources, name):
+            yield cluster, (f"cluster {name!r} authenticates with access entries only "
+                            "(authenticationMode API, bootstrapClusterCreatorAdminPermissions false) but no "
+                            "principal has an access entry with AmazonEKSClusterAdminPolicy at cluster scope: "
+                            "nobody, not even `pulumi up`, can call its Kubernetes API; set ragpool:deployRoleArn "
+                            "(the role the deployment runs as)")
+
+
+def check_k8s_provider_waits_for_access(resources: Sequence[Resource], ctx: Context
+                                        ) -> Iterator[tuple[Resource | None, str]]:
+    clusters = [c for c in resources if c.type == EKS_CLUSTER_TYPE and _api_mode_without_creator_admin(c)]
+    if not clusters:
+        return
+    admin_keys = {_key(a) for c in clusters for a in _admin_associations(resources, _get(c.inputs, "name"))}
+    for provider in resources:
+        if provider.type != K8S_PROVIDER_TYPE:
+            continue
+        if not admin_keys & set(provider.dependencies):
+            yield provider, (f"Kubernetes provider {provider.name!r} depends on {sorted(provider.dependencies)!r} "
+                             "but on no cluster-admin access policy association: its first call races the "
+                             "access entry and fails with Unauthorized; create it with "
+                             "depends_on=[the AccessPolicyAssociation]")
+
+
+def _gpu_taints(resources: Sequence[Resource]) -> list[Mapping[str, Any]]:
+    taints: list[Mapping[str, Any]] = []
+    for pool in resources:
+        if is_gpu_nodepool(pool):
+            for taint in _as_list(_get(pool.inputs, "spec", "template", "spec", "taints")):
+                if isinstance(taint, Mapping) and taint not in taints:
+                    taints.append(taint)
+    return taints
+
+
+def check_node_monitoring_agent_tolerates_gpu(resources: Sequence[Resource], ctx: Context
+                                              ) -> Iterator[tuple[Resource | None, str]]:
+    taints = _gpu_taints(resources)
+    if not taints:
+        return
+    for addon in resources:
+        if addon.type != ADDON_TYPE or _get(addon.inputs, "addonName") != NODE_MONITORING_AGENT:
+            continue
+        raw = _get(addon.inputs, "configurationValues")
+        try:
+            values = json.loads(raw) if isinstance(raw, str) and raw.strip() else {}
+        except json.JSONDecodeError:
+            yield addon, f"configurationValues is not JSON ({str(raw)[:80]!r}); the add-on would refuse it"
+            continue
+        # The chart's dcgm-server DaemonSet has no tolerations by default (dcgmAgent.tolerations: []).
+        tolerations = _get(values, "dcgmAgent", "tolerations") or []
+        missing = untolerated_taints(tolerations, taints)
+        if missing:
+            shown_taints = [f"{t.get('key')}={t.get('value')}:{t.get('effect')}" for t in missing]
+            yield addon, (f"configurationValues dcgmAgent.tolerations is {tolerations!r}, which does not "
+                          f"tolerate the GPU pools' taints {shown_taints}: the dcgm-server DaemonSet never runs "
+                          "on GPU nodes, the agent reports AcceleratedHardwareReady=False and node repair "
+                          "replaces healthy nodes; add {\"key\": \"nvidia.com/gpu\", \"operator\": \"Exists\", "
+                          "\"effect\": \"NoSchedule\"} (infra/cluster.py ADDON_CONFIGURATION)")
+
+
+# ------------------------------------------------------------------ EFS access
+
+# The request the EFS CSI driver's mount makes, as EFS evaluates it against a file system
+# policy: NFS client actions, over TLS (the driver's default `tls` mount option), through
+# a mount target. Anonymous unless the volume mounts with the `iam` option.
+EFS_MOUNT_ACTIONS = ("elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite")
+_EFS_MOUNT_CONTEXT = {"aws:securetransport": "true", "elasticfilesystem:accessedviamounttarget": "true"}
+
+
+def _action_matches(patterns: Any, action: str) -> bool:
+    import fnmatch
+
+    return any(fnmatch.fnmatchcase(action.lower(), str(p).lower()) for p in _as_list(patterns))
+
+
+def _principal_matches(principal: Any, anonymous: bool) -> bool:
+    """Anonymous NFS clients match only "*" / {"AWS": "*"}; an IAM-authenticated mount also
+    matches a named principal (which role it is cannot be resolved offline)."""
+    if principal == "*":
+        return True
+    if not isinstance(principal, Mapping):
+        return False
+    aws = [str(p) for p in _as_list(principal.get("AWS"))]
+    return "*" in aws or (not anonymous and bool(aws))
+
+
+def _conditions_hold(conditions: Any, context: Mapping[str, str], effect: str) -> bool:
+    """Bool / StringEquals / StringNotEquals / StringLike (and ...IfExists) on a request context.
+
+    An operator this evaluator does not know counts as holding for Deny and failing for
+    Allow, so an unknown condition can only make the verdict stricter.
+    """
+    import fnmatch
+
+    if not isinstance(conditions, Mapping):
+        return True
+    for operator, block in conditions.items():
+        op = str(operator)
+        if_exists = op.endswith("IfExists")
+        base = op.removesuffix("IfExists")
+        if base not in ("Bool", "StringEquals", "StringNotEquals", "StringLike", "StringEqualsIgnoreCase"):
+            return effect == "Deny"
+        if not isinstance(block, Mapping):
+            return effect == "Deny"
+        for key, wanted in block.items():
+            have = context.get(str(key).lower())
+            values = [str(v) for v in _as_list(wanted)]
+            if have is None:
+                if if_exists:
+                    continue
+                return False
+            if base == "Bool":
+                ok = have.lower() in [v.lower() for v in values]
+            elif base == "StringEquals":
+                ok = have in values
+            elif base == "StringEqualsIgnoreCase":
+                ok = have.lower() in [v.lower() for v in values]
+            elif base == "StringNotEquals":
+                ok = have not in values
+            else:
+                ok = any(fnmatch.fnmatchcase(have, v) for v in values)
+            if not ok:
+                return False
+    return True
+
+
+def efs_policy_allows(policy: Any, action: str, *, anonymous: bool,
+                      context: Mapping[str, str] = _EFS_MOUNT_CONTEXT) -> bool:
+    """Would this file system policy let a client do ``action``? (explicit Deny wins; else an Allow is needed)."""
+    statements = _as_list(_get(policy, "Statement"))
+    allowed = False
+    for st in statements:
+        if not isinstance(st, Mapping):
+            continue
+        if "Action" in st:
+            applies = _action_matches(st["Action"], action)
+        else:
+            applies = not _action_matches(st.get("NotAction"), action)
+        if not applies or not _principal_matches(st.get("Principal"), anonymous):
+            continue
+        effect = str(st.get("Effect"))
+        if not _conditions_hold(st.get("Condition"), context, effect):
+            continue
+        if effect == "Deny":
+            return False
+        if effect == "Allow":
+            allowed = True
+    return allowed
+
+
+def _efs_clients_anonymous(resources: Sequence[Resource]) -> bool:
+    """True unless every EFS CSI volume the stack declares mounts with the `iam` option."""
+    options = []
+    for r in resources:
+        if r.type == STORAGE_CLASS_TYPE and _get(r.inputs, "provisioner") == "efs.csi.aws.com":
+            options.append([str(o) for o in _as_list(_get(r.inputs, "mountOptions"))])
+        elif r.type == PERSISTENT_VOLUME_TYPE and _get(r.inputs, "spec", "csi", "driver") == "efs.csi.aws.com":
+            options.append([str(o) for o in _as_list(_get(r.inputs, "spec", "mountOptions"))])
+    return not options or any("iam" not in o for o in options)
+
+
+def check_efs_policy_allows_mounts(resources: Sequence[Resource], ctx: Context
+                                   ) -> Iterator[tuple[Resource | None, str]]:
+    anonymous = _efs_clients_anonymous(resources)
+    for r in resources:
+        if r.type != EFS_POLICY_TYPE:
+            continue
+        raw = _get(r.inputs, "policy")
+        try:
+            policy = json.loads(raw) if isinstance(raw, str) else raw
+        except json.JSONDecodeError:
+            yield r, f"policy is not JSON ({str(raw)[:80]!r})"
+            continue
+        refused = [a for a in EFS_MOUNT_ACTIONS if not efs_policy_allows(policy, a, anonymous=anonymous)]
+        if refused:
+            who = "anonymous NFS clients (the EFS CSI driver without the `iam` mount option)" if anonymous \
+                else "IAM-authenticated clients"
+            yield r, (f"the file system policy does not allow {', '.join(refused)} for {who} over TLS through a "
+                      "mount target: once a file system has a policy EFS stops allowing mounts by default, so "
+                      "every pod mount fails with \"access denied by server\"; add an Allow of "
+                      "ClientMount/ClientWrite with Condition Bool elasticfilesystem:AccessedViaMountTarget true")
+
 # ------------------------------------------------------------------ the rule list
 
 _ENVIRONMENT_SCHEMA = {"environment": {
@@ -613,6 +847,22 @@ RULES: tuple[Rule, ...] = (
          "Stateful prod resources (EFS, KMS keys, backup vault, ElastiCache) are protected.", MANDATORY,
          "Create them with infra/common.py stateful() (protect=True, retain_on_delete=True).",
          check_prod_stateful_protected, config_schema=_ENVIRONMENT_SCHEMA),
+    Rule("efs-policy-allows-cluster-mounts",
+         "An EFS file system policy lets the cluster's clients mount and write (over TLS, via a mount target).",
+         MANDATORY, "Allow elasticfilesystem:ClientMount/ClientWrite with AccessedViaMountTarget true (keep the TLS Deny).",
+         check_efs_policy_allows_mounts, scope="stack"),
+    Rule("eks-api-mode-has-admin",
+         "An EKS cluster that authenticates with access entries only has a cluster-admin access entry.", MANDATORY,
+         "Set ragpool:deployRoleArn; infra/cluster.py gives it an access entry with AmazonEKSClusterAdminPolicy.",
+         check_api_cluster_has_admin, scope="stack"),
+    Rule("k8s-provider-waits-for-access",
+         "The Kubernetes provider depends on the access policy association that authorizes it.", MANDATORY,
+         "Create the provider with depends_on=[the cluster-admin AccessPolicyAssociation].",
+         check_k8s_provider_waits_for_access, scope="stack"),
+    Rule("node-monitoring-agent-tolerates-gpu",
+         "With GPU NodePools, the eks-node-monitoring-agent's DCGM server tolerates their taints.", MANDATORY,
+         "Give the add-on configurationValues {dcgmAgent: {tolerations: [nvidia.com/gpu Exists NoSchedule]}}.",
+         check_node_monitoring_agent_tolerates_gpu, scope="stack"),
     Rule("required-cost-tags",
          "Taggable AWS resources and Karpenter node classes carry the cost tags.", ADVISORY,
          "Tag with infra/common.py aws_tags(): project, stack, environment, owner, cost-center.",

@@ -125,7 +125,8 @@ def resources_of(plan_doc: Any) -> list[Resource]:
         if not isinstance(inputs, Mapping):
             raise PolicyInputError(f"plan document: resources[{i}] ({entry['name']}): inputs is not an object")
         resources.append(Resource(type=entry["type"], name=entry["name"], inputs=inputs,
-                                  protect=bool(entry.get("protect", False))))
+                                  protect=bool(entry.get("protect", False)),
+                                  dependencies=tuple(str(d) for d in entry.get("dependsOn") or ())))
     return resources
 
 

@@ -56,7 +56,8 @@ def _stack_validator(rule: Rule):
     def validate(args: StackValidationArgs, report_violation: ReportViolation) -> None:
         resources = [
             Resource(type=r.resource_type, name=r.name, inputs=r.props,
-                     protect=bool(r.opts.protect) if r.opts is not None else False, urn=r.urn)
+                     protect=bool(r.opts.protect) if r.opts is not None else False, urn=r.urn,
+                     dependencies=tuple(f"{d.resource_type}::{d.name}" for d in (r.dependencies or [])))
             for r in args.resources
         ]
         urn = next((r.urn for r in resources if r.urn), None)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from infra.common import TRAINING_UID
+from infra.pod_security import container_security_context
 from policy.checks import ADVISORY, MANDATORY, RULES, RULES_BY_NAME, Context, Resource
 from policy.offline import Violation, evaluate
 from tests.policy.conftest import STACKS, find, find_all
@@ -217,10 +219,39 @@ def test_privileged_init_container_in_dev_redis_fails(plan_of):
     doc = plan_of("dev")
     spec = find(doc, STATEFULSET)["inputs"]["spec"]["template"]["spec"]
     spec["initContainers"] = [{"name": "chown", "image": "busybox:1.37",
-                               "securityContext": {"privileged": True, "runAsNonRoot": True},
+                               "securityContext": {"privileged": True, "runAsNonRoot": True,
+                                                   **container_security_context()},
                                "resources": {"limits": {"memory": "16Mi"}}}]
     [v] = run(doc, "training-containers-nonroot-limits")
     assert "container 'chown': privileged is true" in v.message
+
+
+@pytest.mark.parametrize(("field", "value", "fragment"), [
+    ("allowPrivilegeEscalation", None, "allowPrivilegeEscalation is None"),
+    ("allowPrivilegeEscalation", True, "allowPrivilegeEscalation is True"),
+    ("readOnlyRootFilesystem", False, "readOnlyRootFilesystem is False"),
+    ("capabilities", {"drop": ["NET_RAW"]}, "capabilities.drop is ['NET_RAW']"),
+])
+def test_worker_outside_the_restricted_security_context_fails(plan_of, field, value, fragment):
+    doc = plan_of("prod")
+    container = pod_spec(find_all(doc, CRONJOB)[0])["containers"][0]
+    assert container["securityContext"] == container_security_context(TRAINING_UID)  # the one home
+    if value is None:
+        del container["securityContext"][field]
+    else:
+        container["securityContext"][field] = value
+    [v] = run(doc, "training-containers-nonroot-limits")
+    assert fragment in v.message and "infra/pod_security.py" in v.message
+
+
+def test_seccomp_may_come_from_the_pod_but_must_be_set_somewhere(plan_of):
+    doc = plan_of("dev")
+    spec = pod_spec(find_all(doc, CRONJOB)[0])
+    del spec["containers"][0]["securityContext"]["seccompProfile"]
+    assert run(doc, "training-containers-nonroot-limits") == []  # the pod's RuntimeDefault applies
+    del spec["securityContext"]["seccompProfile"]
+    [v] = run(doc, "training-containers-nonroot-limits")
+    assert "seccompProfile.type is None" in v.message
 
 
 def test_container_rule_covers_only_training_namespaces(plan_of):

@@ -35,6 +35,11 @@ def urn(stack: str, entry: dict) -> str:
     return f"urn:pulumi:{stack}::ragpool::{entry['type']}::{entry['name']}"
 
 
+def dependency_urns(stack: str, entry: dict) -> list[str]:
+    """The plan's ``dependsOn`` ("type::name") as URNs, as the engine hands them to the pack."""
+    return [urn(stack, dict(zip(("type", "name"), key.rsplit("::", 1)))) for key in entry.get("dependsOn", [])]
+
+
 # ------------------------------------------------------------------ policy objects
 
 
@@ -82,6 +87,9 @@ def _sdk_findings(doc: dict, stack: str) -> Counter:
         else:
             resources = [PolicyResource(e["type"], unknown_checking_proxy(e["inputs"]), urn(stack, e), e["name"],
                                         options(e), None, None, [], {}) for e in doc["resources"]]
+            by_urn = {r.urn: r for r in resources}
+            for r, e in zip(resources, doc["resources"]):
+                r.dependencies = [by_urn[u] for u in dependency_urns(stack, e) if u in by_urn]
             policy.validate(StackValidationArgs(resources, {}),
                             lambda msg, u, p=policy.name: found.update([(p, names_by_urn.get(u), msg)]))
     return found
@@ -182,7 +190,8 @@ def test_served_pack_passes_every_committed_resource(analyzer, committed_plans):
         assert mandatory == [], "\n".join(mandatory)
         stack_request = analyzer_pb2.AnalyzeStackRequest(resources=[
             analyzer_pb2.AnalyzerResource(type=e["type"], name=e["name"], urn=urn(stack, e),
-                                          properties=_struct(e["inputs"])) for e in doc["resources"]])
+                                          properties=_struct(e["inputs"]), dependencies=dependency_urns(stack, e))
+            for e in doc["resources"]])
         assert list(analyzer.AnalyzeStack(stack_request, timeout=60).diagnostics) == []
 
 
@@ -226,7 +235,8 @@ def test_served_pack_stack_policy_names_the_namespace(analyzer, plan_of):
     resources = [e for e in doc["resources"] if not (
         e["type"] == "kubernetes:networking.k8s.io/v1:NetworkPolicy" and e["inputs"]["metadata"]["name"] == "default-deny")]
     request = analyzer_pb2.AnalyzeStackRequest(resources=[
-        analyzer_pb2.AnalyzerResource(type=e["type"], name=e["name"], urn=urn("dev", e), properties=_struct(e["inputs"]))
+        analyzer_pb2.AnalyzerResource(type=e["type"], name=e["name"], urn=urn("dev", e), properties=_struct(e["inputs"]),
+                                      dependencies=dependency_urns("dev", e))
         for e in resources])
     [d] = analyzer.AnalyzeStack(request, timeout=60).diagnostics
     assert d.policyName == "training-namespace-default-deny"
@@ -258,3 +268,18 @@ def test_pack_requirements_match_pyproject_pins():
         name, sep, version = line.partition("==")
         assert sep, f"policy/requirements.txt: {line!r} is not pinned with =="
         assert pins.get(name.lower()) == version, f"{name}=={version} differs from pyproject ({pins.get(name.lower())})"
+
+
+def test_served_pack_sees_the_provider_dependency(analyzer, plan_of):
+    """CrossGuard hands stack policies the engine's dependencies: drop the provider's and it is refused."""
+    from pulumi.runtime.proto import analyzer_pb2
+
+    doc = plan_of("prod")
+    provider = find(doc, "pulumi:providers:kubernetes")
+    provider["dependsOn"] = [d for d in provider["dependsOn"] if "AccessPolicyAssociation" not in d]
+    request = analyzer_pb2.AnalyzeStackRequest(resources=[
+        analyzer_pb2.AnalyzerResource(type=e["type"], name=e["name"], urn=urn("prod", e), properties=_struct(e["inputs"]),
+                                      dependencies=dependency_urns("prod", e))
+        for e in doc["resources"]])
+    [d] = analyzer.AnalyzeStack(request, timeout=60).diagnostics
+    assert d.policyName == "k8s-provider-waits-for-access" and d.urn == urn("prod", provider)
