@@ -31,8 +31,8 @@ from infra.charts import KARPENTER
 from infra.config import CAPACITY_TYPES
 from infra.iam import NODE_ROLE_POLICIES
 from tests.infra.iam_eval import glob_match
-from tests.infra.iam_facts import (EFS_REFERENCE, KARPENTER_REFERENCE, PlannedIam, deviations, planned_iam,
-                                   reference, substitute)
+from tests.infra.iam_facts import (EFS_REFERENCE, KARPENTER_REFERENCE, REFERENCE_DIR, PlannedIam, deviations,
+                                   planned_iam, reference, substitute)
 
 STACKS = ("dev", "prod")
 KINDS = {"omitted-statement", "omitted-actions", "omitted-trust", "omitted-rule"}
@@ -224,6 +224,14 @@ def test_node_roles_match_the_reference_node_role(iam):
             "aws:iam/rolePolicyAttachment:RolePolicyAttachment") if r["inputs"]["role"] in (name, f"{name}-id")}
         assert attached == set(ref["managed_policies"]), f"{iam.stack}: {name} attaches {sorted(attached)}"
         assert role["services"] == expected_services, f"{iam.stack}: {name} trusts {sorted(role['services'])}"
+
+
+def test_node_role_policies_have_one_home():
+    """Both node roles come from infra/iam.py node_role: the policy list is written only there."""
+    infra_dir = REFERENCE_DIR.parent
+    for policy in NODE_ROLE_POLICIES:
+        homes = sorted(str(p.relative_to(infra_dir)) for p in infra_dir.rglob("*.py") if f'"{policy}"' in p.read_text())
+        assert homes == ["iam.py"], f"{policy} is declared in {homes}: use infra.iam.NODE_ROLE_POLICIES / node_role"
 
 
 def _planned_rules(iam: PlannedIam) -> list[dict[str, Any]]:
