@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 OUT    ?= .local
 
-.PHONY: setup sysdeps demo plan policy-check lint test test-fast bench clean
+.PHONY: setup sysdeps demo plan plan-diff policy-check lint test test-fast bench clean
 
 # System packages the local services need (redis-server, prometheus/promtool).
 sysdeps:
@@ -36,6 +36,11 @@ demo: setup
 
 plan: setup
 	$(PY) -m infra.cli plan --stack $(or $(STACK),dev) --format tree
+
+# What the PR comment shows: plans of both stacks at BASE and here, their diff and policy check.
+plan-diff: setup
+	bash .ci/plan-diff.sh $(or $(BASE),origin/main) $(OUT)/plan-diff
+	@cat $(OUT)/plan-diff/comment.md
 
 policy-check: setup
 	$(PY) -m policy.offline --stack $(or $(STACK),dev)

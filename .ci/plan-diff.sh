@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Offline plans of every stack at BASE and at the working tree, their diff and policy check,
+# written as a PR comment. The PR workflow's plan job runs it; it runs locally the same way:
+#
+#   bash .ci/plan-diff.sh origin/main .local/plan-diff     # then read .local/plan-diff/comment.md
+#
+# Needs no cloud credentials (ragpool plan runs the program under Pulumi mocks). Exit 1 when
+# head does not plan, a diff fails or a mandatory policy is violated; the comment says which.
+set -uo pipefail
+if [ $# -ne 2 ]; then
+  echo "usage: $0 BASE_REF OUT_DIR" >&2
+  exit 2
+fi
+base_ref="$1"
+out="$2"
+root="$(git rev-parse --show-toplevel)"
+py="${PYTHON:-$root/.venv/bin/python}"
+head_label="${HEAD_SHA:-$(git -C "$root" rev-parse HEAD)}"
+base_sha="$(git -C "$root" rev-parse --verify "$base_ref^{commit}")" || { echo "$0: unknown base $base_ref" >&2; exit 2; }
+mkdir -p "$out"
+base_tree="$(mktemp -d)"
+trap 'git -C "$root" worktree remove --force "$base_tree" >/dev/null 2>&1; rm -rf "$base_tree"' EXIT
+git -C "$root" worktree add -q --detach "$base_tree" "$base_sha"
+
+failed=0
+{
+  echo "<!-- ragpool-plan-diff -->"
+  echo "### Offline plan diff"
+  echo "base \`${base_sha:0:7}\` → head \`${head_label:0:7}\` (merged into base), from \`ragpool plan\` under Pulumi mocks: no cloud credentials involved."
+} > "$out/comment.md"
+for stack in dev prod; do
+  # Each side runs its own program: python -m imports infra/ from the working directory.
+  if ! (cd "$root" && "$py" -m infra.cli plan --stack "$stack" --format json --out "$out/head-$stack.json" \
+      > /dev/null 2> "$out/head-$stack.err"); then
+    failed=1
+    printf '\n#### %s: head does not plan\n~~~\n%s\n~~~\n' "$stack" "$(tail -c 4000 "$out/head-$stack.err")" >> "$out/comment.md"
+    continue
+  fi
+  note=""
+  if ! (cd "$base_tree" && "$py" -m infra.cli plan --stack "$stack" --format json \
+      --out "$out/base-$stack.json" > /dev/null 2> "$out/base-$stack.err"); then
+    printf '{"project": "ragpool", "stack": "%s", "resources": []}\n' "$stack" > "$out/base-$stack.json"
+    note=" (the base does not plan; diffed against an empty stack)"
+  fi
+  (cd "$root" && "$py" -m infra.cli plan-diff "$out/base-$stack.json" "$out/head-$stack.json") > "$out/diff-$stack.txt" 2>&1 || failed=1
+  (cd "$root" && "$py" -m policy.offline --plan "$out/head-$stack.json") > "$out/policy-$stack.txt" 2>&1 || failed=1
+  {
+    printf '\n#### %s%s\n\n<details><summary>%s</summary>\n\n~~~diff\n' "$stack" "$note" "$(head -n1 "$out/diff-$stack.txt")"
+    cat "$out/diff-$stack.txt"
+    printf '~~~\n</details>\n\nPolicy check: **%s**\n' "$(tail -n1 "$out/policy-$stack.txt")"
+    if grep -q '^\[mandatory\]' "$out/policy-$stack.txt"; then
+      printf '\n~~~\n'; grep '^\[mandatory\]' "$out/policy-$stack.txt"; printf '~~~\n'
+    fi
+  } >> "$out/comment.md"
+done
+exit "$failed"
