@@ -1,0 +1,266 @@
+"""Which pods would run on a GPU node, computed the way Kubernetes decides it.
+
+For every GPU NodePool in each plan, one node per instance type is built from what Karpenter
+puts on it (the template's labels and taints, the requirement values, the well-known
+labels). Each workload's effective tolerations, nodeSelector and node affinity come from:
+
+- Helm releases: the pinned chart's default values (../shared/schemas/helm) with the
+  plan's release values merged over them as Helm merges (subcharts: the subchart's defaults,
+  then the parent's block for it, then ours);
+- EKS managed add-ons: their recorded chart defaults (infra/reference/addon_daemonsets.yaml)
+  with the add-on's ``configurationValues`` from the plan merged over them;
+- Kubernetes objects the plan declares: their own pod spec.
+
+Then ``policy.k8s_scheduling`` (Kubernetes' toleration and node-affinity rules, unit-tested in
+tests/policy/test_k8s_scheduling.py) says whether each lands. Every DaemonSet a GPU node needs
+must land there; nothing that must stay off GPU nodes may tolerate their taint.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from infra.charts import BY_SCHEMA_NAME, SUBCHART_VERSIONS
+from policy.checks import POD_SPEC_PATHS, Resource, is_gpu_nodepool
+from policy.k8s_scheduling import schedulable, untolerated_taints
+from tests.infra.harness import chart_defaults
+
+REFERENCE = Path(__file__).resolve().parents[2] / "infra" / "reference" / "addon_daemonsets.yaml"
+HELM = "kubernetes:helm.sh/v3:Release"
+ADDON = "aws:eks/addon:Addon"
+STACKS = ("dev", "prod")
+
+
+# ------------------------------------------------------------------ Helm value merging
+
+
+def helm_merge(base: Any, override: Any) -> Any:
+    """Helm's coalescing of values: maps merge key by key, anything else replaces, null deletes."""
+    if not (isinstance(base, dict) and isinstance(override, dict)):
+        return copy.deepcopy(override)
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = helm_merge(out.get(key), value) if isinstance(out.get(key), dict) else copy.deepcopy(value)
+    return out
+
+
+def test_helm_merge_semantics():
+    base = {"a": {"b": 1, "c": [1, 2]}, "d": {"e": 1}, "keep": True}
+    assert helm_merge(base, {"a": {"c": [3]}, "d": None, "f": {}}) == {"a": {"b": 1, "c": [3]}, "keep": True, "f": {}}
+    assert base["a"]["c"] == [1, 2]  # inputs untouched
+
+
+def _at(values: dict, path: str) -> dict:
+    for step in filter(None, path.split(".")):
+        values = values.get(step) or {}
+    return values
+
+
+# ------------------------------------------------------------------ GPU nodes
+
+
+@dataclass(frozen=True)
+class Node:
+    pool: str
+    labels: dict
+    taints: list
+
+
+def _arch_of(instance_type: str) -> str:
+    family = instance_type.split(".")[0]
+    return "arm64" if family.endswith("g") and family[:-1] in ("g5", "c7", "m7", "r7") else "amd64"
+
+
+def gpu_nodes(plan: dict) -> list[Node]:
+    nodes = []
+    for entry in plan["resources"]:
+        pool = Resource(entry["type"], entry["name"], entry["inputs"])
+        if not is_gpu_nodepool(pool):
+            continue
+        spec = entry["inputs"]["spec"]["template"]
+        requirements = {r["key"]: r for r in spec["spec"].get("requirements", [])}
+        base = {"kubernetes.io/os": "linux", "karpenter.sh/nodepool": entry["inputs"]["metadata"]["name"],
+                **spec.get("metadata", {}).get("labels", {})}
+        for key, req in requirements.items():
+            if req["operator"] == "In" and key != "node.kubernetes.io/instance-type":
+                base[key] = req["values"][0]  # Karpenter labels the node with the value it picked
+        for itype in requirements["node.kubernetes.io/instance-type"]["values"]:
+            labels = {"kubernetes.io/arch": _arch_of(itype), **base, "node.kubernetes.io/instance-type": itype}
+            nodes.append(Node(base["karpenter.sh/nodepool"], labels, spec["spec"].get("taints", [])))
+    return nodes
+
+
+def test_every_stack_has_tainted_gpu_nodes(plans):
+    for stack in STACKS:
+        nodes = gpu_nodes(plans[stack])
+        assert nodes and all(n.taints for n in nodes), stack
+
+
+# ------------------------------------------------------------------ workloads
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    pod: dict  # tolerations / nodeSelector / affinity
+    daemonset: bool
+
+
+def _scheduling(values: dict, fixed_selector: dict | None = None) -> dict:
+    return {"tolerations": values.get("tolerations") or [],
+            "nodeSelector": {**(fixed_selector or {}), **(values.get("nodeSelector") or {})},
+            "affinity": values.get("affinity") or {}}
+
+
+def release(plan: dict, chart: str) -> dict:
+    [found] = [r for r in plan["resources"] if r["type"] == HELM and r["inputs"]["chart"] == BY_SCHEMA_NAME[chart].name]
+    assert found["inputs"]["version"] == BY_SCHEMA_NAME[chart].version
+    return found["inputs"]["values"]
+
+
+def chart_values(plan: dict, chart: str, subchart_key: str | None = None) -> dict:
+    """Effective values of a chart (or one of its subcharts) for the plan's release."""
+    ours = release(plan, chart)
+    parent = chart_defaults(chart, BY_SCHEMA_NAME[chart].version)
+    if subchart_key is None:
+        return helm_merge(parent, ours)
+    sub_chart = {"nfd": "node-feature-discovery"}.get(subchart_key, subchart_key)
+    sub = chart_defaults(sub_chart, SUBCHART_VERSIONS[chart][subchart_key])
+    return helm_merge(helm_merge(sub, parent.get(subchart_key) or {}), ours.get(subchart_key) or {})
+
+
+def addon_values(plan: dict, addon: str) -> dict:
+    [entry] = [r for r in plan["resources"] if r["type"] == ADDON and r["inputs"]["addonName"] == addon]
+    raw = entry["inputs"].get("configurationValues")
+    return json.loads(raw) if raw else {}
+
+
+def addon_daemonsets(plan: dict) -> list[Workload]:
+    reference = yaml.safe_load(REFERENCE.read_text())["addons"]
+    out = []
+    for addon, data in reference.items():
+        config = addon_values(plan, addon)
+        for name, ds in data["daemonsets"].items():
+            if "chart_defaults" in ds:
+                ref = ds["chart_defaults"]
+                defaults = _at(chart_defaults(ref["chart"], ref["version"]), ref["path"])
+            else:
+                defaults = ds["defaults"]
+            values = helm_merge(defaults, _at(config, ds["values_path"]))
+            out.append(Workload(f"{addon}/{name}", _scheduling(values, ds["template_node_selector"]), True))
+    return out
+
+
+def gpu_daemonsets(plan: dict) -> list[Workload]:
+    """Every DaemonSet a GPU node needs (the add-ons' and the GPU/monitoring charts')."""
+    device_plugin = chart_values(plan, "nvidia-device-plugin")
+    assert device_plugin["gfd"]["enabled"] and release(plan, "nvidia-device-plugin")["nfd"]["enabled"]
+    nfd = chart_values(plan, "nvidia-device-plugin", "nfd")
+    return [
+        *addon_daemonsets(plan),
+        # daemonset-device-plugin.yml and daemonset-gfd.yml both read the top-level values.
+        Workload("nvidia-device-plugin", _scheduling(device_plugin), True),
+        Workload("gpu-feature-discovery", _scheduling(device_plugin), True),
+        Workload("nfd-worker", _scheduling(nfd["worker"]), True),
+        Workload("dcgm-exporter", _scheduling(chart_values(plan, "dcgm-exporter")), True),
+        Workload("prometheus-node-exporter",
+                 _scheduling(chart_values(plan, "kube-prometheus-stack", "prometheus-node-exporter")), True),
+    ]
+
+
+def off_gpu_workloads(plan: dict) -> list[Workload]:
+    """Controllers, monitoring, the queue, operators: none of them may tolerate the GPU taint."""
+    kps = chart_values(plan, "kube-prometheus-stack")
+    nfd = chart_values(plan, "nvidia-device-plugin", "nfd")
+    out = [
+        Workload("karpenter", _scheduling(chart_values(plan, "karpenter")), False),
+        Workload("prometheus", _scheduling(kps["prometheus"]["prometheusSpec"]), False),
+        Workload("alertmanager", _scheduling(kps["alertmanager"]["alertmanagerSpec"]), False),
+        Workload("prometheus-operator", _scheduling(kps["prometheusOperator"]), False),
+        Workload("grafana", _scheduling(chart_values(plan, "kube-prometheus-stack", "grafana")), False),
+        Workload("kube-state-metrics", _scheduling(chart_values(plan, "kube-prometheus-stack", "kube-state-metrics")),
+                 False),
+        Workload("nfd-master", _scheduling(nfd["master"]), False),
+        Workload("nfd-gc", _scheduling(nfd["gc"]), False),
+    ]
+    for entry in plan["resources"]:
+        path = POD_SPEC_PATHS.get(entry["type"])
+        if path is None or entry["type"] in ("kubernetes:batch/v1:CronJob", "kubernetes:batch/v1:Job"):
+            continue  # workers are the GPU workload (test_workers_land_only_on_their_pool)
+        pod = entry["inputs"]
+        for step in path:
+            pod = pod[step]
+        out.append(Workload(entry["name"], _scheduling(pod), entry["type"].endswith(":DaemonSet")))
+    return out
+
+
+# ------------------------------------------------------------------ the assertions
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_daemonset_a_gpu_node_needs_runs_there(plans, schemas_dir, stack):
+    plan = plans[stack]
+    missing = []
+    for node in gpu_nodes(plan):
+        for ds in gpu_daemonsets(plan):
+            if not schedulable(ds.pod, node.labels, node.taints, daemonset=True):
+                untolerated = untolerated_taints(ds.pod["tolerations"], node.taints)
+                why = f"does not tolerate {untolerated}" if untolerated else "its node selector/affinity excludes the node"
+                missing.append(f"{ds.name} on {node.pool} ({node.labels['node.kubernetes.io/instance-type']}): {why}")
+    assert missing == [], "\n".join(missing)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_nothing_that_must_stay_off_gpu_nodes_tolerates_their_taint(plans, schemas_dir, stack):
+    plan = plans[stack]
+    taints = [t for node in gpu_nodes(plan) for t in node.taints]
+    workloads = off_gpu_workloads(plan)
+    assert {"karpenter", "prometheus", "grafana", "redis-valkey"} & {w.name for w in workloads}
+    tolerating = [w.name for w in workloads if not untolerated_taints(w.pod["tolerations"], taints)]
+    assert tolerating == []
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_workers_land_only_on_their_pool(plans, stack):
+    plan = plans[stack]
+    nodes = gpu_nodes(plan)
+    for entry in plan["resources"]:
+        if entry["type"] != "kubernetes:batch/v1:CronJob":
+            continue
+        pod = entry["inputs"]["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        pool = pod["nodeSelector"]["ragpool.io/pool"]
+        landing = {n.pool for n in nodes if schedulable(pod, n.labels, n.taints)}
+        assert landing == {pool}, entry["name"]
+
+
+def test_the_check_sees_the_unconfigured_monitoring_agent(plans, schemas_dir):
+    """Issue 12 defect 2: without configuration values, dcgm-server stays off every GPU node."""
+    plan = copy.deepcopy(plans["prod"])
+    for entry in plan["resources"]:
+        if entry["type"] == ADDON and entry["inputs"]["addonName"] == "eks-node-monitoring-agent":
+            entry["inputs"].pop("configurationValues")
+    [dcgm] = [w for w in gpu_daemonsets(plan) if w.name == "eks-node-monitoring-agent/dcgm-server"]
+    assert not any(schedulable(dcgm.pod, n.labels, n.taints, daemonset=True) for n in gpu_nodes(plan))
+    [agent] = [w for w in gpu_daemonsets(plan) if w.name == "eks-node-monitoring-agent/eks-node-monitoring-agent"]
+    assert all(schedulable(agent.pod, n.labels, n.taints, daemonset=True) for n in gpu_nodes(plan))
+
+
+def test_the_check_sees_a_chart_default_that_does_not_tolerate(plans, schemas_dir):
+    """Dropping ragpool's nfd.worker tolerations leaves the device-plugin chart's block for its NFD
+    subchart (control-plane tolerations only): NFD would never label the GPU nodes."""
+    plan = copy.deepcopy(plans["dev"])
+    release(plan, "nvidia-device-plugin")["nfd"]["worker"].pop("tolerations")
+    [nfd] = [w for w in gpu_daemonsets(plan) if w.name == "nfd-worker"]
+    parent_block = chart_defaults("nvidia-device-plugin", BY_SCHEMA_NAME["nvidia-device-plugin"].version)["nfd"]
+    assert nfd.pod["tolerations"] == parent_block["worker"]["tolerations"]  # parent block over subchart default
+    assert not any(schedulable(nfd.pod, n.labels, n.taints, daemonset=True) for n in gpu_nodes(plan))
