@@ -47,7 +47,7 @@ def fill(port: int, ns: str, n: int) -> None:
     for start in range(0, n, 1000):
         pipe = q.client.pipeline(transaction=False)
         for i in range(start, min(n, start + 1000)):
-            q._submit(args=[q.prefix, f"task-{i}", "{}", "normal", 3, 3600, 1], client=pipe)
+            q._call("submit", f"task-{i}", "{}", "normal", 3, 3600, 1, client=pipe)
         pipe.execute()
 
 

@@ -401,3 +401,63 @@ def test_redis_sigkill_and_aof_restart_loses_no_acknowledged_submission(own_redi
     assert all(q.get(r).state == "succeeded" for r in done_before_crash)
     waiting = {c.task_id for c in q.claim_batch("w", 100000)}
     assert waiting == set(acknowledged) - set(done_before_crash)
+
+
+# -- the Lua scripts and the key layout (one home each) --------------------------------------
+
+def test_each_script_is_its_lua_file_after_the_prelude_with_no_values_substituted(make_queue):
+    from training.scheduler.run_queue import LUA_DIR
+
+    q = make_queue()
+    prelude = (LUA_DIR / "prelude.lua").read_text()
+    commands = {p.stem for p in LUA_DIR.glob("*.lua")} - {"prelude"}
+    assert set(q._scripts) == commands >= {"submit", "claim", "ack", "ack_many", "heartbeat", "fail", "release",
+                                           "cancel", "retry", "reap"}
+    for name, script in q._scripts.items():
+        body = (LUA_DIR / f"{name}.lua").read_text()
+        assert script.script.startswith(prelude) and body in script.script
+    # The layout (priorities, buckets, key names) travels as an argument: the script text, and
+    # so its SHA, is the same for every namespace.
+    other = TaskQueue(q.client, namespace="elsewhere")
+    assert {n: s.sha for n, s in other._scripts.items()} == {n: s.sha for n, s in q._scripts.items()}
+
+
+def test_every_key_the_queue_writes_is_a_declared_key(make_queue, namespace):
+    from training.scheduler.run_queue import Key
+
+    q = make_queue(backoff_base_s=0, backoff_max_s=0)
+    for i in range(4):
+        q.submit(make_spec(f"k-{i}", max_attempts=1))
+    q.submit(make_spec("k-multi", nodes=2))
+    q.submit(make_spec("k-high", priority="high"))
+    c = q.claim("w")
+    q.heartbeat(c, "w")
+    q.ack(c)
+    c = q.claim("w")
+    q.fail(c, "boom", retriable=False)
+    q.retry(c.task_id)
+    c = q.claim("w")
+    q.release(c, "drain")
+    q.cancel("k-3")
+    g = q.claim("w", nodes=2)
+    q.publish_group("grp", g, {}, ttl_s=60)
+    q.stats()
+    keys = q.client.keys(f"{namespace}:*")
+    assert len(keys) >= 10
+    stems = {k.value for k in Key}
+    for key in keys:
+        name = key[len(namespace) + 1:]
+        assert name in stems or any(s.endswith(":") and name.startswith(s) for s in stems), key
+
+
+def test_package_data_ships_the_lua_scripts():
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    from training.scheduler.run_queue import LUA_DIR
+
+    root = Path(__file__).resolve().parents[3]
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["training"]
+    files = [p.relative_to(root / "training").as_posix() for p in LUA_DIR.glob("*.lua")]
+    assert files and all(any(fnmatch.fnmatch(f, g) for g in globs) for f in files)

@@ -1,0 +1,24 @@
+-- release(id, token, reason, free_releases) -> 'released' | 'cancelled' | 'dead' | 'stale'
+local id, token, reason = ARGV[2], ARGV[3], ARGV[4]
+local tk = K.task .. id
+if not owns(tk, token) then return 'stale' end
+if redis.call('HGET', tk, 'cancel_requested') == '1' then
+  finish(id, tk, 'cancelled', nil, true)
+  return 'cancelled'
+end
+local releases = redis.call('HINCRBY', tk, 'releases', 1)
+bump(K.stats, 'released_total', 1)
+redis.call('HSET', tk, 'last_error', reason)
+if releases <= tonumber(ARGV[5]) then
+  -- a graceful hand-back (preemption, drain) does not spend an attempt ...
+  redis.call('HINCRBY', tk, 'attempts', -1)
+else
+  -- ... unless it keeps happening: a run that always exits retriable must not loop forever.
+  local f = redis.call('HMGET', tk, 'attempts', 'max_attempts')
+  if tonumber(f[1]) >= tonumber(f[2]) then
+    finish(id, tk, 'dead', reason .. ' (released ' .. releases .. ' times)', true)
+    return 'dead'
+  end
+end
+requeue(id, tk)
+return 'released'
