@@ -22,7 +22,7 @@ import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -289,6 +289,116 @@ class DistributedConfig:
                  self.sparse_embedding_grads, f"must be one of {', '.join(SPARSE_EMBEDDING_GRADS)}")
 
 
+# --------------------------------------------------------------------------- Ray executor
+
+RayStrategy = Literal["auto", "PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
+"""Placement-group strategies (Ray's four, plus ``auto``: see :class:`RayStageConfig.strategy`)."""
+RAY_STAGES: tuple[str, ...] = ("prepare", *STAGES)
+"""Stages the Ray driver places: data preparation, then the pipeline's stages."""
+RAY_POOL_RULE = "empty (any node) or a pool name: 1-63 lowercase letters, digits or '-', starting and ending alphanumeric"
+TUNE_METRIC_RULE = "mrr or recall@K with K one of evaluate.recall_at"
+
+
+@dataclass
+class RayStageConfig:
+    """Resources one stage reserves under the Ray executor (a placement group per stage)."""
+
+    pool: str = ""
+    """Pool whose nodes carry the stage: Ray nodes labelled ``ragpool.io/pool=<pool>``; empty = any node.
+    A stage never lands on another pool."""
+    workers: int = 1
+    """retriever/generator: Ray Train workers (DDP ranks); prepare/index/evaluate: parallel Ray tasks."""
+    cpus: float = 1.0
+    """CPUs reserved per worker or task (one placement-group bundle each)."""
+    gpus: int = 0
+    """Whole GPUs reserved per worker or task (0 = CPU only)."""
+    strategy: RayStrategy = "auto"
+    """Placement-group strategy; ``auto`` = STRICT_PACK for training workers when they all fit one node
+    of the pool (else PACK), SPREAD for the task stages."""
+
+    def __post_init__(self) -> None:
+        _require(self.pool == "" or is_valid_run_id(self.pool), "pool", self.pool, f"must be {RAY_POOL_RULE}")
+        _require(1 <= self.workers <= 1024, "workers", self.workers, "must be in [1, 1024]")
+        _require(0 <= self.cpus <= 512, "cpus", self.cpus, "must be in [0, 512]")
+        _require(0 <= self.gpus <= 16, "gpus", self.gpus, "must be in [0, 16] (whole GPUs)")
+        _require(self.cpus > 0 or self.gpus > 0, "cpus", self.cpus, "a worker must reserve a CPU or a GPU")
+
+
+@dataclass
+class TuneConfig:
+    """Ray Tune search over the retriever's hyper-parameters (``ragpool tune``), ASHA early stopping."""
+
+    num_samples: int = 4
+    """Trials to run."""
+    lr: tuple[float, float] = (1.0e-5, 2.0e-4)
+    """Learning-rate range ``[low, high]``, sampled log-uniformly."""
+    temperature: tuple[float, float] = (0.02, 0.1)
+    """Contrastive temperature range ``[low, high]``, sampled uniformly."""
+    global_batch_size: tuple[int, ...] = (8, 16)
+    """Batch sizes to choose from (each a multiple of the workers times grad_accum)."""
+    metric: str = "mrr"
+    """What trials are ranked by on the eval split: ``mrr`` or ``recall@K``."""
+    rungs: int = 2
+    """ASHA milestones: each trial is evaluated (and may be stopped) after every 1/rungs of retriever.max_steps."""
+    reduction_factor: int = 2
+    """ASHA keeps the best 1/reduction_factor of the trials at each milestone."""
+    max_concurrent: int = 0
+    """Trials at once; 0 = as many as the cluster's GPUs (CPU workers on a CPU cluster) allow."""
+    eval_questions: int = 0
+    """Eval-split questions scored per milestone (0 = all)."""
+
+    def __post_init__(self) -> None:
+        _require(1 <= self.num_samples <= 1000, "num_samples", self.num_samples, "must be in [1, 1000]")
+        _require(0 < self.lr[0] <= self.lr[1] < 1, "lr", self.lr, "must be [low, high] with 0 < low <= high < 1")
+        _require(0 < self.temperature[0] <= self.temperature[1] <= 10, "temperature", self.temperature,
+                 "must be [low, high] with 0 < low <= high <= 10")
+        _require(len(self.global_batch_size) >= 1 and all(b >= 1 for b in self.global_batch_size),
+                 "global_batch_size", self.global_batch_size, "must be a non-empty list of integers >= 1")
+        _require(self.metric == "mrr" or (self.metric.startswith("recall@") and self.metric[7:].isdigit()),
+                 "metric", self.metric, f"must be {TUNE_METRIC_RULE}")
+        _require(1 <= self.rungs <= 100, "rungs", self.rungs, "must be in [1, 100]")
+        _require(self.reduction_factor >= 2, "reduction_factor", self.reduction_factor, "must be >= 2")
+        _require(self.max_concurrent >= 0, "max_concurrent", self.max_concurrent, "must be >= 0 (0 = by GPUs)")
+        _require(self.eval_questions >= 0, "eval_questions", self.eval_questions, "must be >= 0 (0 = all)")
+
+
+@dataclass
+class RayConfig:
+    """The Ray executor (``python -m training.ray.driver``): cluster, per-stage resources, failures, Tune."""
+
+    address: str = ""
+    """Ray cluster to join: empty = ``RAY_ADDRESS`` when set (a Ray job), else start a local Ray;
+    ``auto`` = the cluster already running on this machine; or ``host:port``."""
+    placement_timeout_s: float = 600.0
+    """How long a stage waits for room on its pool before it fails naming the stage, pool and resources."""
+    max_failures: int = 2
+    """Training stages: worker-group restarts Ray Train makes (``FailureConfig``); each resumes from the
+    newest verified checkpoint."""
+    prepare: RayStageConfig = field(default_factory=lambda: RayStageConfig(workers=3))
+    """Data preparation: the data files validated as parallel CPU tasks."""
+    retriever: RayStageConfig = field(default_factory=RayStageConfig)
+    """Retriever fine-tuning (Ray Train workers)."""
+    index: RayStageConfig = field(default_factory=lambda: RayStageConfig(workers=2))
+    """Corpus encoding tasks (their shards are merged into one FAISS index)."""
+    generator: RayStageConfig = field(default_factory=RayStageConfig)
+    """Generator fine-tuning (Ray Train workers)."""
+    evaluate: RayStageConfig = field(default_factory=RayStageConfig)
+    """Evaluation task."""
+    tune: TuneConfig = field(default_factory=TuneConfig)
+    """Hyper-parameter search (``ragpool tune``)."""
+
+    def __post_init__(self) -> None:
+        _require(0 < self.placement_timeout_s <= 7 * 86400, "placement_timeout_s", self.placement_timeout_s,
+                 "must be in (0, 604800] seconds")
+        _require(0 <= self.max_failures <= 100, "max_failures", self.max_failures, "must be in [0, 100]")
+
+    def stage(self, name: str) -> RayStageConfig:
+        """The resources of stage ``name`` (one of :data:`RAY_STAGES`)."""
+        if name not in RAY_STAGES:
+            raise ConfigError(f"stage={name!r}: unknown stage; allowed: {', '.join(RAY_STAGES)}")
+        return getattr(self, name)
+
+
 @dataclass
 class RunConfig:
     run_id: str = "local"
@@ -317,6 +427,8 @@ class RunConfig:
     """Prometheus endpoint and logging cadence."""
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     """How DDP synchronises gradients across ranks."""
+    ray: RayConfig = field(default_factory=RayConfig)
+    """The Ray executor: cluster address, per-stage resources and pools, failures, Tune search."""
 
     def __post_init__(self) -> None:
         _require(is_valid_run_id(self.run_id), "run_id", self.run_id, f"must be {RUN_ID_RULE}")
@@ -328,6 +440,9 @@ class RunConfig:
         # Canonical order, whatever order the file used.
         self.stages = tuple(s for s in STAGES if s in self.stages)
         _require(self.device in ("auto", "cpu", "cuda"), "device", self.device, "must be auto, cpu or cuda")
+        metric = self.ray.tune.metric
+        _require(metric == "mrr" or int(metric[7:]) in self.evaluate.recall_at, "ray.tune.metric", metric,
+                 f"must be {TUNE_METRIC_RULE} {list(self.evaluate.recall_at)}")
 
     # Paths ----------------------------------------------------------------------------
     def run_dir(self) -> Path:
@@ -450,6 +565,11 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
         if len(value) != len(args):
             _fail(key, value, f"must have exactly {len(args)} items")
         return tuple(_coerce(f"{key}[{i}]", v, a) for i, (v, a) in enumerate(zip(value, args)))
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value in allowed:
+            return value
+        _fail(key, value, f"must be one of {', '.join(map(str, allowed))}")
     if origin in (typing.Union, types.UnionType):
         raise TypeError(f"unsupported config field type {tp!r} for {key}")
     raise TypeError(f"unsupported config field type {tp!r} for {key}")
