@@ -1,0 +1,387 @@
+"""Who may reach whom, on which port: the plan's NetworkPolicies and security groups, evaluated.
+
+Endpoints are the pods the plan declares (worker CronJob templates, Deployments, StatefulSets),
+the pods the system talks to without declaring them (CoreDNS in kube-system, Prometheus in
+monitoring), a stranger pod in ``default``, and addresses outside the cluster (ElastiCache and
+EFS mount targets in a private subnet, the internet, the deploy runner). Pods get addresses in
+the private subnets, as the VPC CNI gives them.
+
+NetworkPolicy semantics (kubernetes.io/docs/concepts/services-networking/network-policies):
+a pod is isolated for a direction when any policy in its namespace selects it and lists that
+direction in ``policyTypes`` (absent: Ingress, plus Egress when egress rules exist); an
+isolated pod admits a connection only when some rule of those policies matches the peer
+(podSelector in the policy's namespace, namespaceSelector, both combined, or ipBlock with
+excepts; no peers: everyone) and the port (number or the destination's named port, protocol
+TCP by default, endPort ranges; no ports: every port). A connection needs the source's egress
+and the destination's ingress. ipBlock is matched against pod addresses too (the VPC CNI
+network policy agent enforces by address).
+
+Security groups: the cluster security group EKS creates admits all traffic from itself (nodes
+and, with the VPC CNI, their pods carry it); other groups admit what their ingress rules list.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from infra.training_namespace import MAX_RANKS_PER_POD, QUEUE_METRICS_PORT, RANK_METRICS_PORT, RDZV_PORT
+
+NETPOL = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
+NAMESPACE = "kubernetes:core/v1:Namespace"
+STACKS = ("dev", "prod")
+SCRAPE_PORTS = {QUEUE_METRICS_PORT, *range(RANK_METRICS_PORT, RANK_METRICS_PORT + MAX_RANKS_PER_POD), 9121}
+NCCL_PORT = 43127  # NCCL picks ephemeral ports: any port must be open between workers
+INTERNET = "198.51.100.7"
+RFC1918 = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")  # routable inside the VPC / over its VPN
+
+
+# ------------------------------------------------------------------ model
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    name: str
+    ip: str
+    namespace: str | None = None  # None: outside the cluster
+    labels: dict = field(default_factory=dict, hash=False, compare=False)
+    ports: dict = field(default_factory=dict, hash=False, compare=False)  # name -> (port, protocol)
+
+
+def _selects(selector: Any, labels: dict) -> bool:
+    """A LabelSelector: matchLabels and matchExpressions (In, NotIn, Exists, DoesNotExist); {} selects all."""
+    if selector is None:
+        return False
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr["key"], expr["operator"], expr.get("values") or []
+        ok = {"In": key in labels and labels[key] in values, "NotIn": labels.get(key) not in values,
+              "Exists": key in labels, "DoesNotExist": key not in labels}[op]
+        if not ok:
+            return False
+    return True
+
+
+class Cluster:
+    def __init__(self, plan: dict):
+        self.policies = [r["inputs"] for r in plan["resources"] if r["type"] == NETPOL]
+        self.namespace_labels: dict[str, dict] = {}
+        for r in plan["resources"]:
+            if r["type"] == NAMESPACE:
+                meta = r["inputs"]["metadata"]
+                self.namespace_labels[meta["name"]] = {**meta.get("labels", {}), "kubernetes.io/metadata.name": meta["name"]}
+        for ns in ("kube-system", "default", "monitoring"):
+            self.namespace_labels.setdefault(ns, {"kubernetes.io/metadata.name": ns})
+
+    def _policies_for(self, pod: Endpoint, direction: str) -> list[dict]:
+        out = []
+        for policy in self.policies:
+            if policy["metadata"].get("namespace") != pod.namespace:
+                continue
+            spec = policy["spec"]
+            types = spec.get("policyTypes") or (["Ingress"] + (["Egress"] if spec.get("egress") else []))
+            if direction in types and _selects(spec.get("podSelector", {}), pod.labels):
+                out.append(policy)
+        return out
+
+    def _peer_matches(self, peer: dict, policy_ns: str, other: Endpoint) -> bool:
+        if "ipBlock" in peer:
+            block = peer["ipBlock"]
+            ip = ipaddress.ip_address(other.ip)
+            return ip in ipaddress.ip_network(block["cidr"]) and not any(
+                ip in ipaddress.ip_network(c) for c in block.get("except", []))
+        if other.namespace is None:
+            return False  # pod/namespace selectors only match pods
+        if "namespaceSelector" in peer:
+            if not _selects(peer["namespaceSelector"], self.namespace_labels.get(other.namespace, {})):
+                return False
+        elif other.namespace != policy_ns:
+            return False
+        return _selects(peer.get("podSelector", {}), other.labels)
+
+    @staticmethod
+    def _port_matches(rule_ports: list | None, dst: Endpoint, port: int, protocol: str) -> bool:
+        if not rule_ports:
+            return True
+        for rp in rule_ports:
+            if (rp.get("protocol") or "TCP") != protocol:
+                continue
+            want = rp.get("port")
+            if want is None:
+                return True
+            if isinstance(want, str):  # a named port of the destination pod
+                named = dst.ports.get(want)
+                if named and named == (port, protocol):
+                    return True
+                continue
+            if want <= port <= rp.get("endPort", want):
+                return True
+        return False
+
+    def _admits(self, pod: Endpoint, direction: str, other: Endpoint, dst: Endpoint, port: int, protocol: str) -> bool:
+        if pod.namespace is None:
+            return True
+        policies = self._policies_for(pod, direction)
+        if not policies:
+            return True  # not isolated
+        key, peers_key = ("ingress", "from") if direction == "Ingress" else ("egress", "to")
+        for policy in policies:
+            for rule in policy["spec"].get(key) or []:
+                peers = rule.get(peers_key)
+                if peers and not any(self._peer_matches(p, policy["metadata"]["namespace"], other) for p in peers):
+                    continue
+                if self._port_matches(rule.get("ports"), dst, port, protocol):
+                    return True
+        return False
+
+    def allows(self, src: Endpoint, dst: Endpoint, port: int, protocol: str = "TCP") -> bool:
+        return (self._admits(src, "Egress", dst, dst, port, protocol)
+                and self._admits(dst, "Ingress", src, dst, port, protocol))
+
+
+# ------------------------------------------------------------------ endpoints from the plan
+
+
+def _pods_of(plan: dict, addresses) -> list[Endpoint]:
+    pods = []
+    for r in plan["resources"]:
+        inputs = r["inputs"]
+        if r["type"] == "kubernetes:batch/v1:CronJob":
+            template = inputs["spec"]["jobTemplate"]["spec"]["template"]
+        elif r["type"] in ("kubernetes:apps/v1:Deployment", "kubernetes:apps/v1:StatefulSet"):
+            template = inputs["spec"]["template"]
+        else:
+            continue
+        ports = {p["name"]: (p["containerPort"], p.get("protocol", "TCP"))
+                 for c in template["spec"]["containers"] for p in c.get("ports", []) if "name" in p}
+        pods.append(Endpoint(r["name"], next(addresses), inputs["metadata"]["namespace"],
+                             dict(template["metadata"]["labels"]), ports))
+    return pods
+
+
+@dataclass
+class World:
+    cluster: Cluster
+    pods: list[Endpoint]
+    dns: Endpoint
+    prometheus: Endpoint
+    stranger: Endpoint
+    private_host: Endpoint  # ElastiCache / EFS mount target address in a private subnet
+    internet: Endpoint
+
+    def pod(self, prefix: str) -> list[Endpoint]:
+        found = [p for p in self.pods if p.name.startswith(prefix)]
+        assert found, f"no pod {prefix}*"
+        return found
+
+
+def world(plan: dict) -> World:
+    private = [ipaddress.ip_network(r["inputs"]["cidrBlock"]) for r in plan["resources"]
+               if r["type"] == "aws:ec2/subnet:Subnet" and "-private-" in r["name"]]
+    addresses = (str(host) for net in private for host in list(net.hosts())[10:60])
+    pods = _pods_of(plan, addresses)
+    return World(
+        cluster=Cluster(plan), pods=pods,
+        dns=Endpoint("coredns", next(addresses), "kube-system", {"k8s-app": "kube-dns"},
+                     {"dns": (53, "UDP"), "dns-tcp": (53, "TCP")}),
+        prometheus=Endpoint("prometheus", next(addresses), "monitoring", {"app.kubernetes.io/name": "prometheus"}),
+        stranger=Endpoint("stranger", next(addresses), "default", {"app": "stranger"}, {"http": (8080, "TCP")}),
+        private_host=Endpoint("private-subnet-service", str(list(private[-1].hosts())[-5])),
+        internet=Endpoint("internet", INTERNET))
+
+
+# ------------------------------------------------------------------ NetworkPolicy flows
+
+
+def _workers(w: World) -> list[Endpoint]:
+    return [p for p in w.pods if p.labels.get("app.kubernetes.io/component") == "worker"]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_workers_reach_dns_redis_efs_and_each_other(plans, stack):
+    w = world(plans[stack])
+    workers = _workers(w)
+    assert workers
+    for worker in workers:
+        assert w.cluster.allows(worker, w.dns, 53, "UDP") and w.cluster.allows(worker, w.dns, 53, "TCP"), worker.name
+        redis = w.pod("redis-statefulset")[0] if stack == "dev" else w.private_host  # prod: ElastiCache in the VPC
+        assert w.cluster.allows(worker, redis, 6379), worker.name
+        assert w.cluster.allows(worker, w.private_host, 2049), worker.name  # EFS mount target
+        for peer in workers:
+            for port in (RDZV_PORT, NCCL_PORT):
+                assert w.cluster.allows(worker, peer, port), (worker.name, peer.name, port)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_monitoring_reaches_every_scrape_target(plans, stack):
+    """Every (pod, port) a PodMonitor or ServiceMonitor in the plan selects is reachable from Prometheus."""
+    plan, w = plans[stack], world(plans[stack])
+    targets = []
+    for r in plan["resources"]:
+        if r["type"] == "kubernetes:monitoring.coreos.com/v1:PodMonitor":
+            spec, endpoints = r["inputs"]["spec"], r["inputs"]["spec"]["podMetricsEndpoints"]
+        elif r["type"] == "kubernetes:monitoring.coreos.com/v1:ServiceMonitor":
+            spec, endpoints = r["inputs"]["spec"], r["inputs"]["spec"]["endpoints"]
+        else:
+            continue
+        namespaces = (spec.get("namespaceSelector") or {}).get("matchNames") or [r["inputs"]["metadata"]["namespace"]]
+        for pod in w.pods:
+            if pod.namespace in namespaces and _selects(spec["selector"], pod.labels):
+                targets += [(pod, e["port"]) for e in endpoints if e["port"] in pod.ports]
+    scraped = {port for _, port in targets}
+    assert {"queue-metrics", "rank-0", "redis-metrics"} <= scraped, scraped
+    for pod, port_name in targets:
+        assert w.cluster.allows(w.prometheus, pod, *pod.ports[port_name]), (pod.name, port_name)
+
+
+def _expected_ingress(w: World, src: Endpoint, dst: Endpoint, port: int) -> bool:
+    """What the training namespaces should admit, said plainly."""
+    component = dst.labels.get("app.kubernetes.io/component")
+    src_is_worker = src.namespace == dst.namespace and src.labels.get("app.kubernetes.io/component") == "worker"
+    from_monitoring = src.namespace == "monitoring"
+    if component == "worker":
+        return src_is_worker or (from_monitoring and port in SCRAPE_PORTS)
+    if dst.labels.get("app.kubernetes.io/name") == "ragpool-redis":
+        client = src.namespace == dst.namespace and src.labels.get("ragpool.io/redis-client") == "true"
+        return (client and port == 6379) or (from_monitoring and port == 9121)
+    if dst.labels.get("app.kubernetes.io/name") == "ragpool-redis-exporter":
+        return from_monitoring and port == 9121
+    return False
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_training_namespace_admits_exactly_the_needed_flows(plans, stack):
+    """The ingress matrix into every training pod equals the plain statement of what is needed."""
+    w = world(plans[stack])
+    training = [p for p in w.pods if p.namespace.startswith("ragpool-")]
+    sources = [*w.pods, w.dns, w.prometheus, w.stranger, w.internet]
+    wrong = []
+    for dst in training:
+        probe_ports = {port for port, proto in dst.ports.values() if proto == "TCP"} | {6379, 8080, RDZV_PORT, NCCL_PORT}
+        for src in sources:
+            if src == dst:
+                continue
+            for port in sorted(probe_ports):
+                allowed = w.cluster.allows(src, dst, port)
+                if allowed != _expected_ingress(w, src, dst, port):
+                    wrong.append(f"{src.name} -> {dst.name}:{port} {'allowed' if allowed else 'denied'}")
+    assert wrong == [], "\n".join(wrong[:40])
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_training_pods_cannot_reach_what_they_do_not_need(plans, stack):
+    w = world(plans[stack])
+    for pod in (p for p in w.pods if p.namespace.startswith("ragpool-")):
+        assert not w.cluster.allows(pod, w.internet, 80), pod.name      # only HTTPS leaves the VPC
+        assert not w.cluster.allows(pod, w.stranger, 8080), pod.name
+        assert not w.cluster.allows(pod, w.dns, 80), pod.name            # DNS pods: port 53 (and HTTPS) only
+    for pod in (p for p in w.pods if p.namespace.startswith("ragpool-") and
+                p.labels.get("app.kubernetes.io/component") != "worker"):
+        assert not w.cluster.allows(pod, w.internet, 443), pod.name      # the queue talks to nobody outside
+
+
+def test_the_matrix_sees_a_missing_default_deny(plans):
+    """Without the default-deny policy the stranger reaches the workers' rendezvous port."""
+    plan = json.loads(json.dumps(plans["dev"]))
+    plan["resources"] = [r for r in plan["resources"] if not (
+        r["type"] == NETPOL and r["inputs"]["metadata"]["name"] == "default-deny")]
+    w = world(plan)
+    worker = _workers(w)[0]
+    assert not w.cluster.allows(w.stranger, worker, RDZV_PORT)  # workers-ingress still isolates workers
+    redis = w.pod("redis-statefulset")[0]
+    plan["resources"] = [r for r in plan["resources"] if not (
+        r["type"] == NETPOL and r["inputs"]["metadata"]["name"] == "ragpool-redis-clients-only")]
+    assert world(plan).cluster.allows(w.stranger, redis, 6379)  # nothing isolates the queue any more
+
+
+# ------------------------------------------------------------------ security groups and the API endpoint
+
+
+def _cluster_sg(plan: dict) -> str:
+    [cluster] = [r for r in plan["resources"] if r["type"] == "aws:eks/cluster:Cluster"]
+    return f"sg-{cluster['inputs']['name']}-cluster"  # the mock's clusterSecurityGroupId (infra/plan.py)
+
+
+def sg_allows(plan: dict, group: str, port: int, *, source_group: str | None = None, source_ip: str | None = None) -> bool:
+    """Does security group ``group`` (its id or its resource name) admit TCP ``port`` from the source?"""
+    cluster_sg = _cluster_sg(plan)
+    if group == cluster_sg and source_group == cluster_sg:
+        return True  # EKS's cluster security group admits all traffic from itself
+    rules = []
+    for r in plan["resources"]:
+        inputs = r["inputs"]
+        if r["type"] == "aws:ec2/securityGroup:SecurityGroup" and group in (r["name"], f"{r['name']}-id"):
+            rules += [(i.get("protocol"), i.get("fromPort"), i.get("toPort"), i.get("securityGroups", []),
+                       i.get("cidrBlocks", [])) for i in inputs.get("ingress", [])]
+        if r["type"] == "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule" and inputs["securityGroupId"] == group:
+            rules.append((inputs["ipProtocol"], inputs.get("fromPort"), inputs.get("toPort"),
+                          [inputs["referencedSecurityGroupId"]] if "referencedSecurityGroupId" in inputs else [],
+                          [inputs["cidrIpv4"]] if "cidrIpv4" in inputs else []))
+    for protocol, low, high, groups, cidrs in rules:
+        if str(protocol) not in ("tcp", "6", "-1") or not (protocol == "-1" or low <= port <= high):
+            continue
+        if source_group and source_group in groups:
+            return True
+        if source_ip and any(ipaddress.ip_address(source_ip) in ipaddress.ip_network(c) for c in cidrs):
+            return True
+    return False
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_nodes_reach_efs_and_redis_and_nothing_else_does(plans, stack):
+    plan = plans[stack]
+    nodes = _cluster_sg(plan)
+    assert sg_allows(plan, "storage-efs-sg", 2049, source_group=nodes)
+    assert not sg_allows(plan, "storage-efs-sg", 2049, source_group="sg-elsewhere")
+    assert not sg_allows(plan, "storage-efs-sg", 2049, source_ip=INTERNET)
+    assert not sg_allows(plan, "storage-efs-sg", 22, source_group=nodes)
+    if stack == "prod":
+        assert sg_allows(plan, "redis-sg", 6379, source_group=nodes)
+        assert not sg_allows(plan, "redis-sg", 6379, source_ip="10.0.0.5")
+
+
+def _api_reachable_from(plan: dict, ip: str) -> bool:
+    """Can a client at ``ip`` open the Kubernetes API (HTTPS)?"""
+    [cluster] = [r for r in plan["resources"] if r["type"] == "aws:eks/cluster:Cluster"]
+    vpc = cluster["inputs"]["vpcConfig"]
+    address = ipaddress.ip_address(ip)
+    if not any(address in ipaddress.ip_network(n) for n in RFC1918):
+        # From outside the VPC and its VPN: only a public endpoint, only from its allow-list.
+        return bool(vpc.get("endpointPublicAccess")) and any(
+            address in ipaddress.ip_network(c) for c in vpc.get("publicAccessCidrs", ["0.0.0.0/0"]))
+    # Inside the VPC (or routed into it): the private endpoint's ENIs carry the cluster security group.
+    return bool(vpc.get("endpointPrivateAccess")) and sg_allows(plan, _cluster_sg(plan), 443, source_ip=ip)
+
+
+def _config(stack: str):
+    from infra.plan import load_stack, validate_stack
+
+    return validate_stack(load_stack(stack))
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_deploy_path_reaches_the_api_endpoint(plans, stack):
+    """dev: the public endpoint from publicAccessCidrs; prod: the private endpoint from apiAccessCidrs
+    (the self-hosted deploy runner in the VPC, a VPN). Nothing else."""
+    plan, cluster = plans[stack], _config(stack).cluster
+    deploy_ranges = cluster.public_access_cidrs if cluster.endpoint_public_access else cluster.api_access_cidrs
+    assert deploy_ranges, f"{stack}: no range reaches the API endpoint"
+    for cidr in deploy_ranges:
+        host = str(next(ipaddress.ip_network(cidr).hosts()))
+        assert _api_reachable_from(plan, host), (stack, cidr)
+    assert not _api_reachable_from(plan, INTERNET)
+    assert not _api_reachable_from(plan, "192.168.77.7")  # a private address outside every allowed range
+
+
+def test_private_endpoint_without_api_access_rule_is_unreachable(plans):
+    """The pre-issue-12 prod plan: private endpoint, cluster security group admitting only itself."""
+    plan = json.loads(json.dumps(plans["prod"]))
+    plan["resources"] = [r for r in plan["resources"]
+                         if r["type"] != "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"]
+    assert not _api_reachable_from(plan, "10.0.0.5")
