@@ -11,6 +11,12 @@ from pathlib import Path
 
 import yaml
 
+from tests.support.faults import FAULT_ENVS, HANG_FAULT_ENV, RESUME_FAULT_ENV
+from tests.support.faults import MODULE as FAULTS_MODULE
+
+__all__ = ["HANG_FAULT_ENV", "RESUME_FAULT_ENV", "REPO", "build_tiny_encoder", "child_env", "free_port",
+           "load_params", "run_stage", "stage_cmd", "write_run"]
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -21,19 +27,21 @@ def free_port() -> int:
 
 
 def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a stage subprocess; a fault variable in ``extra`` also installs
+    the fault hooks (:mod:`tests.support.faults`) through the loop's hooks variable."""
+    from training.components.loop import HOOKS_ENV
+
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["HF_HUB_OFFLINE"] = "1"
     env["PYTHONWARNINGS"] = "ignore"
     env["OMP_NUM_THREADS"] = "1"
-    env.pop(RESUME_FAULT_ENV, None)
-    env.pop(HANG_FAULT_ENV, None)
+    for name in (*FAULT_ENVS, HOOKS_ENV):
+        env.pop(name, None)
     env.update(extra)
+    if any(name in extra for name in FAULT_ENVS):
+        env[HOOKS_ENV] = FAULTS_MODULE  # the loop installs the fault hooks from there
     return env
-
-
-RESUME_FAULT_ENV = "RAGPOOL_FAULT_KILL_AFTER_STEP"
-HANG_FAULT_ENV = "RAGPOOL_FAULT_HANG_AFTER_STEP"
 
 
 def build_tiny_encoder(out: Path) -> Path:

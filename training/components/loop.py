@@ -5,16 +5,22 @@ A stage supplies a :class:`TrainTask`: how to build a micro-batch from example i
 how many loss units it holds (questions or answer tokens), and how to compute the summed
 loss. The loop normalises by the *global* count, so N ranks compute the same update as
 one process on the same global batch.
+
+:class:`Trainer` holds the state; :meth:`Trainer.train` is a short loop over
+:meth:`Trainer._train_step`, with :meth:`Trainer.resume` before it and
+:meth:`Trainer._stop_and_checkpoint` when SIGTERM arrives. Step hooks (``hooks=`` or the
+modules named in :data:`HOOKS_ENV`) run after every optimizer step.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import random
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,22 +29,23 @@ import numpy as np
 import torch
 
 from training.components import distributed as D
-from training.components.stage import PREEMPTED_MARKER, write_json_atomic
-from training.components.checkpoint import Checkpointer
-from training.config import CheckpointConfig, OptimConfig, RunConfig
+from training.components.checkpoint import Checkpointer, load_checkpoint_dir, step_dir_name
 from training.components.data import ResumableOrder
-from training.exit_codes import OK, RETRIABLE
 from training.components.logs import Progress, get_logger
 from training.components.metrics import process_metrics
 from training.components.optim import build_optimizer, build_scheduler
+from training.components.stage import PREEMPTED_MARKER, write_json_atomic
+from training.config import OptimConfig, RunConfig
+from training.exit_codes import OK, RETRIABLE
 
-# Fault injection for tests: environment variables only, never read from a run spec.
-#: SIGKILL this process right after this optimizer step (once any checkpoint for an
-#: earlier step has been fully written).
-FAULT_KILL_ENV = "RAGPOOL_FAULT_KILL_AFTER_STEP"
-#: Right after this optimizer step, hang (no more steps, metrics still served, as a
-#: deadlocked run looks) until SIGTERM, which then stops the run as usual (checkpoint, 75).
-FAULT_HANG_ENV = "RAGPOOL_FAULT_HANG_AFTER_STEP"
+#: Comma-separated importable modules, each with ``step_hooks() -> list[StepHook]``, whose
+#: hooks every :class:`Trainer` built without ``hooks=`` installs. Tests set it to reach
+#: stages run in torchrun subprocesses (``tests.support.faults``); runs leave it unset.
+HOOKS_ENV = "RAGPOOL_TEST_HOOKS"
+
+StepHook = Callable[["Trainer"], None]
+"""Called on every rank after each optimizer step (``trainer.step`` is the step just done,
+``trainer.losses[-1]`` its global loss) once any periodic checkpoint has been started."""
 
 
 @dataclass
@@ -80,18 +87,17 @@ class TrainResult:
 
 
 class _StopFlag:
-    """SIGTERM/SIGINT → stop at the next step boundary (never inside a step)."""
+    """SIGTERM → stop at the next step boundary (never inside a step)."""
 
     def __init__(self) -> None:
         self.requested = 0
         self._old: dict[int, Any] = {}
 
     def install(self) -> None:
-        for sig in (signal.SIGTERM,):
-            try:
-                self._old[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread (e.g. embedded use): no handler
-                pass
+        try:
+            self._old[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._handle)
+        except ValueError:  # not the main thread (e.g. embedded use): no handler
+            pass
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.requested = 1
@@ -135,151 +141,190 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def train(task: TrainTask, cfg: RunConfig, env: D.DistEnv, stage_dir: Path) -> TrainResult:
-    """Run (or resume) ``task`` to ``max_steps``; checkpoints go to ``stage_dir/checkpoints``."""
-    log = get_logger(task.stage, env.is_main)
-    ckcfg: CheckpointConfig = cfg.checkpoint
-    per_rank_micro, rem = divmod(task.global_batch_size, env.world_size * task.grad_accum)
-    if rem or per_rank_micro == 0:
-        raise ValueError(f"{task.stage}.global_batch_size={task.global_batch_size}: must be a positive multiple of "
-                         f"world_size*grad_accum={env.world_size}*{task.grad_accum}")
-    metrics = process_metrics()
-    metrics.serve(cfg.metrics.port, cfg.metrics.addr, env.local_rank)
-    stage_metrics = metrics.for_stage(cfg.run_id, task.stage, env.rank)
+def hooks_from_env(environ: dict[str, str] | None = None) -> list[StepHook]:
+    """The step hooks of the modules named in :data:`HOOKS_ENV` (none when it is unset)."""
+    names = (os.environ if environ is None else environ).get(HOOKS_ENV, "")
+    hooks: list[StepHook] = []
+    for name in filter(None, (n.strip() for n in names.split(","))):
+        try:
+            module = importlib.import_module(name)
+        except ImportError as err:
+            raise RuntimeError(f"{HOOKS_ENV}={names!r}: cannot import {name!r} ({err})") from err
+        factory = getattr(module, "step_hooks", None)
+        if not callable(factory):
+            raise RuntimeError(f"{HOOKS_ENV}={names!r}: module {name!r} has no step_hooks() function")
+        hooks.extend(factory())
+    return hooks
 
-    model = task.model.to(env.device)
-    model.train()
-    optimizer = build_optimizer(model, task.optim)
-    scheduler = build_scheduler(optimizer, task.optim, task.max_steps)
-    order = ResumableOrder(task.n_examples, task.global_batch_size, cfg.seed)
-    ckpt = Checkpointer(stage_dir / "checkpoints", ckcfg.keep_latest_k, env.is_main,
-                        on_saved=lambda step, secs: stage_metrics.checkpoint(secs))
-    # Dropout differs per rank but is reproducible per (seed, rank).
-    seed_everything(cfg.seed + 1000 * env.rank)
 
-    start_step, resumed_from = 0, None
-    if ckcfg.resume:
-        chosen = None
+class Trainer:
+    """One stage's training state on this rank: model, optimizer, schedule, data order,
+    checkpointer, metrics, and the step reached."""
+
+    def __init__(self, task: TrainTask, cfg: RunConfig, env: D.DistEnv, stage_dir: Path,
+                 hooks: Sequence[StepHook] | None = None) -> None:
+        self.task, self.cfg, self.env, self.stage_dir = task, cfg, env, stage_dir
+        self.log = get_logger(task.stage, env.is_main)
+        self.per_rank_micro, rem = divmod(task.global_batch_size, env.world_size * task.grad_accum)
+        if rem or self.per_rank_micro == 0:
+            raise ValueError(f"{task.stage}.global_batch_size={task.global_batch_size}: must be a positive "
+                             f"multiple of world_size*grad_accum={env.world_size}*{task.grad_accum}")
+        self.hooks: list[StepHook] = hooks_from_env() if hooks is None else list(hooks)
+        metrics = process_metrics()
+        metrics.serve(cfg.metrics.port, cfg.metrics.addr, env.local_rank)
+        self.metrics = metrics.for_stage(cfg.run_id, task.stage, env.rank)
+        self.model = task.model.to(env.device)
+        self.model.train()
+        self.wrapped: torch.nn.Module = self.model
+        self.optimizer = build_optimizer(self.model, task.optim)
+        self.scheduler = build_scheduler(self.optimizer, task.optim, task.max_steps)
+        self.order = ResumableOrder(task.n_examples, task.global_batch_size, cfg.seed)
+        self.ckpt = Checkpointer(stage_dir / "checkpoints", cfg.checkpoint.keep_latest_k, env.is_main,
+                                 on_saved=lambda step, secs: self.metrics.checkpoint(secs))
+        # Dropout differs per rank but is reproducible per (seed, rank).
+        seed_everything(cfg.seed + 1000 * env.rank)
+        self.step = 0
+        self.resumed_from: int | None = None
+        self.losses: list[float] = []
+        self.stop = _StopFlag()
+        self._autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if env.device.type == "cuda"
+                          else contextlib.nullcontext())
+
+    @property
+    def stop_requested(self) -> bool:
+        """SIGTERM reached this rank (the ranks agree on it at the next step's end)."""
+        return bool(self.stop.requested)
+
+    def train(self) -> TrainResult:
+        """Run (or resume) the task to ``max_steps``."""
+        task, env = self.task, self.env
+        if self.cfg.checkpoint.resume:
+            self.resume()
         if env.is_main:
-            ckpt.clean_temp()
-            found = ckpt.latest()
-            chosen = found[0] if found else None
-        chosen = D.broadcast_object(env, chosen)
-        if chosen is not None:
-            from training.components.checkpoint import load_checkpoint_dir, step_dir_name
-
-            states = found[1] if env.is_main else load_checkpoint_dir(ckpt.root / step_dir_name(chosen))  # type: ignore[index]
-            model.load_state_dict(states["model"])
-            optimizer.load_state_dict(states["optimizer"])
-            scheduler.load_state_dict(states["scheduler"])
-            trainer = states["trainer"]
-            start_step = int(trainer["step"])
-            rngs = trainer["rng"]
-            set_rng_state(rngs[env.rank] if env.rank < len(rngs) else rngs[0])
-            resumed_from = start_step
-            log.info("resumed from %s at step %d (data position %s)", ckpt.root / step_dir_name(chosen),
-                     start_step, trainer["data_position"])
-    if env.is_main:
-        (stage_dir / PREEMPTED_MARKER).unlink(missing_ok=True)  # this attempt supersedes it
-    if start_step >= task.max_steps:
-        log.info("already at step %d of %d", start_step, task.max_steps)
-        return TrainResult(OK, start_step, [], resumed_from)
-
-    wrapped = D.wrap_ddp(model, env, cfg.distributed.grad_compression, cfg.distributed.bucket_cap_mb,
-                         cfg.distributed.sparse_embedding_grads)
-
-    def state_for(step: int) -> dict[str, Any]:
-        rngs = D.all_gather_object(env, rng_state())  # collective: every rank calls it
-        return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "trainer": {"step": step, "data_position": order.position(step), "rng": rngs,
-                            "world_size": env.world_size, "global_batch_size": task.global_batch_size}}
-
-    def save(step: int, blocking: bool) -> None:
-        state = state_for(step)
-        if env.is_main:
-            ckpt.save(step, state, blocking=blocking)
-
-    stop = _StopFlag()
-    stop.install()
-    kill_after = int(os.environ.get(FAULT_KILL_ENV, "-1"))
-    hang_after = int(os.environ.get(FAULT_HANG_ENV, "-1"))
-    progress = Progress(log, task.max_steps, cfg.metrics.log_every, env.is_main, start=start_step)
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if env.device.type == "cuda"
-                else contextlib.nullcontext())
-    losses: list[float] = []
-    step = start_step
-    try:
-        while step < task.max_steps:
-            t0 = time.monotonic()
-            idx = order.rank_batch_indices(step, env.rank, env.world_size)
-            micro = [task.make_batch(idx[i * per_rank_micro:(i + 1) * per_rank_micro])
-                     for i in range(task.grad_accum)]
-            local_count = sum(task.count(b) for b in micro)
-            counts = torch.tensor([float(local_count)], dtype=torch.float64, device=env.device)
-            if env.distributed:
-                torch.distributed.all_reduce(counts)
-            # loss_i * world / global_count: DDP's gradient mean then equals the global mean.
-            scale = env.world_size / max(1.0, float(counts.item()))
-            loss_acc = torch.zeros((), dtype=torch.float64, device=env.device)
-            n_tokens = 0
-            for i, batch in enumerate(micro):
-                sync = i == len(micro) - 1
-                ctx = wrapped.no_sync() if (env.distributed and not sync) else contextlib.nullcontext()
-                with ctx:
-                    with autocast:
-                        loss = task.loss_sum(wrapped, batch, env.device) * scale
-                    loss.backward()
-                loss_acc += loss.detach().double()
-                n_tokens += task.tokens(batch)
-            if task.optim.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), task.optim.grad_clip)
+            (self.stage_dir / PREEMPTED_MARKER).unlink(missing_ok=True)  # this attempt supersedes it
+        if self.step >= task.max_steps:
+            self.log.info("already at step %d of %d", self.step, task.max_steps)
+            return self._result(OK)
+        dc = self.cfg.distributed
+        self.wrapped = D.wrap_ddp(self.model, env, dc.grad_compression, dc.bucket_cap_mb, dc.sparse_embedding_grads)
+        self.progress = Progress(self.log, task.max_steps, self.cfg.metrics.log_every, env.is_main, start=self.step)
+        self.stop.install()
+        try:
+            while self.step < task.max_steps:
+                if self._train_step():
+                    return self._stop_and_checkpoint()
+                every = self.cfg.checkpoint.every_steps
+                if every and self.step % every == 0 and self.step < task.max_steps:
+                    self.save(blocking=not self.cfg.checkpoint.async_save)
+                if self.hooks:
+                    self._run_hooks()
+            self.save(blocking=True)
+            D.barrier(env)
+            self.metrics.close()
+        finally:
+            self.stop.restore()
             if env.is_main:
-                ckpt.wait_snapshot()  # a background save must have copied the weights first
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            # One collective per step carries the loss for logging and the stop request.
-            summary = torch.stack([loss_acc, torch.tensor(float(stop.requested), dtype=torch.float64,
-                                                          device=env.device)])
-            if env.distributed:
-                torch.distributed.all_reduce(summary)
-            global_loss = float(summary[0].item()) / env.world_size
-            stop_now = summary[1].item() > 0
-            losses.append(global_loss)
-            dt = time.monotonic() - t0
-            stage_metrics.step(global_loss, dt, per_rank_micro * task.grad_accum, n_tokens)
-            progress.update(step, loss=global_loss, lr=scheduler.get_last_lr()[0])
-            if stop_now:
-                log.warning("SIGTERM: checkpointing at step %d and exiting with %d (retriable)", step, RETRIABLE)
-                save(step, blocking=True)
-                if env.is_main:
-                    # torchrun turns any child exit code into 1, so a launcher that must tell
-                    # "preempted, resumable" from "failed" can read this marker instead.
-                    write_json_atomic(stage_dir / PREEMPTED_MARKER,
-                                      {"step": step, "exit_code": RETRIABLE, "at": time.time(),
-                                       "checkpoint": str(ckpt.root / f"step_{step:06d}")})
-                D.barrier(env)
-                return TrainResult(RETRIABLE, step, losses, resumed_from)
-            if ckcfg.every_steps and step % ckcfg.every_steps == 0 and step < task.max_steps:
-                save(step, blocking=not ckcfg.async_save)
-            if kill_after == step:
-                ckpt.wait()
-                D.barrier(env)
-                os.kill(os.getpid(), signal.SIGKILL)
-            if hang_after == step:
-                log.warning("%s=%d: hanging until SIGTERM", FAULT_HANG_ENV, step)
-                while not stop.requested:
-                    time.sleep(0.1)
-        save(step, blocking=True)
-        D.barrier(env)
-        stage_metrics.close()
-    finally:
-        stop.restore()
+                try:
+                    self.ckpt.wait()
+                except Exception as err:  # don't mask the original exception
+                    self.log.error("background checkpoint failed: %s", err)
+        return self._result(OK)
+
+    def resume(self) -> None:
+        """Load the newest complete checkpoint (rank 0 chooses it for every rank), if any."""
+        env = self.env
+        found = None
         if env.is_main:
-            try:
-                ckpt.wait()
-            except Exception as err:  # don't mask the original exception
-                log.error("background checkpoint failed: %s", err)
-    return TrainResult(OK, step, losses, resumed_from)
+            self.ckpt.clean_temp()
+            found = self.ckpt.latest()
+        chosen = D.broadcast_object(env, found[0] if found else None)
+        if chosen is None:
+            return
+        path = self.ckpt.root / step_dir_name(chosen)
+        states = found[1] if found else load_checkpoint_dir(path)
+        self.model.load_state_dict(states["model"])
+        self.optimizer.load_state_dict(states["optimizer"])
+        self.scheduler.load_state_dict(states["scheduler"])
+        trainer = states["trainer"]
+        self.step = self.resumed_from = int(trainer["step"])
+        rngs = trainer["rng"]
+        set_rng_state(rngs[env.rank] if env.rank < len(rngs) else rngs[0])
+        self.log.info("resumed from %s at step %d (data position %s)", path, self.step, trainer["data_position"])
+
+    def _train_step(self) -> bool:
+        """One optimizer step over ``grad_accum`` micro-batches; True when any rank got SIGTERM."""
+        task, env = self.task, self.env
+        t0 = time.monotonic()
+        n = self.per_rank_micro
+        idx = self.order.rank_batch_indices(self.step, env.rank, env.world_size)
+        micro = [task.make_batch(idx[i * n:(i + 1) * n]) for i in range(task.grad_accum)]
+        counts = torch.tensor([float(sum(task.count(b) for b in micro))], dtype=torch.float64, device=env.device)
+        if env.distributed:
+            torch.distributed.all_reduce(counts)
+        # loss_i * world / global_count: DDP's gradient mean then equals the global mean.
+        scale = env.world_size / max(1.0, float(counts.item()))
+        loss_acc = torch.zeros((), dtype=torch.float64, device=env.device)
+        n_tokens = 0
+        for i, batch in enumerate(micro):
+            last = i == len(micro) - 1
+            with self.wrapped.no_sync() if (env.distributed and not last) else contextlib.nullcontext():
+                with self._autocast:
+                    loss = task.loss_sum(self.wrapped, batch, env.device) * scale
+                loss.backward()
+            loss_acc += loss.detach().double()
+            n_tokens += task.tokens(batch)
+        if task.optim.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), task.optim.grad_clip)
+        if env.is_main:
+            self.ckpt.wait_snapshot()  # a background save must have copied the weights first
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        # One collective per step carries the loss for logging and the stop request.
+        summary = torch.stack([loss_acc, torch.tensor(float(self.stop.requested), dtype=torch.float64,
+                                                      device=env.device)])
+        if env.distributed:
+            torch.distributed.all_reduce(summary)
+        global_loss = float(summary[0].item()) / env.world_size
+        self.losses.append(global_loss)
+        self.metrics.step(global_loss, time.monotonic() - t0, n * task.grad_accum, n_tokens)
+        self.progress.update(self.step, loss=global_loss, lr=self.scheduler.get_last_lr()[0])
+        return summary[1].item() > 0
+
+    def _run_hooks(self) -> None:
+        for hook in self.hooks:
+            hook(self)
+
+    def _stop_and_checkpoint(self) -> TrainResult:
+        """SIGTERM: checkpoint this step, leave the preempted marker, exit retriable."""
+        self.log.warning("SIGTERM: checkpointing at step %d and exiting with %d (retriable)", self.step, RETRIABLE)
+        self.save(blocking=True)
+        if self.env.is_main:
+            # torchrun turns any child exit code into 1, so a launcher that must tell
+            # "preempted, resumable" from "failed" can read this marker instead.
+            write_json_atomic(self.stage_dir / PREEMPTED_MARKER,
+                              {"step": self.step, "exit_code": RETRIABLE, "at": time.time(),
+                               "checkpoint": str(self.ckpt.root / step_dir_name(self.step))})
+        D.barrier(self.env)
+        return self._result(RETRIABLE)
+
+    def save(self, blocking: bool) -> None:
+        """Checkpoint the current step (a collective: every rank calls it; rank 0 writes)."""
+        rngs = D.all_gather_object(self.env, rng_state())
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "scheduler": self.scheduler.state_dict(),
+                 "trainer": {"step": self.step, "data_position": self.order.position(self.step), "rng": rngs,
+                             "world_size": self.env.world_size,
+                             "global_batch_size": self.task.global_batch_size}}
+        if self.env.is_main:
+            self.ckpt.save(self.step, state, blocking=blocking)
+
+    def _result(self, exit_code: int) -> TrainResult:
+        return TrainResult(exit_code, self.step, self.losses, self.resumed_from)
+
+
+def train(task: TrainTask, cfg: RunConfig, env: D.DistEnv, stage_dir: Path,
+          hooks: Sequence[StepHook] | None = None) -> TrainResult:
+    """Run (or resume) ``task`` to ``max_steps``; checkpoints go to ``stage_dir/checkpoints``."""
+    return Trainer(task, cfg, env, stage_dir, hooks).train()

@@ -1,0 +1,116 @@
+"""training.components.loop: the step hooks (every step seen, none installed = nothing run per
+step), the hooks variable, resume through the Trainer, and no fault logic in production code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from training.components import loop
+from training.components.distributed import DistEnv
+from training.components.loop import HOOKS_ENV, Trainer, TrainTask, hooks_from_env, train
+from training.config import OptimConfig, load_run_config
+
+REPO = Path(__file__).resolve().parents[3]
+ENV = DistEnv(0, 1, 0, 1, torch.device("cpu"))
+
+
+def _task(max_steps: int = 5) -> TrainTask:
+    torch.manual_seed(0)
+    xs = torch.randn(16, 4)
+    ys = xs @ torch.tensor([1.0, -2.0, 0.5, 3.0])
+
+    def loss_sum(model: torch.nn.Module, idx: torch.Tensor, device: torch.device) -> torch.Tensor:
+        return ((model(xs[idx]).squeeze(-1) - ys[idx]) ** 2).sum()
+
+    return TrainTask(stage="retriever", model=torch.nn.Linear(4, 1), n_examples=16, global_batch_size=4,
+                     grad_accum=2, max_steps=max_steps, optim=OptimConfig(lr=0.05, warmup_steps=0),
+                     make_batch=torch.tensor,
+                     count=len, loss_sum=loss_sum)
+
+
+def _cfg(tmp_path: Path, **checkpoint: object):
+    return load_run_config({"shared_root": str(tmp_path), "device": "cpu", "metrics": {"port": 0},
+                            "checkpoint": {"every_steps": 2, **checkpoint}})
+
+
+def test_a_hook_sees_every_step_with_its_loss(tmp_path: Path) -> None:
+    seen: list[tuple[int, float]] = []
+    result = train(_task(), _cfg(tmp_path), ENV, tmp_path / "stage",
+                   hooks=[lambda t: seen.append((t.step, t.losses[-1]))])
+    assert [s for s, _ in seen] == [1, 2, 3, 4, 5]
+    assert [loss for _, loss in seen] == result.losses
+
+
+def test_after_resume_hooks_see_only_the_steps_run(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path)
+    first = train(_task(max_steps=4), cfg, ENV, tmp_path / "stage", hooks=[])
+    assert first.step == 4
+    seen: list[int] = []
+    again = train(_task(max_steps=6), cfg, ENV, tmp_path / "stage", hooks=[lambda t: seen.append(t.step)])
+    assert again.resumed_from == 4 and seen == [5, 6]
+
+
+def test_no_hook_runs_nothing_per_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(HOOKS_ENV, raising=False)
+    trainer = Trainer(_task(), _cfg(tmp_path), ENV, tmp_path / "stage")
+    assert trainer.hooks == []
+
+    class Refuses(list):
+        def __iter__(self):  # the loop must not even walk an empty hook list per step
+            raise AssertionError("hooks iterated")
+
+        def __bool__(self) -> bool:
+            return False
+
+    trainer.hooks = Refuses()
+    assert trainer.train().step == 5
+
+
+CALLS: list[int] = []
+
+
+def step_hooks() -> list:
+    """This module's hooks, as a module named in the hooks variable provides them."""
+    return [lambda trainer: CALLS.append(trainer.step)]
+
+
+def test_hooks_variable_imports_the_named_modules(tmp_path: Path) -> None:
+    hooks = hooks_from_env({HOOKS_ENV: f" {__name__} , "})
+    assert len(hooks) == 1
+    CALLS.clear()
+    train(_task(max_steps=3), _cfg(tmp_path), ENV, tmp_path / "stage", hooks=hooks)
+    assert CALLS == [1, 2, 3]
+    assert hooks_from_env({}) == []
+
+
+@pytest.mark.parametrize("names, why", [("no_such_module_xyz", "cannot import 'no_such_module_xyz'"),
+                                        ("json", "module 'json' has no step_hooks()")])
+def test_hooks_variable_errors_name_the_module(names: str, why: str) -> None:
+    with pytest.raises(RuntimeError, match=f"{HOOKS_ENV}=.*{why}"):
+        hooks_from_env({HOOKS_ENV: names})
+
+
+def test_production_code_has_no_fault_injection() -> None:
+    from tests.support.faults import FAULT_ENVS
+
+    for path in (REPO / "training").rglob("*.py"):
+        text = path.read_text()
+        for name in FAULT_ENVS:
+            assert name not in text, f"{path.relative_to(REPO)} mentions {name}"
+    for path in (REPO / "training" / "components").glob("*.py"):
+        assert "SIGKILL" not in path.read_text(), f"{path.relative_to(REPO)} kills itself"
+
+
+def test_fault_hooks_follow_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.support import faults
+
+    for name in faults.FAULT_ENVS:
+        monkeypatch.delenv(name, raising=False)
+    assert faults.step_hooks() == []
+    monkeypatch.setenv(faults.HANG_FAULT_ENV, "3")
+    monkeypatch.setenv(HOOKS_ENV, faults.MODULE)
+    assert len(hooks_from_env()) == 1
+    assert loop.HOOKS_ENV == HOOKS_ENV
