@@ -3,6 +3,8 @@
 set -euo pipefail
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+# Sentinel: the failover tests (tests/training/scheduler/test_failover.py) start three.
+command -v redis-sentinel >/dev/null 2>&1 || need+=(redis-sentinel)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v redis-benchmark >/dev/null 2>&1 || need+=(redis-tools)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
@@ -20,4 +22,4 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 # The Debian package starts system services we don't use; the tests start their own.
-$SUDO systemctl disable --now redis-server prometheus >/dev/null 2>&1 || true
+$SUDO systemctl disable --now redis-server redis-sentinel prometheus >/dev/null 2>&1 || true

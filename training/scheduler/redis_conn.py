@@ -1,32 +1,76 @@
-"""Connecting to the queue's Redis: URL, AUTH and TLS from the environment, never argv.
+"""Connecting to the queue's Redis: URL or Sentinel, AUTH and TLS from the environment, never argv.
 
 Environment (read by :func:`connect` and :func:`settings_from_env`):
 
 - ``REDIS_URL``: ``redis://host:port/db`` or ``rediss://host:port/db`` (TLS, as for
   ElastiCache with in-transit encryption). Default ``redis://127.0.0.1:6379/0``.
+  Prod (ElastiCache, ``infra/redis.py``) gives the replication group's *primary
+  endpoint*: a DNS name that AWS points at the new primary on failover; every new
+  connection resolves it again, so reconnecting is all a client has to do.
+  Dev (the in-cluster Valkey StatefulSet) gives its Service name.
+- ``REDIS_SENTINELS``: ``host:port,host:port,...`` (port default 26379) of Redis
+  Sentinels, for self-managed primary/replica sets (ElastiCache has no Sentinel).
+  When set, the primary's address comes from the Sentinels at every connect;
+  ``REDIS_URL`` then only contributes its scheme (``rediss`` = TLS to the data
+  nodes) and database number, its host and port are not used.
+- ``REDIS_SENTINEL_MASTER``: the monitored master's name (required with
+  ``REDIS_SENTINELS``).
+- ``REDIS_SENTINEL_PASSWORD``: password of the Sentinels themselves (optional; the
+  data nodes use ``REDIS_PASSWORD``).
 - ``REDIS_PASSWORD``: password / ElastiCache auth token.
 - ``REDIS_PASSWORD_FILE``: a file holding the password (a mounted Kubernetes secret);
   used when ``REDIS_PASSWORD`` is unset. Trailing newlines are stripped.
 - ``REDIS_USERNAME``: ACL user name (optional).
 - ``REDIS_CA_FILE``: CA bundle to verify the server certificate for ``rediss://``
   (default: the system trust store, which covers ElastiCache's Amazon certificates).
+- ``REDIS_REPLICA_WAIT_MS``: after a submission or a completion, wait up to this many
+  milliseconds for one replica to have it (``WAIT 1 <ms>``) when the primary has
+  replicas (prod ElastiCache: one per AZ). Default 1000; ``0`` turns it off.
 
 A password embedded in the URL also works (the URL comes from the environment, never
 from the command line); :func:`redact_url` keeps it out of messages.
+
+Retries: idempotent commands (reads, ``submit``, ``heartbeat``, ``cancel``...) go
+through redis-py's :class:`~redis.retry.Retry` with exponential backoff and jitter on
+the errors :func:`is_temporary_error` accepts (connection lost, timeout, ``LOADING``,
+``READONLY`` after a demotion, ``UNBLOCKED`` from a blocking pop on a demoted
+primary); each retry reconnects, re-resolving the endpoint. The non-idempotent scripts
+(claim, ack, fail, release) run on :func:`single_attempt` clients that never resend a
+command: their callers handle the error themselves (the fenced ack decides).
 """
 
 from __future__ import annotations
 
 import os
+import re
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+import redis
+from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
+from redis.exceptions import AuthenticationError, AuthorizationError, NoPermissionError
+from redis.retry import Retry
+from redis.sentinel import Sentinel, SentinelConnectionPool
+
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_SENTINEL_PORT = 26379
+DEFAULT_REPLICA_WAIT_MS = 1000
+MAX_REPLICA_WAIT_MS = 60_000
+
+_HOST_PORT = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9_.-]+))(?::(?P<port>[0-9]{1,5}))?")
+_MASTER_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 
 
 class RedisConfigError(ValueError):
     """The Redis connection settings are invalid (names the variable)."""
+
+
+def _shown(value: str, limit: int = 80) -> str:
+    """``repr`` of a value for a message, bounded."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @dataclass(frozen=True)
@@ -43,6 +87,20 @@ class RedisSettings:
     """CA bundle for TLS verification; None uses the system store."""
     socket_timeout_s: float = 30.0
     """Per-command socket timeout; blocking claims stay below it."""
+    sentinels: tuple[tuple[str, int], ...] = ()
+    """Sentinel addresses; empty means connect to ``url`` directly."""
+    sentinel_master: str | None = None
+    """Name of the master the Sentinels monitor (required with ``sentinels``)."""
+    sentinel_password: str | None = None
+    """Password of the Sentinels (None: no AUTH towards them)."""
+    replica_wait_ms: int = DEFAULT_REPLICA_WAIT_MS
+    """``WAIT 1 <ms>`` after submissions and completions when the primary has replicas (0: off)."""
+    retries: int = 6
+    """Retries of an idempotent command on a temporary error (backoff below: about 7 s in all)."""
+    retry_base_s: float = 0.2
+    """Backoff of the first retry (doubles each retry, with full jitter)."""
+    retry_cap_s: float = 2.0
+    """Longest backoff between two retries."""
 
     def __post_init__(self) -> None:
         scheme = urlsplit(self.url).scheme
@@ -53,10 +111,32 @@ class RedisSettings:
             )
         if self.ca_file is not None and not Path(self.ca_file).is_file():
             raise RedisConfigError(f"REDIS_CA_FILE: {self.ca_file!r} is not a readable file")
+        if self.sentinels and not self.sentinel_master:
+            raise RedisConfigError("REDIS_SENTINEL_MASTER: required when REDIS_SENTINELS is set "
+                                   "(the name the Sentinels monitor, e.g. mymaster)")
+        if self.sentinel_master is not None and not _MASTER_NAME.fullmatch(self.sentinel_master):
+            raise RedisConfigError(f"REDIS_SENTINEL_MASTER: {_shown(self.sentinel_master)} is not a master name "
+                                   "(letters, digits, '_', '.', '-'; at most 128)")
+        if not 0 <= self.replica_wait_ms <= MAX_REPLICA_WAIT_MS:
+            raise RedisConfigError(f"REDIS_REPLICA_WAIT_MS: {self.replica_wait_ms} is out of range; "
+                                   f"use 0 (off) to {MAX_REPLICA_WAIT_MS} milliseconds")
 
     @property
     def tls(self) -> bool:
         return urlsplit(self.url).scheme == "rediss"
+
+    @property
+    def db(self) -> int:
+        path = urlsplit(self.url).path.strip("/")
+        return int(path) if path.isdigit() else 0
+
+    @property
+    def endpoint(self) -> str:
+        """Where the queue lives, for messages (never a password)."""
+        if self.sentinels:
+            hosts = ",".join(f"{h}:{p}" for h, p in self.sentinels)
+            return f"sentinel://{hosts}/{self.sentinel_master}"
+        return redact_url(self.url)
 
 
 def redact_url(url: str) -> str:
@@ -70,8 +150,35 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
+def parse_sentinels(raw: str) -> tuple[tuple[str, int], ...]:
+    """``host:port,host:port`` (``[v6]:port``; port default 26379) -> address tuples."""
+    out: list[tuple[str, int]] = []
+    for item in raw.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        m = _HOST_PORT.fullmatch(item)
+        port = int(m["port"]) if m and m["port"] else DEFAULT_SENTINEL_PORT
+        if m is None or not 0 < port < 65536:
+            raise RedisConfigError(f"REDIS_SENTINELS: {_shown(item)} is not host:port "
+                                   "(e.g. REDIS_SENTINELS=10.0.0.5:26379,10.0.0.6:26379)")
+        out.append((m["v6"] or m["host"], port))
+    if not out:
+        raise RedisConfigError("REDIS_SENTINELS: no address given (e.g. REDIS_SENTINELS=10.0.0.5:26379)")
+    return tuple(out)
+
+
+def _int_env(env, name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    if not re.fullmatch(r"[0-9]{1,9}", raw.strip()):
+        raise RedisConfigError(f"{name}: {_shown(raw)} is not a whole number of milliseconds")
+    return int(raw.strip())
+
+
 def settings_from_env(env: dict[str, str] | None = None) -> RedisSettings:
-    """Read ``REDIS_URL``, ``REDIS_PASSWORD`` / ``REDIS_PASSWORD_FILE``, ``REDIS_USERNAME``, ``REDIS_CA_FILE``."""
+    """Read the variables in the module docstring into :class:`RedisSettings`."""
     env = os.environ if env is None else env
     password = env.get("REDIS_PASSWORD") or None
     password_file = env.get("REDIS_PASSWORD_FILE")
@@ -80,25 +187,98 @@ def settings_from_env(env: dict[str, str] | None = None) -> RedisSettings:
             password = Path(password_file).read_text().rstrip("\r\n") or None
         except OSError as exc:
             raise RedisConfigError(f"REDIS_PASSWORD_FILE: cannot read {password_file!r}: {exc.strerror}") from exc
+    raw_sentinels = env.get("REDIS_SENTINELS") or ""
     return RedisSettings(
         url=env.get("REDIS_URL") or DEFAULT_URL,
         password=password,
         username=env.get("REDIS_USERNAME") or None,
         ca_file=env.get("REDIS_CA_FILE") or None,
+        sentinels=parse_sentinels(raw_sentinels) if raw_sentinels.strip() else (),
+        sentinel_master=env.get("REDIS_SENTINEL_MASTER") or None,
+        sentinel_password=env.get("REDIS_SENTINEL_PASSWORD") or None,
+        replica_wait_ms=_int_env(env, "REDIS_REPLICA_WAIT_MS", DEFAULT_REPLICA_WAIT_MS),
     )
 
 
-def connect(settings: RedisSettings | None = None):
-    """A ``redis.Redis`` client (decoded strings) for ``settings`` or the environment's."""
-    import redis
+# -- temporary errors and retries --------------------------------------------------------
 
-    settings = settings or settings_from_env()
+_TEMPORARY_REPLY_PREFIXES = ("UNBLOCKED", "LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN")
+"""Error replies of a server that is restarting, failing over or was demoted."""
+
+
+def is_temporary_error(exc: BaseException) -> bool:
+    """Whether ``exc`` means "Redis is (re)starting, failing over or unreachable": retry later.
+
+    Connection loss and timeouts, ``LOADING`` (AOF replay), ``READONLY`` (we talk to a
+    demoted primary), ``MASTERDOWN`` (a replica lost its primary), ``UNBLOCKED`` (a
+    blocking pop cut short because the primary became a replica), ``TRYAGAIN``, and a
+    write no replica confirmed (:class:`NotReplicatedError`). Not
+    authentication or permission errors, and not script or type errors.
+    """
+    if isinstance(exc, (AuthenticationError, AuthorizationError, NoPermissionError)):
+        return False
+    if isinstance(exc, NotReplicatedError):
+        return True
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, socket.timeout, ConnectionResetError)):
+        return True
+    if isinstance(exc, (redis.exceptions.ReadOnlyError, redis.exceptions.MasterDownError,
+                        redis.exceptions.TryAgainError)):
+        return True  # redis-py strips the READONLY/MASTERDOWN/TRYAGAIN prefix off these
+    if isinstance(exc, redis.ResponseError):
+        return str(exc).lstrip().upper().startswith(_TEMPORARY_REPLY_PREFIXES)
+    return False
+
+
+class QueueRetry(Retry):
+    """redis-py's Retry, retrying only the errors :func:`is_temporary_error` accepts.
+
+    ``supported_errors`` includes ResponseError so that ``READONLY``/``UNBLOCKED`` replies
+    are caught at all; ``is_temporary_error`` lets script errors, ``WRONGTYPE`` and the
+    like through at once.
+    """
+
+    def __init__(self, backoff, retries: int) -> None:
+        super().__init__(backoff, retries, supported_errors=(
+            redis.ConnectionError, redis.TimeoutError, socket.timeout, redis.ResponseError))
+
+    def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):
+        return super().call_with_retry(do, fail, is_retryable or is_temporary_error,
+                                       with_failure_count=with_failure_count)
+
+
+class NotReplicatedError(redis.RedisError):
+    """A write reached the primary, but no replica confirmed it within ``REDIS_REPLICA_WAIT_MS``.
+
+    A failover now could lose it. Callers repeat the (idempotent or fenced) operation
+    later; ``reply`` is what the primary answered.
+    """
+
+    def __init__(self, what: str, reply=None, wait_ms: int = 0) -> None:
+        super().__init__(f"{what}: no replica confirmed the write within {wait_ms} ms "
+                         "(failover or replica down); it may be lost on a failover, repeat it")
+        self.reply = reply
+
+
+def make_retry(settings: RedisSettings):
+    """The Retry policy of idempotent commands: ``settings.retries`` with exponential backoff."""
+    # Jitter: hundreds of workers reconnecting after a failover must not retry in lockstep.
+    return QueueRetry(ExponentialWithJitterBackoff(cap=settings.retry_cap_s, base=settings.retry_base_s),
+                            settings.retries)
+
+
+def no_retry():
+    """A Retry that never resends (non-idempotent scripts)."""
+    return Retry(NoBackoff(), 0)
+
+
+# -- clients -----------------------------------------------------------------------------
+
+def _connection_kwargs(settings: RedisSettings) -> dict:
     kwargs: dict = dict(
         decode_responses=True,
         socket_timeout=settings.socket_timeout_s,
         socket_connect_timeout=10.0,
         health_check_interval=30,
-        retry_on_timeout=False,
     )
     if settings.password is not None:
         kwargs["password"] = settings.password
@@ -108,4 +288,65 @@ def connect(settings: RedisSettings | None = None):
         kwargs["ssl_cert_reqs"] = "required"
         if settings.ca_file:
             kwargs["ssl_ca_certs"] = settings.ca_file
+    return kwargs
+
+
+def connect(settings: RedisSettings | None = None, *, retry=None):
+    """A ``redis.Redis`` client (decoded strings) for ``settings`` or the environment's.
+
+    Commands retry per :func:`make_retry` unless ``retry`` is given (e.g. :func:`no_retry`).
+    With Sentinels the client asks them for the primary at every (re)connect.
+    """
+    settings = settings or settings_from_env()
+    kwargs = _connection_kwargs(settings)
+    kwargs["retry"] = retry if retry is not None else make_retry(settings)
+    if settings.sentinels:
+        sentinel_kwargs: dict = dict(socket_timeout=5.0, socket_connect_timeout=5.0)
+        if settings.sentinel_password is not None:
+            sentinel_kwargs["password"] = settings.sentinel_password
+        if settings.tls:
+            sentinel_kwargs.update(ssl=True, ssl_cert_reqs="required")
+            if settings.ca_file:
+                sentinel_kwargs["ssl_ca_certs"] = settings.ca_file
+            kwargs["ssl"] = True
+        sentinel = Sentinel(list(settings.sentinels), sentinel_kwargs=sentinel_kwargs)
+        return sentinel.master_for(settings.sentinel_master, db=settings.db, **kwargs)
     return redis.Redis.from_url(settings.url, **kwargs)
+
+
+def single_attempt(client):
+    """A client on the same server and settings as ``client`` whose commands are sent once.
+
+    For the non-idempotent scripts: a claim whose reply was lost must not be resent
+    (it would lease a second task), and an ack's retry belongs to the caller, who knows
+    the outcome it is recording. Separate pool, same endpoint resolution (Sentinel or DNS).
+    """
+    pool = client.connection_pool
+    kwargs = dict(pool.connection_kwargs)
+    kwargs["retry"] = no_retry()
+    if isinstance(pool, SentinelConnectionPool):
+        kwargs.pop("connection_pool", None)  # the old pool's proxy; the new pool makes its own
+        new_pool = SentinelConnectionPool(pool.service_name, pool.sentinel_manager, is_master=pool.is_master,
+                                          check_connection=pool.check_connection,
+                                          connection_class=pool.connection_class, **kwargs)
+    else:
+        new_pool = type(pool)(connection_class=pool.connection_class, max_connections=pool.max_connections,
+                              **kwargs)
+    return redis.Redis(connection_pool=new_pool)
+
+
+def reconnect(*clients) -> None:
+    """Drop every pooled connection of ``clients``: the next command connects afresh,
+    asking the Sentinels for the primary again or resolving the endpoint's DNS again."""
+    for client in clients:
+        pool = client.connection_pool
+        pool.disconnect()
+        reset = getattr(pool, "proxy", None)
+        if reset is not None:  # Sentinel pool: forget the cached primary address
+            reset.reset()
+
+
+def replica_count(client) -> int:
+    """Replicas connected to the primary ``client`` talks to (``INFO replication``)."""
+    info = client.info("replication")
+    return int(info.get("connected_slaves", 0) or 0)
