@@ -396,3 +396,33 @@ def test_pr_plan_step_diffs_base_and_head(tmp_path):
         assert f"Policy check: **policy check {stack}: " in comment and "0 mandatory" in comment
         assert json.loads((out / f"head-{stack}.json").read_text())["stack"] == stack
     assert (tmp_path / "summary.md").read_text() == comment
+
+
+def test_deploy_jobs_run_where_the_api_endpoint_is_reachable():
+    """Hosted runners reach neither prod's private endpoint nor dev's allow-listed public one
+    (issue 12): each `pulumi up` runs on the self-hosted runner its repository variable names,
+    after `config check --deploy` has refused placeholder deploy roles."""
+    doc = load("deploy.yml")
+    jobs = doc["jobs"]
+    assert jobs["up-dev"]["needs"] == "runners"
+    for stack in ("dev", "prod"):
+        job = jobs[f"up-{stack}"]
+        assert job["runs-on"] == ["self-hosted", f"${{{{ vars.DEPLOY_RUNNER_LABEL_{stack.upper()} }}}}"]
+        check = step_named(job, "Config check for a real deployment")
+        assert check["run"].strip() == f".venv/bin/ragpool config check --deploy --stack {stack}"
+        names = [s.get("name") or s.get("uses", "").split("@")[0] for s in steps(job)]
+        assert names.index("Config check for a real deployment") < names.index("aws-actions/configure-aws-credentials")
+
+
+@pytest.mark.parametrize(("dev", "prod", "ok"), [("vpc-dev", "vpc-prod", True), ("", "vpc-prod", False),
+                                                  ("vpc-dev", "", False)])
+def test_runners_job_fails_clearly_without_runner_labels(tmp_path, dev, prod, ok):
+    step = step_named(load("deploy.yml")["jobs"]["runners"], "Deploy runners are configured")
+    script = tmp_path / "check.sh"
+    script.write_text(step["run"])
+    proc = subprocess.run(["bash", "-e", str(script)], capture_output=True, text=True, timeout=30,
+                          env={"PATH": os.environ["PATH"], "DEV_LABEL": dev, "PROD_LABEL": prod})
+    assert (proc.returncode == 0) is ok
+    if not ok:
+        missing = "DEPLOY_RUNNER_LABEL_DEV" if not dev else "DEPLOY_RUNNER_LABEL_PROD"
+        assert f"::error::repository variable {missing} is not set" in proc.stdout
