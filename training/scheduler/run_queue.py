@@ -64,6 +64,17 @@ OUTCOMES: tuple[str, ...] = (State.SUCCEEDED, State.FAILED, State.DEAD, State.CA
 """``outcome`` label values of the completion counter and duration histogram."""
 
 
+class Heartbeat(StrEnum):
+    """What :meth:`TaskQueue.heartbeat` reports (``lua/heartbeat.lua``)."""
+
+    OK = "ok"
+    """The lease is extended."""
+    CANCEL = "cancel"
+    """A cancel is pending: stop the run, then confirm with :meth:`TaskQueue.cancelled`."""
+    LOST = "lost"
+    """The lease was reaped or the task changed: stop, record nothing."""
+
+
 class Key(StrEnum):
     """Key names under the namespace prefix (see the module docstring); the Lua scripts get
     them in their layout argument, so this is their one home. ``TASK``, ``READY``,
@@ -316,10 +327,9 @@ class TaskQueue:
         acked, new = self.ack_batch([claim], worker_id=worker_id, claim_next=1)
         return acked[0], (new[0] if new else None)
 
-    def heartbeat(self, claim: Claim, worker_id: str) -> str:
-        """Extend the lease: ``ok``, ``cancel`` (stop the run, then :meth:`cancelled`),
-        or ``lost`` (the lease was reaped or the task changed: stop, do not ack)."""
-        return self._call("heartbeat", claim.task_id, claim.token, self.lease_seconds, worker_id)
+    def heartbeat(self, claim: Claim, worker_id: str) -> Heartbeat:
+        """Extend the lease (see :class:`Heartbeat` for the replies)."""
+        return Heartbeat(self._call("heartbeat", claim.task_id, claim.token, self.lease_seconds, worker_id))
 
     def ack(self, claim: Claim) -> bool:
         """Record success; False when the lease is no longer ours (nothing recorded)."""

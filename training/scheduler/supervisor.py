@@ -58,13 +58,63 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
+from typing import NamedTuple
 
 from training import exit_codes
 from training.paths import shared_root_from_env
+from training.scheduler.run_queue import DEFAULT_NAMESPACE, Claim, Heartbeat, Key
 from training.scheduler.spec import RunSpec
 
 log = logging.getLogger("ragpool.worker")
+
+
+
+class Outcome(StrEnum):
+    """What the worker recorded for one claimed task (:meth:`Worker.run_task`)."""
+
+    SUCCEEDED = "succeeded"
+    """Acked: the run's completion is recorded."""
+    RETRY = "retry"
+    """A failed attempt; the queue retries it after backoff."""
+    DEAD = "dead"
+    """Failed for good (not retriable, or attempts exhausted): dead-letter list."""
+    CANCELLED = "cancelled"
+    """Stopped by ``ragpool cancel``."""
+    RELEASED = "released"
+    """Handed back without spending an attempt (the child exited with the retriable code)."""
+    INTERRUPTED = "interrupted"
+    """Handed back because this worker is shutting down (SIGTERM)."""
+    LOST = "lost"
+    """The lease was no longer ours (reaped or taken over): nothing recorded."""
+    STALE = "stale"
+    """The queue refused the record: the lease had changed hands meanwhile."""
+
+
+class StopReason(StrEnum):
+    """Why the worker stopped a child before it exited on its own."""
+
+    CANCEL = "cancel"
+    """A pending cancel reported by the heartbeat."""
+    LOST = "lost"
+    """The heartbeat found the lease gone."""
+    SHUTDOWN = "shutdown"
+    """This worker got SIGTERM/SIGINT."""
+    TIMEOUT = "timeout"
+    """The attempt ran past the run's ``timeout_seconds``."""
+
+
+class ChildExit(NamedTuple):
+    """How a supervised child ended."""
+
+    code: int | None
+    """Its exit code (None when it was never started)."""
+    tail: str
+    """The last lines of its output."""
+    stopped: StopReason | None
+    """Why we stopped it, or None when it exited on its own."""
+
 
 def default_worker_id() -> str:
     return os.environ.get("RAGPOOL_WORKER_ID") or f"{socket.gethostname()}-{os.getpid()}"
@@ -76,7 +126,7 @@ class WorkerConfig:
 
     worker_id: str = field(default_factory=default_worker_id)
     """Name in task hashes and the heartbeat metric."""
-    namespace: str = field(default_factory=lambda: os.environ.get("RAGPOOL_QUEUE_NAMESPACE") or "ragpool")
+    namespace: str = field(default_factory=lambda: os.environ.get("RAGPOOL_QUEUE_NAMESPACE") or DEFAULT_NAMESPACE)
     """Redis key prefix of the queue."""
     shared_root: str = field(default_factory=shared_root_from_env)
     """Where runs live (``runs/<run_id>/``): the EFS mount in pods."""
@@ -241,7 +291,7 @@ class Worker:
                              self.config.idle_exit_seconds)
                     break
                 continue
-            interrupted = self.run_task(claim) == "interrupted" or interrupted
+            interrupted = self.run_task(claim) == Outcome.INTERRUPTED or interrupted
             self.tasks_done += 1
             idle_since = time.monotonic()
         return self.retriable_code if interrupted else 0
@@ -264,10 +314,11 @@ class Worker:
                 seen = key
                 spec = RunSpec.from_json(group["spec_json"])
                 cmd, env = self._command(spec, Path(group["config"]), group["attempt"])
-                code, _tail, _why = self._supervise(cmd, env, spec, timeout_s=spec.timeout_seconds, claim=None,
-                                                    attempt=group["attempt"])
+                # Index 0 holds the lease and heartbeats it: this pod only runs its share.
+                ended = self._supervise(cmd, env, run_id=spec.run_id, attempt=group["attempt"],
+                                        timeout_s=spec.timeout_seconds, lease=None)
                 log.info("worker %s (index %d): run %s exited %s", self.config.worker_id,
-                         self.config.node_index, spec.run_id, code)
+                         self.config.node_index, spec.run_id, ended.code)
                 self.tasks_done += 1
                 idle_since = time.monotonic()
                 if self.config.max_tasks and self.tasks_done >= self.config.max_tasks:
@@ -311,90 +362,90 @@ class Worker:
         entry = [self.config.test_entrypoint] if self.config.test_entrypoint else ["-m", "training.pipeline"]
         return cmd + entry + ["--config", str(config_path)], env
 
-    def run_task(self, claim) -> str:
+    def run_task(self, claim: Claim) -> Outcome:
         """Run one claimed task to an outcome; returns what was recorded."""
         q, cfg = self.queue, self.config
         try:
             spec = claim.spec
         except Exception as exc:  # a stored spec that no longer validates (allow-list changed)
-            q.fail(claim, f"stored run spec is invalid: {exc}", retriable=False)
-            return "dead"
+            return Outcome(q.fail(claim, f"stored run spec is invalid: {exc}", retriable=False))
         log.info("worker %s: claimed %s (attempt %d/%d)", cfg.worker_id, spec.run_id, claim.attempt,
                  claim.max_attempts)
         try:
             config_path = write_run_config(spec, cfg.shared_root)
         except OSError as exc:
-            q.fail(claim, f"cannot write run config under {cfg.shared_root}: {exc}")
-            return "failed"
+            return Outcome(q.fail(claim, f"cannot write run config under {cfg.shared_root}: {exc}"))
         problem = check_run_config(config_path)
         if problem:
-            q.fail(claim, problem, retriable=False)
-            return "dead"
+            return Outcome(q.fail(claim, problem, retriable=False))
         cmd, env = self._command(spec, config_path, claim.attempt)
         if cfg.nnodes > 1:
             q.publish_group(cfg.group, claim, {"spec_json": claim.spec_json, "config": str(config_path)},
                             ttl_s=int(cfg.lease_seconds * 2) + 1)
         try:
-            code, tail, why = self._supervise(cmd, env, spec, timeout_s=claim.timeout_s, claim=claim)
+            ended = self._supervise(cmd, env, run_id=spec.run_id, attempt=claim.attempt,
+                                    timeout_s=claim.timeout_s, lease=claim)
         finally:
             if cfg.nnodes > 1:
                 q.clear_group(cfg.group)
-        return self._record(claim, code, tail, why)
+        return self._record(claim, ended)
 
-    def _record(self, claim, code: int | None, tail: str, why: str) -> str:
+    def _record(self, claim: Claim, ended: ChildExit) -> Outcome:
         """Record the outcome, retrying through a Redis restart/failover for up to a lease."""
         deadline = time.monotonic() + self.config.lease_seconds
         while True:
             try:
-                return self._record_once(claim, code, tail, why)
+                return self._record_once(claim, ended)
             except Exception as exc:
                 if not _is_redis_error(exc) or time.monotonic() > deadline:
                     raise
                 log.warning("run %s: cannot record outcome yet (%s); retrying", claim.task_id, exc)
                 time.sleep(1.0)
 
-    def _record_once(self, claim, code: int | None, tail: str, why: str) -> str:
+    def _record_once(self, claim: Claim, ended: ChildExit) -> Outcome:
         q = self.queue
-        if why == "lost":
+        code, tail, stopped = ended
+        if stopped == StopReason.LOST:
             log.warning("run %s: lease lost (reaped or taken over); not recording anything", claim.task_id)
-            return "lost"
-        if why == "cancel":
-            return q.cancelled(claim)
+            return Outcome.LOST
+        if stopped == StopReason.CANCEL:
+            return Outcome(q.cancelled(claim))
         if code == 0:
-            return "succeeded" if q.ack(claim) else "lost"
-        if why == "stop":
+            return Outcome.SUCCEEDED if q.ack(claim) else Outcome.LOST
+        if stopped == StopReason.SHUTDOWN:
             q.release(claim, f"interrupted by worker shutdown (SIGTERM); child exited {code}")
-            return "interrupted"
-        if why == "timeout":
-            return q.fail(claim, f"timed out after {claim.timeout_s:.0f}s\n{tail}")
+            return Outcome.INTERRUPTED
+        if stopped == StopReason.TIMEOUT:
+            return Outcome(q.fail(claim, f"timed out after {claim.timeout_s:.0f}s\n{tail}"))
         if code == self.retriable_code:
-            outcome = q.release(claim, f"child exited with the retriable code {code}")
-            return "dead" if outcome == "dead" else "released"
+            released = q.release(claim, f"child exited with the retriable code {code}")
+            return Outcome.DEAD if released == Outcome.DEAD else Outcome.RELEASED
         retriable = code != exit_codes.BAD_INPUT
-        return q.fail(claim, f"exit code {code}\n{tail}", retriable=retriable)
+        return Outcome(q.fail(claim, f"exit code {code}\n{tail}", retriable=retriable))
 
-    def _supervise(self, cmd: list[str], env: dict[str, str], spec: RunSpec, *, timeout_s: float,
-                   claim, attempt: int = 0) -> tuple[int | None, str, str]:
-        """Run the child; heartbeat; enforce timeout/cancel/stop. Returns (exit code, output tail, why)."""
+    def _supervise(self, cmd: list[str], env: dict[str, str], *, run_id: str, attempt: int, timeout_s: float,
+                   lease: Claim | None) -> ChildExit:
+        """Run the child to its exit, enforcing timeout and shutdown. ``lease`` is the claim this
+        pod holds: it is heartbeated, and a cancel or lost lease stops the child. A follower pod of
+        a multi-node run passes None (index 0 holds the lease)."""
         cfg = self.config
-        log_dir = Path(cfg.shared_root) / "runs" / spec.run_id / "logs"
+        log_dir = Path(cfg.shared_root) / "runs" / run_id / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
-        attempt = claim.attempt if claim is not None else attempt
         log_path = log_dir / f"attempt-{attempt}-node-{cfg.node_index}.log"
         tail: collections.deque[str] = collections.deque(maxlen=40)
         with self._child_lock:
-            if self.stopping.is_set() and claim is not None:
-                return None, "", "stop"
+            if self.stopping.is_set() and lease is not None:
+                return ChildExit(None, "", StopReason.SHUTDOWN)
             child = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
             self._child = child
         reader = threading.Thread(target=_pump, args=(child, log_path, tail), daemon=True)
         reader.start()
-        why = ""
+        stopped: StopReason | None = None
         stop_heartbeat = threading.Event()
-        verdict: dict[str, str] = {}
-        if claim is not None:
-            beat = threading.Thread(target=self._heartbeat_loop, args=(claim, stop_heartbeat, verdict), daemon=True)
+        verdict: dict[str, Heartbeat] = {}
+        if lease is not None:
+            beat = threading.Thread(target=self._heartbeat_loop, args=(lease, stop_heartbeat, verdict), daemon=True)
             beat.start()
         deadline = time.monotonic() + timeout_s
         signalled_at: float | None = None
@@ -405,20 +456,20 @@ class Worker:
                     break
                 except subprocess.TimeoutExpired:
                     pass
-                if not why:
-                    if verdict.get("state") in ("cancel", "lost"):
-                        why = verdict["state"]
+                if not stopped:
+                    if verdict.get("state") in (Heartbeat.CANCEL, Heartbeat.LOST):
+                        stopped = StopReason.CANCEL if verdict["state"] == Heartbeat.CANCEL else StopReason.LOST
                     elif self.stopping.is_set():
-                        why = "stop"  # the signal handler already forwarded SIGTERM
+                        stopped = StopReason.SHUTDOWN  # the signal handler already forwarded SIGTERM
                     elif time.monotonic() > deadline:
-                        why = "timeout"
-                    if why:
+                        stopped = StopReason.TIMEOUT
+                    if stopped:
                         # Once only: a second SIGTERM would cut torchrun's own shutdown short.
                         if self._sigterm_sent_to != child.pid:
                             self._signal_child(signal.SIGTERM)
                         signalled_at = time.monotonic()
                 elif signalled_at is not None and time.monotonic() - signalled_at > cfg.stop_grace_seconds:
-                    log.warning("run %s: no exit %.0fs after SIGTERM, killing", spec.run_id, cfg.stop_grace_seconds)
+                    log.warning("run %s: no exit %.0fs after SIGTERM, killing", run_id, cfg.stop_grace_seconds)
                     self._signal_child(signal.SIGKILL)
                     signalled_at = None
         finally:
@@ -426,25 +477,25 @@ class Worker:
             with self._child_lock:
                 self._child = None
             reader.join(timeout=10)
-        if not why and self.stopping.is_set() and code != 0:
-            why = "stop"
-        if verdict.get("state") == "lost":
-            why = "lost"
-        return code, "".join(tail), why
+        if not stopped and self.stopping.is_set() and code != 0:
+            stopped = StopReason.SHUTDOWN
+        if verdict.get("state") == Heartbeat.LOST:
+            stopped = StopReason.LOST
+        return ChildExit(code, "".join(tail), stopped)
 
-    def _heartbeat_loop(self, claim, stop: threading.Event, verdict: dict[str, str]) -> None:
+    def _heartbeat_loop(self, claim: Claim, stop: threading.Event, verdict: dict[str, Heartbeat]) -> None:
         cfg = self.config
         while not stop.wait(cfg.heartbeat_seconds):
             try:
                 state = self.queue.heartbeat(claim, cfg.worker_id)
                 if cfg.nnodes > 1:
-                    self.queue.client.expire(self.queue.key("group", cfg.group), int(cfg.lease_seconds * 2) + 1)
+                    self.queue.client.expire(self.queue.key(Key.GROUP, cfg.group), int(cfg.lease_seconds * 2) + 1)
             except Exception as exc:
                 if not _is_redis_error(exc):
                     raise
                 log.warning("run %s: heartbeat failed (%s); retrying", claim.task_id, exc)
                 continue
-            if state in ("cancel", "lost"):
+            if state in (Heartbeat.CANCEL, Heartbeat.LOST):
                 verdict["state"] = state
                 return
 

@@ -413,3 +413,35 @@ def test_worker_rides_out_a_redis_crash_and_restart(own_redis, tmp_path):
     q = TaskQueue(server.client(), namespace="crash")
     info = q.get("survivor")
     assert info.state == "succeeded" and info.attempts == 1 and info.completions == 1, (info, out)
+
+
+# -- outcomes -------------------------------------------------------------------------------
+
+def test_record_maps_each_way_a_child_ends_to_one_outcome(make_queue, tmp_path):
+    from training.exit_codes import BAD_INPUT
+    from training.scheduler.supervisor import ChildExit, Outcome, StopReason, Worker, WorkerConfig
+
+    q = make_queue(backoff_base_s=0, backoff_max_s=0)
+    worker = Worker(q, WorkerConfig(worker_id="w", shared_root=str(tmp_path)))
+    cases = [
+        (ChildExit(0, "", None), Outcome.SUCCEEDED, "succeeded"),
+        (ChildExit(1, "boom", None), Outcome.RETRY, "failed"),
+        (ChildExit(BAD_INPUT, "bad", None), Outcome.DEAD, "dead"),
+        (ChildExit(RETRIABLE, "", None), Outcome.RELEASED, "queued"),
+        (ChildExit(1, "", StopReason.SHUTDOWN), Outcome.INTERRUPTED, "queued"),
+        (ChildExit(1, "", StopReason.TIMEOUT), Outcome.RETRY, "failed"),
+        (ChildExit(None, "", StopReason.LOST), Outcome.LOST, "running"),
+        (ChildExit(1, "", StopReason.CANCEL), Outcome.CANCELLED, "cancelled"),
+    ]
+    for i, (ended, outcome, state) in enumerate(cases):
+        q.submit(make_spec(f"o-{i}"))
+        claim = q.claim("w", run_id=f"o-{i}")
+        if ended.stopped == StopReason.CANCEL:
+            assert q.cancel(claim.task_id) == "cancelling"
+        recorded = worker._record(claim, ended)
+        assert recorded is outcome and q.get(claim.task_id).state == state, (ended, recorded)
+    # A record on a lease that changed hands is refused by the fence, not counted.
+    q.submit(make_spec("o-stale"))
+    claim = q.claim("w", run_id="o-stale")
+    q.fail(claim, "someone else recorded first", retriable=True)
+    assert worker._record(claim, ChildExit(1, "", None)) is Outcome.STALE
