@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "infra.config_check",
     "infra.leftovers",
     "training.scheduler.cli",
+    "training.reports.cli",
     "dashboards.cli",
     "policy.offline",
 )

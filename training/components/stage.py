@@ -59,9 +59,11 @@ def run_main(stage: str, run: Callable[..., int], argv: list[str] | None = None)
         print(f"ragpool {stage}: config error: {err}", file=sys.stderr)
         return BAD_INPUT
     from training.components import distributed as D
+    from training.components import logs
     from training.components.data import DataError
 
     env = D.init_distributed(cfg.device)
+    logs.set_context(cfg.run_id, env.rank, cfg.run_dir())
     try:
         return run(cfg, env)
     except (ConfigError, DataError) as err:

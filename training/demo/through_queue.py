@@ -99,6 +99,12 @@ def main(argv: list[str] | None = None) -> int:
         if report.is_file():
             print(f"\n== evaluation report ({report})")
             print(report.read_text().rstrip())
+        from training.reports.report import ReportError, render
+
+        try:
+            paths["report_html"] = str(render(shared, args.run_id))
+        except ReportError as exc:
+            print(f"\n== no run report: {exc}")
         print("\n== artifacts")
         for label, path in paths.items():
             print(f"  {label:<16} {path}{'' if Path(path).exists() else '  (missing)'}")

@@ -1,0 +1,118 @@
+"""``ragpool logs`` and ``ragpool report``.
+
+    ragpool logs RUN_ID [--stage S] [--rank R] [--since 10m] [--follow] [--json]
+    ragpool report RUN_ID                      # writes <run>/report.html and <run>/report/*.png
+
+Where the logs come from (``--source``, default ``auto``): the run directory under the shared
+root (``--shared-root``, env ``RAGPOOL_SHARED_ROOT``, default /mnt/shared) when it exists,
+else CloudWatch Logs of the cluster (``--cluster`` / env ``RAGPOOL_CLUSTER_NAME``, region
+from ``--region`` / the AWS environment). Exit codes: 0 shown, 2 bad arguments, 3 unknown
+run id, 4 CloudWatch unreachable.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from training import exit_codes
+from training.paths import is_valid_run_id, shared_root_from_env
+
+FOLLOW_POLL_S = 1.0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("logs", help="print a run's logs (shared run directory or CloudWatch)")
+    p.add_argument("run_id")
+    p.add_argument("--stage", help="only this stage")
+    p.add_argument("--rank", type=int, help="only this rank")
+    p.add_argument("--since", help="only lines newer than this (30s, 10m, 2h, 1d or a Unix time)")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines (Ctrl-C stops)")
+    p.add_argument("--json", action="store_true", help="print the JSON records as they were logged")
+    p.add_argument("--source", choices=("auto", "local", "cloudwatch"), default="auto")
+    p.add_argument("--shared-root", default=None, help="shared root (default $RAGPOOL_SHARED_ROOT or /mnt/shared)")
+    p.add_argument("--cluster", default=os.environ.get("RAGPOOL_CLUSTER_NAME"), help="EKS cluster name (CloudWatch)")
+    p.add_argument("--region", default=None, help="AWS region (CloudWatch; default from the AWS environment)")
+    p.add_argument("--follow-seconds", type=float, default=None, help=argparse_suppress())
+    p.set_defaults(handler=cmd_logs)
+
+    p = subparsers.add_parser("report", help="write a run's report.html with plots")
+    p.add_argument("run_id")
+    p.add_argument("--shared-root", default=None, help="shared root (default $RAGPOOL_SHARED_ROOT or /mnt/shared)")
+    p.set_defaults(handler=cmd_report)
+
+
+def argparse_suppress() -> str:
+    import argparse
+
+    return argparse.SUPPRESS  # --follow-seconds: stop following after N s (tests, scripts)
+
+
+def _bad_run_id(cmd: str, run_id: str) -> int | None:
+    if is_valid_run_id(run_id):
+        return None
+    print(f"ragpool {cmd}: {run_id[:80]!r} is not a run id; no such run", file=sys.stderr)
+    return exit_codes.NOT_FOUND
+
+
+def _source(args):
+    from training.reports.logs import CloudWatchSource, LocalSource
+
+    local = LocalSource(args.shared_root or shared_root_from_env(), args.run_id)
+    if args.source == "local" or (args.source == "auto" and local.exists()):
+        return local if local.exists() else None
+    if not args.cluster:
+        return None
+    return CloudWatchSource(args.run_id, args.cluster, args.region)
+
+
+def cmd_logs(args) -> int:
+    from training.reports.logs import LogFilter, LogsError, format_line, parse_since
+
+    bad = _bad_run_id("logs", args.run_id)
+    if bad is not None:
+        return bad
+    try:
+        flt = LogFilter(stage=args.stage, rank=args.rank, since=parse_since(args.since) if args.since else None)
+    except LogsError as exc:
+        print(f"ragpool logs: {exc}", file=sys.stderr)
+        return exit_codes.BAD_INPUT
+    try:
+        source = _source(args)
+        if source is None or not source.exists():
+            where = f"under {(args.shared_root or shared_root_from_env())}/runs"
+            if args.cluster:
+                where += f" or in CloudWatch Logs of cluster {args.cluster}"
+            print(f"ragpool logs: no run {args.run_id!r} {where}", file=sys.stderr)
+            return exit_codes.NOT_FOUND
+        deadline = time.monotonic() + args.follow_seconds if args.follow_seconds else None
+        while True:
+            for line in source.read_new():
+                if flt.keep(line):
+                    print(line.text if args.json or not line.structured else format_line(line), flush=True)
+            if not args.follow or (deadline is not None and time.monotonic() >= deadline):
+                return exit_codes.OK
+            time.sleep(FOLLOW_POLL_S)
+    except KeyboardInterrupt:
+        return exit_codes.OK
+    except Exception as exc:  # botocore errors: the service, not the input
+        if type(exc).__module__.startswith("botocore"):
+            print(f"ragpool logs: CloudWatch Logs unavailable: {exc}", file=sys.stderr)
+            return exit_codes.UNAVAILABLE
+        raise
+
+
+def cmd_report(args) -> int:
+    from training.reports.report import ReportError, render
+
+    bad = _bad_run_id("report", args.run_id)
+    if bad is not None:
+        return bad
+    try:
+        out = render(args.shared_root or shared_root_from_env(), args.run_id)
+    except ReportError as exc:
+        print(f"ragpool report: {exc}", file=sys.stderr)
+        return exit_codes.NOT_FOUND
+    print(out)
+    return exit_codes.OK
