@@ -29,17 +29,41 @@ import yaml
 from training.paths import DEFAULT_SHARED_ROOT, RUN_ID_RULE, PathError, confine, is_valid_run_id
 from training.paths import run_dir as _run_dir
 
+Stage = Literal["retriever", "index", "generator", "evaluate"]
 #: Stages a run may contain, in the order the pipeline runs them.
-STAGES: tuple[str, ...] = ("retriever", "index", "generator", "evaluate")
+STAGES: tuple[str, ...] = typing.get_args(Stage)
 
+
+
+#: Keys that name a model or tokenizer directory (empty = the packaged default). A run spec
+#: confines them to the shared root like its data paths (``training.scheduler.spec``).
+MODEL_PATH_KEYS: tuple[str, ...] = ("retriever.model", "generator.model", "generator.tokenizer")
+
+
+def shown(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters: a message never echoes a huge value."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's digit limit
+        text = f"<{type(value).__name__} too large to show>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class ConfigError(ValueError):
-    """A run configuration is invalid; the message names the key and the value."""
+    """A run configuration is invalid; the message names the key and the value, and ``key`` is the
+    dotted key at fault (``retriever.optim.lr``; None when no single key is)."""
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+
+    def under(self, prefix: str) -> "ConfigError":
+        """The same error for a section nested at ``prefix`` (``"retriever."``)."""
+        return ConfigError(f"{prefix}{self}", f"{prefix}{self.key}" if self.key else None)
 
 
 def _fail(key: str, value: Any, why: str) -> None:
-    raise ConfigError(f"{key}={value!r}: {why}")
+    raise ConfigError(f"{key}={shown(value)}: {why}", key)
 
 
 def _require(ok: bool, key: str, value: Any, why: str) -> None:
@@ -139,9 +163,12 @@ class RetrieverConfig:
         _require(self.hard_negatives >= 0, "hard_negatives", self.hard_negatives, "must be >= 0")
 
 
+IndexKind = Literal["flat", "ivf", "hnsw"]
+
+
 @dataclass
 class IndexConfig:
-    kind: str = "flat"
+    kind: IndexKind = "flat"
     """FAISS index type: ``flat`` (exact inner product), ``ivf`` or ``hnsw``."""
     nlist: int = 16
     """IVF: number of clusters (must not exceed the corpus size)."""
@@ -157,16 +184,18 @@ class IndexConfig:
     """Encode with the retriever stage's output model when it exists, else the configured base model."""
 
     def __post_init__(self) -> None:
-        _require(self.kind in ("flat", "ivf", "hnsw"), "kind", self.kind, "must be one of flat, ivf, hnsw")
         for name in ("nlist", "nprobe", "hnsw_m", "hnsw_ef_search", "batch_size"):
             _require(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
+
+
+TinyArch = Literal["llama", "gpt2"]
 
 
 @dataclass
 class TinyLMConfig:
     """Shape of the causal LM built locally when ``generator.model`` is empty."""
 
-    arch: str = "llama"
+    arch: TinyArch = "llama"
     """Architecture of the locally built model: ``llama`` or ``gpt2``."""
     hidden_size: int = 128
     """Model width."""
@@ -180,7 +209,6 @@ class TinyLMConfig:
     """Longest sequence the model accepts."""
 
     def __post_init__(self) -> None:
-        _require(self.arch in ("llama", "gpt2"), "arch", self.arch, "must be llama or gpt2")
         for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position"):
             _require(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
         _require(self.hidden_size % self.num_heads == 0, "hidden_size", self.hidden_size,
@@ -264,29 +292,25 @@ class MetricsConfig:
         _require(self.log_every >= 1, "log_every", self.log_every, "must be >= 1")
 
 
-GRAD_COMPRESSIONS = ("none", "bf16")
-SPARSE_EMBEDDING_GRADS = ("auto", "always", "never")
+GradCompression = Literal["none", "bf16"]
+SparseEmbeddingGrads = Literal["auto", "always", "never"]
 
 
 @dataclass
 class DistributedConfig:
-    grad_compression: str = "none"
+    grad_compression: GradCompression = "none"
     """Gradient all-reduce precision: ``none`` (fp32; 2 ranks then train exactly like 1) or ``bf16``
     (a bf16 all-reduce hook: half the bytes on the wire, each gradient rounded to bf16
     before averaging; for jobs whose all-reduce is bandwidth-bound, e.g. across nodes)."""
     bucket_cap_mb: int = 25
     """DDP gradient bucket size in MiB: bigger buckets mean fewer, larger all-reduces."""
-    sparse_embedding_grads: str = "auto"
+    sparse_embedding_grads: SparseEmbeddingGrads = "auto"
     """All-reduce only the looked-up rows of (untied) embedding tables: the same gradients, about
     half the bytes for all-MiniLM-L6-v2. ``always``, ``never``, or ``auto``: on with gloo (CPU,
     tested here), off with NCCL until measured on GPUs, where the all-reduce is a small share."""
 
     def __post_init__(self) -> None:
-        _require(self.grad_compression in GRAD_COMPRESSIONS, "grad_compression", self.grad_compression,
-                 f"must be one of {', '.join(GRAD_COMPRESSIONS)}")
         _require(1 <= self.bucket_cap_mb <= 1024, "bucket_cap_mb", self.bucket_cap_mb, "must be in [1, 1024]")
-        _require(self.sparse_embedding_grads in SPARSE_EMBEDDING_GRADS, "sparse_embedding_grads",
-                 self.sparse_embedding_grads, f"must be one of {', '.join(SPARSE_EMBEDDING_GRADS)}")
 
 
 # --------------------------------------------------------------------------- Ray executor
@@ -395,8 +419,11 @@ class RayConfig:
     def stage(self, name: str) -> RayStageConfig:
         """The resources of stage ``name`` (one of :data:`RAY_STAGES`)."""
         if name not in RAY_STAGES:
-            raise ConfigError(f"stage={name!r}: unknown stage; allowed: {', '.join(RAY_STAGES)}")
+            raise ConfigError(f"stage={shown(name)}: unknown stage; allowed: {', '.join(RAY_STAGES)}", "stage")
         return getattr(self, name)
+
+
+Device = Literal["auto", "cpu", "cuda"]
 
 
 @dataclass
@@ -405,11 +432,11 @@ class RunConfig:
     """Run name; outputs go to ``<shared_root>/runs/<run_id>/<stage>/`` (a Kubernetes label value)."""
     shared_root: str = DEFAULT_SHARED_ROOT
     """Root of the shared filesystem; every data and output path is confined to it."""
-    stages: tuple[str, ...] = STAGES
+    stages: tuple[Stage, ...] = STAGES
     """Stages to run, a subset of retriever, index, generator, evaluate (run in that order)."""
     seed: int = 1234
     """Base seed for model init, data order and dropout."""
-    device: str = "auto"
+    device: Device = "auto"
     """``auto`` (CUDA when available), ``cpu`` or ``cuda``."""
     data: DataConfig = field(default_factory=DataConfig)
     """Dataset paths."""
@@ -434,12 +461,9 @@ class RunConfig:
         _require(is_valid_run_id(self.run_id), "run_id", self.run_id, f"must be {RUN_ID_RULE}")
         _require(bool(self.shared_root), "shared_root", self.shared_root, "must be a non-empty path")
         _require(len(self.stages) >= 1, "stages", self.stages, f"must list at least one of {', '.join(STAGES)}")
-        for s in self.stages:
-            _require(s in STAGES, "stages", self.stages, f"unknown stage {s!r}; allowed: {', '.join(STAGES)}")
         _require(len(set(self.stages)) == len(self.stages), "stages", self.stages, "lists a stage twice")
         # Canonical order, whatever order the file used.
         self.stages = tuple(s for s in STAGES if s in self.stages)
-        _require(self.device in ("auto", "cpu", "cuda"), "device", self.device, "must be auto, cpu or cuda")
         metric = self.ray.tune.metric
         _require(metric == "mrr" or int(metric[7:]) in self.evaluate.recall_at, "ray.tune.metric", metric,
                  f"must be {TUNE_METRIC_RULE} {list(self.evaluate.recall_at)}")
@@ -452,7 +476,7 @@ class RunConfig:
     def stage_dir(self, stage: str) -> Path:
         """``<shared_root>/runs/<run_id>/<stage>``."""
         if stage not in STAGES:
-            raise ConfigError(f"stage={stage!r}: unknown stage; allowed: {', '.join(STAGES)}")
+            raise ConfigError(f"stage={shown(stage)}: unknown stage; allowed: {', '.join(STAGES)}", "stage")
         return self.run_dir() / stage
 
     def to_dict(self) -> dict[str, Any]:
@@ -536,13 +560,13 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     if tp is float:
         if isinstance(value, bool):
             _fail(key, value, "must be a number")
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
-            try:
+        try:
+            if isinstance(value, (int, float)):
+                return float(value)
+            if isinstance(value, str):
                 return float(value.strip())
-            except ValueError:
-                pass
+        except (ValueError, OverflowError):
+            pass
         _fail(key, value, "must be a number")
     if tp is str:
         if isinstance(value, str):
@@ -586,7 +610,7 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
         dotted = f"{prefix}{key}"
         if key not in fields:
             close = ", ".join(sorted(fields))
-            raise ConfigError(f"{dotted}={value!r}: unknown key; known keys here: {close}")
+            raise ConfigError(f"{dotted}={shown(value)}: unknown key; known keys here: {close}", dotted)
         tp = hints[key]
         if dataclasses.is_dataclass(tp):
             kwargs[key] = _build(tp, value if value is not None else {}, f"{dotted}.")
@@ -597,7 +621,7 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
     except ConfigError as err:
         # __post_init__ names the bare field; add the section path.
         if prefix:
-            raise ConfigError(f"{prefix}{err}") from None
+            raise err.under(prefix) from None
         raise
 
 

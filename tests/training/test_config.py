@@ -9,8 +9,8 @@ import typing
 
 import pytest
 
-from training.config import (STAGES, ConfigError, RunConfig, describe_fields, load_run_config, parse_overrides,
-                             split_cli)
+from training.config import (STAGES, ConfigError, RunConfig, describe_fields, load_run_config, nest,
+                             parse_overrides, split_cli)
 
 
 def test_defaults_are_valid_and_stages_ordered() -> None:
@@ -46,7 +46,9 @@ def test_round_trip_through_to_dict() -> None:
     ({}, ["--retriever.optim.lrr=3"], "retriever.optim.lrr='3': unknown key"),
     ({"retriever": {"max_steps": "ten"}}, [], "retriever.max_steps='ten': must be an integer"),
     ({}, ["--retriever.optim.lr=-1"], "retriever.optim.lr=-1.0: must be > 0"),
-    ({"stages": ["retriever", "train"]}, [], "unknown stage 'train'"),
+    ({"stages": ["retriever", "train"]}, [], "stages[1]='train': must be one of retriever, index, generator, evaluate"),
+    ({}, ["--device=gpu"], "device='gpu': must be one of auto, cpu, cuda"),
+    ({"generator": {"tiny": {"arch": "bert"}}}, [], "generator.tiny.arch='bert': must be one of llama, gpt2"),
     ({"stages": []}, [], "stages=(): must list at least one"),
     ({"data": {"corpus": "../etc/passwd"}}, [], "data.corpus='../etc/passwd': must not contain '..'"),
     ({"data": {"qa_train": "/etc/passwd"}}, [], "data.qa_train='/etc/passwd': must be relative"),
@@ -65,6 +67,35 @@ def test_bad_values_name_key_and_value(source, overrides, needle) -> None:
     with pytest.raises(ConfigError) as err:
         load_run_config(source, overrides)
     assert needle in str(err.value)
+
+
+def _literal_fields(cls: type = RunConfig, prefix: str = "") -> dict[str, tuple]:
+    out: dict[str, tuple] = {}
+    for name, tp in typing.get_type_hints(cls).items():
+        if dataclasses.is_dataclass(tp):
+            out.update(_literal_fields(tp, f"{prefix}{name}."))
+        elif typing.get_origin(tp) is typing.Literal:
+            out[prefix + name] = typing.get_args(tp)
+        elif typing.get_origin(tp) is tuple and typing.get_origin(typing.get_args(tp)[0]) is typing.Literal:
+            out[prefix + name + "[0]"] = typing.get_args(typing.get_args(tp)[0])
+    return out
+
+
+def test_choice_fields_are_literals_checked_by_the_loader() -> None:
+    fields = _literal_fields()
+    assert {"stages[0]", "device", "index.kind", "generator.tiny.arch", "distributed.grad_compression",
+            "distributed.sparse_embedding_grads"} <= set(fields)
+    for key, allowed in fields.items():
+        dotted = key.removesuffix("[0]")
+        for value in allowed:  # every allowed value loads, from YAML and from an override
+            as_yaml = [value] if key.endswith("[0]") else value
+            assert load_run_config(nest({dotted: as_yaml})) is not None
+            assert load_run_config({}, [f"--{dotted}={value}"]) is not None
+        for bad in ("bogus", 3, None):
+            as_yaml = [bad] if key.endswith("[0]") else bad
+            with pytest.raises(ConfigError) as err:
+                load_run_config(nest({dotted: as_yaml}))
+            assert f"{key}={bad!r}: must be one of {', '.join(allowed)}" in str(err.value), key
 
 
 def test_bad_files_are_config_errors(tmp_path) -> None:

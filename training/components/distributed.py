@@ -15,6 +15,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from training.config import GradCompression
+from training.config import SparseEmbeddingGrads as SparseEmbeddingGradsMode
+
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -202,8 +205,8 @@ def sparse_embedding_allreduce_hook(state, bucket):  # type: ignore[no-untyped-d
     return fut
 
 
-def wrap_ddp(model: torch.nn.Module, env: DistEnv, grad_compression: str = "none",
-             bucket_cap_mb: int = 25, sparse_embedding_grads: str = "auto") -> torch.nn.Module:
+def wrap_ddp(model: torch.nn.Module, env: DistEnv, grad_compression: GradCompression = "none",
+             bucket_cap_mb: int = 25, sparse_embedding_grads: SparseEmbeddingGradsMode = "auto") -> torch.nn.Module:
     """``model`` in DistributedDataParallel when distributed, else itself.
 
     Gradients are views into DDP's buckets (no copy per step); buffers are not broadcast
@@ -212,12 +215,6 @@ def wrap_ddp(model: torch.nn.Module, env: DistEnv, grad_compression: str = "none
     ``sparse_embedding_grads`` (``auto``: on with gloo, off with NCCL) sends only the
     looked-up rows of embedding tables (see :class:`SparseEmbeddingGrads`).
     """
-    from training.config import GRAD_COMPRESSIONS, SPARSE_EMBEDDING_GRADS
-
-    for key, value, allowed in (("grad_compression", grad_compression, GRAD_COMPRESSIONS),
-                                ("sparse_embedding_grads", sparse_embedding_grads, SPARSE_EMBEDDING_GRADS)):
-        if value not in allowed:
-            raise ValueError(f"distributed.{key}={value!r}: must be one of {', '.join(allowed)}")
     if not env.distributed:
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -250,24 +247,6 @@ def barrier(env: DistEnv) -> None:
             dist.barrier(device_ids=[env.local_rank])
         else:
             dist.barrier()
-
-
-def all_reduce_max_int(env: DistEnv, value: int) -> int:
-    """Maximum of an integer over ranks (e.g. "did any rank get SIGTERM")."""
-    if not env.distributed:
-        return value
-    t = torch.tensor([value], dtype=torch.int64, device=env.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
-
-
-def all_reduce_mean(env: DistEnv, t: torch.Tensor) -> torch.Tensor:
-    """Mean of a tensor over ranks (a detached copy)."""
-    t = t.detach().clone()
-    if env.distributed:
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        t /= env.world_size
-    return t
 
 
 def broadcast_object(env: DistEnv, obj: Any, src: int = 0) -> Any:

@@ -11,9 +11,12 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
+from typing import assert_never
 
 import torch
 import torch.nn.functional as F
+
+from training.config import TinyArch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -85,7 +88,7 @@ def encode_texts(model: DualEncoder, tokenizer: object, texts: list[str], max_le
     return torch.cat(out)
 
 
-def build_tiny_causal_lm(tokenizer: object, arch: str, hidden_size: int, num_layers: int, num_heads: int,
+def build_tiny_causal_lm(tokenizer: object, arch: TinyArch, hidden_size: int, num_layers: int, num_heads: int,
                          intermediate_size: int, max_position: int, seed: int) -> torch.nn.Module:
     """A freshly initialised small causal LM sized for ``tokenizer``'s vocabulary."""
     vocab = len(tokenizer)  # type: ignore[arg-type]
@@ -104,7 +107,7 @@ def build_tiny_causal_lm(tokenizer: object, arch: str, hidden_size: int, num_lay
                          n_positions=max_position, pad_token_id=tokenizer.pad_token_id,  # type: ignore[attr-defined]
                          bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id)  # type: ignore[attr-defined]
     else:
-        raise ValueError(f"generator.tiny.arch={arch!r}: must be llama or gpt2")
+        assert_never(arch)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(cfg)
@@ -127,9 +130,5 @@ def load_causal_lm(path: str) -> tuple[torch.nn.Module, object]:
     return model, tok
 
 
-def count_params(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
-__all__ = ["AutoConfig", "DualEncoder", "build_tiny_causal_lm", "count_params", "default_encoder_path",
+__all__ = ["AutoConfig", "DualEncoder", "build_tiny_causal_lm", "default_encoder_path",
            "encode_texts", "load_causal_lm", "load_encoder", "load_generator_tokenizer", "save_encoder"]

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import assert_never
 
 import numpy as np
 import torch
 
 from training.components import distributed as D
 from training.components.stage import is_complete, read_marker
-from training.config import RunConfig
+from training.config import IndexKind, RunConfig
 from training.components.models import DualEncoder, encode_texts, load_encoder
 
 INDEX_FILE = "index.faiss"
@@ -37,7 +38,7 @@ def retriever_model_path(cfg: RunConfig, prefer_finetuned: bool = True) -> str:
     return cfg.retriever.model
 
 
-def build_faiss(emb: np.ndarray, kind: str, nlist: int, nprobe: int, hnsw_m: int, ef_search: int):  # noqa: ANN201
+def build_faiss(emb: np.ndarray, kind: IndexKind, nlist: int, nprobe: int, hnsw_m: int, ef_search: int):  # noqa: ANN201
     import faiss
 
     emb = np.ascontiguousarray(emb, dtype=np.float32)
@@ -55,7 +56,7 @@ def build_faiss(emb: np.ndarray, kind: str, nlist: int, nprobe: int, hnsw_m: int
         index = faiss.IndexHNSWFlat(dim, hnsw_m, faiss.METRIC_INNER_PRODUCT)
         index.hnsw.efSearch = ef_search
     else:
-        raise ValueError(f"index.kind={kind!r}: must be flat, ivf or hnsw")
+        assert_never(kind)
     index.add(emb)
     return index
 

@@ -107,7 +107,7 @@ def test_writeback_unsupported_falls_back_to_the_final_fsync(tmp_path, monkeypat
     calls: list[int] = []
     monkeypatch.setattr(ck, "_sync_file_range", lambda fd, off, n, flags: calls.append(off) or -1)
     state = {"model": {"w": torch.randn((40 << 20) // 4)}}
-    path = write_checkpoint_dir(tmp_path, 1, state)
+    write_checkpoint_dir(tmp_path, 1, state)
     assert len(calls) == 1  # tried once, then left to fsync
     _, states = Checkpointer(tmp_path, 1, True).latest()
     assert torch.equal(states["model"]["w"], state["model"]["w"])
