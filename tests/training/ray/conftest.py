@@ -1,0 +1,30 @@
+"""Ray test helpers: one Ray cluster per test module (a Ray start costs seconds and ~700 MB)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray", reason="the ray extra is not installed (pip install '.[ray]')")
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def ray_env() -> None:
+    """Environment every Ray process of the tests inherits (set before the cluster starts)."""
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ["RAY_TRAIN_ENABLE_PRINT_PATCH"] = "0"
+    path = os.environ.get("PYTHONPATH", "")
+    if str(REPO) not in path.split(os.pathsep):
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), path) if p)
+
+
+def ray_temp_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    # Ray's socket paths must stay short (AF_UNIX limit): a short dir under /tmp.
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="rgr", dir="/tmp")

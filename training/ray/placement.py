@@ -1,0 +1,174 @@
+"""Resource isolation for the Ray executor: one placement group per stage, on the stage's pool.
+
+A pool is the set of Ray nodes labelled ``ragpool.io/pool=<pool>`` (the KubeRay worker group
+of a GPU pool sets that label; a local cluster sets it with ``ray.init(labels=...)``). Each
+stage reserves ``workers`` bundles of ``{CPU: cpus, GPU: gpus}`` with a ``bundle_label_selector``
+naming its pool, so its work can only run there: Ray never places a bundle on a node whose
+labels do not match, so a stage never lands on another pool. Bundles are exclusive to their
+placement group, so two runs (or two stages) never share one. The reservation is released when
+the stage ends (:func:`reserved` is a context manager).
+
+A stage whose pool has no room waits up to ``ray.placement_timeout_s`` and then fails with
+:class:`PlacementError` naming the stage, the pool and the resources it waited for. A request
+that can never fit (unknown pool, more CPUs/GPUs per bundle than any node of the pool has)
+fails at once.
+
+Strategies (``ray.<stage>.strategy``): ``auto`` is STRICT_PACK for training workers when all
+bundles fit one node of the pool (DDP ranks then talk over loopback / NVLink), PACK when they
+do not, and SPREAD for the task stages (prepare, index, evaluate).
+
+Ray Train creates its own placement group from a :class:`ray.train.ScalingConfig`; for the
+training stages the driver first waits for a reservation of the same shape (so the timeout
+and the error apply), hands it back, and gives Ray Train the same bundles, strategy and label
+selector (:meth:`StagePlacement.scaling_kwargs`), so the workers land on the same pool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from training.config import RAY_STAGES, RayStageConfig
+
+POOL_LABEL = "ragpool.io/pool"
+"""Ray node label naming a node's pool (Ray reserves the ``ray.io/`` prefix for itself)."""
+TRAINING_STAGES: tuple[str, ...] = ("retriever", "generator")
+"""Stages that run as Ray Train worker groups (DDP); the others run as Ray tasks."""
+
+
+class PlacementError(RuntimeError):
+    """A stage could not get its resources; the message names the stage, pool and resources."""
+
+
+@dataclass(frozen=True)
+class StagePlacement:
+    """What one stage reserves: ``len(bundles)`` identical bundles with ``strategy`` on ``pool``."""
+
+    stage: str
+    """Stage name (one of :data:`training.config.RAY_STAGES`)."""
+    pool: str
+    """Pool name; empty = any node."""
+    bundle: Mapping[str, float]
+    """Resources of one bundle (one worker or task): ``{"CPU": c}`` plus ``{"GPU": g}`` when g > 0."""
+    workers: int
+    """Number of bundles."""
+    strategy: str
+    """Ray placement strategy: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD."""
+
+    @property
+    def label_selector(self) -> dict[str, str] | None:
+        """Node labels every bundle requires (None = any node)."""
+        return {POOL_LABEL: self.pool} if self.pool else None
+
+    def describe(self) -> str:
+        """``2 x {CPU: 1.0} (STRICT_PACK) on pool 'gpu-spot'``."""
+        res = ", ".join(f"{k}: {v:g}" for k, v in self.bundle.items())
+        where = f"pool {self.pool!r}" if self.pool else "any node"
+        return f"{self.workers} x {{{res}}} ({self.strategy}) on {where}"
+
+    def placement_group_kwargs(self) -> dict[str, Any]:
+        """Arguments of :func:`ray.util.placement_group` for this reservation."""
+        sel = self.label_selector
+        return {"bundles": [dict(self.bundle) for _ in range(self.workers)], "strategy": self.strategy,
+                "bundle_label_selector": [dict(sel) for _ in range(self.workers)] if sel else None}
+
+    def scaling_kwargs(self) -> dict[str, Any]:
+        """Arguments of :class:`ray.train.ScalingConfig` that reserve the same bundles on the same pool."""
+        return {"num_workers": self.workers, "use_gpu": self.bundle.get("GPU", 0) > 0,
+                "resources_per_worker": dict(self.bundle), "placement_strategy": self.strategy,
+                "label_selector": self.label_selector}
+
+
+def _fits(total: Mapping[str, float], need: Mapping[str, float], times: int = 1) -> bool:
+    return all(total.get(k, 0.0) + 1e-9 >= v * times for k, v in need.items())
+
+
+def pool_nodes(nodes: list[Mapping[str, Any]], pool: str) -> list[Mapping[str, Any]]:
+    """Alive nodes of ``pool`` (all alive nodes when ``pool`` is empty), from :func:`ray.nodes`."""
+    alive = [n for n in nodes if n.get("Alive")]
+    if not pool:
+        return alive
+    return [n for n in alive if (n.get("Labels") or {}).get(POOL_LABEL) == pool]
+
+
+def pools(nodes: list[Mapping[str, Any]]) -> list[str]:
+    """Pool names present among the alive nodes."""
+    return sorted({(n.get("Labels") or {}).get(POOL_LABEL) for n in nodes if n.get("Alive")} - {None})
+
+
+def plan(stage: str, resources: RayStageConfig, nodes: list[Mapping[str, Any]]) -> StagePlacement:
+    """The placement of ``stage`` on the cluster described by ``nodes`` (:func:`ray.nodes`).
+
+    Raises :class:`PlacementError` at once when the request can never be met: a pool that no
+    node carries, or a bundle larger than every node of the pool. A pool that exists but is
+    busy is not an error here (:func:`reserved` waits for it).
+    """
+    if stage not in RAY_STAGES:
+        raise ValueError(f"unknown stage {stage!r}; allowed: {', '.join(RAY_STAGES)}")
+    bundle: dict[str, float] = {}
+    if resources.cpus > 0:
+        bundle["CPU"] = float(resources.cpus)
+    if resources.gpus > 0:
+        bundle["GPU"] = float(resources.gpus)
+    members = pool_nodes(nodes, resources.pool)
+    where = f"pool {resources.pool!r}" if resources.pool else "the cluster"
+    if not members:
+        known = ", ".join(pools(nodes)) or "none"
+        raise PlacementError(f"stage {stage}: {where} has no nodes in the Ray cluster (pools: {known}); "
+                             f"set ray.{stage}.pool to one of them")
+    totals = [n.get("Resources") or {} for n in members]
+    if not any(_fits(t, bundle) for t in totals):
+        biggest = max(totals, key=lambda t: (t.get("GPU", 0), t.get("CPU", 0)))
+        raise PlacementError(
+            f"stage {stage}: one worker needs {bundle} but no node of {where} has that much "
+            f"(largest: CPU {biggest.get('CPU', 0):g}, GPU {biggest.get('GPU', 0):g}); "
+            f"lower ray.{stage}.cpus / ray.{stage}.gpus")
+    strategy = resources.strategy
+    if strategy == "auto":
+        if stage in TRAINING_STAGES:
+            strategy = "STRICT_PACK" if any(_fits(t, bundle, resources.workers) for t in totals) else "PACK"
+        else:
+            strategy = "SPREAD"
+    return StagePlacement(stage, resources.pool, bundle, resources.workers, strategy)
+
+
+@contextlib.contextmanager
+def reserved(placement: StagePlacement, timeout_s: float, name: str = "") -> Iterator[Any]:
+    """Reserve ``placement`` (a placement group), wait for it up to ``timeout_s``, release it on exit.
+
+    Yields the ready :class:`ray.util.placement_group.PlacementGroup`; schedule work into it
+    with :func:`strategy_for`. Raises :class:`PlacementError` when the pool has no room in time.
+    """
+    import ray
+    from ray.exceptions import GetTimeoutError
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    pg = placement_group(name=name, **placement.placement_group_kwargs())
+    try:
+        try:
+            ray.get(pg.ready(), timeout=timeout_s)
+        except GetTimeoutError:
+            raise PlacementError(
+                f"stage {placement.stage}: waited {timeout_s:g}s for {placement.describe()} and the pool never "
+                f"had room (other runs or stages hold its resources); nothing was placed elsewhere. "
+                f"Retry later, or raise ray.placement_timeout_s") from None
+        yield pg
+    finally:
+        remove_placement_group(pg)
+
+
+def strategy_for(pg: Any, index: int) -> Any:
+    """Scheduling strategy that runs a task in bundle ``index`` of ``pg`` (and its children too)."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    return PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=index,
+                                            placement_group_capture_child_tasks=True)
+
+
+def bundle_nodes(pg: Any) -> dict[int, str]:
+    """Bundle index -> node id of a ready placement group (for logs and tests)."""
+    from ray.util import placement_group_table
+
+    return {int(k): v for k, v in placement_group_table(pg).get("bundles_to_node_id", {}).items()}
