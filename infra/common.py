@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
@@ -10,16 +9,19 @@ import pulumi
 import yaml
 
 from infra.config import StackConfig
+from training.config import deep_merge  # noqa: F401  (re-exported: the one nested-merge helper)
+from training.paths import DEFAULT_SHARED_ROOT
 
 VALUES_DIR = Path(__file__).resolve().parent / "values"
 
-# Kubernetes labels every ragpool object carries (ARCHITECTURE.md "Names").
+# Kubernetes labels every ragpool object carries (docs/DESIGN.md "Names").
 PART_OF = {"app.kubernetes.io/part-of": "ragpool", "app.kubernetes.io/managed-by": "pulumi"}
 POOL_LABEL = "ragpool.io/pool"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
 # What a pod that must run on GPU nodes carries (device plugin, DCGM, node agents, workers).
 GPU_TOLERATION = {"key": GPU_TAINT["key"], "operator": "Exists", "effect": GPU_TAINT["effect"]}
-SHARED_MOUNT_PATH = "/mnt/shared"
+# Where training pods mount the shared filesystem: the training package's default shared root.
+SHARED_MOUNT_PATH = DEFAULT_SHARED_ROOT
 # The training image's non-root user (training/Dockerfile); pods run as it and the EFS
 # access points hand it the shared directory.
 TRAINING_UID = 10001
@@ -53,13 +55,3 @@ def load_values(filename: str) -> dict[str, Any]:
     with open(VALUES_DIR / filename, encoding="utf-8") as fh:
         return yaml.safe_load(fh) or {}
 
-
-def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """Merge ``override`` into a copy of ``base`` (maps merge, everything else replaces)."""
-    out = copy.deepcopy(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
