@@ -193,15 +193,29 @@ def off_gpu_workloads(plan: dict) -> list[Workload]:
         Workload("nfd-master", _scheduling(nfd["master"]), False),
         Workload("nfd-gc", _scheduling(nfd["gc"]), False),
     ]
+    if "kuberay-operator" in BY_SCHEMA_NAME and any(
+            r["type"] == HELM and r["inputs"]["chart"] == BY_SCHEMA_NAME["kuberay-operator"].name for r in plan["resources"]):
+        out.append(Workload("kuberay-operator", _scheduling(chart_values(plan, "kuberay-operator")), False))
     for entry in plan["resources"]:
-        path = POD_SPEC_PATHS.get(entry["type"])
-        if path is None or entry["type"] in ("kubernetes:batch/v1:CronJob", "kubernetes:batch/v1:Job"):
-            continue  # workers are the GPU workload (test_workers_land_only_on_their_pool)
-        pod = entry["inputs"]
-        for step in path:
-            pod = pod[step]
+        pod = pod_spec(entry)
+        if pod is None or requests_gpu(pod):
+            continue  # GPU workers: test_gpu_workers_land_only_on_their_pool
         out.append(Workload(entry["name"], _scheduling(pod), entry["type"].endswith(":DaemonSet")))
     return out
+
+
+def pod_spec(entry: dict) -> dict | None:
+    path = POD_SPEC_PATHS.get(entry["type"])
+    if path is None:
+        return None
+    pod = entry["inputs"]
+    for step in path:
+        pod = pod[step]
+    return pod
+
+
+def requests_gpu(pod: dict) -> bool:
+    return any("nvidia.com/gpu" in (c.get("resources", {}).get("limits") or {}) for c in pod.get("containers", []))
 
 
 # ------------------------------------------------------------------ the assertions
@@ -231,16 +245,15 @@ def test_nothing_that_must_stay_off_gpu_nodes_tolerates_their_taint(plans, schem
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_workers_land_only_on_their_pool(plans, stack):
+def test_gpu_workers_land_only_on_their_pool(plans, stack):
     plan = plans[stack]
     nodes = gpu_nodes(plan)
-    for entry in plan["resources"]:
-        if entry["type"] != "kubernetes:batch/v1:CronJob":
-            continue
-        pod = entry["inputs"]["spec"]["jobTemplate"]["spec"]["template"]["spec"]
-        pool = pod["nodeSelector"]["ragpool.io/pool"]
+    workers = [(e["name"], pod_spec(e)) for e in plan["resources"]
+               if e["type"] == "kubernetes:batch/v1:CronJob" and requests_gpu(pod_spec(e))]
+    assert len(workers) >= len({n.pool for n in nodes})
+    for name, pod in workers:
         landing = {n.pool for n in nodes if schedulable(pod, n.labels, n.taints)}
-        assert landing == {pool}, entry["name"]
+        assert landing == {pod["nodeSelector"]["ragpool.io/pool"]}, name
 
 
 def test_the_check_sees_the_unconfigured_monitoring_agent(plans, schemas_dir):
