@@ -55,6 +55,9 @@ CONTRACT: tuple[ContractMetric, ...] = (
     ContractMetric("ragpool_queue_tasks_completed_total", "counter", ("outcome",), "queue",
                    "finished tasks; outcome=succeeded|failed|dead|cancelled"),
     ContractMetric("ragpool_task_duration_seconds", "histogram", ("outcome",), "queue", "wall time of one task"),
+    ContractMetric("ragpool_worker_health_check_failed", "gauge", ("worker", "node", "check"), "queue",
+                   "1 per failed check of a worker's pre-flight node health check (served about a minute, "
+                   "then the worker exits HEALTH_CHECK_FAILED)"),
     ContractMetric("ragpool_worker_last_heartbeat_timestamp_seconds", "gauge", ("worker",), "queue",
                    "unix time of a worker's last heartbeat"),
 )

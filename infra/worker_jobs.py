@@ -10,6 +10,7 @@ behind the headless ``ragpool-workers`` Service).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,8 +25,21 @@ from infra.training_namespace import (
     MAX_RANKS_PER_POD, QUEUE_METRICS_PORT, RANK_METRICS_PORT, RDZV_PORT, WORKER_SERVICE_ACCOUNT, WORKERS_SERVICE,
 )
 from training import exit_codes
+from training.components.health import EXPECTED_GPUS_ENV
+from training.scheduler.preflight import NODE_NAME_ENV
+from training.scheduler.supervisor import WorkerConfig
 
 TERMINATION_GRACE_SECONDS = 300
+# Importing torch, one CUDA context per GPU, a matmul each and an NCCL all-reduce: minutes at most.
+HEALTH_CHECK_TIMEOUT_SECONDS = 300
+
+
+def worker_default(name: str):
+    """A worker setting's default, from its one home (training/scheduler/supervisor.py WorkerConfig)."""
+    [f] = [f for f in dataclasses.fields(WorkerConfig) if f.name == name]
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
 WORKER_LABELS = {**k8s_labels("worker", "ragpool-worker"), "ragpool.io/redis-client": "true"}
 
 
@@ -65,7 +79,10 @@ def worker_cronjob_spec(cfg: StackConfig, pool: GpuPoolConfig, image: str, names
             "image": image,
             "command": ["python", "-m", "training.worker"],
             "args": ["--metrics-port", str(QUEUE_METRICS_PORT), "--idle-exit-seconds", "600",
-                     "--lease-seconds", "60",
+                     # A worker silent this long (lost node) loses its run to the next claimer.
+                     "--lease-seconds", f"{worker_default('lease_seconds'):g}",
+                     # Pre-flight node health check before claiming (training/components/health.py).
+                     "--health-check-timeout-seconds", f"{HEALTH_CHECK_TIMEOUT_SECONDS:g}",
                      # Leave the pod's grace period a margin after the run checkpointed.
                      "--stop-grace-seconds", str(TERMINATION_GRACE_SECONDS - 15)],
             "env": [
@@ -79,6 +96,9 @@ def worker_cronjob_spec(cfg: StackConfig, pool: GpuPoolConfig, image: str, names
                 {"name": "RAGPOOL_RDZV_HOST", "value": f"$(RAGPOOL_WORKER_GROUP)-0.{WORKERS_SERVICE}.{namespace}.svc"},
                 {"name": "RAGPOOL_RDZV_PORT", "value": str(RDZV_PORT)},
                 {"name": "RAGPOOL_NNODES", "value": "1"},
+                # What the health check expects to see, and the node its failure metric names.
+                {"name": EXPECTED_GPUS_ENV, "value": str(gpus)},
+                {"name": NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
                 {"name": "HF_HOME", "value": "/tmp/hf"},
             ],
             "ports": ports,
@@ -113,6 +133,12 @@ def worker_cronjob_spec(cfg: StackConfig, pool: GpuPoolConfig, image: str, names
             # Bad run config or data: retrying cannot help.
             {"action": "FailJob", "onExitCodes": {"containerName": "worker", "operator": "In",
                                                    "values": [exit_codes.BAD_INPUT]}},
+            # The pre-flight health check failed: nothing was claimed (no run attempt spent).
+            # Fail the Job rather than retry: a replacement pod would most likely land on the
+            # same node (its GPUs are free again), and Ignore would loop there without bound.
+            # The alert RagpoolWorkerHealthCheckFailed pages; the runs stay queued.
+            {"action": "FailJob", "onExitCodes": {"containerName": "worker", "operator": "In",
+                                                   "values": [exit_codes.HEALTH_CHECK_FAILED]}},
             # Node drained, spot reclaimed, preempted: not the job's fault, retry for free.
             {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
             # Checkpointed after SIGTERM: retry (counted), resuming from the checkpoint.

@@ -17,6 +17,12 @@ BAD_INPUT = 2
 NOT_FOUND = 3
 #: ``ragpool`` commands: Redis unreachable or unusable right now (retry later).
 UNAVAILABLE = 4
+#: Worker pre-flight node health check failed (``python -m training.components.health``:
+#: GPUs missing or not as requested, a wrong or slow matmul, a failed all-reduce). Nothing
+#: was claimed, so no run attempt is spent; the worker Job's ``podFailurePolicy``
+#: (infra/worker_jobs.py) fails the Job instead of retrying on the same node.
+#: 69 = EX_UNAVAILABLE (sysexits.h).
+HEALTH_CHECK_FAILED = 69
 #: Preempted (SIGTERM / spot notice): a checkpoint was written at the last step
 #: boundary; rerunning the same command resumes from it. 75 = EX_TEMPFAIL (sysexits.h).
 RETRIABLE = 75

@@ -65,6 +65,17 @@ def _gpus_with_xid_errors() -> PanelBuilder:
     )
 
 
+def _failed_health_checks() -> PanelBuilder:
+    return stat(
+        "Nodes failing pre-flight checks (1h)",
+        Query('count(max by (node) (max_over_time(ragpool_worker_health_check_failed{node=~"$node"}[1h])) > 0) or vector(0)'),
+        unit="short",
+        description="Nodes where a worker's pre-flight GPU health check failed in the last hour "
+                    "(training/components/health.py; alert RagpoolWorkerHealthCheckFailed).",
+        thresholds=((None, "green"), (1, "red")),
+    )
+
+
 # --------------------------------------------------------------------------- utilisation
 
 
@@ -396,7 +407,7 @@ def _encoder_decoder_and_vgpu_license() -> PanelBuilder:
 def build() -> Dashboard:
     """The dashboard: one row per concern, each panel built by its own function above."""
     rows = [
-        Row("Overview", [_gpus_reporting(), _average_gpu_utilisation(), _power_draw(), _gpus_with_xid_errors()]),
+        Row("Overview", [_gpus_reporting(), _average_gpu_utilisation(), _power_draw(), _gpus_with_xid_errors(), _failed_health_checks()]),
         Row(
             "Utilisation",
             [

@@ -146,6 +146,10 @@ class WorkerConfig:
     """Upper bound of the retry delay."""
     max_tasks: int = 0
     """Exit after this many tasks (0 = no limit)."""
+    health_check_timeout_seconds: float = 0.0
+    """Before claiming, run the node health check (``python -m training.components.health``,
+    a subprocess) and give it this long; on failure exit HEALTH_CHECK_FAILED without claiming
+    (training/scheduler/preflight.py). 0 = skip; the worker Job template turns it on."""
     metrics_port: int = field(default_factory=lambda: int(os.environ.get("RAGPOOL_QUEUE_METRICS_PORT") or 0))
     """Serve queue metrics on this port (0 = off; env RAGPOOL_QUEUE_METRICS_PORT)."""
     run_id: str | None = field(default_factory=lambda: os.environ.get("RAGPOOL_RUN_ID") or None)
@@ -530,6 +534,7 @@ _FLAGS: tuple[tuple[str, str], ...] = (
     ("--backoff-max-seconds", "backoff_max_s"),
     ("--max-tasks", "max_tasks"),
     ("--metrics-port", "metrics_port"),
+    ("--health-check-timeout-seconds", "health_check_timeout_seconds"),
 )
 
 
@@ -570,6 +575,11 @@ def worker_main(args: argparse.Namespace) -> int:
             raise
         print(f"ragpool worker: cannot reach Redis: {exc}", file=sys.stderr)
         return exit_codes.FAILED
+    from training.scheduler.preflight import health_gate
+
+    unhealthy = health_gate(config.worker_id, config.health_check_timeout_seconds, config.metrics_port)
+    if unhealthy is not None:
+        return unhealthy
     worker = Worker(queue, config)
     worker.install_signal_handlers()
     return worker.run()
