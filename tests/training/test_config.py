@@ -144,3 +144,18 @@ def test_help_lists_every_key_and_exits_0(capsys) -> None:
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert "retriever.optim.lr" in out and "checkpoint.keep_latest_k" in out
+
+
+def test_config_error_carries_the_dotted_key_and_a_bounded_value():
+    cases = {
+        "retriever.optim.lr": {"retriever": {"optim": {"lr": -1}}},
+        "generator.tiny.hidden_size": {"generator": {"tiny": {"hidden_size": 130, "num_heads": 4}}},
+        "index.nprobes": {"index": {"nprobes": 1}},
+        "evaluate.recall_at[1]": {"evaluate": {"recall_at": [1, "x" * 10_000]}},
+        "run_id": {"run_id": "exp1\n"},
+        "retriever.optim.weight_decay": {"retriever": {"optim": {"weight_decay": 10**400}}},
+    }
+    for key, tree in cases.items():
+        with pytest.raises(ConfigError) as err:
+            load_run_config(tree)
+        assert err.value.key == key and str(err.value).startswith(key) and len(str(err.value)) < 400, err.value

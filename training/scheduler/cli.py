@@ -17,7 +17,8 @@ Exit codes scripts can rely on:
   finished run, ``retry`` of a run that is not in the dead-letter list
 - 2: bad input: invalid run spec (nothing enqueued) or bad connection settings
 - 3: not found: unknown run id
-- 4: Redis unreachable (retry later)
+- 4: Redis unavailable: unreachable, connection dropped mid-command, timed out, still
+  loading, read-only or without its primary after a failover, credentials refused (retry later)
 """
 
 from __future__ import annotations
@@ -63,40 +64,42 @@ def register(subparsers) -> None:
     p.set_defaults(handler=cmd_worker)
 
 
-class _Unavailable(Exception):
-    pass
+def _one_line(text: str, limit: int = 200) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _queue():
-    """The queue from the environment; raises _Unavailable / RedisConfigError."""
+def _with_queue(command: str, fn):
+    """Run ``fn(queue)`` on the queue from the environment. Bad connection settings are exit 2;
+    every Redis-side failure (unreachable, dropped mid-command, timeout, ``LOADING``,
+    ``READONLY`` after a failover, refused credentials...) is exit 4 with one line that names
+    the endpoint, never the password."""
     import redis
 
-    from training.scheduler.run_queue import TaskQueue
-    from training.scheduler.redis_conn import connect, redact_url, settings_from_env
-
-    settings = settings_from_env()
-    client = connect(settings)
-    try:
-        client.ping()
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise _Unavailable(f"cannot reach Redis at {redact_url(settings.url)}: {exc}") from None
-    except redis.AuthenticationError as exc:
-        raise _Unavailable(f"Redis at {redact_url(settings.url)} refused the credentials: {exc}") from None
-    namespace = os.environ.get("RAGPOOL_QUEUE_NAMESPACE") or "ragpool"
-    return TaskQueue(client, namespace=namespace)
-
-
-def _with_queue(fn):
-    """Run ``fn(queue)`` mapping connection problems to exit codes 2 / 4."""
-    from training.scheduler.redis_conn import RedisConfigError
+    from training.scheduler.redis_conn import RedisConfigError, connect, settings_from_env
+    from training.scheduler.run_queue import DEFAULT_NAMESPACE, TaskQueue
 
     try:
-        return fn(_queue())
+        settings = settings_from_env()
     except RedisConfigError as exc:
-        print(f"ragpool: {exc}", file=sys.stderr)
+        print(f"ragpool {command}: {exc}", file=sys.stderr)
         return exit_codes.BAD_INPUT
-    except _Unavailable as exc:
-        print(f"ragpool: {exc}", file=sys.stderr)
+    try:
+        queue = TaskQueue(connect(settings), namespace=os.environ.get("RAGPOOL_QUEUE_NAMESPACE") or DEFAULT_NAMESPACE)
+        queue.client.ping()
+        return fn(queue)
+    except redis.RedisError as exc:
+        if isinstance(exc, redis.AuthenticationError):
+            why = f"refused the credentials ({type(exc).__name__})"
+        elif isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+            why = f"cannot reach Redis ({type(exc).__name__}: {exc})"
+        else:
+            why = f"Redis failed the command ({type(exc).__name__}: {exc})"
+        why = _one_line(why)
+        for secret in (settings.password, settings.sentinel_password):
+            if secret:
+                why = why.replace(secret, "***")
+        print(f"ragpool {command}: {why} at {settings.endpoint}; try again later", file=sys.stderr)
         return exit_codes.UNAVAILABLE
 
 
@@ -122,7 +125,7 @@ def cmd_submit(args) -> int:
               "spec; choose a new run_id", file=sys.stderr)
         return exit_codes.REFUSED
 
-    return _with_queue(submit)
+    return _with_queue("submit", submit)
 
 
 def _ago(ts: float | None, now: float) -> str:
@@ -193,7 +196,7 @@ def cmd_status(args) -> int:
             print(_table(_task_rows(recent, now), _TASK_HEADER))
         return exit_codes.OK
 
-    return _with_queue(status)
+    return _with_queue("status", status)
 
 
 def cmd_list(args) -> int:
@@ -214,7 +217,7 @@ def cmd_list(args) -> int:
             print("no runs")
         return exit_codes.OK
 
-    return _with_queue(list_)
+    return _with_queue("list", list_)
 
 
 def cmd_cancel(args) -> int:
@@ -233,7 +236,7 @@ def cmd_cancel(args) -> int:
         print(f"ragpool cancel: {args.run_id} already finished ({state})", file=sys.stderr)
         return exit_codes.REFUSED
 
-    return _with_queue(cancel)
+    return _with_queue("cancel", cancel)
 
 
 def cmd_retry(args) -> int:
@@ -248,7 +251,7 @@ def cmd_retry(args) -> int:
         print(f"ragpool retry: {args.run_id} is {result}, not in the dead-letter list", file=sys.stderr)
         return exit_codes.REFUSED
 
-    return _with_queue(retry)
+    return _with_queue("retry", retry)
 
 
 def cmd_worker(args) -> int:

@@ -16,19 +16,36 @@ Example (YAML; JSON works too)::
       qa_eval: datasets/demo/qa_eval.jsonl
     models:                          # optional: retriever, generator, tokenizer (shared-root paths)
       generator: models/tiny-lm
-    hyperparameters:                 # per stage, training.config keys; dotted keys nest
+    hyperparameters:                 # the run config's own sections; dotted keys nest
       retriever: {max_steps: 200, global_batch_size: 32, optim.lr: 2.0e-5}
       generator: {optim.lr: 1.0e-4}
-      run: {seed: 7, checkpoint.every_steps: 100}   # run-wide keys (not run_id/shared_root/stages/data)
+      run: {seed: 7, checkpoint.every_steps: 100}   # run-wide keys (not run_id/shared_root/stages/data
+                                                    # and not a stage's section)
     nodes: 1                         # > 1 runs as an Indexed Job with torchrun c10d rendezvous
     gpus_per_node: null              # processes per node; null = all GPUs of the pod (1 on CPU)
     priority: normal                 # high | normal | low
     max_attempts: 3                  # failures before the dead-letter list
     timeout_seconds: 86400           # per attempt
 
-The training config the worker will write is also checked with
-``training.config.load_run_config`` (torch-free) at submit time, so a wrong
-hyper-parameter name or value is rejected before it reaches the queue.
+The hyper-parameter sections *are* the run config's sections (``training.config.STAGES``
+plus ``run`` for the run-wide keys): the training config the worker will write is
+built from them and checked by the run config's own dataclasses
+(``training.config.load_run_config``, torch-free) at submit time, so a wrong
+hyper-parameter name or value is rejected before it reaches the queue, and the run
+config's :class:`~training.config.ConfigError` names the dotted key that the spec
+maps back to its own field.
+
+Paths: every path a spec can name (``data.*``, ``models.*`` and the model/tokenizer
+keys ``training.config.MODEL_PATH_KEYS`` set through hyper-parameters) goes through
+:func:`training.paths.confine` and is stored relative to the shared root. The one
+allowed value that is not a path is the empty string for a model key (the packaged
+default model). Hugging Face hub names are not accepted as such: pods have no
+internet, so a name like ``org/model`` is read as the directory
+``<shared root>/org/model`` (put the model there first).
+
+Hostile input: the file is read up to :data:`MAX_SPEC_BYTES` (+1 to detect more),
+must be UTF-8, YAML anchors and aliases are refused (no alias bombs), nesting is
+bounded by :data:`MAX_SPEC_DEPTH`, and every value a message shows is cut short.
 """
 
 from __future__ import annotations
@@ -42,7 +59,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from training.config import STAGES, ConfigError, deep_merge, load_run_config, nest
+import yaml
+
+from training.config import MODEL_PATH_KEYS, STAGES, ConfigError, deep_merge, load_run_config, nest, shown
 from training.paths import RUN_ID_RULE, PathError, confine, is_valid_run_id, shared_root_from_env
 
 PRIORITIES: tuple[str, ...] = ("high", "normal", "low")
@@ -50,18 +69,28 @@ PRIORITIES: tuple[str, ...] = ("high", "normal", "low")
 
 MAX_SPEC_BYTES = 64 * 1024
 """Upper bound on a spec file and on its stored JSON payload."""
+MAX_SPEC_DEPTH = 32
+"""Deepest nesting of mappings and lists a spec file may have (a real spec needs 5)."""
+MAX_INT = 2**63 - 1
+"""Largest magnitude of an integer hyper-parameter."""
+_MAX_MESSAGE_CHARS = 300
 
 _NAME_RE = re.compile(r"[a-z_][a-z0-9_]{0,63}")
-_HYPER_KEY_RE = re.compile(r"[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*){0,3}")
+_HYPER_KEY_RE = re.compile(r"[a-z_][a-z0-9_]{0,63}(\.[a-z_][a-z0-9_]{0,63}){0,3}")
 # Spec ``models`` entries -> (section, key) of the training config they set.
 MODEL_FIELDS: dict[str, tuple[str, str]] = {
     "retriever": ("retriever", "model"),
     "generator": ("generator", "model"),
     "tokenizer": ("generator", "tokenizer"),
 }
+assert {f"{s}.{k}" for s, k in MODEL_FIELDS.values()} <= set(MODEL_PATH_KEYS)
+assert all(key.count(".") == 1 for key in MODEL_PATH_KEYS)
 RUN_SECTION = "run"
 """``hyperparameters.run``: run-wide training keys (seed, device, checkpoint.*, metrics.*)."""
-_RUN_SECTION_FORBIDDEN = ("run_id", "shared_root", "stages", "data")
+SECTIONS: tuple[str, ...] = (*STAGES, RUN_SECTION)
+"""The hyper-parameter sections: the run config's stage sections, then the run-wide one."""
+_SPEC_OWN_KEYS = ("run_id", "shared_root", "stages", "data")
+"""Run config keys the spec's own fields set (never through ``hyperparameters.run``)."""
 _TOP_LEVEL_FIELDS = (
     "run_id", "stages", "data", "models", "hyperparameters", "nodes", "gpus_per_node",
     "priority", "max_attempts", "timeout_seconds",
@@ -91,7 +120,8 @@ class RunSpec:
     models: dict[str, str] = field(default_factory=dict)
     """Named model paths, relative to the shared root."""
     hyperparameters: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Per-stage scalar hyper-parameters; keys may be dotted (``optim.lr``)."""
+    """Per-section scalar hyper-parameters (:data:`SECTIONS`); keys may be dotted (``optim.lr``);
+    model/tokenizer paths among them are stored relative to the shared root."""
     nodes: int = 1
     """Number of pods (torchrun ``--nnodes``)."""
     gpus_per_node: int | None = None
@@ -122,7 +152,8 @@ class RunSpec:
         """The mapping ``training.config.load_run_config`` reads (the worker writes it as run.yaml).
 
         Data paths stay relative to ``shared_root`` (the config confines them itself);
-        model paths become absolute under it (the config takes a directory or a name).
+        model paths (``models`` and the model keys among the hyper-parameters) become absolute
+        under it (the config takes a directory).
         """
         config: dict[str, Any] = {"run_id": self.run_id, "shared_root": shared_root,
                                   "stages": list(self.stages)}
@@ -135,7 +166,12 @@ class RunSpec:
                 config[stage] = nest(params)
         for name, rel in self.models.items():
             section, key = MODEL_FIELDS[name]
-            config.setdefault(section, {})[key] = posixpath.join(shared_root, rel)
+            config.setdefault(section, {})[key] = rel
+        for dotted in MODEL_PATH_KEYS:
+            section, key = dotted.split(".")
+            rel = config.get(section, {}).get(key)
+            if rel:  # empty = the packaged default model
+                config[section][key] = posixpath.join(shared_root, rel)
         return config
 
     def to_json(self) -> str:
@@ -147,16 +183,15 @@ class RunSpec:
         return parse_spec(json.loads(text), source="stored spec")
 
 
-def _shown(value: Any, limit: int = 80) -> str:
-    """``repr(value)`` cut to ``limit`` characters: messages never echo a huge value."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+def _key(value: Any) -> str:
+    """A mapping key as it appears in a field name (``data.<key>``): itself, or bounded."""
+    return value if isinstance(value, str) and len(value) <= 64 and value.isprintable() else shown(value, 40)
 
 
 def _int_field(raw: Mapping, name: str, default: int, lo: int, hi: int, problems: list) -> int:
     value = raw.get(name, default)
     if isinstance(value, bool) or not isinstance(value, int):
-        problems.append((name, f"must be an integer in [{lo}, {hi}], got {value!r}"))
+        problems.append((name, f"must be an integer in [{lo}, {hi}], got {shown(value)}"))
         return default
     if not lo <= value <= hi:
         problems.append((name, f"must be in [{lo}, {hi}], got {value}"))
@@ -169,7 +204,7 @@ def _confined_path(value: Any, name: str, shared_root: str, problems: list) -> s
     try:
         return confine(value, root=shared_root)
     except PathError as err:
-        problems.append((name, f"{_shown(value)} {err}"))
+        problems.append((name, f"{shown(value)} {err}"))
         return None
 
 
@@ -183,7 +218,7 @@ def _path_map(raw: Mapping, name: str, shared_root: str, problems: list) -> dict
     out: dict[str, str] = {}
     for key, path in value.items():
         if not isinstance(key, str) or not _NAME_RE.fullmatch(key):
-            problems.append((f"{name}.{key}", "name must match [a-z_][a-z0-9_]* (<= 64 chars)"))
+            problems.append((f"{name}.{_key(key)}", "name must match [a-z_][a-z0-9_]* (<= 64 chars)"))
             continue
         norm = _confined_path(path, f"{name}.{key}", shared_root, problems)
         if norm is not None:
@@ -196,10 +231,31 @@ def _scalar_ok(value: Any) -> bool:
         return math.isfinite(value)
     if isinstance(value, str):
         return len(value) <= 1024
-    return value is None or isinstance(value, (bool, int))
+    if isinstance(value, int) and not isinstance(value, bool):
+        return -MAX_INT <= value <= MAX_INT
+    return value is None or isinstance(value, bool)
 
 
-def _hyperparameters(raw: Mapping, stages: tuple[str, ...], allowed: tuple[str, ...],
+def _hyper_value(where: str, item: Any, shared_root: str, problems: list) -> tuple[bool, Any]:
+    """(ok, value) of one hyper-parameter; a model path (``where`` ends in one of
+    :data:`MODEL_PATH_KEYS`) is confined and stored relative to the shared root."""
+    dotted = where.split(".", 1)[1]
+    if dotted in MODEL_PATH_KEYS:
+        if item == "":
+            return True, ""  # the packaged default model
+        norm = _confined_path(item, where, shared_root, problems)
+        return norm is not None, norm
+    ok = _scalar_ok(item) or (
+        isinstance(item, list) and len(item) <= 256 and all(_scalar_ok(x) and x is not None for x in item)
+    )
+    if not ok:
+        problems.append((where, f"must be a finite number (|n| <= 2**63-1), bool, string (<= 1024 chars) "
+                                f"or list of them, got {shown(item)}"))
+        return False, None
+    return True, list(item) if isinstance(item, list) else item
+
+
+def _hyperparameters(raw: Mapping, stages: tuple[str, ...], shared_root: str,
                      problems: list) -> dict[str, dict[str, Any]]:
     value = raw.get("hyperparameters", {})
     if value is None:
@@ -209,9 +265,9 @@ def _hyperparameters(raw: Mapping, stages: tuple[str, ...], allowed: tuple[str, 
         return {}
     out: dict[str, dict[str, Any]] = {}
     for stage, params in value.items():
-        where = f"hyperparameters.{stage}"
-        if stage not in allowed and stage != RUN_SECTION:
-            problems.append((where, f"unknown stage {stage!r}; allowed: {', '.join(allowed)} "
+        where = f"hyperparameters.{_key(stage)}"
+        if stage not in SECTIONS:
+            problems.append((where, f"unknown stage {shown(stage, 40)}; allowed: {', '.join(STAGES)} "
                                     f"(or '{RUN_SECTION}' for run-wide keys)"))
             continue
         if stages and stage not in stages and stage != RUN_SECTION:
@@ -225,18 +281,18 @@ def _hyperparameters(raw: Mapping, stages: tuple[str, ...], allowed: tuple[str, 
         clean: dict[str, Any] = {}
         for key, item in params.items():
             if not isinstance(key, str) or not _HYPER_KEY_RE.fullmatch(key):
-                problems.append((f"{where}.{key}", "key must be lower_snake_case, optionally dotted (optim.lr)"))
+                problems.append((f"{where}.{_key(key)}", "key must be lower_snake_case, optionally dotted (optim.lr), <= 64 chars a part"))
                 continue
-            if stage == RUN_SECTION and key.split(".", 1)[0] in _RUN_SECTION_FORBIDDEN:
+            head = key.split(".", 1)[0]
+            if stage == RUN_SECTION and head in _SPEC_OWN_KEYS:
                 problems.append((f"{where}.{key}", "is set by the spec's own fields, not by hyperparameters"))
                 continue
-            ok = _scalar_ok(item) or (
-                isinstance(item, list) and len(item) <= 256 and all(_scalar_ok(x) and x is not None for x in item)
-            )
-            if not ok:
-                problems.append((f"{where}.{key}", f"must be a finite number, bool, string or list of them, got {item!r}"))
+            if stage == RUN_SECTION and head in STAGES:
+                problems.append((f"{where}.{key}", f"belongs in hyperparameters.{head}, the stage's own section"))
                 continue
-            clean[key] = list(item) if isinstance(item, list) else item
+            ok, clean_value = _hyper_value(f"{where}.{key}", item, shared_root, problems)
+            if ok:
+                clean[key] = clean_value
         out[stage] = clean
     return out
 
@@ -251,43 +307,47 @@ def parse_spec(raw: Any, *, source: str = "run spec", shared_root: str | None = 
         if key not in _TOP_LEVEL_FIELDS:
             hint = " (stages come from the allow-list; script paths are not accepted)" if key in (
                 "script", "script_path", "command", "entrypoint") else ""
-            problems.append((str(key), f"unknown field{hint}; allowed: {', '.join(_TOP_LEVEL_FIELDS)}"))
+            problems.append((_key(key), f"unknown field{hint}; allowed: {', '.join(_TOP_LEVEL_FIELDS)}"))
 
     run_id = raw.get("run_id")
     if not is_valid_run_id(run_id):
-        problems.append(("run_id", f"must be {RUN_ID_RULE}, got {_shown(run_id)}"))
+        problems.append(("run_id", f"must be {RUN_ID_RULE}, got {shown(run_id)}"))
         run_id = ""
 
     allowed = STAGES
     stages_raw = raw.get("stages")
     stages: tuple[str, ...] = ()
     if not isinstance(stages_raw, list) or not stages_raw:
-        problems.append(("stages", f"must be a non-empty list drawn from {list(allowed)}, got {stages_raw!r}"))
+        problems.append(("stages", f"must be a non-empty list drawn from {list(allowed)}, got {shown(stages_raw)}"))
     else:
         bad = [s for s in stages_raw if not isinstance(s, str) or s not in allowed]
         if bad:
-            problems.append(("stages", f"unknown stage(s) {bad!r}; allowed: {', '.join(allowed)} "
+            problems.append(("stages", f"unknown stage(s) {shown(bad)}; allowed: {', '.join(allowed)} "
                                        "(a run names stages, never a script path)"))
         elif len(set(stages_raw)) != len(stages_raw):
-            problems.append(("stages", f"lists a stage twice: {stages_raw!r}"))
+            problems.append(("stages", f"lists a stage twice: {shown(stages_raw)}"))
         elif list(stages_raw) != sorted(stages_raw, key=allowed.index):
-            problems.append(("stages", f"must follow pipeline order {' -> '.join(allowed)}, got {stages_raw!r}"))
+            problems.append(("stages", f"must follow pipeline order {' -> '.join(allowed)}, got {shown(stages_raw)}"))
         else:
             stages = tuple(stages_raw)
 
     data = _path_map(raw, "data", shared_root, problems)
     models = _path_map(raw, "models", shared_root, problems)
+    hyper = _hyperparameters(raw, stages, shared_root, problems)
     for name in models:
         if name not in MODEL_FIELDS:
             problems.append((f"models.{name}", f"unknown model slot; allowed: {', '.join(MODEL_FIELDS)}"))
-    hyper = _hyperparameters(raw, stages, allowed, problems)
+            continue
+        section, key = MODEL_FIELDS[name]
+        if key in hyper.get(section, {}):
+            problems.append((f"models.{name}", f"also set as hyperparameters.{section}.{key}; set it in one place"))
     nodes = _int_field(raw, "nodes", 1, 1, 64, problems)
     gpus = raw.get("gpus_per_node")
     if gpus is not None:
         gpus = _int_field(raw, "gpus_per_node", 1, 1, 16, problems)
     priority = raw.get("priority", "normal")
     if priority not in PRIORITIES:
-        problems.append(("priority", f"must be one of {', '.join(PRIORITIES)}, got {priority!r}"))
+        problems.append(("priority", f"must be one of {', '.join(PRIORITIES)}, got {shown(priority)}"))
         priority = "normal"
     max_attempts = _int_field(raw, "max_attempts", 3, 1, 100, problems)
     timeout = _int_field(raw, "timeout_seconds", 86400, 1, 7 * 86400, problems)
@@ -306,70 +366,109 @@ def parse_spec(raw: Any, *, source: str = "run spec", shared_root: str | None = 
     return spec
 
 
-def _run_keys(spec: RunSpec) -> set[str]:
-    """Dotted keys (and their parents) set through ``hyperparameters.run``."""
-    keys: set[str] = set()
-    for key in spec.hyperparameters.get(RUN_SECTION, {}):
-        parts = key.split(".")
-        keys.update(".".join(parts[: i + 1]) for i in range(len(parts)))
-    return keys
+def _spec_field(spec: RunSpec, key: str | None) -> str:
+    """The spec field that sets the run config's dotted ``key`` (a :class:`ConfigError`'s key)."""
+    if not key:
+        return "(training config)"
+    base = key.split("[", 1)[0]  # evaluate.recall_at[0] -> evaluate.recall_at
+    head = base.split(".", 1)[0]
+    for name, (section, field_name) in MODEL_FIELDS.items():
+        if base == f"{section}.{field_name}" and name in spec.models:
+            return f"models.{name}"
+    if head in STAGES:
+        return f"hyperparameters.{key}"
+    if head in _SPEC_OWN_KEYS:
+        return key
+    return f"hyperparameters.{RUN_SECTION}.{key}"
 
 
 def _training_config_problem(spec: RunSpec, shared_root: str) -> tuple[str, str] | None:
-    """Check the derived training config with the training package (if importable)."""
+    """Check the derived training config with the run config's own dataclasses."""
     try:
         load_run_config(spec.to_training_config(shared_root))
     except ConfigError as exc:
-        message = str(exc)
-        key = message.split("=", 1)[0].split(":", 1)[0]
-        head = key.split(".", 1)[0]
-        if head in spec.hyperparameters:
-            return f"hyperparameters.{key}", message
-        if key in _run_keys(spec):
-            return f"hyperparameters.{RUN_SECTION}.{key}", message
-        if head == "data":
-            return key, message
-        for name, (section, field_name) in MODEL_FIELDS.items():
-            if key == f"{section}.{field_name}" and name in spec.models:
-                return f"models.{name}", message
-        return key or "(training config)", message
+        return _spec_field(spec, exc.key), str(exc)
     return None
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing anchors and aliases (a 600-byte alias bomb would expand to
+    10^9 nodes once walked) and nesting deeper than :data:`MAX_SPEC_DEPTH`."""
+
+    _depth = 0
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            raise yaml.MarkedYAMLError(problem="anchors (&name) and aliases (*name) are not accepted in a run spec",
+                                       problem_mark=event.start_mark)
+        self._depth += 1
+        try:
+            if self._depth > MAX_SPEC_DEPTH:
+                raise yaml.MarkedYAMLError(problem=f"nested deeper than {MAX_SPEC_DEPTH} levels",
+                                           problem_mark=event.start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _bounded(text: str) -> str:
+    return text if len(text) <= _MAX_MESSAGE_CHARS else text[: _MAX_MESSAGE_CHARS - 3] + "..."
+
+
+def _depth(value: Any, limit: int = MAX_SPEC_DEPTH) -> int:
+    """Nesting depth of ``value``, counting no further than ``limit`` + 1."""
+    if limit < 0 or not isinstance(value, (dict, list)):
+        return 0
+    items = value.values() if isinstance(value, dict) else value
+    return 1 + max((_depth(v, limit - 1) for v in items), default=0)
 
 
 def parse_spec_text(text: str, *, source: str = "run spec", fmt: str | None = None,
                     shared_root: str | None = None) -> RunSpec:
     """Parse YAML or JSON text (``fmt`` = ``json``/``yaml``; guessed from the first character otherwise)."""
-    if len(text.encode()) > MAX_SPEC_BYTES:
-        raise SpecError([("(file)", f"{len(text.encode())} bytes; the limit is {MAX_SPEC_BYTES}")], source)
+    size = len(text.encode("utf-8", errors="replace"))
+    if size > MAX_SPEC_BYTES:
+        raise SpecError([("(file)", f"{size} bytes; the limit is {MAX_SPEC_BYTES}")], source)
     fmt = fmt or ("json" if text.lstrip().startswith("{") else "yaml")
     try:
         if fmt == "json":
             raw = json.loads(text)
+            if _depth(raw) > MAX_SPEC_DEPTH:
+                raise SpecError([("(syntax)", f"nested deeper than {MAX_SPEC_DEPTH} levels")], source)
         else:
-            import yaml
-
-            raw = yaml.safe_load(text)
+            raw = yaml.load(text, Loader=_SpecLoader)  # noqa: S506 (a SafeLoader subclass)
+    except SpecError:
+        raise
     except json.JSONDecodeError as exc:
         raise SpecError([("(syntax)", f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}")],
                         source) from None
-    except Exception as exc:  # yaml.YAMLError carries the line in its message
-        raise SpecError([("(syntax)", f"invalid YAML: {exc}")], source) from None
+    except RecursionError:
+        raise SpecError([("(syntax)", f"nested deeper than {MAX_SPEC_DEPTH} levels")], source) from None
+    except Exception as exc:  # yaml.YAMLError carries the line; ValueError: an int past the digit limit
+        raise SpecError([("(syntax)", _bounded(f"invalid {fmt.upper()}: {exc}"))], source) from None
     return parse_spec(raw, source=source, shared_root=shared_root)
+
+
+def read_spec_text(path: str | os.PathLike) -> str:
+    """The text of a spec file, read no further than :data:`MAX_SPEC_BYTES` + 1 bytes (so
+    ``/dev/zero`` or a FIFO cannot exhaust memory), as strict UTF-8."""
+    source = str(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_SPEC_BYTES + 1)
+    except OSError as exc:
+        raise SpecError([("(file)", f"cannot read: {exc.strerror}")], source) from None
+    if len(data) > MAX_SPEC_BYTES:
+        raise SpecError([("(file)", f"more than {MAX_SPEC_BYTES} bytes; the limit is {MAX_SPEC_BYTES}")], source)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError([("(file)", f"not UTF-8 text (byte {exc.start}: {exc.reason})")], source) from None
 
 
 def load_spec(path: str | os.PathLike, *, shared_root: str | None = None) -> RunSpec:
     """Read and validate a ``.yaml``/``.yml``/``.json`` run spec file."""
-    path = Path(path)
-    source = str(path)
-    try:
-        size = path.stat().st_size
-    except OSError as exc:
-        raise SpecError([("(file)", f"cannot read: {exc.strerror}")], source) from None
-    if size > MAX_SPEC_BYTES:
-        raise SpecError([("(file)", f"{size} bytes; the limit is {MAX_SPEC_BYTES}")], source)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError([("(file)", f"cannot read as UTF-8 text: {exc}")], source) from None
-    fmt = "json" if path.suffix.lower() == ".json" else "yaml"
-    return parse_spec_text(text, source=source, fmt=fmt, shared_root=shared_root)
+    text = read_spec_text(path)
+    fmt = "json" if Path(path).suffix.lower() == ".json" else "yaml"
+    return parse_spec_text(text, source=str(path), fmt=fmt, shared_root=shared_root)

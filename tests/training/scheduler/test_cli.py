@@ -127,3 +127,156 @@ def test_register_adds_handlers_that_return_ints():
     runs_cli.register(parser.add_subparsers(dest="command"))
     for argv in (["submit", "f"], ["status"], ["list"], ["cancel", "r"], ["retry", "r"], ["worker"]):
         assert callable(parser.parse_args(argv).handler)
+
+
+# -- Redis trouble: every Redis-side failure is exit 4, one line, endpoint named, no password -------
+
+@pytest.fixture
+def fast_redis_settings(monkeypatch):
+    """The CLI's settings with short timeouts and one retry, so failure tests stay quick."""
+    import dataclasses
+
+    from training.scheduler import redis_conn
+
+    real = redis_conn.settings_from_env
+
+    def settings_from_env(env=None):
+        return dataclasses.replace(real(env), socket_timeout_s=0.5, retries=1, retry_base_s=0.05, retry_cap_s=0.1)
+
+    monkeypatch.setattr(redis_conn, "settings_from_env", settings_from_env)
+
+
+def _cli_at(url: str, monkeypatch, tmp_path, namespace: str, **env):
+    monkeypatch.setenv("REDIS_URL", url)
+    monkeypatch.setenv("RAGPOOL_QUEUE_NAMESPACE", namespace)
+    monkeypatch.setenv("RAGPOOL_SHARED_ROOT", str(tmp_path / "shared"))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    parser = argparse.ArgumentParser(prog="ragpool")
+    runs_cli.register(parser.add_subparsers(dest="command", required=True))
+
+    def run(*argv: str):
+        args = parser.parse_args(list(argv))
+        return args.handler(args)
+
+    return run
+
+
+def _assert_unavailable(err: str, endpoint: str, *secrets: str) -> None:
+    assert err.count("\n") == 1 and err.endswith("\n"), f"one line expected:\n{err}"
+    assert endpoint in err and "Traceback" not in err, err
+    for secret in secrets:
+        assert secret not in err, err
+
+
+def test_read_only_replica_is_exit_4(own_redis, fast_redis_settings, monkeypatch, tmp_path, namespace, capsys):
+    primary = own_redis()
+    replica = own_redis(replica_of=primary.port)
+    cli = _cli_at(replica.url, monkeypatch, tmp_path, namespace)
+    spec = write(tmp_path, "run.yaml", GOOD)
+    assert cli("submit", spec) == 4
+    err = capsys.readouterr().err
+    _assert_unavailable(err, replica.url)
+    assert primary.client().keys(f"{namespace}:*") == []
+    # A run that exists (replicated from the primary): cancelling it is a write the replica refuses.
+    import time
+
+    from training.scheduler.run_queue import TaskQueue
+
+    TaskQueue(primary.client(), namespace=namespace).submit(make_spec("cli-run"))
+    deadline = time.monotonic() + 10
+    while not replica.client().exists(f"{namespace}:task:cli-run") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert cli("cancel", "cli-run") == 4
+    _assert_unavailable(capsys.readouterr().err, replica.url)
+    assert TaskQueue(primary.client(), namespace=namespace).get("cli-run").state == "queued"
+
+
+def test_replica_without_its_primary_is_exit_4(own_redis, fast_redis_settings, monkeypatch, tmp_path, namespace,
+                                               capsys):
+    from training.demo.redis_server import free_port
+
+    stale = own_redis(replica_of=free_port())  # its primary never answers
+    stale.client().config_set("replica-serve-stale-data", "no")  # now MASTERDOWN to data commands
+    cli = _cli_at(stale.url, monkeypatch, tmp_path, namespace)
+    for argv in (("status",), ("list",), ("status", "x"), ("submit", write(tmp_path, "run.yaml", GOOD))):
+        assert cli(*argv) == 4, argv
+        _assert_unavailable(capsys.readouterr().err, stale.url)
+
+
+def test_loading_server_is_exit_4(fast_redis_settings, monkeypatch, tmp_path, namespace, capsys):
+    """A server replaying its AOF answers every command with ``-LOADING``; this stub does only that
+    (a real one loads too fast to catch reliably)."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    stop = threading.Event()
+
+    def serve() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(2)
+                try:
+                    while conn.recv(65536):
+                        conn.sendall(b"-LOADING Redis is loading the dataset in memory\r\n")
+                except OSError:
+                    pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        url = f"redis://127.0.0.1:{port}/0"
+        cli = _cli_at(url, monkeypatch, tmp_path, namespace)
+        assert cli("status") == 4
+        _assert_unavailable(capsys.readouterr().err, url)
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        listener.close()
+
+
+def test_timeout_is_exit_4(own_redis, fast_redis_settings, monkeypatch, tmp_path, namespace, capsys):
+    server = own_redis()
+    cli = _cli_at(server.url, monkeypatch, tmp_path, namespace)
+    server.client().execute_command("CLIENT", "PAUSE", 3000, "ALL")
+    assert cli("retry", "x") == 4
+    err = capsys.readouterr().err
+    _assert_unavailable(err, server.url)
+    assert "Timeout" in err
+
+
+def test_wrong_password_is_exit_4_and_never_shows_a_password(own_redis, fast_redis_settings, monkeypatch, tmp_path,
+                                                             namespace, capsys):
+    server = own_redis(password="right-secret-pw")
+    cli = _cli_at(server.url, monkeypatch, tmp_path, namespace, REDIS_PASSWORD="wrong-secret-pw")
+    assert cli("status") == 4
+    _assert_unavailable(capsys.readouterr().err, server.url, "right-secret-pw", "wrong-secret-pw")
+
+
+def test_server_killed_mid_command_is_exit_4_in_a_real_process(own_redis, tmp_path, namespace):
+    """``ragpool status`` as its own process: Redis is paused (the command waits for a reply),
+    then SIGKILLed: the dropped connection, and the refused reconnects after it, are exit 4."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.support.redis_fixtures import subprocess_env
+
+    server = own_redis(password="pw-never-shown")
+    server.client().execute_command("CLIENT", "PAUSE", 20000, "ALL")
+    env = subprocess_env(REDIS_URL=server.url, REDIS_PASSWORD="pw-never-shown", RAGPOOL_QUEUE_NAMESPACE=namespace)
+    proc = subprocess.Popen([sys.executable, "-m", "training.scheduler.cli", "status"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(2.0)  # the CLI has connected and sent its first command, which is paused
+    assert proc.poll() is None, proc.communicate()
+    server.kill()
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 4, err
+    _assert_unavailable(err, server.url, "pw-never-shown")

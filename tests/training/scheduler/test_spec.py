@@ -163,3 +163,117 @@ def test_local_demo_spec_is_valid_and_matches_the_demo_config(tmp_path):
     direct = load_run_config(demo_config(tmp_path, "demo"))
     assert via_queue == direct, "the queued demo must train exactly what python -m training.demo trains"
     assert spec.gpus_per_node == 2
+
+
+# -- hostile input (issue 13): paths through hyper-parameters, identifiers, YAML, bytes --------
+
+@pytest.mark.parametrize("key", ["retriever.model", "generator.model", "generator.tokenizer"])
+@pytest.mark.parametrize("value, fragment", [
+    ("/etc", "outside the shared root"),
+    ("/mnt/sharedx/m", "outside the shared root"),
+    ("../../root/.ssh", "'..'"),
+    ("models/../../x", "'..'"),
+    ("models/a\nb", "control characters"),
+    (7, "non-empty path"),
+])
+def test_model_paths_set_through_hyperparameters_are_confined(key, value, fragment):
+    section, name = key.split(".")
+    with pytest.raises(SpecError) as info:
+        parse_spec(_with(stages=["retriever", "generator"], hyperparameters={section: {name: value}}),
+                   shared_root=ROOT)
+    problems = dict(info.value.problems)
+    assert fragment in problems[f"hyperparameters.{key}"], problems
+
+
+def test_model_paths_through_hyperparameters_are_stored_relative_and_read_under_the_root():
+    spec = parse_spec(_with(stages=["retriever", "generator"], models={},
+                            hyperparameters={"retriever": {"model": "/mnt/shared/models/enc"},
+                                             "generator": {"model": "", "tokenizer": "models/./tok"}}),
+                      shared_root=ROOT)
+    assert spec.hyperparameters["retriever"]["model"] == "models/enc"
+    assert spec.hyperparameters["generator"] == {"model": "", "tokenizer": "models/tok"}
+    cfg = load_run_config(spec.to_training_config("/data/shared"))
+    assert cfg.retriever.model == "/data/shared/models/enc" and cfg.generator.tokenizer == "/data/shared/models/tok"
+    assert cfg.generator.model == "", "empty = the packaged default model, not a path"
+    assert RunSpec.from_json(spec.to_json()) == spec
+
+
+def test_a_stage_key_cannot_hide_in_the_run_section_or_be_set_twice():
+    with pytest.raises(SpecError) as info:
+        parse_spec(_with(hyperparameters={"run": {"generator.model": "/etc", "retriever.max_steps": 1}}),
+                   shared_root=ROOT)
+    problems = dict(info.value.problems)
+    assert "hyperparameters.generator" in problems["hyperparameters.run.generator.model"]
+    assert "hyperparameters.run.retriever.max_steps" in problems
+    with pytest.raises(SpecError) as info:
+        parse_spec(_with(hyperparameters={"generator": {"model": "models/other"}}), shared_root=ROOT)
+    assert "set it in one place" in dict(info.value.problems)["models.generator"]
+
+
+def test_run_config_errors_map_to_the_spec_field_from_the_structured_key():
+    cases = {
+        "hyperparameters.retriever.optim.lr": _with(hyperparameters={"retriever": {"optim.lr": -1.0}}),
+        "hyperparameters.evaluate.recall_at": _with(hyperparameters={"evaluate": {"recall_at": [0]}}),
+        "hyperparameters.evaluate.recall_at[1]": _with(hyperparameters={"evaluate": {"recall_at": [1, "x"]}}),
+        "hyperparameters.run.checkpoint.keep_latest_k": _with(hyperparameters={"run": {"checkpoint.keep_latest_k": 0}}),
+        "hyperparameters.run.ray.retriever.pool": _with(hyperparameters={"run": {"ray.retriever.pool": "Bad_Pool"}}),
+    }
+    for field, raw in cases.items():
+        with pytest.raises(SpecError) as info:
+            parse_spec(raw, shared_root=ROOT)
+        assert [f for f, _ in info.value.problems] == [field]
+
+
+def test_identifiers_with_a_trailing_newline_are_refused():
+    for text in ("run_id: |\n  exp1\nstages: [retriever]\n", '{"run_id": "exp1\\n", "stages": ["retriever"]}'):
+        with pytest.raises(SpecError) as info:
+            parse_spec_text(text, shared_root=ROOT)
+        assert "'exp1\\n'" in dict(info.value.problems)["run_id"]
+    with pytest.raises(SpecError) as info:
+        parse_spec(_with(hyperparameters={"run": {"ray.retriever.pool": "gpu\n"}}), shared_root=ROOT)
+    assert "hyperparameters.run.ray.retriever.pool" in dict(info.value.problems)
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once():
+    import time
+
+    lines = ["run_id: bomb", "stages: [retriever]", 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for prev, name in zip("abcdefgh", "bcdefghi"):
+        lines.append(f"{name}: &{name} [" + ",".join([f"*{prev}"] * 9) + "]")
+    text = "\n".join(lines) + "\n"
+    assert len(text) < 700  # 9^9 ~ 4e8 strings once expanded
+    started = time.monotonic()
+    with pytest.raises(SpecError, match="aliases"):
+        parse_spec_text(text, shared_root=ROOT)
+    assert time.monotonic() - started < 1.0
+    with pytest.raises(SpecError, match="anchors"):
+        parse_spec_text("run_id: &x ok\nstages: [retriever]\n", shared_root=ROOT)
+
+
+def test_nesting_and_bytes_read_are_bounded(tmp_path):
+    for text in ("[" * 5000, '{"a":' * 5000, "x: " + "[" * 40 + "]" * 40 + "\n",
+                 json.dumps({"run_id": "a", "stages": ["retriever"], "data": {"corpus": [[[[[[[[[[[[[[[[[[[[[[[[[[
+                     [[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}})):
+        with pytest.raises(SpecError, match="nested deeper|syntax"):
+            parse_spec_text(text, shared_root=ROOT)
+    with pytest.raises(SpecError, match="limit is"):
+        load_spec("/dev/zero", shared_root=ROOT)
+    junk = tmp_path / "junk.yaml"
+    junk.write_bytes(b"run_id: \xff\xfe\x00ok\n")
+    with pytest.raises(SpecError, match="not UTF-8"):
+        load_spec(junk, shared_root=ROOT)
+
+
+def test_messages_show_bounded_values():
+    huge = "x" * 100_000
+    raw = _with(run_id=huge, stages=[huge], priority=huge, nodes=[huge], data={"corpus": huge},
+                hyperparameters={"retriever": {"max_steps": [huge[:1000]] * 200, huge: 1}})
+    raw[huge] = 1
+    with pytest.raises(SpecError) as info:
+        parse_spec(raw, shared_root=ROOT)
+    assert len(info.value.problems) >= 7
+    assert all(len(field) <= 120 and len(message) <= 400 for field, message in info.value.problems), info.value
+    with pytest.raises(SpecError) as info:
+        parse_spec(_with(hyperparameters={"retriever": {"max_steps": 10**40, "temperature": 10**300}}),
+                   shared_root=ROOT)
+    assert "hyperparameters.retriever.max_steps" in dict(info.value.problems)
