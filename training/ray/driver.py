@@ -1,0 +1,395 @@
+"""Run a run's stages on Ray, with the same outputs under the shared root as the torchrun path.
+
+    python -m training.ray.driver --config RUN.yaml [--key=value ...]
+
+(as a Ray job: ``ray job submit --address http://HEAD:8265 -- python -m training.ray.driver --config
+RUN.yaml``; that is what a queue worker does for an ``executor: ray`` run). The Ray cluster is
+``ray.address``, else ``RAY_ADDRESS``, else a local Ray started here.
+
+The run becomes one chain of Ray tasks, each stage's task taking the previous stage's result
+(an object ref: small summaries and paths; bulk data stays on shared storage), so the whole
+chain is submitted at once and each stage starts the moment its input is ready:
+
+- ``prepare``: the data files validated in parallel CPU tasks (SPREAD over the pool);
+- ``retriever`` / ``generator``: Ray Train ``TorchTrainer`` worker groups running the stage's own
+  ``run()`` (the shared training loop, models, checkpoints and metrics) in the process group Ray
+  Train set up; checkpoints land in ``runs/<run_id>/<stage>/checkpoints`` as under torchrun, and
+  ``FailureConfig(max_failures=ray.max_failures)`` restarts a failed worker group, which resumes
+  from the newest verified checkpoint;
+- ``index``: the corpus encoded as ``ray.index.workers`` parallel tasks, the shards merged by a
+  task into the same ``index.faiss`` / ``ids.json`` / ``_COMPLETE`` as :mod:`training.index`;
+- ``evaluate``: the evaluation stage as a Ray task, writing the same ``report.json``.
+
+Every stage reserves its own placement group on its pool (:mod:`training.ray.placement`) and
+releases it when it ends. Completed stages are skipped by the same rule as under torchrun
+(:func:`training.components.stage.completed`: ``_COMPLETE`` markers and config fingerprints), so a
+run can be started by one
+executor and resumed or evaluated by the other. Ray Train's own run state goes to
+``runs/<run_id>/ray/``.
+
+Exit codes (:mod:`training.exit_codes`): 0 done, 2 bad config or data, 4 a stage's pool had no
+room within ``ray.placement_timeout_s`` or cannot hold it, 1 anything else.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+from training.config import ConfigError, RunConfig, load_run_config, split_cli
+from training.exit_codes import BAD_INPUT, FAILED, OK, UNAVAILABLE
+from training.ray.placement import TRAINING_STAGES, PlacementError, StagePlacement, plan, reserved, strategy_for
+
+PREPARE = "prepare"
+RAY_STORAGE_DIR = "ray"
+"""Ray Train's run state (not the stages' outputs) under ``runs/<run_id>/``."""
+SHARDS_DIR = "_shards"
+"""Index stage: per-task embedding shards before the merge (removed after it)."""
+# Passed to the Ray Train workers when set here: the Hugging Face offline switch, the import path,
+# and the training loop's step-hook modules (tests inject faults through them) with their variables.
+_WORKER_ENV = ("HF_HUB_OFFLINE", "PYTHONPATH", "RAGPOOL_SHARED_ROOT")
+_WORKER_ENV_PREFIXES = ("RAGPOOL_FAULT_", "RAGPOOL_TEST_")
+
+
+class StageFailed(RuntimeError):
+    """A stage's own ``run()`` returned a non-zero exit code."""
+
+    def __init__(self, stage: str, code: int) -> None:
+        self.stage = stage
+        self.code = code
+        super().__init__(f"stage {stage} exited with code {code}")
+
+
+# --------------------------------------------------------------------------- connection
+
+
+def connect(cfg: RunConfig, **local: Any) -> None:
+    """Join the configured Ray cluster (no-op when already connected); ``local`` goes to a local start."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = cfg.ray.address or os.environ.get("RAY_ADDRESS", "")
+    if address:
+        ray.init(address=address, log_to_driver=True)
+    else:
+        ray.init(include_dashboard=False, log_to_driver=True, **local)
+
+
+def _nodes() -> list[dict[str, Any]]:
+    import ray
+
+    return ray.nodes()
+
+
+def _worker_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k in _WORKER_ENV or k.startswith(_WORKER_ENV_PREFIXES)}
+
+
+# --------------------------------------------------------------------------- task bodies (run on Ray workers)
+
+
+def _task_env(device_cfg: str, gpus: float, cpus: float) -> Any:
+    """A single-process DistEnv for a Ray task (torch threads bounded by the task's CPUs)."""
+    import torch
+
+    from training.components.distributed import DistEnv
+
+    torch.set_num_threads(max(1, int(cpus or 1)))
+    use_cuda = gpus > 0 and device_cfg != "cpu" and torch.cuda.is_available()
+    return DistEnv(0, 1, 0, 1, torch.device("cuda", 0) if use_cuda else torch.device("cpu"))
+
+
+def validate_file(shared_root: str, rel: str, kind: str) -> dict[str, Any]:
+    """Prepare task: read and validate one data file; returns its record count."""
+    from training.components.data import load_corpus, load_qa, resolve_confined
+
+    path = resolve_confined(shared_root, rel, f"data.{kind}")
+    records = load_corpus(path) if kind == "corpus" else load_qa(path)
+    return {"file": rel, "records": len(records)}
+
+
+def encode_shard(tree: dict[str, Any], encoder_path: str, start: int, end: int, out_file: str,
+                 gpus: float, cpus: float) -> str:
+    """Index task: embed passages ``[start, end)`` of the corpus with ``encoder_path``; saves a .npy shard."""
+    import numpy as np
+
+    from training.components.data import load_corpus, resolve_confined
+    from training.components.models import encode_texts, load_encoder
+
+    cfg = load_run_config(tree)
+    env = _task_env(cfg.device, gpus, cpus)
+    corpus = load_corpus(resolve_confined(cfg.shared_root, cfg.data.corpus, "data.corpus"))
+    model, tok = load_encoder(encoder_path)
+    model.to(env.device)
+    emb = encode_texts(model, tok, [p.text for p in corpus[start:end]], cfg.retriever.max_length,
+                       cfg.index.batch_size, env.device)
+    if emb.numel() == 0:
+        emb = emb.reshape(0, model.encoder.config.hidden_size)
+    tmp = f"{out_file}.tmp-{os.getpid()}.npy"
+    np.save(tmp, emb.cpu().numpy().astype(np.float32))
+    os.replace(tmp, out_file)
+    return out_file
+
+
+def merge_index(tree: dict[str, Any], encoder_path: str, encode_s: float, *shards: str) -> dict[str, Any]:
+    """Index task: concatenate the shards in corpus order and write the index stage's outputs."""
+    import shutil
+    from pathlib import Path
+
+    import numpy as np
+
+    from training.components.data import load_corpus, resolve_confined
+    from training.index import write_index
+
+    cfg = load_run_config(tree)
+    corpus = load_corpus(resolve_confined(cfg.shared_root, cfg.data.corpus, "data.corpus"))
+    emb = np.concatenate([np.load(s) for s in shards], axis=0)
+    if emb.shape[0] != len(corpus):
+        raise RuntimeError(f"index: {emb.shape[0]} embeddings for {len(corpus)} passages")
+    write_index(cfg, [p.id for p in corpus], emb, encoder_path, encode_s)
+    shutil.rmtree(Path(shards[0]).parent, ignore_errors=True)
+    return {"passages": len(corpus), "dim": int(emb.shape[1]), "shards": len(shards), "encode_seconds": encode_s}
+
+
+def evaluate_task(tree: dict[str, Any], gpus: float, cpus: float) -> dict[str, Any]:
+    """Evaluate task: the evaluation stage's ``run()`` in one process."""
+    from training import evaluate
+
+    cfg = load_run_config(tree)
+    code = evaluate.run(cfg, _task_env(cfg.device, gpus, cpus))
+    if code != OK:
+        raise StageFailed("evaluate", code)
+    return {"report": str(cfg.stage_dir("evaluate") / evaluate.REPORT)}
+
+
+def train_worker(config: dict[str, Any]) -> None:
+    """Ray Train worker: the stage's own ``run()`` in the process group Ray Train initialised.
+
+    Ray Train sets RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE and the torch process group
+    (gloo on CPU, NCCL on GPU) before this runs; :func:`init_distributed` reads them and finds the
+    group already initialised. The stage resumes from its own newest verified checkpoint.
+    """
+    import ray.train
+
+    from training.components import distributed as D
+
+    cfg = load_run_config(config["cfg"])
+    stage = config["stage"]
+    env = D.init_distributed(cfg.device)
+    t0 = time.monotonic()
+    code = importlib.import_module(f"training.{stage}").run(cfg, env)
+    ray.train.report({"stage": stage, "exit_code": code, "seconds": time.monotonic() - t0,
+                      "world_size": env.world_size})
+    if code != OK:
+        raise StageFailed(stage, code)
+
+
+# --------------------------------------------------------------------------- stages (run in coordinator tasks)
+
+
+def run_prepare(cfg: RunConfig, placement: StagePlacement) -> dict[str, Any]:
+    import ray
+
+    files = [("corpus", cfg.data.corpus), ("qa_train", cfg.data.qa_train), ("qa_eval", cfg.data.qa_eval)]
+    task = ray.remote(validate_file)
+    with reserved(placement, cfg.ray.placement_timeout_s, f"{cfg.run_id}-{PREPARE}") as pg:
+        refs = {kind: task.options(num_cpus=placement.bundle.get("CPU", 0), num_gpus=0, max_retries=0,
+                                   scheduling_strategy=strategy_for(pg, i % placement.workers))
+                .remote(cfg.shared_root, rel, kind)
+                for i, (kind, rel) in enumerate(files)}
+        return {kind: ray.get(ref) for kind, ref in refs.items()}
+
+
+def run_training(cfg: RunConfig, stage: str, placement: StagePlacement) -> dict[str, Any]:
+    from ray.train import FailureConfig
+    from ray.train import RunConfig as TrainRunConfig
+    from ray.train import ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    # Admission: wait (bounded) until the pool has room for the whole worker group, then hand
+    # the reservation to Ray Train, which reserves the same bundles on the same pool.
+    with reserved(placement, cfg.ray.placement_timeout_s, f"{cfg.run_id}-{stage}-admission"):
+        pass
+    trainer = TorchTrainer(
+        train_worker,
+        train_loop_config={"cfg": cfg.to_dict(), "stage": stage},
+        scaling_config=ScalingConfig(**placement.scaling_kwargs()),
+        run_config=TrainRunConfig(
+            name=f"{cfg.run_id}-{stage}", storage_path=str(cfg.run_dir() / RAY_STORAGE_DIR),
+            failure_config=FailureConfig(max_failures=cfg.ray.max_failures),
+            worker_runtime_env={"env_vars": _worker_env()}),
+    )
+    result = trainer.fit()
+    metrics = dict(result.metrics or {})
+    if result.error is not None:
+        raise result.error
+    if metrics.get("exit_code", OK) != OK:
+        raise StageFailed(stage, int(metrics["exit_code"]))
+    return metrics
+
+
+def run_index(cfg: RunConfig, placement: StagePlacement) -> dict[str, Any]:
+    import ray
+
+    from training.components.data import load_corpus, resolve_confined
+    from training.components.search import retriever_model_path
+
+    n = len(load_corpus(resolve_confined(cfg.shared_root, cfg.data.corpus, "data.corpus")))
+    encoder_path = retriever_model_path(cfg, cfg.index.use_finetuned)
+    shard_dir = cfg.stage_dir("index") / SHARDS_DIR
+    shard_dir.mkdir(parents=True, exist_ok=True)
+    tasks = max(1, min(placement.workers, n))
+    per = -(-n // tasks)
+    cpus, gpus = placement.bundle.get("CPU", 0), placement.bundle.get("GPU", 0)
+    encode = ray.remote(encode_shard)
+    merge = ray.remote(merge_index)
+    with reserved(placement, cfg.ray.placement_timeout_s, f"{cfg.run_id}-index") as pg:
+        t0 = time.monotonic()
+        tree = cfg.to_dict()
+        shards = [encode.options(num_cpus=cpus, num_gpus=gpus, max_retries=1,
+                                 scheduling_strategy=strategy_for(pg, i))
+                  .remote(tree, encoder_path, i * per, min(n, (i + 1) * per), str(shard_dir / f"{i:05d}.npy"),
+                          gpus, cpus)
+                  for i in range(tasks)]
+        ray.wait(shards, num_returns=len(shards))
+        encode_s = time.monotonic() - t0
+        # The refs themselves are the merge's arguments: Ray hands it the shard paths.
+        return ray.get(merge.options(num_cpus=cpus, num_gpus=0, max_retries=0,
+                                     scheduling_strategy=strategy_for(pg, 0))
+                       .remote(tree, encoder_path, encode_s, *shards))
+
+
+def run_evaluate(cfg: RunConfig, placement: StagePlacement) -> dict[str, Any]:
+    import ray
+
+    cpus, gpus = placement.bundle.get("CPU", 0), placement.bundle.get("GPU", 0)
+    with reserved(placement, cfg.ray.placement_timeout_s, f"{cfg.run_id}-evaluate") as pg:
+        return ray.get(ray.remote(evaluate_task).options(num_cpus=cpus, num_gpus=gpus, max_retries=0,
+                                                         scheduling_strategy=strategy_for(pg, 0))
+                       .remote(cfg.to_dict(), gpus, cpus))
+
+
+def run_stage(tree: dict[str, Any], stage: str, upstream: dict[str, Any] | None) -> dict[str, Any]:
+    """Coordinator task of one stage: skip it when complete with these settings, else place it and run it
+    (the stage's own code writes its outputs and its ``_COMPLETE`` marker).
+
+    ``upstream`` is the previous stage's result (Ray resolves the ref before this runs); the
+    return value adds this stage's summary to it.
+    """
+    from training.components.stage import completed
+
+    cfg = load_run_config(tree)
+    summaries = dict(upstream or {})
+    t0 = time.monotonic()
+    if stage != PREPARE and completed(cfg, stage):  # the pipeline's rule: marker + fingerprint
+        summaries[stage] = {"skipped": "complete"}
+        return summaries
+    placement = plan(stage, cfg.ray.stage(stage), _nodes())
+    if stage == PREPARE:
+        out = run_prepare(cfg, placement)
+    elif stage in TRAINING_STAGES:
+        out = run_training(cfg, stage, placement)
+    elif stage == "index":
+        out = run_index(cfg, placement)
+    else:
+        out = run_evaluate(cfg, placement)
+    summaries[stage] = {**out, "placement": placement.describe(), "wall_seconds": round(time.monotonic() - t0, 2)}
+    return summaries
+
+
+def submit(cfg: RunConfig) -> Any:
+    """Submit the whole stage chain; returns the last stage's object ref (all summaries)."""
+    import ray
+
+    coordinator = ray.remote(run_stage)
+    tree = cfg.to_dict()
+    # The stage tasks (and the tasks and Ray Train workers they start) see this driver's variables
+    # of _WORKER_ENV, whatever environment the cluster's processes were started with.
+    runtime_env = {"env_vars": _worker_env()}
+    ref = None
+    for stage in (PREPARE, *cfg.stages):
+        ref = coordinator.options(num_cpus=0, max_retries=0, name=f"{cfg.run_id}-{stage}",
+                                  runtime_env=runtime_env).remote(tree, stage, ref)
+    return ref
+
+
+def run(cfg: RunConfig) -> dict[str, Any]:
+    """Run every stage of ``cfg`` on the connected Ray cluster; returns per-stage summaries.
+
+    Raises the failing stage's error (``ConfigError``/``DataError`` for bad input,
+    :class:`PlacementError` when a pool had no room, anything else for a failure).
+    """
+    import ray
+
+    return ray.get(submit(cfg))
+
+
+def _cause(err: BaseException) -> BaseException:
+    """The user-level error inside Ray's wrappers (RayTaskError, TrainingFailedError)."""
+    seen = set()
+    while id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, (ConfigError, PlacementError, StageFailed)):
+            return err
+        from training.components.data import DataError
+
+        if isinstance(err, DataError):
+            return err
+        inner = getattr(err, "cause", None) or err.__cause__
+        if inner is None:
+            # Ray Train V2's WorkerGroupError keeps per-worker errors.
+            errors = getattr(err, "worker_failures", None) or {}
+            inner = next(iter(errors.values()), None) if isinstance(errors, dict) else None
+        if inner is None:
+            return err
+        err = inner
+    return err
+
+
+def exit_code_for(err: BaseException) -> int:
+    from training.components.data import DataError
+
+    cause = _cause(err)
+    if isinstance(cause, (ConfigError, DataError)):
+        return BAD_INPUT
+    if isinstance(cause, PlacementError):
+        return UNAVAILABLE
+    if isinstance(cause, StageFailed):
+        return cause.code if cause.code in (BAD_INPUT,) else FAILED
+    return FAILED
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        path, overrides = split_cli(argv)
+        cfg = load_run_config(path, overrides)
+    except ConfigError as err:
+        print(f"ragpool ray driver: config error: {err}", file=sys.stderr)
+        return BAD_INPUT
+    connect(cfg)
+    try:
+        summaries = run(cfg)
+    except Exception as err:  # every failure ends as one line naming its cause, and an exit code
+        code = exit_code_for(err)
+        cause = _cause(err)
+        if code == FAILED and not isinstance(cause, StageFailed):
+            traceback.print_exception(err, file=sys.stderr)
+        print(f"ragpool ray driver: run {cfg.run_id} failed: {type(cause).__name__}: {cause}", file=sys.stderr)
+        return code
+    print(json.dumps({"stages": summaries}, indent=2, default=str))
+    report = cfg.stage_dir("evaluate") / "report.json"
+    if "evaluate" in cfg.stages and report.is_file():
+        print(json.dumps(json.loads(report.read_text()), indent=2))
+    print(f"artifacts: {cfg.run_dir()}")
+    return OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
