@@ -20,10 +20,11 @@ from infra.gpu_plugins import GpuPlugins, GpuPluginsArgs  # noqa: E402
 from infra.gpu_pools import GpuPools, GpuPoolsArgs  # noqa: E402
 from infra.monitoring import Monitoring, MonitoringArgs  # noqa: E402
 from infra.network import Network, NetworkArgs  # noqa: E402
+from infra.ray_cluster import Ray, RayArgs, RayNamespace, ray_address  # noqa: E402
 from infra.registry import Registry, RegistryArgs  # noqa: E402
 from infra.storage import SharedStorage, StorageArgs  # noqa: E402
 from infra.redis import Redis, RedisArgs  # noqa: E402
-from infra.training_namespace import TrainingNamespace, TrainingNamespaceArgs  # noqa: E402
+from infra.training_namespace import TRAINING_NAMESPACE, TrainingNamespace, TrainingNamespaceArgs  # noqa: E402
 from infra.worker_jobs import WorkerJobs, WorkerJobsArgs  # noqa: E402
 
 cluster_name = cfg.name_prefix
@@ -50,18 +51,24 @@ redis = Redis("redis", RedisArgs(
     kms_key_arn=storage.key.arn, depends_on=[training, *teams], client_namespaces=tuple(t.name for t in teams)))
 workers = WorkerJobs("workers", WorkerJobsArgs(
     config=cfg, k8s_provider=cluster.provider, namespace=training.name, image=registry.image_ref,
-    redis_secret=redis.secret_name, shared_claim=storage.claim_name, depends_on=[redis, storage]))
+    redis_secret=redis.secret_name, shared_claim=storage.claim_name, depends_on=[redis, storage],
+    ray_address=ray_address(TRAINING_NAMESPACE) if cfg.ray.enabled else None))
 for team, team_ns in zip(cfg.teams, teams):
     WorkerJobs(f"workers-{team.name}", WorkerJobsArgs(
         config=cfg, k8s_provider=cluster.provider, namespace=team_ns.name, image=registry.image_ref,
         redis_secret=redis.secret_name, shared_claim=storage.claim_name, depends_on=[redis, team_ns],
-        queue_namespace=team.name))
+        queue_namespace=team.name, ray_address=ray_address(team.namespace) if cfg.ray.enabled else None))
 monitoring = Monitoring("monitoring", MonitoringArgs(
     config=cfg, cluster_name=cluster.name, k8s_provider=cluster.provider, training_namespaces=[training.name, *(t.name for t in teams)],
     depends_on=[cluster.system_nodes, storage]))
 gpu_plugins = GpuPlugins("gpu-plugins", GpuPluginsArgs(
     k8s_provider=cluster.provider, gpu_pool_names=[p.name for p in cfg.gpu_pools],
     monitoring_namespace=monitoring.namespace_name, depends_on=[monitoring.release]))
+if cfg.ray.enabled:
+    Ray("ray", RayArgs(
+        config=cfg, k8s_provider=cluster.provider, image=registry.image_ref, shared_claim=storage.claim_name,
+        namespaces=[RayNamespace(TRAINING_NAMESPACE), *(RayNamespace(t.namespace, t.gpu_quota) for t in cfg.teams)],
+        monitoring_namespace=monitoring.namespace_name, depends_on=[monitoring.release, storage, training, *teams]))
 
 pulumi.export("clusterName", cluster.name)
 pulumi.export("clusterEndpoint", cluster.endpoint)

@@ -31,6 +31,25 @@ KARPENTER = Chart("oci://public.ecr.aws/karpenter/karpenter", "1.14.1", None)
 NVIDIA_DEVICE_PLUGIN = Chart("nvidia-device-plugin", "0.20.0", "https://nvidia.github.io/k8s-device-plugin")
 DCGM_EXPORTER = Chart("dcgm-exporter", "4.8.2", "https://nvidia.github.io/dcgm-exporter/helm-charts")
 KUBE_PROMETHEUS_STACK = Chart("kube-prometheus-stack", "88.5.3", "https://prometheus-community.github.io/helm-charts")
+KUBERAY_OPERATOR = Chart("kuberay-operator", "1.7.0", "https://ray-project.github.io/kuberay-helm/")
+# The Ray the training image carries (`ray[train,tune]` pin): RayCluster.spec.rayVersion and
+# the Grafana dashboards generated from it (dashboards/boards/ray.py) follow it.
+RAY_VERSION = "2.58.0"
+
+# Helm installs a chart's crds/ only on first install and never upgrades them, so the
+# kuberay-operator release skips them and infra/ray_cluster.py applies the same files
+# (server-side: they are too large for client-side apply) from the commit of the chart's
+# tag, ray-project/kuberay v1.7.0 (../shared/schemas/README.md, source KR).
+KUBERAY_COMMIT = "59d663aeec13760646da3db9c1cf8cfe883e30b7"
+KUBERAY_CRD_FILES = ("ray.io_rayclusters.yaml", "ray.io_raycronjobs.yaml", "ray.io_rayjobs.yaml",
+                     "ray.io_rayservices.yaml")
+
+
+def kuberay_crd_urls() -> dict[str, str]:
+    """CRD file -> URL of helm-chart/kuberay-operator/crds/<file> at KUBERAY_COMMIT."""
+    base = f"https://raw.githubusercontent.com/ray-project/kuberay/{KUBERAY_COMMIT}/helm-chart/kuberay-operator/crds"
+    return {name: f"{base}/{name}" for name in KUBERAY_CRD_FILES}
+
 
 # chart key in ../shared/schemas/helm -> Chart
 BY_SCHEMA_NAME = {
@@ -38,6 +57,7 @@ BY_SCHEMA_NAME = {
     "nvidia-device-plugin": NVIDIA_DEVICE_PLUGIN,
     "dcgm-exporter": DCGM_EXPORTER,
     "kube-prometheus-stack": KUBE_PROMETHEUS_STACK,
+    "kuberay-operator": KUBERAY_OPERATOR,
 }
 # Subcharts whose values are checked against their own defaults (versions fixed by the parent).
 SUBCHART_VERSIONS = {

@@ -195,6 +195,16 @@ SCHEMA: tuple[ConfigKey, ...] = (
     ConfigKey("runbookBaseUrl", "string", "Where dashboards/RUNBOOK.md is browsable (e.g. your repo's blob URL); alert runbook_url links point into it. Empty keeps repo-relative links.", ""),
     ConfigKey("alertReceiver", "string", "Where critical alerts go: none, slack or pagerduty.", "none"),
     ConfigKey("alertReceiverSecret", "string", "Slack webhook URL or PagerDuty routing key for alertReceiver (required unless alertReceiver is none).", secret=True),
+    ConfigKey("rayEnabled", "boolean", "Install the KubeRay operator and run one autoscaling RayCluster (ragpool-ray) per training namespace, with a CPU worker template that takes `executor: ray` runs.", True),
+    ConfigKey(
+        "rayMaxWorkers", None,
+        "Most Ray workers per GPU pool, as a map {<pool name>: <workers>}; a worker holds gpusPerWorker GPUs. A pool not "
+        "listed gets gpuLimit / gpusPerWorker; a team namespace is further capped by its gpuQuota. (Pulumi cannot type "
+        "objects, so infra/config.py validates this key.)",
+        {},
+    ),
+    ConfigKey("rayHeadCpu", "integer", "CPU cores the Ray head pod requests on the system nodes (it runs GCS, the dashboard and the autoscaler; `num-cpus: 0`, so no Ray tasks).", 1),
+    ConfigKey("rayHeadMemoryGiB", "integer", "Memory of the Ray head pod in GiB (request = limit).", 4),
 )
 SCHEMA_BY_NAME = {k.name: k for k in SCHEMA}
 
@@ -251,6 +261,21 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True)
+class RayConfig:
+    """KubeRay: the operator and one autoscaling RayCluster per training namespace."""
+
+    enabled: bool = True
+    max_workers: tuple[tuple[str, int], ...] = ()
+    """(pool, most workers) for the pools rayMaxWorkers lists; the others derive theirs from the pool."""
+    head_cpu: int = 1
+    head_memory_gib: int = 4
+
+    def pool_max_workers(self, pool: GpuPoolConfig) -> int:
+        """Most Ray workers of ``pool`` (each holds gpusPerWorker GPUs)."""
+        return dict(self.max_workers).get(pool.name, pool.gpu_limit // pool.gpus_per_worker)
+
+
+@dataclass(frozen=True)
 class StackConfig:
     project: str
     stack: str
@@ -273,6 +298,7 @@ class StackConfig:
     runbook_base_url: str = ""
     prometheus_storage_gib: int = 50
     alert_receiver_secret: str | None = field(default=None, repr=False)
+    ray: RayConfig = RayConfig()
 
     @property
     def is_prod(self) -> bool:
@@ -678,6 +704,35 @@ def _parse_alerts(r: _Reader) -> dict[str, Any]:
     return {"alert_receiver": receiver, "alert_receiver_secret": secret}
 
 
+def _parse_ray(r: _Reader, pools: tuple[GpuPoolConfig, ...]) -> dict[str, Any]:
+    """rayEnabled, rayMaxWorkers (checked against the GPU pools), rayHeadCpu, rayHeadMemoryGiB."""
+    enabled = r.get("rayEnabled")
+    limits = r.get("rayMaxWorkers")
+    by_name = {p.name: p for p in pools}
+    max_workers: list[tuple[str, int]] = []
+    if not isinstance(limits, dict):
+        r.problem("rayMaxWorkers", limits, "must be a map of GPU pool name to most Ray workers, e.g. {gpu-spot: 4}")
+    else:
+        for name, value in limits.items():
+            pool = by_name.get(name)
+            if pool is None:
+                r.problems.append(
+                    f"{PROJECT}:rayMaxWorkers has {shown_key(name)}, which is not a GPU pool: "
+                    f"use one of {', '.join(sorted(by_name)) or '(no pools)'} (fix: rename or delete that entry)")
+                continue
+            most = pool.gpu_limit // pool.gpus_per_worker
+            if _check(_is_int(value, 0, most), r, f"rayMaxWorkers.{name}", value,
+                      f"must be an integer from 0 to {most} (pool {name}: gpuLimit {pool.gpu_limit} / "
+                      f"gpusPerWorker {pool.gpus_per_worker})"):
+                max_workers.append((name, value))
+    head_cpu = r.get("rayHeadCpu")
+    _check(_is_int(head_cpu, 1, 64), r, "rayHeadCpu", head_cpu, "must be an integer from 1 to 64 (cores)")
+    head_mem = r.get("rayHeadMemoryGiB")
+    _check(_is_int(head_mem, 2, 1024), r, "rayHeadMemoryGiB", head_mem, "must be an integer from 2 to 1024 (GiB)")
+    return {"ray": RayConfig(enabled=bool(enabled), max_workers=tuple(sorted(max_workers)),
+                             head_cpu=head_cpu, head_memory_gib=head_mem)}
+
+
 def parse(raw: Mapping[str, Any], *, stack: str, region: str | None, project: str = PROJECT,
           source: str | None = None) -> StackConfig:
     """Validate raw ``ragpool:`` values (keys without the namespace) into a StackConfig.
@@ -692,12 +747,14 @@ def parse(raw: Mapping[str, Any], *, stack: str, region: str | None, project: st
     _check_region(r, region)
     network = _parse_network(r, prod, region)
     cluster = _parse_cluster(r, prod)
+    gpu = _parse_gpu(r, prod, network.availability_zones)
     groups = {
-        **_parse_gpu(r, prod, network.availability_zones),
+        **gpu,
         **_parse_storage_and_image(r),
         **_parse_monitoring(r),
         **_parse_queue(r),
         **_parse_alerts(r),
+        **_parse_ray(r, gpu["gpu_pools"]),
     }
     if r.problems:
         raise ConfigError(r.problems, source or f"stack {stack}")

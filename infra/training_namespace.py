@@ -4,7 +4,9 @@ Resource isolation: a ResourceQuota capping GPUs at the pools' total, a LimitRan
 with container defaults, PriorityClasses (training vs. preemptible batch stages), and
 default-deny NetworkPolicies that open only the flows training needs: DNS, Redis,
 EFS, rendezvous/NCCL between workers, HTTPS to AWS APIs, and metrics scrapes from the
-monitoring namespace.
+monitoring namespace. With Ray enabled, Ray's pods (the namespace's RayCluster) reach each
+other on exactly Ray's ports, the Ray worker template reaches the head's Jobs API, and
+monitoring scrapes Ray's metrics.
 
 The worker Job templates live in infra/worker_jobs.py.
 """
@@ -37,6 +39,39 @@ PRIORITY_CLASSES = {
 }
 
 
+# Ray's ports, every one pinned so the policies below can name them: Ray 2.58's `ray start`
+# defaults where it has one, and for the ports Ray would otherwise pick at random (node
+# manager, object manager, agents) the values infra/ray_cluster.py passes as rayStartParams.
+RAY_GCS_PORT = 6379  # --port (head)
+RAY_DASHBOARD_PORT = 8265  # --dashboard-port (head): dashboard and the Ray Jobs API
+RAY_CLIENT_PORT = 10001  # --ray-client-server-port (head)
+RAY_NODE_MANAGER_PORT = 6380
+RAY_OBJECT_MANAGER_PORT = 6381
+RAY_RUNTIME_ENV_AGENT_PORT = 6382
+RAY_DASHBOARD_AGENT_GRPC_PORT = 6383
+RAY_DASHBOARD_AGENT_LISTEN_PORT = 52365  # --dashboard-agent-listen-port default
+RAY_MIN_WORKER_PORT, RAY_MAX_WORKER_PORT = 10002, 19999  # --min/--max-worker-port defaults
+RAY_METRICS_PORT = 8080  # --metrics-export-port (KubeRay's default, container port `metrics`)
+RAY_AUTOSCALER_METRICS_PORT = 44217  # AUTOSCALER_METRIC_PORT (head, autoscaler sidecar)
+RAY_DASHBOARD_METRICS_PORT = 44227  # DASHBOARD_METRIC_PORT (head)
+# Labels of the pods of ragpool's RayClusters (infra/ray_cluster.py sets them on both groups).
+RAY_POD_LABELS = {"app.kubernetes.io/component": "ray"}
+RAY_HEAD_POD_LABELS = {**RAY_POD_LABELS, "ray.io/node-type": "head"}  # ray.io/node-type: set by KubeRay
+
+
+def ray_internal_ports() -> list[dict[str, Any]]:
+    """Ports Ray's nodes use to talk to each other (the head's and every node's)."""
+    single = [RAY_GCS_PORT, RAY_DASHBOARD_PORT, RAY_CLIENT_PORT, RAY_NODE_MANAGER_PORT, RAY_OBJECT_MANAGER_PORT,
+              RAY_RUNTIME_ENV_AGENT_PORT, RAY_DASHBOARD_AGENT_GRPC_PORT, RAY_DASHBOARD_AGENT_LISTEN_PORT]
+    return ([{"protocol": "TCP", "port": p} for p in single]
+            + [{"protocol": "TCP", "port": RAY_MIN_WORKER_PORT, "endPort": RAY_MAX_WORKER_PORT}])
+
+
+def ray_metrics_ports() -> list[dict[str, Any]]:
+    return [{"protocol": "TCP", "port": p}
+            for p in (RAY_METRICS_PORT, RAY_AUTOSCALER_METRICS_PORT, RAY_DASHBOARD_METRICS_PORT)]
+
+
 # Every training namespace carries this label: Redis admits queue clients from them.
 TRAINING_NAMESPACE_LABEL = {"ragpool.io/training": "true"}
 
@@ -53,6 +88,43 @@ class TrainingNamespaceArgs:
     """Create the cluster-wide PriorityClasses (only the main namespace does)."""
     shared_claim: str | None = None
     """Create this RWX claim on the EFS StorageClass (team namespaces: their own directory)."""
+
+
+def ray_network_policies(cfg: StackConfig) -> dict[str, dict[str, Any]]:
+    """Ray's flows: node to node on Ray's ports, the Ray worker template to the head's Jobs
+    API, EFS, HTTPS (the head's autoscaler calls the Kubernetes API), metrics scrapes."""
+    from infra.worker_jobs import RAY_CLIENT_LABEL
+
+    ray = {"podSelector": {"matchLabels": dict(RAY_POD_LABELS)}}
+    head = {"podSelector": {"matchLabels": dict(RAY_HEAD_POD_LABELS)}}
+    clients = {"podSelector": {"matchLabels": dict(RAY_CLIENT_LABEL)}}
+    monitoring = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    jobs_api = [{"protocol": "TCP", "port": RAY_DASHBOARD_PORT}]
+    return {
+        "ray-ingress": {
+            "podSelector": ray["podSelector"], "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [ray], "ports": ray_internal_ports()},
+                {"from": [monitoring], "ports": ray_metrics_ports()},
+            ],
+        },
+        "ray-head-jobs-api": {
+            "podSelector": head["podSelector"], "policyTypes": ["Ingress"],
+            "ingress": [{"from": [clients], "ports": jobs_api}],
+        },
+        "ray-egress": {
+            "podSelector": ray["podSelector"], "policyTypes": ["Egress"],
+            "egress": [
+                {"to": [ray], "ports": ray_internal_ports()},
+                {"to": [{"ipBlock": {"cidr": cfg.network.vpc_cidr}}], "ports": [{"protocol": "TCP", "port": 2049}]},  # EFS
+                {"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}], "ports": [{"protocol": "TCP", "port": 443}]},  # API server, AWS
+            ],
+        },
+        "ray-clients-egress": {
+            "podSelector": clients["podSelector"], "policyTypes": ["Egress"],
+            "egress": [{"to": [head], "ports": jobs_api}],
+        },
+    }
 
 
 def network_policies(cfg: StackConfig) -> dict[str, dict[str, Any]]:
@@ -88,6 +160,7 @@ def network_policies(cfg: StackConfig) -> dict[str, dict[str, Any]]:
                     {"protocol": "TCP", "port": RANK_METRICS_PORT, "endPort": RANK_METRICS_PORT + MAX_RANKS_PER_POD - 1}]},
             ],
         },
+        **(ray_network_policies(cfg) if cfg.ray.enabled else {}),
     }
 
 

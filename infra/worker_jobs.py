@@ -1,4 +1,4 @@
-"""Worker Job templates: one suspended CronJob per GPU pool.
+"""Worker Job templates: one suspended CronJob per GPU pool, and one for ``executor: ray`` runs.
 
 ``kubectl -n ragpool-training create job --from=cronjob/ragpool-worker-<pool> <name>``
 starts a worker that claims runs from the Redis queue, runs them through torchrun on the
@@ -6,6 +6,12 @@ pod's GPUs, and exits when the queue stays empty. The CronJob is suspended: it i
 template, never scheduled. Multi-node runs use the same template with ``completions`` /
 ``parallelism`` = nodes and RAGPOOL_NNODES set (Indexed Job; pod 0 hosts rendezvous
 behind the headless ``ragpool-workers`` Service).
+
+``ragpool-worker-ray`` (when Ray is enabled) is a small CPU-only worker on the system nodes:
+it claims only ``executor: ray`` runs and submits them to the namespace's RayCluster through
+the Ray Jobs API (RAY_ADDRESS), holding no GPU while the Ray cluster does the work. GPU
+workers claim only ``executor: torchrun`` runs. The worker reads which executors it takes
+from RAGPOOL_EXECUTORS.
 """
 
 from __future__ import annotations
@@ -41,6 +47,12 @@ def worker_default(name: str):
 
 
 WORKER_LABELS = {**k8s_labels("worker", "ragpool-worker"), "ragpool.io/redis-client": "true"}
+# Which run executors a worker claims (comma-separated; training.worker reads it).
+EXECUTORS_ENV = "RAGPOOL_EXECUTORS"
+RAY_WORKER_TEMPLATE = "ragpool-worker-ray"
+# Pods of the Ray worker template carry this label: the namespace's NetworkPolicies let them
+# (and only them, besides Ray's own pods) reach the Ray head's Jobs API.
+RAY_CLIENT_LABEL = {"ragpool.io/ray-client": "true"}
 
 
 @dataclass(frozen=True)
@@ -54,6 +66,8 @@ class WorkerJobsArgs:
     depends_on: list[pulumi.Resource]
     queue_namespace: str = "ragpool"
     """Redis key namespace of this namespace's queue (teams get their own)."""
+    ray_address: str | None = None
+    """Ray Jobs API of this namespace's RayCluster (http://<head service>:8265); None: no Ray worker template."""
 
 
 def worker_cronjob_spec(cfg: StackConfig, pool: GpuPoolConfig, image: str, namespace: str,
@@ -99,6 +113,7 @@ def worker_cronjob_spec(cfg: StackConfig, pool: GpuPoolConfig, image: str, names
                 # What the health check expects to see, and the node its failure metric names.
                 {"name": EXPECTED_GPUS_ENV, "value": str(gpus)},
                 {"name": NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                {"name": EXECUTORS_ENV, "value": "torchrun"},  # never a Ray run: those go to ragpool-worker-ray
                 {"name": "HF_HOME", "value": "/tmp/hf"},
             ],
             "ports": ports,
@@ -123,6 +138,11 @@ def worker_cronjob_spec(cfg: StackConfig, pool: GpuPoolConfig, image: str, names
                                          "defaultMode": 0o440}},
         ],
     }
+    return _worker_cronjob({**WORKER_LABELS, POOL_LABEL: pool.name}, pod_spec)
+
+
+def _worker_cronjob(labels: dict[str, str], pod_spec: dict[str, Any]) -> dict[str, Any]:
+    """The suspended CronJob around a worker pod: retry rules shared by every worker template."""
     job_spec = {
         "completionMode": "Indexed",
         "completions": 1,
@@ -147,7 +167,7 @@ def worker_cronjob_spec(cfg: StackConfig, pool: GpuPoolConfig, image: str, names
         ]},
         "template": {
             "metadata": {
-                "labels": {**WORKER_LABELS, POOL_LABEL: pool.name},
+                "labels": labels,
                 # Karpenter must never consolidate or expire a node under a running worker.
                 "annotations": {"karpenter.sh/do-not-disrupt": "true"},
             },
@@ -158,8 +178,54 @@ def worker_cronjob_spec(cfg: StackConfig, pool: GpuPoolConfig, image: str, names
         "schedule": "@yearly",
         "suspend": True,  # a template: Jobs are created from it on demand, never on schedule
         "concurrencyPolicy": "Allow",
-        "jobTemplate": {"metadata": {"labels": {**WORKER_LABELS, POOL_LABEL: pool.name}}, "spec": job_spec},
+        "jobTemplate": {"metadata": {"labels": labels}, "spec": job_spec},
     }
+
+
+def ray_worker_cronjob_spec(image: str, redis_secret: str, shared_claim: str, ray_address: str,
+                            queue_namespace: str = "ragpool") -> dict[str, Any]:
+    """The CPU-only worker that takes ``executor: ray`` runs: on the system nodes, no GPU."""
+    pod_spec = {
+        "restartPolicy": "Never",
+        "serviceAccountName": WORKER_SERVICE_ACCOUNT,
+        "automountServiceAccountToken": False,
+        "priorityClassName": "ragpool-training",
+        "nodeSelector": {POOL_LABEL: "system"},
+        # Time to stop the Ray job's lease cleanly and hand the run back.
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "securityContext": pod_security_context(TRAINING_UID, fs_group=TRAINING_UID),
+        "containers": [{
+            "name": "worker",
+            "image": image,
+            "command": ["python", "-m", "training.worker"],
+            "args": ["--metrics-port", str(QUEUE_METRICS_PORT), "--idle-exit-seconds", "600",
+                     "--lease-seconds", "60", "--stop-grace-seconds", str(TERMINATION_GRACE_SECONDS - 15)],
+            "env": [
+                {"name": "REDIS_URL", "valueFrom": {"secretKeyRef": {"name": redis_secret, "key": "url"}}},
+                {"name": "REDIS_PASSWORD_FILE", "value": "/var/run/secrets/ragpool/redis/password"},
+                {"name": "RAGPOOL_SHARED_ROOT", "value": SHARED_MOUNT_PATH},
+                {"name": "RAGPOOL_QUEUE_NAMESPACE", "value": queue_namespace},
+                {"name": "RAGPOOL_WORKER_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                {"name": EXECUTORS_ENV, "value": "ray"},
+                {"name": "RAY_ADDRESS", "value": ray_address},
+            ],
+            "ports": [{"name": "queue-metrics", "containerPort": QUEUE_METRICS_PORT}],
+            "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
+            "securityContext": container_security_context(TRAINING_UID),
+            "volumeMounts": [
+                {"name": "shared", "mountPath": SHARED_MOUNT_PATH},
+                {"name": "tmp", "mountPath": "/tmp"},
+                {"name": "redis", "mountPath": "/var/run/secrets/ragpool/redis", "readOnly": True},
+            ],
+        }],
+        "volumes": [
+            {"name": "shared", "persistentVolumeClaim": {"claimName": shared_claim}},
+            {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+            {"name": "redis", "secret": {"secretName": redis_secret, "items": [{"key": "password", "path": "password"}],
+                                         "defaultMode": 0o440}},
+        ],
+    }
+    return _worker_cronjob({**WORKER_LABELS, **RAY_CLIENT_LABEL, POOL_LABEL: "system"}, pod_spec)
 
 
 class WorkerJobs(RagpoolComponent):
@@ -178,4 +244,14 @@ class WorkerJobs(RagpoolComponent):
                                                              args.shared_claim, args.queue_namespace)),
                 opts=child(self, depends_on=args.depends_on, provider=args.k8s_provider))
             self.templates.append(f"ragpool-worker-{pool.name}")
+        if args.ray_address:
+            k8s.batch.v1.CronJob(
+                f"{name}-ray",
+                metadata={"name": RAY_WORKER_TEMPLATE, "namespace": args.namespace,
+                          "labels": {**k8s_labels("worker"), **RAY_CLIENT_LABEL}},
+                spec=pulumi.Output.from_input(args.image).apply(
+                    lambda image: ray_worker_cronjob_spec(image, args.redis_secret, args.shared_claim,
+                                                          args.ray_address, args.queue_namespace)),
+                opts=child(self, depends_on=args.depends_on, provider=args.k8s_provider))
+            self.templates.append(RAY_WORKER_TEMPLATE)
         self.register_outputs({"templates": self.templates})

@@ -40,10 +40,16 @@ def schemas_available() -> bool:
     return (SCHEMAS_DIR / "crds").is_dir() and (SCHEMAS_DIR / "helm").is_dir()
 
 
+# Kubernetes resources that are not one object: a Helm release (values checked against the
+# chart) and a manifest file applied from a URL (infra/ray_cluster.py: the KubeRay CRDs).
+NON_OBJECT_TYPES = {"kubernetes:helm.sh/v3:Release", "kubernetes:yaml/v2:ConfigFile"}
+
+
 def kubernetes_objects(plan: dict[str, Any]) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
-    """(plan resource, Kubernetes object) for every object the plan declares (not Helm releases)."""
+    """(plan resource, Kubernetes object) for every object the plan declares (not Helm releases
+    nor manifest files)."""
     for r in plan["resources"]:
-        if r["type"].startswith("kubernetes:") and r["type"] != "kubernetes:helm.sh/v3:Release":
+        if r["type"].startswith("kubernetes:") and r["type"] not in NON_OBJECT_TYPES:
             yield r, r["inputs"]
 
 

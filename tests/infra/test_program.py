@@ -295,8 +295,8 @@ def test_monitoring_stack_rules_and_secrets(plans):
         assert f"vector({budget})" in str(rules["ragpool-budget"])
         dashboards = [r["inputs"] for r in of_type(doc, "kubernetes:core/v1:ConfigMap")
                       if r["inputs"]["metadata"]["labels"].get("grafana_dashboard") == "1"]
-        assert len(dashboards) == 4
-        pod_monitor = one(doc, "kubernetes:monitoring.coreos.com/v1:PodMonitor")["inputs"]["spec"]
+        assert len(dashboards) == 4 + 2  # ragpool's four, Ray's default and train (infra/ray_cluster.py)
+        pod_monitor = one(doc, "kubernetes:monitoring.coreos.com/v1:PodMonitor", "monitoring-training-pods")["inputs"]["spec"]
         ports = [e["port"] for e in pod_monitor["podMetricsEndpoints"]]
         assert ports[0] == "queue-metrics" and "rank-7" in ports and "redis-metrics" in ports
 
@@ -369,7 +369,8 @@ def test_worker_job_template_per_pool(plans):
     from training import exit_codes
 
     doc = plans["prod"]
-    templates = {r["inputs"]["metadata"]["name"]: r["inputs"]["spec"] for r in of_type(doc, "kubernetes:batch/v1:CronJob")}
+    templates = {r["inputs"]["metadata"]["name"]: r["inputs"]["spec"] for r in of_type(doc, "kubernetes:batch/v1:CronJob")
+                 if r["inputs"]["metadata"]["name"] != "ragpool-worker-ray"}  # the CPU Ray worker: test_ray_cluster.py
     assert set(templates) == {"ragpool-worker-gpu-ondemand", "ragpool-worker-gpu-spot"}
     for name, cron in templates.items():
         assert cron["suspend"] is True

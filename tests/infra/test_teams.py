@@ -34,7 +34,8 @@ def test_each_team_gets_an_isolated_namespace(team_plan):
         pvc = _of(doc, "kubernetes:core/v1:PersistentVolumeClaim", ns)[0]
         assert pvc["spec"]["storageClassName"] == "ragpool-efs"  # its own EFS access point / directory
         assert _of(doc, "kubernetes:core/v1:Secret", ns)[0]["metadata"]["name"] == "ragpool-redis"
-        (cron,) = _of(doc, "kubernetes:batch/v1:CronJob", ns)
+        (cron,) = [c for c in _of(doc, "kubernetes:batch/v1:CronJob", ns)
+                   if c["metadata"]["name"] != "ragpool-worker-ray"]  # the CPU Ray worker: test_ray_cluster.py
         env = {e["name"]: e.get("value") for e in
                cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["env"]}
         assert env["RAGPOOL_QUEUE_NAMESPACE"] == team["name"]
@@ -42,7 +43,8 @@ def test_each_team_gets_an_isolated_namespace(team_plan):
     env = {e["name"]: e.get("value") for e in main_cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["RAGPOOL_QUEUE_NAMESPACE"] == "ragpool"
     assert len(_of(doc, "kubernetes:scheduling.k8s.io/v1:PriorityClass")) == 2  # cluster-wide, created once
-    monitor = _of(doc, "kubernetes:monitoring.coreos.com/v1:PodMonitor")[0]
+    monitor = [m for m in _of(doc, "kubernetes:monitoring.coreos.com/v1:PodMonitor")
+               if m["metadata"]["name"] == "ragpool-training"][0]
     assert monitor["spec"]["namespaceSelector"]["matchNames"] == [
         "ragpool-training", "ragpool-team-search", "ragpool-team-answers"]
     redis_policy = [p for p in _of(doc, "kubernetes:networking.k8s.io/v1:NetworkPolicy", "ragpool-training")

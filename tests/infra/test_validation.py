@@ -9,7 +9,7 @@ import pytest
 from infra.charts import BY_SCHEMA_NAME, SUBCHART_VERSIONS
 from infra.config import SUPPORTED_KUBERNETES_VERSIONS
 from tests.infra.harness import (
-    helm_releases, helm_value_problems, is_core, subchart_schema_problems, kubernetes_objects, validate_core, validate_custom,
+    NON_OBJECT_TYPES, helm_releases, helm_value_problems, is_core, subchart_schema_problems, kubernetes_objects, validate_core, validate_custom,
 )
 
 
@@ -25,7 +25,7 @@ def test_every_kubernetes_object_validates_strictly(plans, schemas_dir, stack):
             validate_custom(obj)
         validated += 1
     total = sum(1 for r in doc["resources"] if r["type"].startswith("kubernetes:")
-                and r["type"] != "kubernetes:helm.sh/v3:Release")
+                and r["type"] not in NON_OBJECT_TYPES)
     assert validated == total and total >= 5
 
 

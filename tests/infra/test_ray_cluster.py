@@ -1,0 +1,404 @@
+"""KubeRay under Pulumi mocks: the operator and its CRDs, a RayCluster per training namespace,
+worker groups per GPU pool, where every Ray pod can be scheduled, which flows the namespace's
+NetworkPolicies let through, metrics and dashboards, and the Ray worker template."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+
+from infra.charts import KUBERAY_COMMIT, KUBERAY_CRD_FILES, KUBERAY_OPERATOR, RAY_VERSION
+from infra.common import GPU_TAINT, POOL_LABEL, SHARED_MOUNT_PATH, TRAINING_UID
+from infra.config import ConfigError, parse
+from infra.plan import plan
+from infra.pod_security import restricted_problems
+from infra.ray_cluster import RAY_CLUSTER_NAME, RAY_HEAD_SERVICE, pool_resource
+from policy.k8s_scheduling import schedulable
+from tests.infra.harness import is_core, kubernetes_objects, validate_core, validate_custom
+
+TEAMS = [{"name": "search", "gpuQuota": 4}, {"name": "answers", "gpuQuota": 16}]
+RAYCLUSTER = "kubernetes:ray.io/v1:RayCluster"
+CRONJOB = "kubernetes:batch/v1:CronJob"
+POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
+
+
+@pytest.fixture(scope="module")
+def team_plan():
+    return plan("prod", overrides={"ragpool:trainingTeams": TEAMS})
+
+
+def of(doc, typ, namespace=None):
+    return [r["inputs"] for r in doc["resources"] if r["type"] == typ
+            and (namespace is None or r["inputs"]["metadata"].get("namespace") == namespace)]
+
+
+def clusters(doc) -> dict[str, dict[str, Any]]:
+    return {c["metadata"]["namespace"]: c for c in of(doc, RAYCLUSTER)}
+
+
+def pools(doc) -> dict[str, dict[str, Any]]:
+    """Pool name -> its NodePool's (labels, taints) as Karpenter gives them to nodes."""
+    out = {}
+    for r in of(doc, "kubernetes:karpenter.sh/v1:NodePool"):
+        template = r["spec"]["template"]
+        out[template["metadata"]["labels"][POOL_LABEL]] = (template["metadata"]["labels"],
+                                                             template["spec"].get("taints", []))
+    return out
+
+
+# ------------------------------------------------------------------ clusters and groups
+
+
+def test_one_raycluster_per_training_namespace(plans, team_plan):
+    assert set(clusters(plans["dev"])) == {"ragpool-training"}
+    assert set(clusters(team_plan)) == {"ragpool-training", "ragpool-team-search", "ragpool-team-answers"}
+    for ns, cluster in clusters(team_plan).items():
+        assert cluster["apiVersion"] == "ray.io/v1" and cluster["metadata"]["name"] == RAY_CLUSTER_NAME
+        spec = cluster["spec"]
+        assert spec["rayVersion"] == RAY_VERSION
+        assert spec["enableInTreeAutoscaling"] is True and spec["autoscalerOptions"]["version"] == "v2"
+        assert spec["headGroupSpec"]["serviceType"] == "ClusterIP"
+        env = {e["name"]: e["value"] for e in spec["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]}
+        assert env["RAGPOOL_RAY_NAMESPACE"] == ns
+
+
+def test_head_schedules_only_and_runs_on_the_system_nodes(plans):
+    head = clusters(plans["prod"])["ragpool-training"]["spec"]["headGroupSpec"]
+    assert head["rayStartParams"]["num-cpus"] == "0"
+    pod = head["template"]["spec"]
+    assert pod["nodeSelector"] == {POOL_LABEL: "system"} and "tolerations" not in pod
+    container = pod["containers"][0]
+    assert "nvidia.com/gpu" not in json.dumps(container["resources"])
+    assert container["resources"]["requests"] == {"cpu": "1", "memory": "4Gi"}  # rayHeadCpu / rayHeadMemoryGiB
+    assert container["resources"]["limits"]["memory"] == "4Gi"
+
+
+def test_one_worker_group_per_gpu_pool_sized_from_the_pool(plans, team_plan):
+    for doc in (plans["dev"], plans["prod"], team_plan):
+        config_pools = {p["spec"]["template"]["metadata"]["labels"][POOL_LABEL]: p
+                        for p in of(doc, "kubernetes:karpenter.sh/v1:NodePool")}
+        for ns, cluster in clusters(doc).items():
+            groups = {g["groupName"]: g for g in cluster["spec"]["workerGroupSpecs"]}
+            assert set(groups) == set(config_pools)
+            for name, group in groups.items():
+                pod = group["template"]["spec"]
+                container = pod["containers"][0]
+                gpus = container["resources"]["requests"]["nvidia.com/gpu"]
+                assert container["resources"]["limits"]["nvidia.com/gpu"] == gpus  # whole GPUs, request = limit
+                assert group["minReplicas"] == 0 and group["replicas"] == 0
+                assert pod["nodeSelector"] == {POOL_LABEL: name}
+                assert {"key": GPU_TAINT["key"], "operator": "Exists", "effect": GPU_TAINT["effect"]} in pod["tolerations"]
+                assert group["labels"] == {POOL_LABEL: name}  # Ray node label (not ray.io/)
+                assert group["resources"]["GPU"] == gpus and group["resources"][pool_resource(name)] == gpus
+                # Never more GPUs than the pool's Karpenter limit or the namespace's quota.
+                pool_limit = int(config_pools[name]["spec"]["limits"]["nvidia.com/gpu"])
+                quota = int(of(doc, "kubernetes:core/v1:ResourceQuota", ns)[0]["spec"]["hard"]["limits.nvidia.com/gpu"])
+                assert group["maxReplicas"] * int(gpus) <= min(pool_limit, quota)
+    prod = {g["groupName"]: g["maxReplicas"] for g in clusters(plans["prod"])["ragpool-training"]["spec"]["workerGroupSpecs"]}
+    assert prod == {"gpu-ondemand": 32 // 8, "gpu-spot": 16 // 4}
+    search = {g["groupName"]: g["maxReplicas"]
+              for g in clusters(team_plan)["ragpool-team-search"]["spec"]["workerGroupSpecs"]}
+    assert search == {"gpu-ondemand": 0, "gpu-spot": 1}  # gpuQuota 4: no 8-GPU worker, one 4-GPU worker
+
+
+def test_ray_max_workers_config_caps_a_pool():
+    doc = plan("dev", overrides={"ragpool:rayMaxWorkers": {"gpu-spot": 3}})
+    (group,) = clusters(doc)["ragpool-training"]["spec"]["workerGroupSpecs"]
+    assert group["maxReplicas"] == 3
+
+
+def test_shm_object_store_and_ray_tmp_are_sized_and_logs_go_to_stderr(plans):
+    spec = clusters(plans["prod"])["ragpool-training"]["spec"]
+    for group in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]:
+        pod = group["template"]["spec"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        mounts = {m["mountPath"]: m["name"] for m in pod["containers"][0]["volumeMounts"]}
+        shm = volumes[mounts["/dev/shm"]]["emptyDir"]
+        assert shm["medium"] == "Memory"
+        shm_bytes = int(shm["sizeLimit"].removesuffix("Gi")) * 2**30
+        # Ray puts the object store in /dev/shm only when it fits; otherwise it falls back to disk.
+        assert int(group["rayStartParams"]["object-store-memory"]) < shm_bytes
+        assert volumes[mounts["/tmp/ray"]]["emptyDir"]["sizeLimit"].endswith("Gi")
+        # KubeRay adds its own unsized /dev/shm and /tmp/ray unless a mount is already there
+        # (pod.go addEmptyDir): the autoscaler sidecar shares the head's ray-logs volume.
+        assert mounts["/tmp/ray"] == "ray-logs"
+        assert volumes[mounts[SHARED_MOUNT_PATH]]["persistentVolumeClaim"]["claimName"] == "ragpool-shared"
+        assert group["rayStartParams"]["no-redirect-output"] == "true"  # Ray 2.58 `ray start --no-redirect-output`
+        env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+        assert env["RAY_LOG_TO_STDERR"] == "1"
+        # Memory-backed /dev/shm counts against the container: the limit must hold it.
+        limit = pod["containers"][0]["resources"]["limits"]["memory"]
+        assert int(limit.removesuffix("Gi")) * 2**30 > shm_bytes
+
+
+def test_every_ray_container_is_restricted_and_runs_as_the_training_user(plans):
+    spec = clusters(plans["prod"])["ragpool-training"]["spec"]
+    for group in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]:
+        pod = group["template"]["spec"]
+        for container in pod["containers"]:
+            assert restricted_problems(pod["securityContext"], container["securityContext"]) == []
+            assert container["securityContext"]["runAsUser"] == TRAINING_UID
+            assert container["image"].endswith("ragpool-prod/training:0.1.0")
+    # The autoscaler sidecar KubeRay injects into the head takes autoscalerOptions' context.
+    head_pod = spec["headGroupSpec"]["template"]["spec"]
+    assert restricted_problems(head_pod["securityContext"], spec["autoscalerOptions"]["securityContext"]) == []
+    assert spec["autoscalerOptions"]["resources"]["limits"]["memory"]
+
+
+def test_ray_pods_land_only_where_they_belong(plans):
+    """The scheduler's own predicates over the NodePools' labels and taints and the system nodes'."""
+    for doc in plans.values():
+        nodes = {**pools(doc), "system": ({POOL_LABEL: "system"}, [])}
+        assert len(nodes) >= 2
+        spec = clusters(doc)["ragpool-training"]["spec"]
+        head = spec["headGroupSpec"]["template"]["spec"]
+        assert [n for n, (labels, taints) in nodes.items() if schedulable(head, labels, taints)] == ["system"]
+        for group in spec["workerGroupSpecs"]:
+            pod = group["template"]["spec"]
+            fits = [n for n, (labels, taints) in nodes.items() if schedulable(pod, labels, taints)]
+            assert fits == [group["groupName"]], f"worker group {group['groupName']} fits {fits}"
+        crons = {c["metadata"]["name"]: c["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+                 for c in of(doc, CRONJOB, "ragpool-training")}
+        ray_worker = crons.pop("ragpool-worker-ray")
+        assert [n for n, (labels, taints) in nodes.items() if schedulable(ray_worker, labels, taints)] == ["system"]
+        for name, pod in crons.items():  # the torchrun workers: their own pool only, never system
+            assert [n for n, (labels, taints) in nodes.items() if schedulable(pod, labels, taints)] == [
+                name.removeprefix("ragpool-worker-")]
+
+
+# ------------------------------------------------------------------ the Ray worker template
+
+
+def test_ray_runs_go_to_a_cpu_worker_and_torchrun_runs_to_the_gpu_workers(team_plan):
+    for ns in ("ragpool-training", "ragpool-team-search", "ragpool-team-answers"):
+        crons = {c["metadata"]["name"]: c for c in of(team_plan, CRONJOB, ns)}
+        ray = crons.pop("ragpool-worker-ray")["spec"]
+        assert ray["suspend"] is True
+        pod = ray["jobTemplate"]["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["RAGPOOL_EXECUTORS"] == "ray"
+        assert env["RAY_ADDRESS"] == f"http://{RAY_HEAD_SERVICE}.{ns}.svc:8265"
+        assert "nvidia.com/gpu" not in json.dumps(container["resources"]) and "tolerations" not in pod
+        assert container["resources"]["limits"]["memory"]
+        assert restricted_problems(pod["securityContext"], container["securityContext"]) == []
+        assert crons, "GPU worker templates"
+        for cron in crons.values():
+            env = {e["name"]: e.get("value")
+                   for e in cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["env"]}
+            assert env["RAGPOOL_EXECUTORS"] == "torchrun"
+            assert "RAY_ADDRESS" not in env
+
+
+# ------------------------------------------------------------------ network policies
+
+
+def _matches(selector: dict | None, labels: dict[str, str]) -> bool:
+    assert not (selector or {}).get("matchExpressions"), "the evaluator reads matchLabels only"
+    return all(labels.get(k) == v for k, v in ((selector or {}).get("matchLabels") or {}).items())
+
+
+def _peer(peer: dict, policy_ns: str, ns: str, labels: dict[str, str]) -> bool:
+    if "ipBlock" in peer:
+        return False  # pod-to-pod flows only
+    if "namespaceSelector" in peer:
+        if not _matches(peer["namespaceSelector"], {"kubernetes.io/metadata.name": ns}):
+            return False
+    elif ns != policy_ns:
+        return False
+    return "podSelector" not in peer or _matches(peer["podSelector"], labels)
+
+
+def _port(ports: list[dict] | None, port: int) -> bool:
+    return not ports or any(p["port"] <= port <= p.get("endPort", p["port"]) for p in ports)
+
+
+def _side_allows(policies, direction: str, ns: str, labels, other_ns: str, other_labels, port: int) -> bool:
+    """NetworkPolicy semantics: isolated only when some policy of that direction selects the pod;
+    then some rule must admit the peer and the port."""
+    key, peers = ("ingress", "from") if direction == "Ingress" else ("egress", "to")
+    selecting = [p for p in policies.get(ns, []) if direction in p["policyTypes"] and _matches(p["podSelector"], labels)]
+    if not selecting:
+        return True
+    return any((not rule.get(peers) or any(_peer(x, ns, other_ns, other_labels) for x in rule[peers]))
+               and _port(rule.get("ports"), port) for p in selecting for rule in p.get(key, []))
+
+
+def allowed(doc, src: tuple[str, dict], dst: tuple[str, dict], port: int) -> bool:
+    policies: dict[str, list] = {}
+    for p in of(doc, POLICY):
+        policies.setdefault(p["metadata"]["namespace"], []).append(p["spec"])
+    return (_side_allows(policies, "Egress", src[0], src[1], dst[0], dst[1], port)
+            and _side_allows(policies, "Ingress", dst[0], dst[1], src[0], src[1], port))
+
+
+def _pod_labels(cluster: dict, node_type: str, group: dict) -> dict[str, str]:
+    # What KubeRay puts on the pod: the template's labels plus its own (labelPod).
+    return {**group["template"]["metadata"]["labels"], **group.get("labels", {}),
+            "ray.io/node-type": node_type, "ray.io/cluster": cluster["metadata"]["name"], "ray.io/is-ray-node": "yes"}
+
+
+def _ray_ports(group: dict) -> set[int]:
+    """Every port Ray binds on a node as configured (rayStartParams) plus the head's fixed ones."""
+    params = group["rayStartParams"]
+    ports = {int(v) for k, v in params.items() if k.endswith("-port") and k not in ("min-worker-port", "max-worker-port")}
+    ports |= {int(params["min-worker-port"]), int(params["max-worker-port"])}
+    return ports
+
+
+def test_network_policies_admit_exactly_rays_flows(team_plan):
+    doc = team_plan
+    for ns, cluster in clusters(doc).items():
+        spec = cluster["spec"]
+        head = (ns, _pod_labels(cluster, "head", spec["headGroupSpec"]))
+        workers = [(ns, _pod_labels(cluster, "worker", g)) for g in spec["workerGroupSpecs"]]
+        head_ports = {p["containerPort"] for p in spec["headGroupSpec"]["template"]["spec"]["containers"][0]["ports"]}
+        internal = (_ray_ports(spec["headGroupSpec"]) | {6379, 8265, 10001}) - {8080}
+        for worker in workers:
+            for port in internal:
+                assert allowed(doc, worker, head, port), f"{ns}: worker -> head :{port}"
+                assert allowed(doc, head, worker, port), f"{ns}: head -> worker :{port}"
+            assert allowed(doc, worker, workers[0], 15000)  # worker port range, worker to worker
+        for port in (8080, 44217, 44227):
+            assert allowed(doc, ("monitoring", {"app.kubernetes.io/name": "prometheus"}), head, port)
+            assert port in head_ports
+        assert not allowed(doc, ("monitoring", {}), head, 6379)
+        cron = [c for c in of(doc, CRONJOB, ns) if c["metadata"]["name"] == "ragpool-worker-ray"][0]
+        ray_client = (ns, cron["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"])
+        assert allowed(doc, ray_client, head, 8265)  # the Ray Jobs API
+        assert not allowed(doc, ray_client, head, 6379) and not allowed(doc, ray_client, workers[0], 8265)
+        gpu_cron = [c for c in of(doc, CRONJOB, ns) if c["metadata"]["name"] != "ragpool-worker-ray"][0]
+        gpu_worker = (ns, gpu_cron["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"])
+        assert not allowed(doc, gpu_worker, head, 8265)
+        # Across namespaces: another team's Ray pods and workers never reach this cluster.
+        for other_ns, other in clusters(doc).items():
+            if other_ns != ns:
+                other_worker = (other_ns, _pod_labels(other, "worker", other["spec"]["workerGroupSpecs"][0]))
+                assert not allowed(doc, other_worker, head, 6379)
+        assert not allowed(doc, head, (ns, {"app.kubernetes.io/name": "something-else"}), 6379)
+
+
+def test_network_policy_evaluator_can_say_no(team_plan):
+    # Remove the Ray policies: the default deny must then stop a worker reaching the GCS.
+    doc = {"resources": [r for r in team_plan["resources"]
+                         if not (r["type"] == POLICY and r["inputs"]["metadata"]["name"].startswith("ray-"))]}
+    cluster = clusters(team_plan)["ragpool-training"]
+    head = ("ragpool-training", _pod_labels(cluster, "head", cluster["spec"]["headGroupSpec"]))
+    worker = ("ragpool-training", _pod_labels(cluster, "worker", cluster["spec"]["workerGroupSpecs"][0]))
+    assert allowed(team_plan, worker, head, 6379) and not allowed(doc, worker, head, 6379)
+
+
+# ------------------------------------------------------------------ operator, CRDs, metrics, dashboards
+
+
+def test_operator_skips_helm_crds_and_pulumi_applies_the_pinned_ones(plans):
+    doc = plans["prod"]
+    (release,) = [r["inputs"] for r in doc["resources"] if r["type"] == "kubernetes:helm.sh/v3:Release"
+                  and r["inputs"]["chart"] == KUBERAY_OPERATOR.chart_ref]
+    assert release["version"] == KUBERAY_OPERATOR.version and release["skipCrds"] is True
+    assert release["values"]["nodeSelector"] == {POOL_LABEL: "system"}
+    urls = [r["inputs"]["file"] for r in doc["resources"] if r["type"] == "kubernetes:yaml/v2:ConfigFile"]
+    assert sorted(u.rsplit("/", 1)[1] for u in urls) == sorted(KUBERAY_CRD_FILES)
+    for url in urls:
+        assert re.fullmatch(rf"https://raw\.githubusercontent\.com/ray-project/kuberay/{KUBERAY_COMMIT}/helm-chart/"
+                            r"kuberay-operator/crds/ray\.io_[a-z]+\.yaml", url), url
+    # The operator starts after the CRDs exist; the RayClusters after both.
+    release_entry = next(r for r in doc["resources"] if r["name"] == "ray-operator")
+    assert {f"kubernetes:yaml/v2:ConfigFile::ray-crd-{n}" for n in ("rayclusters", "rayjobs")} <= set(release_entry["dependsOn"])
+    cluster_entry = next(r for r in doc["resources"] if r["type"] == RAYCLUSTER)
+    assert "kubernetes:helm.sh/v3:Release::ray-operator" in cluster_entry["dependsOn"]
+
+
+def test_crd_pin_is_the_chart_tags_commit_and_the_schemas_we_validate_against(schemas_dir):
+    readme = (schemas_dir / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| KR |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == f"v{KUBERAY_OPERATOR.version}" and cells[3] == KUBERAY_COMMIT
+    # The CRD schemas the harness validates RayClusters with are those files at that tag.
+    originals = {p.name for p in (schemas_dir / "crds" / "ray.io" / "original").glob("*.yaml")}
+    assert originals and originals <= set(KUBERAY_CRD_FILES)
+
+
+def test_team_plan_objects_validate_and_pass_the_policies(team_plan, schemas_dir):
+    from policy.offline import evaluate
+
+    for _, obj in kubernetes_objects(team_plan):
+        validate_core(obj, "1.35") if is_core(obj) else validate_custom(obj)
+    assert [v for v in evaluate(team_plan) if v.enforcement == "mandatory"] == []
+
+
+def test_harness_rejects_a_raycluster_typo(plans, schemas_dir):
+    import copy
+
+    import jsonschema
+
+    cluster = copy.deepcopy(clusters(plans["dev"])["ragpool-training"])
+    validate_custom(cluster)
+    cluster["spec"]["workerGroupSpecs"][0]["maxReplica"] = 3
+    with pytest.raises(jsonschema.ValidationError):
+        validate_custom(cluster)
+
+
+def test_pod_monitors_have_kuberays_shape_and_match_the_ray_ports(team_plan):
+    monitors = {m["metadata"]["name"]: m["spec"] for m in of(team_plan, "kubernetes:monitoring.coreos.com/v1:PodMonitor")}
+    namespaces = ["ragpool-training", "ragpool-team-search", "ragpool-team-answers"]
+    head, workers = monitors["ray-head-monitor"], monitors["ray-workers-monitor"]
+    assert head["selector"]["matchLabels"]["ray.io/node-type"] == "head"
+    assert workers["selector"]["matchLabels"]["ray.io/node-type"] == "worker"
+    cluster = clusters(team_plan)["ragpool-training"]["spec"]
+    for monitor, group in ((head, cluster["headGroupSpec"]), (workers, cluster["workerGroupSpecs"][0])):
+        assert monitor["namespaceSelector"]["matchNames"] == namespaces
+        assert _matches(monitor["selector"], _pod_labels({"metadata": {"name": RAY_CLUSTER_NAME}},
+                                                         monitor["selector"]["matchLabels"]["ray.io/node-type"], group))
+        names = {p["name"] for p in group["template"]["spec"]["containers"][0]["ports"]}
+        for endpoint in monitor["podMetricsEndpoints"]:
+            assert endpoint["port"] in names
+            assert endpoint["relabelings"][0]["targetLabel"] == "ray_io_cluster"
+    assert [e["port"] for e in head["podMetricsEndpoints"]] == ["metrics", "as-metrics", "dash-metrics"]
+
+
+def test_ray_dashboards_are_shipped_as_generated(plans):
+    from dashboards.boards import ray as ray_boards
+
+    shipped = {}
+    for cm in of(plans["dev"], "kubernetes:core/v1:ConfigMap", "monitoring"):
+        if cm["metadata"]["labels"].get("grafana_dashboard") == "1" and cm["metadata"]["name"].startswith("ragpool-dashboard-ray-"):
+            shipped.update(cm["data"])
+    assert shipped == ray_boards.committed() and set(shipped) == {"ray-default.json", "ray-train.json"}
+    uids = {json.loads(text)["uid"] for text in shipped.values()}
+    assert len(uids) == 2 and not any(u.startswith("ragpool-") for u in uids)
+
+
+def test_committed_ray_dashboards_equal_what_the_pinned_ray_generates():
+    ray = pytest.importorskip("ray", reason="ray is not installed: cannot regenerate its dashboards")
+    from dashboards.boards import ray as ray_boards
+
+    if ray.__version__ != RAY_VERSION:
+        pytest.fail(f"installed ray {ray.__version__} is not the pin {RAY_VERSION}")
+    assert ray_boards.generate() == ray_boards.committed()
+
+
+def test_ray_disabled_declares_nothing_of_ray():
+    doc = plan("dev", overrides={"ragpool:rayEnabled": False})
+    text = json.dumps(doc["resources"])
+    assert not of(doc, RAYCLUSTER) and "kuberay" not in text and "ragpool-worker-ray" not in text
+    assert not [p for p in of(doc, POLICY) if p["metadata"]["name"].startswith("ray-")]
+
+
+@pytest.mark.parametrize("override,fragment", [
+    ({"rayMaxWorkers": {"gpu-nope": 1}}, "ragpool:rayMaxWorkers has gpu-nope, which is not a GPU pool: use one of gpu-spot"),
+    ({"rayMaxWorkers": {"gpu-spot": 9}}, "ragpool:rayMaxWorkers.gpu-spot = 9: must be an integer from 0 to 8"),
+    ({"rayMaxWorkers": ["gpu-spot"]}, "ragpool:rayMaxWorkers = [\"gpu-spot\"]: must be a map"),
+    ({"rayHeadCpu": 0}, "ragpool:rayHeadCpu = 0: must be an integer from 1 to 64"),
+    ({"rayHeadMemoryGiB": 1}, "ragpool:rayHeadMemoryGiB = 1: must be an integer from 2 to 1024"),
+    ({"rayEnabled": "maybe"}, "ragpool:rayEnabled = \"maybe\": must be true or false"),
+])
+def test_bad_ray_config_is_named(override, fragment):
+    raw = {"owner": "o", "costCenter": "c", "publicAccessCidrs": ["198.51.100.0/24"],
+           "deployRoleArn": "arn:aws:iam::111122223333:role/deploy", **override}
+    with pytest.raises(ConfigError) as err:
+        parse(raw, stack="dev", region="us-west-2")
+    assert fragment in str(err.value)
