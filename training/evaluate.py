@@ -21,15 +21,14 @@ from typing import Any
 import torch
 
 from training.components import distributed as D
-from training.components.stage import is_complete, mark_complete, write_json_atomic
-from training.config import RunConfig
 from training.components.data import load_datasets
-from training.exit_codes import OK
-from training.generator import contexts, encode_prompt, special_ids
 from training.components.logs import get_logger
 from training.components.models import load_encoder
-from training.components.search import (build_faiss, encode_sharded, load_index, load_retriever_for_index,
-                                retrieval_metrics, search)
+from training.components.search import build_faiss, encode_sharded, retrieval_metrics, retrieve, search
+from training.components.stage import complete_stage, is_complete, run_main, run_stage, write_json_atomic
+from training.config import RunConfig
+from training.exit_codes import OK
+from training.generator import contexts, encode_prompt, special_ids
 
 STAGE = "evaluate"
 REPORT = "report.json"
@@ -77,12 +76,9 @@ def generate_answers(model: torch.nn.Module, tok: Any, prompts: list[list[int]],
     return out
 
 
-def run(cfg: RunConfig, env: D.DistEnv) -> int:
+def _evaluate(cfg: RunConfig, env: D.DistEnv) -> int:
     log = get_logger(STAGE, env.is_main)
     out = cfg.stage_dir(STAGE)
-    if is_complete(out):
-        log.info("%s is complete; nothing to do", out)
-        return OK
     e = cfg.evaluate
     t0 = time.monotonic()
     data = load_datasets(cfg.shared_root, cfg.data.corpus, cfg.data.qa_train, cfg.data.qa_eval)
@@ -91,12 +87,7 @@ def run(cfg: RunConfig, env: D.DistEnv) -> int:
     positives = [ex.positive_ids for ex in examples]
     depth = max(max(e.recall_at), cfg.generator.top_k)
 
-    index, ids, marker = load_index(cfg.stage_dir("index"))
-    enc, enc_tok, max_len = load_retriever_for_index(marker)
-    enc.to(env.device)
-    q = encode_sharded(env, enc, enc_tok, questions, max_len, cfg.index.batch_size)
-    del enc
-    retrieved = search(index, q, ids, depth)
+    retrieved, marker = retrieve(cfg, env, questions, depth)
     report: dict[str, Any] = {"run_id": cfg.run_id, "questions": len(examples), "world_size": env.world_size,
                               "retrieval": {"encoder": marker.get("encoder") or "all-MiniLM-L6-v2 (pretrained)",
                                             "index": marker.get("kind"),
@@ -141,17 +132,14 @@ def run(cfg: RunConfig, env: D.DistEnv) -> int:
     report["seconds"] = time.monotonic() - t0
     if env.is_main:
         write_json_atomic(out / REPORT, report)
-        mark_complete(out, {"stage": STAGE, "report": str(out / REPORT)})
         log.info("evaluation report: %s", out / REPORT)
-    D.barrier(env)
+        complete_stage(cfg, STAGE, {"report": str(out / REPORT)})
     return OK
 
 
-def main(argv: list[str] | None = None) -> int:
-    from training.components.stage import run_main
-
-    return run_main(STAGE, run, argv)
+def run(cfg: RunConfig, env: D.DistEnv) -> int:
+    return run_stage(cfg, env, STAGE, _evaluate)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(STAGE, run))

@@ -20,13 +20,13 @@ import torch
 import torch.nn.functional as F
 
 from training.components import distributed as D
-from training.components.stage import is_complete, mark_complete
-from training.config import RunConfig
 from training.components.data import Datasets, QAExample, load_datasets
-from training.exit_codes import OK
 from training.components.logs import get_logger
 from training.components.loop import TrainTask, seed_everything, train
-from training.components.search import encode_sharded, load_index, load_retriever_for_index, search
+from training.components.search import retrieve
+from training.components.stage import complete_stage, run_main, run_stage
+from training.config import RunConfig
+from training.exit_codes import OK
 
 STAGE = "generator"
 IGNORE = -100
@@ -71,16 +71,6 @@ def encode_example(tok: Any, sp: SpecialIds, question: str, passages: list[str],
     ans = ans[: max(1, max_length // 2)]
     prompt = encode_prompt(tok, sp, question, passages, max_length - len(ans))
     return prompt + ans, [IGNORE] * len(prompt) + ans
-
-
-def retrieve_for(cfg: RunConfig, env: D.DistEnv, questions: list[str], k: int) -> list[list[str]]:
-    """Top-k passage ids per question with the index stage's encoder and index (same on all ranks)."""
-    index, ids, marker = load_index(cfg.stage_dir("index"))
-    model, tok, max_len = load_retriever_for_index(marker)
-    model.to(env.device)
-    q = encode_sharded(env, model, tok, questions, max_len, cfg.index.batch_size)
-    del model
-    return search(index, q, ids, k)
 
 
 def contexts(data: Datasets, examples: list[QAExample], retrieved: list[list[str]], k: int,
@@ -163,15 +153,12 @@ def make_task(cfg: RunConfig, model: torch.nn.Module, tok: Any, encoded: list[tu
         loss_sum=answer_loss_sum, tokens=lambda b: int(b["attention_mask"].sum()))
 
 
-def run(cfg: RunConfig, env: D.DistEnv) -> int:
+def _train(cfg: RunConfig, env: D.DistEnv) -> int:
     log = get_logger(STAGE, env.is_main)
     out = cfg.stage_dir(STAGE)
-    if is_complete(out):
-        log.info("%s is complete; nothing to do", out)
-        return OK
     g = cfg.generator
     data = load_datasets(cfg.shared_root, cfg.data.corpus, cfg.data.qa_train, cfg.data.qa_eval)
-    retrieved = retrieve_for(cfg, env, [ex.question for ex in data.train], g.top_k)
+    retrieved, _ = retrieve(cfg, env, [ex.question for ex in data.train], g.top_k)
     ctx = contexts(data, data.train, retrieved, g.top_k, g.include_gold)
     seed_everything(cfg.seed)
     model, tok = load_or_build_model(cfg)
@@ -187,22 +174,15 @@ def run(cfg: RunConfig, env: D.DistEnv) -> int:
         (out / "model").mkdir(parents=True, exist_ok=True)
         model.save_pretrained(out / "model")
         tok.save_pretrained(out / "model")
-        first, last = result.losses[:5], result.losses[-5:]
-        mark_complete(out, {"stage": STAGE, "steps": result.step, "resumed_from": result.resumed_from,
-                            "params": n_params,
-                            "answer_loss_first": sum(first) / len(first) if first else None,
-                            "answer_loss_last": sum(last) / len(last) if last else None,
-                            "model": str(out / "model")})
         log.info("generator model saved to %s", out / "model")
-    D.barrier(env)
+        complete_stage(cfg, STAGE, {**result.summary(prefix="answer_"), "params": n_params,
+                                    "model": str(out / "model")})
     return OK
 
 
-def main(argv: list[str] | None = None) -> int:
-    from training.components.stage import run_main
-
-    return run_main(STAGE, run, argv)
+def run(cfg: RunConfig, env: D.DistEnv) -> int:
+    return run_stage(cfg, env, STAGE, _train)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(STAGE, run))

@@ -12,25 +12,37 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from training.components import distributed as D
-from training.components.stage import is_complete, mark_complete
-from training.config import RunConfig
 from training.components.data import load_corpus, resolve_confined
-from training.exit_codes import OK
 from training.components.logs import get_logger
 from training.components.models import load_encoder
 from training.components.search import build_faiss, encode_sharded, retriever_model_path, save_index
+from training.components.stage import complete_stage, run_main, run_stage
+from training.config import RunConfig
+from training.exit_codes import OK
+
+if TYPE_CHECKING:
+    import numpy as np
 
 STAGE = "index"
 
 
-def run(cfg: RunConfig, env: D.DistEnv) -> int:
-    log = get_logger(STAGE, env.is_main)
+def write_index(cfg: RunConfig, ids: list[str], emb: "np.ndarray", encoder_path: str, encode_s: float) -> None:
+    """Build the FAISS index over ``emb`` (rows in ``ids`` order), save it with its id map, mark the stage
+    complete. The one writer of the index stage's outputs (torchrun ranks and Ray tasks alike)."""
+    ic = cfg.index
     out = cfg.stage_dir(STAGE)
-    if is_complete(out):
-        log.info("%s is complete; nothing to do", out)
-        return OK
+    index = build_faiss(emb, ic.kind, ic.nlist, ic.nprobe, ic.hnsw_m, ic.hnsw_ef_search)
+    save_index(index, ids, out)
+    complete_stage(cfg, STAGE, {"kind": ic.kind, "nprobe": ic.nprobe, "hnsw_ef_search": ic.hnsw_ef_search,
+                                "encoder": encoder_path, "max_length": cfg.retriever.max_length,
+                                "passages": len(ids), "dim": int(emb.shape[1]), "encode_seconds": encode_s})
+
+
+def _index(cfg: RunConfig, env: D.DistEnv) -> int:
+    log = get_logger(STAGE, env.is_main)
     corpus = load_corpus(resolve_confined(cfg.shared_root, cfg.data.corpus, "data.corpus"))
     encoder_path = retriever_model_path(cfg, cfg.index.use_finetuned)
     model, tokenizer = load_encoder(encoder_path)
@@ -40,22 +52,15 @@ def run(cfg: RunConfig, env: D.DistEnv) -> int:
                          cfg.index.batch_size)
     encode_s = time.monotonic() - t0
     if env.is_main:
-        ic = cfg.index
-        index = build_faiss(emb.numpy(), ic.kind, ic.nlist, ic.nprobe, ic.hnsw_m, ic.hnsw_ef_search)
-        save_index(index, [p.id for p in corpus], out)
-        mark_complete(out, {"stage": STAGE, "kind": ic.kind, "nprobe": ic.nprobe, "hnsw_ef_search": ic.hnsw_ef_search,
-                            "encoder": encoder_path, "max_length": cfg.retriever.max_length,
-                            "passages": len(corpus), "dim": int(emb.shape[1]), "encode_seconds": encode_s})
-        log.info("indexed %d passages (%s, dim %d) in %.1fs -> %s", len(corpus), ic.kind, emb.shape[1], encode_s, out)
-    D.barrier(env)
+        write_index(cfg, [p.id for p in corpus], emb.numpy(), encoder_path, encode_s)
+        log.info("indexed %d passages (%s, dim %d) in %.1fs -> %s", len(corpus), cfg.index.kind, emb.shape[1],
+                 encode_s, cfg.stage_dir(STAGE))
     return OK
 
 
-def main(argv: list[str] | None = None) -> int:
-    from training.components.stage import run_main
-
-    return run_main(STAGE, run, argv)
+def run(cfg: RunConfig, env: D.DistEnv) -> int:
+    return run_stage(cfg, env, STAGE, _index)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(STAGE, run))

@@ -20,13 +20,13 @@ import torch
 import torch.nn.functional as F
 
 from training.components import distributed as D
-from training.components.stage import is_complete, mark_complete
-from training.config import RunConfig
 from training.components.data import Datasets, load_datasets
-from training.exit_codes import OK
 from training.components.logs import get_logger
 from training.components.loop import TrainTask, seed_everything, train
 from training.components.models import DualEncoder, load_encoder, save_encoder
+from training.components.stage import complete_stage, run_main, run_stage
+from training.config import RunConfig
+from training.exit_codes import OK
 
 STAGE = "retriever"
 
@@ -74,12 +74,9 @@ def make_task(cfg: RunConfig, env: D.DistEnv, data: Datasets, model: DualEncoder
         count=lambda b: int(b["n"]), loss_sum=loss_sum, tokens=lambda b: int(b["attention_mask"].sum()))
 
 
-def run(cfg: RunConfig, env: D.DistEnv) -> int:
+def _train(cfg: RunConfig, env: D.DistEnv) -> int:
     log = get_logger(STAGE, env.is_main)
     out: Path = cfg.stage_dir(STAGE)
-    if is_complete(out):
-        log.info("%s is complete; nothing to do", out)
-        return OK
     data = load_datasets(cfg.shared_root, cfg.data.corpus, cfg.data.qa_train, cfg.data.qa_eval)
     seed_everything(cfg.seed)
     model, tokenizer = load_encoder(cfg.retriever.model)
@@ -90,22 +87,14 @@ def run(cfg: RunConfig, env: D.DistEnv) -> int:
         return result.exit_code
     if env.is_main:
         save_encoder(model, tokenizer, out / "model")
-        first = result.losses[:5]
-        last = result.losses[-5:]
-        mark_complete(out, {"stage": STAGE, "steps": result.step, "resumed_from": result.resumed_from,
-                            "loss_first": sum(first) / max(1, len(first)) if first else None,
-                            "loss_last": sum(last) / max(1, len(last)) if last else None,
-                            "model": str(out / "model")})
         log.info("retriever model saved to %s", out / "model")
-    D.barrier(env)
+        complete_stage(cfg, STAGE, {**result.summary(), "model": str(out / "model")})
     return OK
 
 
-def main(argv: list[str] | None = None) -> int:
-    from training.components.stage import run_main
-
-    return run_main(STAGE, run, argv)
+def run(cfg: RunConfig, env: D.DistEnv) -> int:
+    return run_stage(cfg, env, STAGE, _train)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(STAGE, run))

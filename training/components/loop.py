@@ -85,6 +85,14 @@ class TrainResult:
     resumed_from: int | None = None
     """Step of the checkpoint training resumed from, if any."""
 
+    def summary(self, prefix: str = "") -> dict[str, Any]:
+        """A stage marker's training fields: steps, resumed_from, and ``<prefix>loss_first`` /
+        ``<prefix>loss_last``, the mean loss of the first and last 5 steps run here (None if none)."""
+        first, last = self.losses[:5], self.losses[-5:]
+        return {"steps": self.step, "resumed_from": self.resumed_from,
+                f"{prefix}loss_first": sum(first) / len(first) if first else None,
+                f"{prefix}loss_last": sum(last) / len(last) if last else None}
+
 
 class _StopFlag:
     """SIGTERM → stop at the next step boundary (never inside a step)."""
@@ -213,9 +221,7 @@ class Trainer:
             while self.step < task.max_steps:
                 if self._train_step():
                     return self._stop_and_checkpoint()
-                every = self.cfg.checkpoint.every_steps
-                if every and self.step % every == 0 and self.step < task.max_steps:
-                    self.save(blocking=not self.cfg.checkpoint.async_save)
+                self._periodic_save()
                 if self.hooks:
                     self._run_hooks()
             self.save(blocking=True)
@@ -291,6 +297,13 @@ class Trainer:
         self.metrics.step(global_loss, time.monotonic() - t0, n * task.grad_accum, n_tokens)
         self.progress.update(self.step, loss=global_loss, lr=self.scheduler.get_last_lr()[0])
         return summary[1].item() > 0
+
+    def _periodic_save(self) -> None:
+        """Every ``checkpoint.every_steps`` (in the background with ``async_save``); the last step
+        is saved by :meth:`train` itself."""
+        every = self.cfg.checkpoint.every_steps
+        if every and self.step % every == 0 and self.step < self.task.max_steps:
+            self.save(blocking=not self.cfg.checkpoint.async_save)
 
     def _run_hooks(self) -> None:
         for hook in self.hooks:

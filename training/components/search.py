@@ -10,9 +10,9 @@ import numpy as np
 import torch
 
 from training.components import distributed as D
+from training.components.models import DualEncoder, encode_texts, load_encoder
 from training.components.stage import is_complete, read_marker
 from training.config import IndexKind, RunConfig
-from training.components.models import DualEncoder, encode_texts, load_encoder
 
 INDEX_FILE = "index.faiss"
 IDS_FILE = "ids.json"
@@ -109,3 +109,14 @@ def load_retriever_for_index(marker: dict) -> tuple[DualEncoder, object, int]:
     """The encoder an index was built with (recorded in its marker), and its max_length."""
     model, tok = load_encoder(marker.get("encoder", ""))
     return model, tok, int(marker.get("max_length", 64))
+
+
+def retrieve(cfg: RunConfig, env: D.DistEnv, questions: list[str], k: int) -> tuple[list[list[str]], dict]:
+    """Top-``k`` passage ids per question with the index stage's own encoder and index (questions
+    encoded sharded across ranks; the same result on every rank), and the index stage's marker."""
+    index, ids, marker = load_index(cfg.stage_dir("index"))
+    model, tok, max_len = load_retriever_for_index(marker)
+    model.to(env.device)
+    q = encode_sharded(env, model, tok, questions, max_len, cfg.index.batch_size)
+    del model
+    return search(index, q, ids, k), marker

@@ -1,12 +1,17 @@
-"""What every stage shares: its common ``main()`` (config, process group, exit codes) and
-its outputs under ``<shared>/runs/<run_id>/<stage>/`` and their completion marker.
+"""What every stage shares: its common ``main()`` (config, process group, exit codes),
+the completion prologue (:func:`run_stage`) and its outputs under
+``<shared>/runs/<run_id>/<stage>/`` with their completion marker.
 
-A stage writes ``_COMPLETE`` (JSON: when, and a small summary) as the very last thing,
-atomically; the pipeline skips a stage whose marker exists.
+A stage writes ``_COMPLETE`` (JSON: when, a small summary, and a fingerprint of the settings
+that shaped its output) as the very last thing, atomically (:func:`complete_stage`). A stage
+whose marker exists is skipped; one completed with other settings is refused with a bad-input
+error instead of silently reusing outputs trained differently.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
 import sys
@@ -16,13 +21,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from training.config import ConfigError, RunConfig, load_run_config, split_cli
-from training.exit_codes import BAD_INPUT, FAILED
+from training.config import STAGES, ConfigError, RunConfig, load_run_config, split_cli
+from training.exit_codes import BAD_INPUT, FAILED, OK
 
 COMPLETE_MARKER = "_COMPLETE"
 #: Written by rank 0 when SIGTERM stopped training after a checkpoint (exit code 75);
 #: removed when the stage is started again.
 PREEMPTED_MARKER = "_PREEMPTED"
+#: Marker key holding :func:`stage_fingerprint` of the settings the stage completed with.
+FINGERPRINT_KEY = "config_fingerprint"
 
 
 def is_complete(stage_dir: Path) -> bool:
@@ -44,9 +51,66 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-def mark_complete(stage_dir: Path, summary: dict[str, Any]) -> None:
-    """Write the marker last: everything the stage produced is already in place."""
-    write_json_atomic(stage_dir / COMPLETE_MARKER, {"completed_at": time.time(), **summary})
+def stage_fingerprint(cfg: RunConfig, stage: str) -> str:
+    """Hash of what shapes ``stage``'s output: data, seed, its and its upstream sections."""
+    upstream = STAGES[: STAGES.index(stage) + 1]
+    shaping = {"seed": cfg.seed, "data": dataclasses.asdict(cfg.data),
+               **{s: dataclasses.asdict(getattr(cfg, s)) for s in upstream}}
+    return hashlib.sha256(json.dumps(shaping, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def complete_stage(cfg: RunConfig, stage: str, summary: dict[str, Any]) -> None:
+    """Rank 0, last: everything ``stage`` produced is in place; record it with the settings' fingerprint."""
+    write_json_atomic(cfg.stage_dir(stage) / COMPLETE_MARKER,
+                      {"completed_at": time.time(), "stage": stage, **summary,
+                       FINGERPRINT_KEY: stage_fingerprint(cfg, stage)})
+
+
+def recorded_fingerprint(cfg: RunConfig, stage: str) -> str | None:
+    """None when ``stage`` is not complete; else the fingerprint its marker records ("" if none)."""
+    stage_dir = cfg.stage_dir(stage)
+    if not is_complete(stage_dir):
+        return None
+    return str(read_marker(stage_dir).get(FINGERPRINT_KEY, ""))
+
+
+def check_completed(cfg: RunConfig, stage: str, recorded: str | None) -> bool:
+    """True when ``stage`` is complete (``recorded`` from :func:`recorded_fingerprint`) with these
+    settings, False when not complete; ConfigError when it was completed with other settings."""
+    if recorded is None:
+        return False
+    wanted = stage_fingerprint(cfg, stage)
+    if recorded and recorded != wanted:
+        raise ConfigError(
+            f"stage {stage} of run {cfg.run_id} was completed with other settings "
+            f"(fingerprint {recorded}, now {wanted}); its outputs would not match this config. "
+            f"Use a new run_id, or delete {cfg.stage_dir(stage)} to retrain it")
+    return True
+
+
+def completed(cfg: RunConfig, stage: str) -> bool:
+    """:func:`check_completed` for this process alone (no collective)."""
+    return check_completed(cfg, stage, recorded_fingerprint(cfg, stage))
+
+
+def run_stage(cfg: RunConfig, env: Any, stage: str, body: Callable[[RunConfig, Any], int]) -> int:
+    """The one way a stage runs on every rank: skip it when complete with these settings (refuse
+    when completed with others), else run ``body`` (which ends, on rank 0, with
+    :func:`complete_stage`) and wait for every rank. ``body``'s exit code is returned."""
+    from training.components import distributed as D
+    from training.components.logs import get_logger
+
+    log = get_logger(stage, env.is_main)
+    # Rank 0 reads the marker so every rank takes the same branch.
+    recorded = D.broadcast_object(env, recorded_fingerprint(cfg, stage) if env.is_main else None)
+    if check_completed(cfg, stage, recorded):
+        log.info("stage %s: complete, skipped", stage)
+        return OK
+    log.info("stage %s: starting", stage)
+    code = body(cfg, env)
+    if code == OK:
+        D.barrier(env)
+    return code
 
 
 def run_main(stage: str, run: Callable[..., int], argv: list[str] | None = None) -> int:
