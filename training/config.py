@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import re
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -321,6 +322,7 @@ RAY_STAGES: tuple[str, ...] = ("prepare", *STAGES)
 """Stages the Ray driver places: data preparation, then the pipeline's stages."""
 RAY_POOL_RULE = "empty (any node) or a pool name: 1-63 lowercase letters, digits or '-', starting and ending alphanumeric"
 TUNE_METRIC_RULE = "mrr or recall@K with K one of evaluate.recall_at"
+_TUNE_METRIC = re.compile(r"mrr|recall@[0-9]{1,6}")
 
 
 @dataclass
@@ -378,8 +380,7 @@ class TuneConfig:
                  "must be [low, high] with 0 < low <= high <= 10")
         _require(len(self.global_batch_size) >= 1 and all(b >= 1 for b in self.global_batch_size),
                  "global_batch_size", self.global_batch_size, "must be a non-empty list of integers >= 1")
-        _require(self.metric == "mrr" or (self.metric.startswith("recall@") and self.metric[7:].isdigit()),
-                 "metric", self.metric, f"must be {TUNE_METRIC_RULE}")
+        _require(_TUNE_METRIC.fullmatch(self.metric) is not None, "metric", self.metric, f"must be {TUNE_METRIC_RULE}")
         _require(1 <= self.rungs <= 100, "rungs", self.rungs, "must be in [1, 100]")
         _require(self.reduction_factor >= 2, "reduction_factor", self.reduction_factor, "must be >= 2")
         _require(self.max_concurrent >= 0, "max_concurrent", self.max_concurrent, "must be >= 0 (0 = by GPUs)")

@@ -159,3 +159,11 @@ def test_config_error_carries_the_dotted_key_and_a_bounded_value():
         with pytest.raises(ConfigError) as err:
             load_run_config(tree)
         assert err.value.key == key and str(err.value).startswith(key) and len(str(err.value)) < 400, err.value
+
+
+def test_tune_metric_is_a_full_match():
+    assert load_run_config({"ray": {"tune": {"metric": "recall@5"}}}).ray.tune.metric == "recall@5"
+    for bad in ("recall@5\n", "recall@\u0665", "mrr\n", "recall@", "recall@5x"):
+        with pytest.raises(ConfigError) as err:
+            load_run_config({"ray": {"tune": {"metric": bad}}})
+        assert err.value.key == "ray.tune.metric", bad
