@@ -27,7 +27,7 @@ Keys (ratios as fractions):
                            wait for the writer at the next save) over the synchronous
                            save time of the same state; ckpt_async_slowdown_seconds adds the wall-clock
                            cost of the writer thread sharing the cores
-Other keys give the underlying measurements. Targets on a 2-core CPU (issue 3): mfu >= 0.60,
+Other keys give the underlying measurements. Targets on a 2-core CPU: mfu >= 0.60,
 ddp_scaling >= 0.95, ckpt_vs_raw >= 0.90, ckpt_stall_ratio <= 0.10.
 """
 
@@ -61,8 +61,8 @@ def matmul_peak_flops(n: int = 2048, reps: int = 5) -> float:
     return 2 * n**3 / best
 
 
-# Generator shapes: "cpu" is what the 2-core CPU figure uses; "1b" is the ~1B-parameter
-# Llama (Llama-3.2-1B's width and depth, a 32k vocabulary) for the GPU figure.
+# Generator shapes: "tiny" for the smoke test, "cpu" for the 2-core CPU figure, "1b" the
+# ~1B-parameter Llama (Llama-3.2-1B's width and depth, a 32k vocabulary) for the GPU figure.
 GEN_SHAPES = {
     "tiny": dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=4, intermediate_size=128),

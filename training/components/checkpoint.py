@@ -3,7 +3,7 @@
 Layout: ``<stage_dir>/checkpoints/step_NNNNNN/`` holding one ``.pt`` file per state
 (model, optimizer, scheduler, trainer: step + data position + every rank's RNG) and a
 ``manifest.json`` written last with each file's size and CRC32C (hardware-accelerated,
-computed while the bytes are written; manifests from before carry zlib CRC32 and still load).
+computed while the bytes are written; a manifest naming zlib's ``crc32`` loads too).
 
 A save writes into ``.tmp-step_NNNNNN-*`` beside it (starting the disk writeback of each
 16 MiB as soon as it is written, so the disk works while the rest is serialised), fsyncs every file and the
@@ -76,9 +76,8 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-# Checksum algorithms a manifest may name. CRC32C runs at memory speed with SSE4.2 (about
-# 6x zlib's CRC32 here), so checksumming no longer costs a large share of a save;
-# "crc32" is what manifests written before it carry.
+# Checksum algorithms a manifest may name. Saves write CRC32C: it runs at memory speed with
+# SSE4.2, so checksumming stays a small share of a save; "crc32" (zlib) manifests still verify.
 _CHECKSUMS: dict[str, Callable[[Any, int], int]] = {
     "crc32c": lambda data, crc: crc32c.crc32c(data, crc),
     "crc32": lambda data, crc: zlib.crc32(data, crc),
