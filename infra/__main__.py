@@ -18,6 +18,7 @@ except ConfigError as exc:
 from infra.cluster import Cluster, ClusterArgs  # noqa: E402
 from infra.gpu_plugins import GpuPlugins, GpuPluginsArgs  # noqa: E402
 from infra.gpu_pools import GpuPools, GpuPoolsArgs  # noqa: E402
+from infra.log_shipping import LogShipping, LogShippingArgs  # noqa: E402
 from infra.monitoring import Monitoring, MonitoringArgs  # noqa: E402
 from infra.network import Network, NetworkArgs  # noqa: E402
 from infra.ray_cluster import Ray, RayArgs, RayNamespace, ray_address  # noqa: E402
@@ -64,6 +65,8 @@ monitoring = Monitoring("monitoring", MonitoringArgs(
 gpu_plugins = GpuPlugins("gpu-plugins", GpuPluginsArgs(
     k8s_provider=cluster.provider, gpu_pool_names=[p.name for p in cfg.gpu_pools],
     monitoring_namespace=monitoring.namespace_name, depends_on=[monitoring.release]))
+log_shipping = LogShipping("logs", LogShippingArgs(
+    config=cfg, cluster_name=cluster_name, eks_cluster_name=cluster.name, depends_on=[cluster.system_nodes]))
 if cfg.ray.enabled:
     Ray("ray", RayArgs(
         config=cfg, k8s_provider=cluster.provider, image=registry.image_ref, shared_claim=storage.claim_name,
@@ -81,3 +84,4 @@ pulumi.export("gpuPools", [p.name for p in cfg.gpu_pools])
 pulumi.export("grafanaAdminPassword", monitoring.grafana_admin_password)
 pulumi.export("redisUrl", redis.url)
 pulumi.export("workerJobTemplates", workers.templates)
+pulumi.export("applicationLogGroup", log_shipping.application_log_group)

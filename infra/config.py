@@ -154,6 +154,10 @@ DEFAULT_GPU_POOLS = [
     }
 ]
 
+# The retention periods CloudWatch Logs accepts (PutRetentionPolicy; 0 = never expire is not offered).
+CLOUDWATCH_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557,
+                             2922, 3288, 3653)
+
 SCHEMA: tuple[ConfigKey, ...] = (
     ConfigKey("environment", "string", "Environment class: dev, staging or prod. prod enforces the HA and safety rules (3 AZs, private API endpoint, an on-demand GPU pool, protected storage).", "dev"),
     ConfigKey("owner", "string", "Team or person that owns this stack; tagged on every AWS resource as `owner`.", required=True),
@@ -190,6 +194,7 @@ SCHEMA: tuple[ConfigKey, ...] = (
     ConfigKey("imageTag", "string", "Tag of the training image in ECR (tags are immutable: bump it for every build; `latest` is refused).", "0.1.0"),
     ConfigKey("prometheusRetention", "string", "How long Prometheus keeps samples (a Prometheus duration of at least 30d: the GPU-hour budget rule looks back 30 days).", "31d"),
     ConfigKey("prometheusStorageGiB", "integer", "Size of Prometheus' persistent volume in GiB (gp3).", 50),
+    ConfigKey("logRetentionDays", "integer", "Days CloudWatch Logs keeps the cluster's container logs (the Container Insights log groups infra/log_shipping.py creates); one of CloudWatch's retention values: " + ", ".join(map(str, CLOUDWATCH_RETENTION_DAYS)) + ".", 7),
     ConfigKey("redisNodeType", "string", "ElastiCache node type of the prod task queue (one node per AZ, Multi-AZ failover).", "cache.r7g.large"),
     ConfigKey("gpuHoursBudget", "integer", "GPU-hours per 30 days above which RagpoolGpuHoursOverBudget fires.", 5000),
     ConfigKey("runbookBaseUrl", "string", "Where dashboards/RUNBOOK.md is browsable (e.g. your repo's blob URL); alert runbook_url links point into it. Empty keeps repo-relative links.", ""),
@@ -297,6 +302,7 @@ class StackConfig:
     gpu_hours_budget: int = 5000
     runbook_base_url: str = ""
     prometheus_storage_gib: int = 50
+    log_retention_days: int = SCHEMA_BY_NAME["logRetentionDays"].default
     alert_receiver_secret: str | None = field(default=None, repr=False)
     ray: RayConfig = RayConfig()
 
@@ -667,7 +673,7 @@ def _parse_storage_and_image(r: _Reader) -> dict[str, Any]:
 
 
 def _parse_monitoring(r: _Reader) -> dict[str, Any]:
-    """prometheusRetention, gpuHoursBudget, runbookBaseUrl, prometheusStorageGiB."""
+    """prometheusRetention, gpuHoursBudget, runbookBaseUrl, prometheusStorageGiB, logRetentionDays."""
     retention_p = r.get("prometheusRetention")
     _check(_duration_days(retention_p) >= 30, r, "prometheusRetention", retention_p,
            "must be a Prometheus duration of at least 30d, such as 31d or 1y (the GPU-hour budget looks back 30 days)")
@@ -679,8 +685,11 @@ def _parse_monitoring(r: _Reader) -> dict[str, Any]:
     storage_p = r.get("prometheusStorageGiB")
     _check(isinstance(storage_p, int) and 10 <= storage_p <= 16384, r, "prometheusStorageGiB", storage_p,
            "must be an integer from 10 to 16384")
+    log_days = r.get("logRetentionDays")
+    _check(log_days in CLOUDWATCH_RETENTION_DAYS and not isinstance(log_days, bool), r, "logRetentionDays", log_days,
+           "must be one of CloudWatch Logs' retention periods: " + ", ".join(map(str, CLOUDWATCH_RETENTION_DAYS)))
     return {"prometheus_retention": retention_p, "gpu_hours_budget": budget_h, "runbook_base_url": runbook,
-            "prometheus_storage_gib": storage_p}
+            "prometheus_storage_gib": storage_p, "log_retention_days": log_days}
 
 
 def _parse_queue(r: _Reader) -> dict[str, Any]:

@@ -178,6 +178,37 @@ def gpu_daemonsets(plan: dict) -> list[Workload]:
     ]
 
 
+# What a GPU node cannot do without (issues 12 and 15): dropping one from the reference data or
+# the plan must fail here, not silently shrink the list the test checks.
+REQUIRED_GPU_DAEMONSETS = {
+    "nvidia-device-plugin", "gpu-feature-discovery", "nfd-worker", "dcgm-exporter", "prometheus-node-exporter",
+    "eks-node-monitoring-agent/eks-node-monitoring-agent", "eks-node-monitoring-agent/dcgm-server",
+    "vpc-cni/aws-node", "kube-proxy/kube-proxy", "eks-pod-identity-agent/eks-pod-identity-agent",
+    "aws-efs-csi-driver/efs-csi-node",
+    # Ships the node's container logs to CloudWatch before the node is gone (infra/log_shipping.py).
+    "amazon-cloudwatch-observability/fluent-bit",
+}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_list_of_gpu_daemonsets_is_complete(plans, schemas_dir, stack):
+    assert REQUIRED_GPU_DAEMONSETS <= {w.name for w in gpu_daemonsets(plans[stack])}
+
+
+def test_the_check_sees_a_log_agent_that_does_not_tolerate_the_gpu_taint(plans, schemas_dir):
+    """Fluent Bit with a component tolerations list that omits the GPU taint never runs on GPU nodes,
+    and their container logs die with them."""
+    plan = copy.deepcopy(plans["dev"])
+    for entry in plan["resources"]:
+        if entry["type"] == ADDON and entry["inputs"]["addonName"] == "amazon-cloudwatch-observability":
+            config = json.loads(entry["inputs"]["configurationValues"])
+            config.setdefault("containerLogs", {})["fluentBit"] = {"tolerations": [{"key": "CriticalAddonsOnly",
+                                                                                     "operator": "Exists"}]}
+            entry["inputs"]["configurationValues"] = json.dumps(config)
+    [fluent_bit] = [w for w in gpu_daemonsets(plan) if w.name == "amazon-cloudwatch-observability/fluent-bit"]
+    assert not any(schedulable(fluent_bit.pod, n.labels, n.taints, daemonset=True) for n in gpu_nodes(plan))
+
+
 def off_gpu_workloads(plan: dict) -> list[Workload]:
     """Controllers, monitoring, the queue, operators: none of them may tolerate the GPU taint."""
     kps = chart_values(plan, "kube-prometheus-stack")

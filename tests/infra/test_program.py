@@ -96,7 +96,7 @@ def test_managed_addons_and_pod_identity(plans):
     doc = plans["dev"]
     addons = {a["inputs"]["addonName"]: a["inputs"] for a in of_type(doc, "aws:eks/addon:Addon")}
     assert set(addons) == {"vpc-cni", "coredns", "kube-proxy", "eks-pod-identity-agent", "aws-efs-csi-driver",
-                           "aws-ebs-csi-driver", "eks-node-monitoring-agent"}
+                           "aws-ebs-csi-driver", "eks-node-monitoring-agent", "amazon-cloudwatch-observability"}
     assert addons["aws-ebs-csi-driver"]["podIdentityAssociations"][0]["serviceAccount"] == "ebs-csi-controller-sa"
     efs = addons["aws-efs-csi-driver"]["podIdentityAssociations"][0]
     assert efs["serviceAccount"] == "efs-csi-controller-sa"
