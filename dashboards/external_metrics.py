@@ -21,6 +21,17 @@ Sources and what each needs from the deployment (see ``dashboards/README.md``):
   becomes ``metered_iobytes``. The dimension arrives as the label
   ``dimension_FileSystemId``. CloudWatch is the only source of EFS burst credits and
   permitted throughput, hence a CloudWatch exporter rather than node-exporter.
+* ``kuberay-operator``: the KubeRay operator 1.7.0 (chart value ``metrics.serviceMonitor``,
+  ``honorLabels: true`` so ``name``/``namespace`` are the RayCluster's;
+  ray-operator/controllers/ray/metrics/ray_cluster_metrics.go).
+* ``ray``: Ray 2.58 on ragpool's RayClusters, scraped by the PodMonitors in KubeRay's shape
+  (infra/ray_cluster.py), which add ``ray_io_cluster``. Core metrics (GCS, raylet) on each
+  node's ``metrics`` port: ``ray_placement_groups{State}`` (State is the
+  PlacementGroupTableData state name: PENDING, CREATED, REMOVED, RESCHEDULING),
+  ``ray_tasks{State}`` (TaskStatus names, e.g. PENDING_NODE_ASSIGNMENT); the autoscaler's
+  ``autoscaler_*`` (ray/autoscaler/_private/prom_metrics.py) on the head's ``as-metrics``.
+  Ray's own dashboards (dashboards/boards/ray.py) read more of Ray's names; they are Ray's
+  and are not listed here.
 """
 
 from __future__ import annotations
@@ -28,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Source = Literal["kube-state-metrics", "redis_exporter", "yace"]
+Source = Literal["kube-state-metrics", "redis_exporter", "yace", "kuberay-operator", "ray"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +71,16 @@ EXTERNAL_METRICS: tuple[ExternalMetric, ...] = (
                    "pod -> run id, to name the run holding an idle GPU; needs the pod allow-list"),
     ExternalMetric("kube_pod_container_resource_requests", "kube-state-metrics",
                    ("namespace", "pod", "node", "resource"), "GPUs requested by pods (allocation vs capacity)"),
+    ExternalMetric("kube_pod_container_status_ready", "kube-state-metrics", ("namespace", "pod", "container"),
+                   "readiness of the Ray head container (ray-head): RagpoolRayHeadDown"),
+    ExternalMetric("kuberay_cluster_info", "kuberay-operator", ("name", "namespace"),
+                   "one series per RayCluster the operator knows"),
+    ExternalMetric("ray_placement_groups", "ray", ("namespace", "ray_io_cluster", "State"),
+                   "placement groups by state (GCS, head): pending reservations of the driver's stages"),
+    ExternalMetric("ray_tasks", "ray", ("namespace", "ray_io_cluster", "State"),
+                   "tasks by state: PENDING_NODE_ASSIGNMENT is demand waiting for a node"),
+    ExternalMetric("autoscaler_pending_nodes", "ray", ("namespace", "ray_io_cluster", "NodeType"),
+                   "workers the Ray autoscaler is launching, per worker group"),
     ExternalMetric("redis_up", "redis_exporter", ("instance",), "1 when the exporter reached Redis"),
     ExternalMetric("redis_instance_info", "redis_exporter", ("instance", "role"), "role=master|slave per instance"),
     ExternalMetric("redis_connected_clients", "redis_exporter", ("instance",), "clients (workers) connected"),
