@@ -5,6 +5,7 @@
     ragpool list [--state S] [--limit N] [--json]
     ragpool cancel RUN_ID              # waiting: cancelled now; running: stopped at the next heartbeat
     ragpool retry RUN_ID               # dead-letter -> queue, attempts reset
+    ragpool tune run.yaml [--start]    # Ray Tune search (ASHA) over the retriever; table + best config
     ragpool worker [...]               # same as python -m training.worker
 
 Redis comes from ``REDIS_URL`` and ``REDIS_PASSWORD`` / ``REDIS_PASSWORD_FILE`` (never a
@@ -56,6 +57,11 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("retry", help="move a dead-letter run back to the queue")
     p.add_argument("run_id")
     p.set_defaults(handler=cmd_retry)
+
+    p = subparsers.add_parser("tune", help="Ray Tune search over the retriever's hyper-parameters of a run spec")
+    p.add_argument("file", help="run spec file (.yaml/.yml/.json); the space is hyperparameters.run ray.tune.*")
+    p.add_argument("--start", action="store_true", help="then run the whole run with the best parameters on Ray")
+    p.set_defaults(handler=cmd_tune)
 
     from training.scheduler.supervisor import build_arg_parser
 
@@ -252,6 +258,19 @@ def cmd_retry(args) -> int:
         return exit_codes.REFUSED
 
     return _with_queue("retry", retry)
+
+
+def cmd_tune(args) -> int:
+    from training.scheduler.spec import SpecError, load_spec
+
+    try:
+        spec = load_spec(args.file)
+    except SpecError as exc:
+        print(f"ragpool tune: {exc}", file=sys.stderr)
+        return exit_codes.BAD_INPUT
+    from training.ray.tune import tune_spec  # Ray and torch: only this command needs them
+
+    return tune_spec(spec, start=args.start)
 
 
 def cmd_worker(args) -> int:

@@ -93,8 +93,11 @@ _SPEC_OWN_KEYS = ("run_id", "shared_root", "stages", "data")
 """Run config keys the spec's own fields set (never through ``hyperparameters.run``)."""
 _TOP_LEVEL_FIELDS = (
     "run_id", "stages", "data", "models", "hyperparameters", "nodes", "gpus_per_node",
-    "priority", "max_attempts", "timeout_seconds",
+    "priority", "max_attempts", "timeout_seconds", "executor",
 )
+EXECUTORS: tuple[str, ...] = ("torchrun", "ray")
+"""How a run runs: ``torchrun`` on a GPU worker's pod, or ``ray`` (``training.ray.driver`` as a Ray job
+on the namespace's Ray cluster, submitted by a worker whose RAGPOOL_EXECUTORS includes ray)."""
 
 
 class SpecError(ValueError):
@@ -132,6 +135,8 @@ class RunSpec:
     """Attempts (claims that fail) before the task goes to the dead-letter list."""
     timeout_seconds: int = 86400
     """Wall-clock limit of one attempt; the worker stops the run and counts a failure."""
+    executor: str = "torchrun"
+    """:data:`EXECUTORS`; ``ray`` takes its per-stage resources from ``hyperparameters.run`` ``ray.*``."""
 
     def to_payload(self) -> dict[str, Any]:
         """The JSON-able mapping stored in the queue (round-trips through ``parse_spec``)."""
@@ -146,6 +151,8 @@ class RunSpec:
             "priority": self.priority,
             "max_attempts": self.max_attempts,
             "timeout_seconds": self.timeout_seconds,
+            # Only when not the default: payloads of torchrun runs stay as they were.
+            **({"executor": self.executor} if self.executor != "torchrun" else {}),
         }
 
     def to_training_config(self, shared_root: str) -> dict[str, Any]:
@@ -351,19 +358,42 @@ def parse_spec(raw: Any, *, source: str = "run spec", shared_root: str | None = 
         priority = "normal"
     max_attempts = _int_field(raw, "max_attempts", 3, 1, 100, problems)
     timeout = _int_field(raw, "timeout_seconds", 86400, 1, 7 * 86400, problems)
+    executor = raw.get("executor", "torchrun")
+    if executor not in EXECUTORS:
+        problems.append(("executor", f"must be one of {', '.join(EXECUTORS)}, got {shown(executor)}"))
+        executor = "torchrun"
 
     if problems:
         raise SpecError(problems, source)
     spec = RunSpec(run_id=run_id, stages=stages, data=data, models=models, hyperparameters=hyper,
                    nodes=nodes, gpus_per_node=gpus, priority=priority, max_attempts=max_attempts,
-                   timeout_seconds=timeout)
+                   timeout_seconds=timeout, executor=executor)
     size = len(spec.to_json().encode())
     if size > MAX_SPEC_BYTES:
         raise SpecError([("(payload)", f"{size} bytes once encoded; the limit is {MAX_SPEC_BYTES}")], source)
     problem = _training_config_problem(spec, shared_root)
     if problem:
         raise SpecError([problem], source)
+    if spec.executor == "ray":
+        ray_problems = _ray_problems(spec, shared_root)
+        if ray_problems:
+            raise SpecError(ray_problems, source)
     return spec
+
+
+def _ray_problems(spec: RunSpec, shared_root: str) -> list[tuple[str, str]]:
+    """A ray run's stages must name declared pools whose nodes hold their GPUs per worker."""
+    from training.config import RAY_STAGES
+    from training.ray.pools import PoolsError, declared_pools, pool_problems
+
+    try:
+        pools = declared_pools()
+    except PoolsError as err:
+        return [("(environment)", str(err))]
+    cfg = load_run_config(spec.to_training_config(shared_root))
+    wanted = {s: (cfg.ray.stage(s).pool, cfg.ray.stage(s).gpus) for s in RAY_STAGES
+              if s == "prepare" or s in spec.stages}
+    return [(_spec_field(spec, key), message) for key, message in pool_problems(wanted, pools)]
 
 
 def _spec_field(spec: RunSpec, key: str | None) -> str:

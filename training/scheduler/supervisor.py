@@ -363,6 +363,10 @@ class Worker:
             cmd += ["--rdzv-backend", "c10d",
                     "--rdzv-endpoint", f"{self.config.rdzv_host}:{self.config.rdzv_port}",
                     "--rdzv-id", f"{spec.run_id}-a{attempt}", "--rdzv-conf", f"is_host={is_host}"]
+        if spec.executor == "ray":
+            # The stages run on the namespace's Ray cluster; this pod only follows the Ray job
+            # (heartbeats, cancel and lease loss work as for torchrun: SIGTERM stops the job).
+            return [sys.executable, "-m", "training.ray.job", "--config", str(config_path)], env
         entry = [self.config.test_entrypoint] if self.config.test_entrypoint else ["-m", "training.pipeline"]
         return cmd + entry + ["--config", str(config_path)], env
 

@@ -1,4 +1,5 @@
-"""Ray test helpers: one Ray cluster per test module (a Ray start costs seconds and ~700 MB)."""
+"""Ray test helpers: one Ray cluster per test module (a Ray start costs seconds and ~700 MB).
+Modules that start Ray skip without the ray extra (``needs_ray``)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,6 @@ import os
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("ray", reason="the ray extra is not installed (pip install '.[ray]')")
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -28,3 +27,7 @@ def ray_temp_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     import tempfile
 
     return tempfile.mkdtemp(prefix="rgr", dir="/tmp")
+
+
+def needs_ray() -> None:
+    pytest.importorskip("ray", reason="the ray extra is not installed (pip install '.[ray]')")

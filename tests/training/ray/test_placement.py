@@ -12,11 +12,12 @@ import time
 
 import pytest
 
-from tests.training.ray.conftest import ray_env, ray_temp_dir
+from tests.training.ray.conftest import needs_ray, ray_env, ray_temp_dir
 from training.config import RayStageConfig
 from training.ray.placement import POOL_LABEL, PlacementError, bundle_nodes, plan, reserved, strategy_for
 
 pytestmark = pytest.mark.slow
+needs_ray()
 
 
 def _node(pool: str | None, cpus: float, gpus: float = 0, alive: bool = True) -> dict:

@@ -1,0 +1,126 @@
+"""Run a run's Ray driver as a Ray job and wait for it: what a queue worker runs for an ``executor: ray`` run.
+
+    python -m training.ray.job --config RUN.yaml [--address http://HEAD:8265] [--submission-id ID]
+
+Submits ``python -m training.ray.driver --config RUN.yaml`` through the Ray Jobs API
+(:class:`ray.job_submission.JobSubmissionClient`) to the Ray cluster at ``--address`` (default
+``RAY_ADDRESS``: the head's dashboard port, ``http://<head-svc>:8265``), copies the job's log to
+stdout as it grows, and exits when the job ends. The run config must be on the shared storage the
+Ray cluster mounts too (the worker writes it under the shared root). The submission id is
+``<run_id>-a<attempt>`` (``RAGPOOL_RUN_ID`` / ``RAGPOOL_ATTEMPT`` from the worker): a worker that
+comes back to the same attempt attaches to the job instead of submitting a second one.
+
+The worker supervises this process like torchrun: it heartbeats the lease meanwhile, and on
+cancel, lease loss, timeout or shutdown sends SIGTERM, on which this stops the Ray job
+(``stop_job``) and waits for it to stop. Exit codes (:mod:`training.exit_codes`): 0 the job
+succeeded; 2 the driver refused its input; 4 the Ray cluster cannot be reached; 75 stopped by
+SIGTERM; 1 any other failure. A failed job's error (``JobInfo.message``) is the last line printed,
+so the worker records the run's failure with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+from training.exit_codes import BAD_INPUT, FAILED, OK, RETRIABLE, UNAVAILABLE
+
+POLL_S = 1.0
+STOP_WAIT_S = 60.0
+
+
+def driver_entrypoint(config: str) -> str:
+    """The Ray job's entrypoint: the driver module on the run config."""
+    return f"python -m training.ray.driver --config {shlex.quote(config)}"
+
+
+def exit_code_of(status: str, driver_exit_code: int | None) -> int:
+    """The worker-facing exit code of a finished Ray job."""
+    if status == "SUCCEEDED":
+        return OK
+    if status == "STOPPED":
+        return RETRIABLE
+    if driver_exit_code == BAD_INPUT:
+        return BAD_INPUT
+    return FAILED
+
+
+def run_job(client: Any, config: str, submission_id: str, stop: threading.Event, out: Any = sys.stdout,
+            runtime_env: dict[str, Any] | None = None) -> int:
+    """Submit (or attach to) the driver job, follow it to its end; ``stop`` set = stop the job."""
+    from ray.job_submission import JobStatus
+
+    try:
+        info = client.get_job_info(submission_id)
+    except Exception:  # not submitted yet (the SDK raises RuntimeError for an unknown id)
+        info = None
+    if info is None:
+        client.submit_job(entrypoint=driver_entrypoint(config), submission_id=submission_id,
+                          runtime_env=runtime_env or None,
+                          metadata={"ragpool.io/config": config[:200]})
+        print(f"ragpool ray job: submitted {submission_id}: {driver_entrypoint(config)}", file=out, flush=True)
+    else:
+        print(f"ragpool ray job: attached to {submission_id} ({info.status})", file=out, flush=True)
+    shown = 0
+    stop_sent_at: float | None = None
+    while True:
+        status = client.get_job_status(submission_id)
+        logs = client.get_job_logs(submission_id)
+        if len(logs) > shown:
+            out.write(logs[shown:])
+            out.flush()
+            shown = len(logs)
+        if JobStatus(status).is_terminal():
+            break
+        if stop.is_set():
+            if stop_sent_at is None:
+                print(f"ragpool ray job: stopping {submission_id}", file=out, flush=True)
+                client.stop_job(submission_id)
+                stop_sent_at = time.monotonic()
+            elif time.monotonic() - stop_sent_at > STOP_WAIT_S:
+                print(f"ragpool ray job: {submission_id} did not stop within {STOP_WAIT_S:.0f}s", file=out, flush=True)
+                return RETRIABLE
+        time.sleep(POLL_S)
+    info = client.get_job_info(submission_id)
+    code = exit_code_of(str(info.status), getattr(info, "driver_exit_code", None))
+    if code != OK:
+        why = (info.message or "").strip().splitlines()
+        print(f"ragpool ray job {submission_id} {info.status}: {why[-1] if why else 'no message'}", file=out,
+              flush=True)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m training.ray.job", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="run config (on the storage the Ray cluster mounts)")
+    parser.add_argument("--address", default=os.environ.get("RAY_ADDRESS", ""),
+                        help="Ray dashboard address, http://HEAD:8265 (default RAY_ADDRESS)")
+    parser.add_argument("--submission-id", default="", help="default <RAGPOOL_RUN_ID>-a<RAGPOOL_ATTEMPT>")
+    args = parser.parse_args(argv)
+    if not args.address:
+        print("ragpool ray job: no Ray cluster address (--address or RAY_ADDRESS)", file=sys.stderr)
+        return BAD_INPUT
+    run_id = os.environ.get("RAGPOOL_RUN_ID") or os.path.basename(os.path.dirname(args.config)) or "run"
+    submission_id = args.submission_id or f"{run_id}-a{os.environ.get('RAGPOOL_ATTEMPT', '1')}"
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    from ray.job_submission import JobSubmissionClient
+
+    try:
+        client = JobSubmissionClient(args.address)
+    except Exception as exc:
+        print(f"ragpool ray job: cannot reach the Ray cluster at {args.address}: {exc}", file=sys.stderr)
+        return UNAVAILABLE
+    env = {k: os.environ[k] for k in ("RAGPOOL_SHARED_ROOT", "RAGPOOL_RUN_ID", "RAGPOOL_ATTEMPT") if k in os.environ}
+    return run_job(client, args.config, submission_id, stop, runtime_env={"env_vars": env})
+
+
+if __name__ == "__main__":
+    sys.exit(main())
