@@ -1,0 +1,311 @@
+"""Requeue and resume, measured: a worker holding a training run is lost (SIGKILL, no SIGTERM),
+and another worker picks the run up from its last checkpoint.
+
+    python -m bench.recovery [--lease-seconds 15] [--checkpoint-every 8] [--max-steps 32] [--nproc 2]
+
+1. A local ``redis-server`` (training/demo/redis_server.py), the synthetic dataset and a tiny
+   encoder under ``--out``.
+2. Reference: the run (retriever fine-tuning, CPU, ``--nproc`` ranks, a checkpoint every
+   ``--checkpoint-every`` steps) goes through the queue to one worker, uninterrupted.
+3. The same run under another id, with two workers (``python -m training.worker``, each in its own
+   session, pre-flight health check on). When the holder's log shows step ``--kill-at-step``, the
+   holder and every process under it (torchrun, the ranks) get SIGKILL at once: a lost node.
+   The other worker claims the run once the lease expires and resumes from the checkpoint.
+4. One JSON line last:
+
+   - ``time_to_resume_s``: from the kill to the first training step the other worker's run logs
+     (``runs/<id>/logs/attempt-2-node-0.log``: the line's ``ts`` for JSON log lines, else the
+     moment the bench read it);
+   - ``lost_steps``: steps done twice = the last step attempt 1 logged - the step attempt 2
+     resumed from (the stage's completion marker);
+   - ``checkpoint_interval_steps``, ``lease_seconds``;
+   - ``final_params_match``: the interrupted run's final weights equal the reference's, bit for bit;
+   - ``goals``: lost_steps <= one checkpoint interval, time_to_resume_s <= lease + 30 s,
+     final_params_match. Exit 0 when all hold, 1 otherwise, 2 on bad arguments.
+
+``--smoke``: a few steps and a short lease, for tests/bench/test_recovery.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+STEP_LINE = re.compile(r"\bstep (\d+)/(\d+)\b")
+RESUME_SLACK_S = 30.0
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **extra)
+    for name in ("RAGPOOL_TEST_HOOKS", "RAGPOOL_HEALTH_TEST_FAULT", "RAGPOOL_EXPECTED_GPUS", "RAGPOOL_RUN_ID"):
+        env.pop(name, None)
+    return env
+
+
+def build_tiny_encoder(out: Path) -> Path:
+    """A 2-layer, 32-wide BERT with the packaged MiniLM tokenizer (dropout on: RNG restore matters)."""
+    if (out / "model.safetensors").is_file():
+        return out
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from training.components.models import default_encoder_path
+
+    tok = AutoTokenizer.from_pretrained(str(default_encoder_path()))
+    cfg = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=128)
+    torch.manual_seed(0)
+    BertModel(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def run_spec(run_id: str, args: argparse.Namespace) -> dict:
+    from training.config import flatten
+    from training.scheduler.spec import RUN_SECTION
+
+    retriever = {"model": "models/tiny-encoder", "global_batch_size": 8, "max_steps": args.max_steps,
+                 "hard_negatives": 1, "max_length": 32, "optim": {"lr": 1e-3, "warmup_steps": 2}}
+    run_wide = {"device": "cpu", "checkpoint": {"every_steps": args.checkpoint_every, "keep_latest_k": 2},
+                "metrics": {"port": 0, "log_every": 1}}
+    return {"run_id": run_id, "stages": ["retriever"],
+            "data": {"corpus": "datasets/synthetic/corpus.jsonl", "qa_train": "datasets/synthetic/qa_train.jsonl",
+                     "qa_eval": "datasets/synthetic/qa_eval.jsonl"},
+            "hyperparameters": {"retriever": flatten(retriever), RUN_SECTION: flatten(run_wide)},
+            "gpus_per_node": args.nproc, "max_attempts": 3, "timeout_seconds": 3600}
+
+
+def start_worker(name: str, out: Path, env: dict[str, str], args: argparse.Namespace) -> subprocess.Popen:
+    log = open(out / f"worker-{name}.log", "wb")
+    cmd = [sys.executable, "-m", "training.worker", "--lease-seconds", f"{args.lease_seconds:g}",
+           "--poll-seconds", "0.5", "--idle-exit-seconds", "900", "--max-tasks", "1",
+           "--health-check-timeout-seconds", "300", "--stop-grace-seconds", "30"]
+    proc = subprocess.Popen(cmd, env={**env, "RAGPOOL_WORKER_ID": name}, stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    log.close()
+    return proc
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process under it (Linux /proc), parents first."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, stack = [], [pid]
+    while stack:
+        p = stack.pop()
+        out.append(p)
+        stack.extend(children.get(p, []))
+    return out
+
+
+def lose_node(worker: subprocess.Popen) -> float:
+    """SIGKILL the worker, its process group and everything under it (torchrun and the ranks run
+    in a session of their own); returns the time of the kill."""
+    pids = descendants(worker.pid)
+    groups = set()
+    for pid in pids:
+        try:
+            groups.add(os.getpgid(pid))
+        except ProcessLookupError:
+            pass
+    killed_at = time.time()
+    for pgid in groups:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    worker.wait()
+    return killed_at
+
+
+def step_lines(path: Path) -> list[tuple[int, float | None]]:
+    """(step, time) of every training-step line in a run log: the JSON lines' ``ts`` when the
+    line is a JSON object (training/components/logs.py), else None."""
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        match = STEP_LINE.search(line)
+        if not match:
+            continue
+        ts = None
+        try:
+            record = json.loads(line)
+            ts = float(record["ts"]) if isinstance(record, dict) and "ts" in record else None
+        except (ValueError, TypeError, KeyError):
+            pass
+        out.append((int(match.group(1)), ts))
+    return out
+
+
+def logged_steps(path: Path) -> list[int]:
+    return [step for step, _ in step_lines(path)]
+
+
+def wait_until(predicate, timeout_s: float, what: str, poll_s: float = 0.05):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def final_params(run_dir: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(run_dir / "retriever" / "model" / "model.safetensors"))
+
+
+def measure(args: argparse.Namespace) -> dict:
+    from training.demo.redis_server import LocalRedisServer
+    from training.scheduler.redis_conn import connect, settings_from_env
+    from training.scheduler.run_queue import TaskQueue
+    from training.scheduler.spec import parse_spec
+
+    out = Path(args.out).resolve()
+    shared = out / "shared"
+    shutil.rmtree(shared / "runs", ignore_errors=True)
+    (shared / "models").mkdir(parents=True, exist_ok=True)
+    if not (shared / "datasets" / "synthetic" / "qa_train.jsonl").is_file():
+        subprocess.run([sys.executable, "-m", "training.demo.synthetic", "--out", str(shared / "datasets" / "synthetic")],
+                       check=True, env=_env())
+    build_tiny_encoder(shared / "models" / "tiny-encoder")
+
+    server = LocalRedisServer(appendonly=True).start()
+    workers: list[subprocess.Popen] = []
+    try:
+        env = _env(REDIS_URL=server.url, RAGPOOL_SHARED_ROOT=str(shared), RAGPOOL_QUEUE_NAMESPACE="bench-recovery")
+        os.environ.update(REDIS_URL=server.url)
+        queue = TaskQueue(connect(settings_from_env()), namespace="bench-recovery", lease_seconds=args.lease_seconds)
+
+        def submit(run_id: str) -> None:
+            queue.submit(parse_spec(run_spec(run_id, args), shared_root=str(shared)))
+
+        def state(run_id: str):
+            return queue.get(run_id)
+
+        # 1. Reference: one worker, no fault.
+        submit("reference")
+        ref = start_worker("ref", out, env, args)
+        workers.append(ref)
+        ref.wait(timeout=args.timeout_s)
+        assert state("reference").state == "succeeded", f"reference run: {state('reference')}"
+
+        # 2. Two workers; lose the holder mid-interval.
+        submit("interrupted")
+        pair = {name: start_worker(name, out, env, args) for name in ("a", "b")}
+        workers.extend(pair.values())
+        holder = wait_until(lambda: (state("interrupted").worker if state("interrupted").state == "running" else ""),
+                            args.timeout_s, "a worker to claim the run")
+        log1 = shared / "runs" / "interrupted" / "logs" / "attempt-1-node-0.log"
+        wait_until(lambda: max(logged_steps(log1), default=0) >= args.kill_at_step, args.timeout_s,
+                   f"step {args.kill_at_step} of attempt 1")
+        killed_at = lose_node(pair[holder])
+        last_before = max(logged_steps(log1))
+
+        log2 = shared / "runs" / "interrupted" / "logs" / "attempt-2-node-0.log"
+        wait_until(lambda: logged_steps(log2), args.lease_seconds + args.timeout_s,
+                   "the first step of attempt 2", poll_s=0.02)
+        seen_at = time.time()
+        first_ts = step_lines(log2)[0][1]
+        # The step's own timestamp when the log carries one; else when the bench saw the line.
+        resumed_at = first_ts if first_ts is not None else seen_at
+        survivor = pair["b" if holder == "a" else "a"]
+        survivor.wait(timeout=args.timeout_s)
+        info = state("interrupted")
+        marker = json.loads((shared / "runs" / "interrupted" / "retriever" / "_COMPLETE").read_text())
+        a, b = final_params(shared / "runs" / "reference"), final_params(shared / "runs" / "interrupted")
+        match = a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a)
+    finally:
+        for proc in workers:
+            if proc.poll() is None:
+                for pid in descendants(proc.pid):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                proc.wait()
+        server.stop()
+
+    lost = last_before - int(marker["resumed_from"])
+    result = {
+        "time_to_resume_s": round(resumed_at - killed_at, 2),
+        "lost_steps": lost,
+        "checkpoint_interval_steps": args.checkpoint_every,
+        "lease_seconds": args.lease_seconds,
+        "final_params_match": bool(match),
+        "killed_at_step": last_before,
+        "resumed_from_step": int(marker["resumed_from"]),
+        "steps": int(marker["steps"]),
+        "attempts": info.attempts,
+        "final_state": info.state,
+        "nproc": args.nproc,
+    }
+    result["goals"] = {
+        "lost_steps_within_one_interval": lost <= args.checkpoint_every,
+        "resume_within_lease_plus_30s": result["time_to_resume_s"] <= args.lease_seconds + RESUME_SLACK_S,
+        "final_params_match": result["final_params_match"],
+    }
+    return result
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.recovery", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=".local/bench-recovery", help="work directory (default .local/bench-recovery)")
+    p.add_argument("--lease-seconds", type=float, default=15.0, help="the workers' lease (default 15)")
+    p.add_argument("--checkpoint-every", type=int, default=8, help="checkpoint interval in steps (default 8)")
+    p.add_argument("--max-steps", type=int, default=32, help="steps of the run (default 32)")
+    p.add_argument("--kill-at-step", type=int, default=None,
+                   help="lose the holder once it logged this step (default: 5/8 into the third interval)")
+    p.add_argument("--nproc", type=int, default=2, help="training processes per worker (default 2)")
+    p.add_argument("--timeout-s", type=float, default=900.0, help="limit for each phase (default 900)")
+    p.add_argument("--smoke", action="store_true", help="tiny run for tests: 8 steps, checkpoint every 3, lease 5 s")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_arg_parser().parse_args(argv)
+    if args.smoke:
+        args.max_steps, args.checkpoint_every, args.lease_seconds = 8, 3, min(args.lease_seconds, 5.0)
+    if args.kill_at_step is None:
+        args.kill_at_step = min(args.max_steps - 1, 2 * args.checkpoint_every + max(1, (5 * args.checkpoint_every) // 8))
+    problems = []
+    if args.checkpoint_every < 1 or args.max_steps < 2 or args.nproc < 1 or args.lease_seconds <= 0:
+        problems.append("--checkpoint-every, --nproc and --lease-seconds must be positive, --max-steps at least 2")
+    if not 0 < args.kill_at_step < args.max_steps:
+        problems.append(f"--kill-at-step must be in [1, {args.max_steps - 1}]")
+    if problems:
+        print("bench.recovery: " + "; ".join(problems), file=sys.stderr)
+        return 2
+    result = measure(args)
+    print(json.dumps(result, sort_keys=True), flush=True)
+    return 0 if all(result["goals"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""bench/recovery.py (lost node -> requeue -> resume) and bench/gpu_health.py (GPU path only)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bench import gpu_health, recovery
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_step_lines_read_json_and_plain_run_logs(tmp_path):
+    log = tmp_path / "attempt-2-node-0.log"
+    log.write_text(
+        '{"ts": 100.5, "level": "info", "rank": 0, "message": "resumed from x at step 6"}\n'
+        "Loading weights: 100%\n"
+        '{"ts": 101.25, "level": "info", "rank": 0, "step": 7, "message": "step 7/8 loss=2.4 lr=0.001"}\n'
+        "12:00:01 ragpool INFO step 8/8 loss=2.5\n")
+    assert recovery.step_lines(log) == [(7, 101.25), (8, None)]
+    assert recovery.logged_steps(tmp_path / "missing.log") == []
+
+
+def test_losing_a_node_kills_the_worker_and_everything_under_it():
+    """The worker's children live in sessions of their own (torchrun): all must die, at once."""
+    script = ("import subprocess, sys, time\n"
+              "subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
+              "subprocess.Popen(['sleep', '300'])\n"
+              "time.sleep(300)\n")
+    worker = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    deadline = time.monotonic() + 30
+    while len(recovery.descendants(worker.pid)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    tree = recovery.descendants(worker.pid)
+    assert len(tree) == 3 and tree[0] == worker.pid
+    recovery.lose_node(worker)
+    assert worker.returncode == -signal.SIGKILL
+    time.sleep(0.2)
+    for pid in tree[1:]:
+        try:
+            os.kill(pid, 0)
+            with open(f"/proc/{pid}/stat") as fh:
+                assert fh.read().rsplit(")", 1)[1].split()[0] == "Z", f"{pid} survived the node loss"
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.parametrize("argv", [["--kill-at-step", "40"], ["--checkpoint-every", "0"], ["--lease-seconds", "-1"]])
+def test_bad_arguments_exit_2(argv, capsys):
+    assert recovery.main(argv) == 2
+    assert "bench.recovery:" in capsys.readouterr().err
+
+
+def test_the_gpu_bench_refuses_without_a_gpu(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the bench runs for real (python -m bench.gpu_health)")
+    assert gpu_health.main(["--repeats", "1"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_smoke_run_resumes_bit_exact_after_a_lost_node(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "bench.recovery", "--smoke", "--out", str(tmp_path)],
+                         cwd=REPO, capture_output=True, text=True, timeout=1500)
+    fig = json.loads(out.stdout.strip().splitlines()[-1])
+    assert fig["final_params_match"] is True and fig["final_state"] == "succeeded" and fig["attempts"] == 2
+    assert 0 <= fig["lost_steps"] <= fig["checkpoint_interval_steps"] == 3
+    assert fig["killed_at_step"] > fig["resumed_from_step"] and fig["resumed_from_step"] % 3 == 0
+    # The resume deadline depends on the machine's load; its figure must at least be real.
+    assert fig["time_to_resume_s"] > fig["lease_seconds"]
