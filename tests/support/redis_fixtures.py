@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from training.demo.redis_server import LocalRedisServer, find_redis_server
+from training.demo.redis_server import LocalRedisServer, LocalSentinelGroup, find_redis_sentinel, find_redis_server
 from training.scheduler.run_queue import TaskQueue
 from training.scheduler.spec import parse_spec
 
@@ -21,6 +21,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 requires_redis = pytest.mark.skipif(find_redis_server() is None,
                                     reason="redis-server binary not installed (apt-get install redis-server)")
+requires_sentinel = pytest.mark.skipif(find_redis_server() is None or find_redis_sentinel() is None,
+                                       reason="redis-server/redis-sentinel not installed "
+                                              "(apt-get install redis-server redis-sentinel; make sysdeps)")
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:
@@ -83,3 +86,20 @@ def own_redis(tmp_path):
     yield factory
     for server in servers:
         server.stop()
+
+
+@pytest.fixture
+def sentinel_group(tmp_path):
+    """Factory for a primary + replica(s) + three redis-sentinels on 127.0.0.1 (stopped at teardown)."""
+    if find_redis_server() is None or find_redis_sentinel() is None:
+        pytest.skip("redis-server/redis-sentinel not installed (apt-get install redis-server redis-sentinel)")
+    groups: list[LocalSentinelGroup] = []
+
+    def factory(**kwargs) -> LocalSentinelGroup:
+        group = LocalSentinelGroup(data_dir=tmp_path / f"sentinel-group-{len(groups)}", **kwargs)
+        groups.append(group)
+        return group.start()
+
+    yield factory
+    for group in groups:
+        group.stop()

@@ -44,6 +44,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Iterable
 
+from training.scheduler.redis_conn import NotReplicatedError, reconnect, replica_count, single_attempt
 from training.scheduler.spec import PRIORITIES, RunSpec
 
 class State(StrEnum):
@@ -134,6 +135,15 @@ def _load_scripts() -> dict[str, str]:
 
 
 _SCRIPTS = _load_scripts()
+
+REPLICA_RECHECK_S = 60.0
+"""How often a queue that found no replica looks again (see ``TaskQueue.replicas_to_wait_for``)."""
+
+SINGLE_ATTEMPT_SCRIPTS = frozenset({"claim", "ack", "ack_many", "fail", "release"})
+"""Scripts sent at most once per call (``redis_conn.single_attempt``): resending a claim whose
+reply was lost would lease a second task, and a resent ack/fail/release would report the
+fence's "not yours" for a change it made itself. Their callers handle the error (the worker
+keeps the outcome and repeats the fenced call). The others are idempotent and retried."""
 
 
 @dataclass(frozen=True)
@@ -230,7 +240,7 @@ class TaskQueue:
     """The queue API over one redis-py client (``decode_responses=True``)."""
 
     def __init__(self, client, *, namespace: str = DEFAULT_NAMESPACE, lease_seconds: float = 60.0,
-                 backoff_base_s: float = 30.0, backoff_max_s: float = 3600.0) -> None:
+                 backoff_base_s: float = 30.0, backoff_max_s: float = 3600.0, replica_wait_ms: int = 0) -> None:
         if lease_seconds <= 0 or backoff_base_s < 0 or backoff_max_s < backoff_base_s:
             raise ValueError("lease_seconds > 0 and 0 <= backoff_base_s <= backoff_max_s required")
         self.client = client
@@ -244,11 +254,57 @@ class TaskQueue:
             "nodes_suffix": NODES_SUFFIX, "priorities": list(PRIORITIES), "buckets": list(DURATION_BUCKETS),
         })
         self._scripts = {name: client.register_script(text) for name, text in _SCRIPTS.items()}
+        self.once = single_attempt(client)
+        """Same server as ``client``, commands never resent (``SINGLE_ATTEMPT_SCRIPTS``)."""
+        self.replica_wait_ms = int(replica_wait_ms)
+        """Submissions, claims and acks wait this long for one replica (``WAIT 1``) when the
+        primary has replicas; 0 turns it off (``REDIS_REPLICA_WAIT_MS`` for the CLI and workers)."""
+        self._wait_replicas: int | None = None
+        self._replicas_checked_at = 0.0
 
     def _call(self, script: str, *args, client=None):
         """Run the queue script ``script`` (a ``lua/<script>.lua`` command) with ``args``;
         ``client`` may be a pipeline to batch calls."""
+        if client is None and script in SINGLE_ATTEMPT_SCRIPTS:
+            client = self.once
         return self._scripts[script](args=[self._layout, *args], client=client)
+
+    def replicas_to_wait_for(self) -> int:
+        """1 when writes wait for a replica: ``replica_wait_ms`` > 0 and the primary has had one
+        (``INFO replication``), else 0. Sticky once 1: a primary without replicas is what a
+        failover looks like (a demoted primary still taking writes, a new one whose replica
+        has not joined yet), and acknowledging then is how writes get lost, so writes fail
+        with :class:`NotReplicatedError` until a replica is back. While 0 (a single-node
+        dev Valkey) it is looked at again every ``REPLICA_RECHECK_S``."""
+        if self.replica_wait_ms <= 0:
+            return 0
+        if not self._wait_replicas and time.monotonic() - self._replicas_checked_at >= REPLICA_RECHECK_S:
+            self._replicas_checked_at = time.monotonic()
+            self._wait_replicas = min(1, replica_count(self.client))
+        return self._wait_replicas or 0
+
+    def _call_replicated(self, script: str, *args):
+        """:meth:`_call`, then ``WAIT 1 <replica_wait_ms>`` on the same connection, one round trip.
+
+        A counter bump between the two is a write of this connection after the script, so the
+        WAIT covers the script's effects even when the script wrote nothing (an idempotent
+        resubmit, a repeated ack): the replica then has whatever the primary said.
+        Raises :class:`NotReplicatedError` (its ``reply`` is the script's) when no replica
+        confirmed in time."""
+        if not self.replicas_to_wait_for():
+            return self._call(script, *args)
+        pipe = (self.once if script in SINGLE_ATTEMPT_SCRIPTS else self.client).pipeline(transaction=False)
+        self._call(script, *args, client=pipe)
+        pipe.hincrby(self.key(Key.STATS), "replica_waits_total", 1)
+        pipe.wait(1, self.replica_wait_ms)
+        reply, _count, replicas = pipe.execute()
+        if int(replicas) < 1:
+            raise NotReplicatedError(f"{script} {args[0] if args else ''}".strip(), reply, self.replica_wait_ms)
+        return reply
+
+    def reconnect(self) -> None:
+        """Drop every connection: the next command re-resolves the endpoint (Sentinel or DNS)."""
+        reconnect(self.client, self.once)
 
     def key(self, name: Key | str, suffix: str = "") -> str:
         """Full Redis key of ``name`` (a :class:`Key`) plus ``suffix`` (an id, priority...)."""
@@ -267,7 +323,8 @@ class TaskQueue:
         """Lower level :meth:`submit` for an already validated payload string."""
         if priority not in PRIORITIES:
             raise ValueError(f"priority must be one of {PRIORITIES}, got {priority!r}")
-        status, state, same = self._call("submit", task_id, payload, priority, int(max_attempts), timeout_s, int(nodes))
+        status, state, same = self._call_replicated("submit", task_id, payload, priority, int(max_attempts),
+                                                    timeout_s, int(nodes))
         return SubmitResult(created=status == "created", state=state, same_spec=bool(int(same)))
 
     def cancel(self, task_id: str) -> str:
@@ -296,17 +353,33 @@ class TaskQueue:
 
     def claim_batch(self, worker_id: str, max_tasks: int, *, block_s: float = 0.0,
                     run_id: str | None = None, poll_s: float = 1.0, nodes: int = 1) -> list[Claim]:
-        """Lease up to ``max_tasks`` tasks in one round trip (each with its own lease and token)."""
+        """Lease up to ``max_tasks`` tasks in one round trip (each with its own lease and token).
+
+        A claim no replica confirmed is handed back at once (best effort) and
+        :class:`NotReplicatedError` raised: running it could run it twice if a failover
+        then lost the claim. The claim script is sent once; on a connection error the
+        caller tries again later (a lease whose reply was lost expires and is reaped)."""
         deadline = time.monotonic() + block_s
         while True:
-            reply = self._call("claim", worker_id, uuid.uuid4().hex[:16], self.lease_seconds, run_id or "",
-                               int(max_tasks), int(nodes))
+            try:
+                reply = self._call_replicated("claim", worker_id, uuid.uuid4().hex[:16], self.lease_seconds,
+                                              run_id or "", int(max_tasks), int(nodes))
+            except NotReplicatedError as exc:
+                self._hand_back([Claim._from_reply(r) for r in exc.reply or []])
+                raise
             if reply:
                 return [Claim._from_reply(r) for r in reply]
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return []
             self.client.blpop([self.key(Key.WAKE)], timeout=max(0.01, min(remaining, poll_s)))
+
+    def _hand_back(self, claims: list[Claim]) -> None:
+        for claim in claims:
+            try:
+                self.release(claim, "claim not confirmed by a replica")
+            except Exception:  # best effort: a lease not handed back expires and is reaped
+                pass
 
     def ack_batch(self, claims: list[Claim], *, worker_id: str | None = None,
                   claim_next: int = 0) -> tuple[list[bool], list[Claim]]:
@@ -319,7 +392,7 @@ class TaskQueue:
             if worker_id is None:
                 raise ValueError("claim_next needs worker_id")
             args += [worker_id, uuid.uuid4().hex[:16], self.lease_seconds, int(claim_next)]
-        acked, new = self._call("ack_many", *args)
+        acked, new = self._call_replicated("ack_many", *args)
         return [a == "1" for a in acked], [Claim._from_reply(r) for r in new]
 
     def ack_and_claim(self, claim: Claim, worker_id: str) -> tuple[bool, Claim | None]:
@@ -331,10 +404,15 @@ class TaskQueue:
         """Extend the lease (see :class:`Heartbeat` for the replies)."""
         return Heartbeat(self._call("heartbeat", claim.task_id, claim.token, self.lease_seconds, worker_id))
 
-    def ack(self, claim: Claim) -> bool:
-        """Record success; False when the lease is no longer ours (nothing recorded)."""
-        ok, _state = self._call("ack", claim.task_id, claim.token)
-        return bool(ok)
+    def ack(self, claim: Claim, *, again: bool = False) -> bool:
+        """Record success; False when the lease is no longer ours (nothing recorded).
+
+        ``again``: this repeats an ack whose reply or replication was not seen (connection
+        lost, :class:`NotReplicatedError`). The fence decides: still running under our
+        token (a failover lost the first ack) records it now; already ``succeeded`` means
+        the completion stands (recorded once); anything else is False."""
+        ok, state = self._call_replicated("ack", claim.task_id, claim.token)
+        return bool(ok) or (again and state == State.SUCCEEDED)
 
     def fail(self, claim: Claim, error: str, *, retriable: bool = True) -> str:
         """Record a failed attempt: ``retry`` (after exponential backoff), ``dead``

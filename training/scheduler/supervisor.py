@@ -69,6 +69,11 @@ from training.scheduler.spec import RunSpec
 
 log = logging.getLogger("ragpool.worker")
 
+OUTAGE_BACKOFF_BASE_S = 0.2
+"""First wait after a temporary Redis error (doubles per consecutive failure, equal jitter)."""
+OUTAGE_BACKOFF_CAP_S = 5.0
+"""Longest wait between two tries while Redis is away: a returning primary is used within this."""
+
 
 
 class Outcome(StrEnum):
@@ -274,6 +279,7 @@ class Worker:
             return self._run_follower()
         interrupted = False
         idle_since = time.monotonic()
+        outage = 0
         while not self.stopping.is_set():
             if self.config.max_tasks and self.tasks_done >= self.config.max_tasks:
                 break
@@ -283,12 +289,13 @@ class Worker:
                                          nodes=self.config.nnodes,
                                          block_s=max(0.0, min(self.config.poll_seconds, idle_left)),
                                          poll_s=self.config.poll_seconds)
-            except Exception as exc:  # Redis restarting / failing over: keep trying
+            except Exception as exc:  # Redis restarting / failing over / demoted: keep trying
                 if not _is_redis_error(exc):
                     raise
-                log.warning("worker %s: queue unavailable (%s); retrying", self.config.worker_id, exc)
-                self.stopping.wait(min(5.0, self.config.poll_seconds))
+                outage += 1
+                self._wait_out_redis(outage, "queue unavailable", exc)
                 continue
+            outage = 0
             if claim is None:
                 if time.monotonic() - idle_since >= self.config.idle_exit_seconds:
                     log.info("worker %s: queue empty for %.0fs, exiting", self.config.worker_id,
@@ -304,14 +311,16 @@ class Worker:
         """Index > 0 of an Indexed Job: join whatever run index 0 publishes."""
         seen: tuple | None = None
         idle_since = time.monotonic()
+        outage = 0
         while not self.stopping.is_set():
             try:
                 group = self.queue.read_group(self.config.group)
+                outage = 0
             except Exception as exc:
                 if not _is_redis_error(exc):
                     raise
-                log.warning("worker %s: queue unavailable (%s); retrying", self.config.worker_id, exc)
-                self.stopping.wait(min(5.0, self.config.poll_seconds))
+                outage += 1
+                self._wait_out_redis(outage, "queue unavailable", exc)
                 continue
             key = (group["task_id"], group["attempt"]) if group else None
             if group and key != seen:
@@ -376,16 +385,18 @@ class Worker:
         try:
             spec = claim.spec
         except Exception as exc:  # a stored spec that no longer validates (allow-list changed)
-            return Outcome(q.fail(claim, f"stored run spec is invalid: {exc}", retriable=False))
+            error = f"stored run spec is invalid: {exc}"
+            return self._keep_trying(claim, lambda again: Outcome(q.fail(claim, error, retriable=False)))
         log.info("worker %s: claimed %s (attempt %d/%d)", cfg.worker_id, spec.run_id, claim.attempt,
                  claim.max_attempts)
         try:
             config_path = write_run_config(spec, cfg.shared_root)
         except OSError as exc:
-            return Outcome(q.fail(claim, f"cannot write run config under {cfg.shared_root}: {exc}"))
+            error = f"cannot write run config under {cfg.shared_root}: {exc}"
+            return self._keep_trying(claim, lambda again: Outcome(q.fail(claim, error)))
         problem = check_run_config(config_path)
         if problem:
-            return Outcome(q.fail(claim, problem, retriable=False))
+            return self._keep_trying(claim, lambda again: Outcome(q.fail(claim, problem, retriable=False)))
         cmd, env = self._command(spec, config_path, claim.attempt)
         if cfg.nnodes > 1:
             q.publish_group(cfg.group, claim, {"spec_json": claim.spec_json, "config": str(config_path)},
@@ -395,22 +406,59 @@ class Worker:
                                     timeout_s=claim.timeout_s, lease=claim)
         finally:
             if cfg.nnodes > 1:
-                q.clear_group(cfg.group)
+                try:
+                    q.clear_group(cfg.group)
+                except Exception as exc:  # the key expires on its own (ttl above)
+                    if not _is_redis_error(exc):
+                        raise
         return self._record(claim, ended)
 
     def _record(self, claim: Claim, ended: ChildExit) -> Outcome:
-        """Record the outcome, retrying through a Redis restart/failover for up to a lease."""
-        deadline = time.monotonic() + self.config.lease_seconds
-        while True:
-            try:
-                return self._record_once(claim, ended)
-            except Exception as exc:
-                if not _is_redis_error(exc) or time.monotonic() > deadline:
-                    raise
-                log.warning("run %s: cannot record outcome yet (%s); retrying", claim.task_id, exc)
-                time.sleep(1.0)
+        """Record how the run ended (see :meth:`_keep_trying`)."""
+        return self._keep_trying(claim, lambda again: self._record_once(claim, ended, again=again),
+                                 heartbeat=ended.stopped != StopReason.LOST)
 
-    def _record_once(self, claim: Claim, ended: ChildExit) -> Outcome:
+    def _keep_trying(self, claim: Claim, record, *, heartbeat: bool = True) -> Outcome:
+        """``record(again)`` until Redis takes it: through an outage or failover of any length
+        the worker keeps the outcome, retries with backoff (reconnecting each time, so a new
+        primary is found) and heartbeats the lease meanwhile. ``again`` is True on repeats;
+        the fenced scripts then decide whether the outcome still counts (an ack after the
+        lease was reaped and the run went to another worker is refused). SIGTERM does not
+        cut this short: the outcome is worth the grace period."""
+        failures = 0
+        stop_heartbeat = threading.Event()
+        try:
+            while True:
+                try:
+                    return record(failures > 0)
+                except Exception as exc:
+                    if not _is_redis_error(exc):
+                        raise
+                    failures += 1
+                    if failures == 1 and heartbeat:
+                        threading.Thread(target=self._heartbeat_loop, args=(claim, stop_heartbeat, {}),
+                                         daemon=True).start()
+                    self._wait_out_redis(failures, f"run {claim.task_id}: outcome not recorded yet", exc,
+                                         interruptible=False)
+        finally:
+            stop_heartbeat.set()
+
+    def _wait_out_redis(self, failures: int, what: str, exc: Exception, *, interruptible: bool = True) -> None:
+        """After a temporary Redis error (``redis_conn.is_temporary_error``): log, drop the
+        connections so the next command finds the primary again (Sentinel or DNS), and back
+        off exponentially with jitter (``OUTAGE_BACKOFF_*``)."""
+        from redis.backoff import EqualJitterBackoff
+
+        delay = EqualJitterBackoff(cap=OUTAGE_BACKOFF_CAP_S, base=OUTAGE_BACKOFF_BASE_S).compute(failures)
+        log.warning("worker %s: %s (%s: %s); retry %d in %.1fs", self.config.worker_id, what,
+                    type(exc).__name__, exc, failures, delay)
+        self.queue.reconnect()
+        if interruptible:
+            self.stopping.wait(delay)
+        else:
+            time.sleep(delay)
+
+    def _record_once(self, claim: Claim, ended: ChildExit, *, again: bool = False) -> Outcome:
         q = self.queue
         code, tail, stopped = ended
         if stopped == StopReason.LOST:
@@ -419,7 +467,7 @@ class Worker:
         if stopped == StopReason.CANCEL:
             return Outcome(q.cancelled(claim))
         if code == 0:
-            return Outcome.SUCCEEDED if q.ack(claim) else Outcome.LOST
+            return Outcome.SUCCEEDED if q.ack(claim, again=again) else Outcome.LOST
         if stopped == StopReason.SHUTDOWN:
             q.release(claim, f"interrupted by worker shutdown (SIGTERM); child exited {code}")
             return Outcome.INTERRUPTED
@@ -522,9 +570,10 @@ def _pump(child: subprocess.Popen, log_path: Path, tail: collections.deque) -> N
 
 
 def _is_redis_error(exc: Exception) -> bool:
-    import redis
+    """Redis restarting, failing over, demoted or unreachable: wait and retry, never exit."""
+    from training.scheduler.redis_conn import is_temporary_error
 
-    return isinstance(exc, (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError))
+    return is_temporary_error(exc)
 
 
 # Worker settings a command line may set: flag -> WorkerConfig field (defaults and help come
@@ -571,13 +620,14 @@ def worker_main(args: argparse.Namespace) -> int:
         print(f"ragpool worker: {exc}", file=sys.stderr)
         return exit_codes.BAD_INPUT
     queue = TaskQueue(connect(settings), namespace=config.namespace, lease_seconds=config.lease_seconds,
-                      backoff_base_s=config.backoff_base_s, backoff_max_s=config.backoff_max_s)
+                      backoff_base_s=config.backoff_base_s, backoff_max_s=config.backoff_max_s,
+                      replica_wait_ms=settings.replica_wait_ms)
     try:
         queue.client.ping()
     except Exception as exc:
         if not _is_redis_error(exc):
             raise
-        print(f"ragpool worker: cannot reach Redis: {exc}", file=sys.stderr)
+        print(f"ragpool worker: cannot reach Redis at {settings.endpoint}: {exc}", file=sys.stderr)
         return exit_codes.FAILED
     from training.scheduler.preflight import health_gate
 
