@@ -121,6 +121,17 @@ def test_ecc_and_bus_alerts_lead_to_a_repair_the_runbook_names(alert):
         assert f"`{reason}`" in automatic, (alert, reason)
 
 
+def test_the_runbook_lists_karpenters_repair_conditions_as_upstream_has_them():
+    match = re.search(r"### The recovery loop.*?(?=\n## )", RUNBOOK, re.S)
+    assert match, "RUNBOOK.md lost its recovery-loop overview"
+    rows = re.findall(r"^\s*\| `(\w+)` \| `(\w+)` \| (\d+) minutes \|$", match.group(0), re.M)
+    listed = {(c, s, int(m)) for c, s, m in rows}
+    upstream = {(p["condition"], p["status"], p["toleration_minutes"])
+                for p in REFERENCE["karpenter_node_repair"]["policies"]}
+    assert listed == upstream
+    assert "20%" in match.group(0) and REFERENCE["karpenter_node_repair"]["unhealthy_nodepool_share_limit"] == 0.2
+
+
 def test_a_warning_reason_has_no_repair():
     assert loop_for_reason("NvidiaXID13Warning") is None
     assert loop_for_reason("NvidiaPageRetirement") is None
