@@ -10,8 +10,8 @@ training namespace (``ragpool-training`` and each team's), scraped and on Grafan
   minReplicas 0, maxReplicas from the pool (config ``rayMaxWorkers``, else
   gpuLimit / gpusPerWorker; a team namespace is capped by its GPU quota), the pool's node
   selector and GPU toleration, whole GPUs per worker, the Ray node label
-  ``ragpool.io/pool=<pool>`` and the custom resource ``ragpool-pool-<pool>`` (one unit per
-  GPU) so the driver can reserve bundles on a pool. In-tree autoscaling (autoscaler v2)
+  ``ragpool.io/pool=<pool>`` and the custom resource ``ragpool-pool-<pool>-gpus`` (one unit
+  per GPU) so the driver can reserve bundles on a pool. In-tree autoscaling (autoscaler v2)
   adds and removes worker pods; Karpenter brings GPU nodes up for them and removes the
   empty ones. ``/dev/shm`` (object store) and ``/tmp/ray`` are sized explicitly, the shared
   EFS claim is mounted at the training mount path, Ray logs go to stderr
@@ -67,8 +67,12 @@ def ray_address(namespace: str) -> str:
 
 
 def pool_resource(pool: str) -> str:
-    """The Ray custom resource a pool's workers carry: one unit per GPU."""
-    return f"ragpool-pool-{pool}"
+    """The Ray custom resource a pool's workers carry: one unit per GPU.
+
+    Never ending in ``gpu``: KubeRay (utils.IsGPUResourceKey) would read such a group
+    resource as the node's GPU count (``--num-gpus``) instead of a custom resource.
+    """
+    return f"ragpool-pool-{pool}-gpus"
 
 
 def worker_group_name(pool: str) -> str:

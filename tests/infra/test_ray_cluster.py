@@ -104,6 +104,14 @@ def test_one_worker_group_per_gpu_pool_sized_from_the_pool(plans, team_plan):
     assert search == {"gpu-ondemand": 0, "gpu-spot": 1}  # gpuQuota 4: no 8-GPU worker, one 4-GPU worker
 
 
+def test_pool_resource_is_never_read_as_gpus_by_kuberay():
+    # KubeRay's IsGPUResourceKey: a group resource whose name ends in "gpu" becomes --num-gpus.
+    for pool in ("gpu-spot", "a100-gpu", "gpu"):
+        name = pool_resource(pool)
+        assert pool in name and not name.lower().endswith("gpu")
+        assert not re.search(r"nvidia\.com/mig-\d+g\.\d+gb$", name)
+
+
 def test_ray_max_workers_config_caps_a_pool():
     doc = plan("dev", overrides={"ragpool:rayMaxWorkers": {"gpu-spot": 3}})
     (group,) = clusters(doc)["ragpool-training"]["spec"]["workerGroupSpecs"]
