@@ -380,6 +380,19 @@ def test_ray_dashboards_are_shipped_as_generated(plans):
     assert len(uids) == 2 and not any(u.startswith("ragpool-") for u in uids)
 
 
+def test_ray_version_is_the_projects_ray_pin():
+    """RayCluster.spec.rayVersion and the dashboards follow the Ray the image installs (pyproject)."""
+    import tomllib
+
+    from infra.common import VALUES_DIR
+
+    project = tomllib.loads((VALUES_DIR.parents[1] / "pyproject.toml").read_text())["project"]
+    pins = [req for reqs in project.get("optional-dependencies", {}).values() for req in reqs
+            if re.match(r"ray(\[[a-z,]+\])?==", req)]
+    assert pins, "pyproject pins no ray"
+    assert {pin.split("==", 1)[1] for pin in pins} == {RAY_VERSION}
+
+
 def test_committed_ray_dashboards_equal_what_the_pinned_ray_generates():
     ray = pytest.importorskip("ray", reason="ray is not installed: cannot regenerate its dashboards")
     from dashboards.boards import ray as ray_boards
