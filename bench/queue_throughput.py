@@ -12,7 +12,16 @@ Measures, on one fresh ``redis-server`` on 127.0.0.1:
   clock) with tasks offered at 1000/s to one blocking consumer;
 - ``redis_rpop_per_s``: ``redis-benchmark -c 1 -t rpop`` against the same server, the
   best of three runs (start, middle, end);
-- ``ratio_1`` = claim_ack_per_s_1 / redis_rpop_per_s (target >= 0.30; p99 target <= 2 ms).
+- ``ratio_1`` = claim_ack_per_s_1 / redis_rpop_per_s (target >= 0.30; p99 target <= 2 ms);
+- ``ack_claim_rtt_p50_ms`` / ``ack_claim_rtt_p99_ms``: client-side round trip of one
+  unbatched ack+claim call on that server.
+
+Then the cost of ``WAIT 1`` (``REDIS_REPLICA_WAIT_MS``: submissions, claims and acks wait
+for one replica), on a fresh primary with one local replica (127.0.0.1), the same
+measurements with the queue waiting (``wait1_*``) and, on the same pair, without waiting
+(``replica_nowait_*``, so the difference is WAIT's alone): ``*_claim_ack_per_s_1``,
+``*_claim_ack_per_s_4``, ``*_claim_ack_per_s_1_unbatched``, ``*_p50_ms``/``*_p99_ms``
+(enqueue -> claim) and ``*_ack_claim_rtt_p50_ms``/``*_ack_claim_rtt_p99_ms``.
 
 The last line printed is one JSON object with these figures.
 """
@@ -42,6 +51,10 @@ def _client(port: int):
     return redis.Redis(host="127.0.0.1", port=port, decode_responses=True)
 
 
+def _queue(port: int, ns: str, wait_ms: int = 0) -> TaskQueue:
+    return TaskQueue(_client(port), namespace=ns, replica_wait_ms=wait_ms)
+
+
 def fill(port: int, ns: str, n: int) -> None:
     q = TaskQueue(_client(port), namespace=ns)
     for start in range(0, n, 1000):
@@ -51,8 +64,8 @@ def fill(port: int, ns: str, n: int) -> None:
         pipe.execute()
 
 
-def consume(port: int, ns: str, batch: int, barrier, results) -> None:
-    q = TaskQueue(_client(port), namespace=ns)
+def consume(port: int, ns: str, batch: int, barrier, results, wait_ms: int = 0) -> None:
+    q = _queue(port, ns, wait_ms)
     worker = f"bench-{os.getpid()}"
     q.client.ping()
     barrier.wait()
@@ -71,11 +84,12 @@ def consume(port: int, ns: str, batch: int, barrier, results) -> None:
     results.put((done, start, time.perf_counter()))
 
 
-def claim_ack_rate(port: int, ns: str, n_tasks: int, consumers: int, batch: int) -> float:
+def claim_ack_rate(port: int, ns: str, n_tasks: int, consumers: int, batch: int, wait_ms: int = 0) -> float:
     fill(port, ns, n_tasks)
     ctx = mp.get_context("fork")
     barrier, results = ctx.Barrier(consumers), ctx.Queue()
-    procs = [ctx.Process(target=consume, args=(port, ns, batch, barrier, results)) for _ in range(consumers)]
+    procs = [ctx.Process(target=consume, args=(port, ns, batch, barrier, results, wait_ms))
+             for _ in range(consumers)]
     for p in procs:
         p.start()
     out = [results.get(timeout=600) for _ in procs]
@@ -87,9 +101,9 @@ def claim_ack_rate(port: int, ns: str, n_tasks: int, consumers: int, batch: int)
     return done / (max(o[2] for o in out) - min(o[1] for o in out))
 
 
-def latency_consumer(port: int, ns: str, n: int, batch: int, ready, results) -> None:
+def latency_consumer(port: int, ns: str, n: int, batch: int, ready, results, wait_ms: int = 0) -> None:
     """A worker loop: block while idle, then ack the previous claims and claim more in one trip."""
-    q = TaskQueue(_client(port), namespace=ns)
+    q = _queue(port, ns, wait_ms)
     worker = f"lat-{os.getpid()}"
     q.client.ping()
     ready.set()
@@ -105,14 +119,14 @@ def latency_consumer(port: int, ns: str, n: int, batch: int, ready, results) -> 
     results.put(lat)
 
 
-def latency(port: int, ns: str, rate: float, seconds: float, batch: int) -> tuple[float, float]:
+def latency(port: int, ns: str, rate: float, seconds: float, batch: int, wait_ms: int = 0) -> tuple[float, float]:
     n = int(rate * seconds)
     ctx = mp.get_context("fork")
     ready, results = ctx.Event(), ctx.Queue()
-    consumer = ctx.Process(target=latency_consumer, args=(port, ns, n, batch, ready, results))
+    consumer = ctx.Process(target=latency_consumer, args=(port, ns, n, batch, ready, results, wait_ms))
     consumer.start()
     ready.wait(30)
-    q = TaskQueue(_client(port), namespace=ns)
+    q = _queue(port, ns, wait_ms)
     start = time.perf_counter()
     for i in range(n):
         # Open-loop schedule: task i is offered at start + i/rate.
@@ -125,6 +139,50 @@ def latency(port: int, ns: str, rate: float, seconds: float, batch: int) -> tupl
     if len(lat) != n:
         raise RuntimeError(f"only {len(lat)} of {n} tasks claimed")
     return lat[int(0.50 * (n - 1))], lat[int(0.99 * (n - 1))]
+
+
+def ack_claim_round_trips(port: int, ns: str, n: int, wait_ms: int = 0) -> tuple[float, float]:
+    """p50 and p99 (ms, client clock) of one unbatched ack+claim call, ``n`` calls in a row."""
+    fill(port, ns, n + 1)
+    q = _queue(port, ns, wait_ms)
+    worker = "rtt"
+    claim = q.claim(worker)
+    times: list[float] = []
+    while claim is not None:
+        t0 = time.perf_counter()
+        _ok, claim = q.ack_and_claim(claim, worker)
+        times.append((time.perf_counter() - t0) * 1000.0)
+    times.sort()
+    return times[int(0.50 * (len(times) - 1))], times[int(0.99 * (len(times) - 1))]
+
+
+def measure_with_replica(args, wait_ms: int, prefix: str) -> dict:
+    """The queue figures on a primary with one local replica; ``wait_ms`` > 0 makes the
+    queue wait for it (``WAIT 1 <wait_ms>`` after submit, claim and ack)."""
+    with LocalRedisServer(extra_args=("--repl-diskless-sync-delay", "0")) as primary, \
+            LocalRedisServer(replica_of=primary.port):
+        port = primary.port
+        deadline = time.monotonic() + 30
+        while _client(port).info("replication").get("connected_slaves", 0) < 1:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the replica did not connect")
+            time.sleep(0.05)
+        if wait_ms and _queue(port, "probe", wait_ms).replicas_to_wait_for() != 1:
+            raise RuntimeError("the queue does not see the replica")
+        rate1 = claim_ack_rate(port, "b1", args.tasks, 1, args.batch, wait_ms)
+        rate4 = claim_ack_rate(port, "b4", args.tasks, 4, args.batch, wait_ms)
+        rate1_single = claim_ack_rate(port, "s1", args.tasks // 4, 1, 1, wait_ms)
+        p50, p99 = latency(port, "lat", args.rate, args.seconds, args.batch, wait_ms)
+        rtt50, rtt99 = ack_claim_round_trips(port, "rtt", args.tasks // 4, wait_ms)
+    return {
+        f"{prefix}_claim_ack_per_s_1": round(rate1, 1),
+        f"{prefix}_claim_ack_per_s_4": round(rate4, 1),
+        f"{prefix}_claim_ack_per_s_1_unbatched": round(rate1_single, 1),
+        f"{prefix}_p50_ms": round(p50, 3),
+        f"{prefix}_p99_ms": round(p99, 3),
+        f"{prefix}_ack_claim_rtt_p50_ms": round(rtt50, 3),
+        f"{prefix}_ack_claim_rtt_p99_ms": round(rtt99, 3),
+    }
 
 
 def rpop_rate(port: int, requests: int) -> float:
@@ -142,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=32, help="tasks leased per round trip")
     parser.add_argument("--rate", type=float, default=1000.0, help="offered tasks/s for the latency run")
     parser.add_argument("--seconds", type=float, default=5.0, help="length of the latency run")
+    parser.add_argument("--replica-wait-ms", type=int, default=1000,
+                        help="WAIT 1 timeout for the wait1_* figures (REDIS_REPLICA_WAIT_MS)")
     args = parser.parse_args(argv)
 
     with LocalRedisServer() as server:
@@ -152,7 +212,10 @@ def main(argv: list[str] | None = None) -> int:
         rpop_runs.append(rpop_rate(port, 100000))
         rate1_single = claim_ack_rate(port, "s1", args.tasks // 4, 1, 1)
         p50, p99 = latency(port, "lat", args.rate, args.seconds, args.batch)
+        rtt50, rtt99 = ack_claim_round_trips(port, "rtt", args.tasks // 4)
         rpop_runs.append(rpop_rate(port, 100000))
+    replica_nowait = measure_with_replica(args, 0, "replica_nowait")
+    wait1 = measure_with_replica(args, args.replica_wait_ms, "wait1")
     # The best of three RPOP runs spread over the benchmark: a momentarily slow RPOP run
     # (shared or virtualised CPUs) must not flatter the ratio.
     rpop = max(rpop_runs)
@@ -169,6 +232,11 @@ def main(argv: list[str] | None = None) -> int:
         "redis_rpop_runs": [round(r, 1) for r in rpop_runs],
         "offered_per_s": args.rate,
         "cpus": os.cpu_count(),
+        "ack_claim_rtt_p50_ms": round(rtt50, 3),
+        "ack_claim_rtt_p99_ms": round(rtt99, 3),
+        **replica_nowait,
+        **wait1,
+        "replica_wait_ms": args.replica_wait_ms,
     }
     print(json.dumps(figures))
     return 0
