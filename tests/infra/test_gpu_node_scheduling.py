@@ -232,7 +232,19 @@ def off_gpu_workloads(plan: dict) -> list[Workload]:
         if pod is None or requests_gpu(pod):
             continue  # GPU workers: test_gpu_workers_land_only_on_their_pool
         out.append(Workload(entry["name"], _scheduling(pod), entry["type"].endswith(":DaemonSet")))
+    # Ray heads (infra/ray_cluster.py) schedule, they hold no GPU: system nodes only.
+    out += [Workload(f"{e['name']}/head", _scheduling(e["inputs"]["spec"]["headGroupSpec"]["template"]["spec"]), False)
+            for e in plan["resources"] if e["type"] == RAYCLUSTER]
     return out
+
+
+RAYCLUSTER = "kubernetes:ray.io/v1:RayCluster"
+
+
+def ray_worker_groups(plan: dict) -> list[tuple[str, dict]]:
+    """(name, pod spec) of every worker group of every RayCluster: GPU workers like the Job templates."""
+    return [(f"{e['name']}/{g['groupName']}", g["template"]["spec"]) for e in plan["resources"]
+            if e["type"] == RAYCLUSTER for g in e["inputs"]["spec"]["workerGroupSpecs"]]
 
 
 def pod_spec(entry: dict) -> dict | None:
@@ -282,6 +294,9 @@ def test_gpu_workers_land_only_on_their_pool(plans, stack):
     workers = [(e["name"], pod_spec(e)) for e in plan["resources"]
                if e["type"] == "kubernetes:batch/v1:CronJob" and requests_gpu(pod_spec(e))]
     assert len(workers) >= len({n.pool for n in nodes})
+    ray_groups = ray_worker_groups(plan)
+    assert all(requests_gpu(pod) for _, pod in ray_groups)
+    workers += ray_groups
     for name, pod in workers:
         landing = {n.pool for n in nodes if schedulable(pod, n.labels, n.taints)}
         assert landing == {pod["nodeSelector"]["ragpool.io/pool"]}, name
