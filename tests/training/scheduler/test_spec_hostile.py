@@ -108,9 +108,15 @@ class Slot:
     values: st.SearchStrategy
     field: str | None = None
     """The field the refusal names (default: the dotted path)."""
+    ray: bool = False
+    """Submit it as an ``executor: ray`` run (its pools are checked; none are declared here)."""
 
 
 HYPER = ("hyperparameters",)
+
+
+def _ray(tree: dict) -> dict:
+    return {**tree, "executor": "ray"}
 SLOTS: list[Slot] = [
     Slot(("run_id",), NOT_RUN_ID),
     Slot(("stages",), st.one_of(
@@ -123,6 +129,7 @@ SLOTS: list[Slot] = [
     Slot(("timeout_seconds",), st.one_of(NOT_INT, st.sampled_from([0, 7 * 86400 + 1]))),
     Slot(("priority",), st.one_of(NOT_CHOICE, st.sampled_from(["urgent", "HIGH"]), _with_control("high"))
          .filter(lambda v: v not in PRIORITIES)),
+    Slot(("executor",), st.one_of(NOT_CHOICE, st.sampled_from(["Ray", "slurm", "/bin/sh"]), _with_control("ray"))),
     Slot(("data",), st.sampled_from([*HUGE, "datasets/x", ["a"], True])),
     Slot(("models",), st.sampled_from([*HUGE, "models/x", ["a"], True])),
     Slot(("hyperparameters",), st.sampled_from([*HUGE, "x", ["a"], True])),
@@ -147,6 +154,7 @@ SLOTS: list[Slot] = [
     Slot((*HYPER, "run", "data.corpus"), st.just("x.jsonl")),
     Slot((*HYPER, "run", "generator.model"), st.sampled_from(["/etc", "models/m", ""])),
     Slot((*HYPER, "retriever"), st.sampled_from([*HUGE, "x", ["a"], True])),
+    Slot((*HYPER, "run", "ray.index.pool"), st.sampled_from(["undeclared", "gpu-b"]), ray=True),
     Slot((*HYPER, "retriever", "no_such_key"), st.sampled_from([1, "x", None])),
 ]
 # A key (not a value) that is wrong: the refusal names the container it sits in.
@@ -197,7 +205,8 @@ def _value_cases() -> st.SearchStrategy[Case]:
     def build(slot: Slot) -> st.SearchStrategy[Case]:
         field = slot.field if slot.field is not None else ".".join(slot.path)
         return st.tuples(slot.values, st.sampled_from(["yaml", "json"])).map(
-            lambda vf: Case(_render(_set(BASE, slot.path, vf[0]), vf[1]), "." + vf[1], field))
+            lambda vf: Case(_render(_set(_ray(BASE) if slot.ray else BASE, slot.path, vf[0]), vf[1]), "." + vf[1],
+                            field))
     return st.sampled_from(SLOTS).flatmap(build)
 
 
@@ -269,6 +278,7 @@ def submit(redis_server, monkeypatch, tmp_path):
     monkeypatch.setenv("REDIS_URL", redis_server.url)
     monkeypatch.setenv("RAGPOOL_QUEUE_NAMESPACE", namespace)
     monkeypatch.setenv("RAGPOOL_SHARED_ROOT", ROOT)
+    monkeypatch.delenv("RAGPOOL_RAY_POOLS", raising=False)  # no Ray pools declared
     client = redis_server.client()
     counter = iter(range(10**9))
 
