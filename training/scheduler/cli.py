@@ -31,6 +31,7 @@ import sys
 import time
 
 from training import exit_codes
+from training.config import shown
 
 
 def register(subparsers) -> None:
@@ -175,7 +176,7 @@ def cmd_status(args) -> int:
         if args.run_id:
             info = queue.get(args.run_id)
             if info is None:
-                print(f"ragpool status: no run {args.run_id!r}", file=sys.stderr)
+                print(f"ragpool status: no run {shown(args.run_id)}", file=sys.stderr)
                 return exit_codes.NOT_FOUND
             if args.json:
                 print(json.dumps(_task_dict(info), indent=2))
@@ -230,7 +231,7 @@ def cmd_cancel(args) -> int:
     def cancel(queue) -> int:
         result = queue.cancel(args.run_id)
         if result == "missing":
-            print(f"ragpool cancel: no run {args.run_id!r}", file=sys.stderr)
+            print(f"ragpool cancel: no run {shown(args.run_id)}", file=sys.stderr)
             return exit_codes.NOT_FOUND
         if result == "cancelled":
             print(f"cancelled {args.run_id}")
@@ -249,7 +250,7 @@ def cmd_retry(args) -> int:
     def retry(queue) -> int:
         result = queue.retry(args.run_id)
         if result == "missing":
-            print(f"ragpool retry: no run {args.run_id!r}", file=sys.stderr)
+            print(f"ragpool retry: no run {shown(args.run_id)}", file=sys.stderr)
             return exit_codes.NOT_FOUND
         if result == "requeued":
             print(f"{args.run_id} moved from the dead-letter list back to the queue")

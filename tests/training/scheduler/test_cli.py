@@ -280,3 +280,10 @@ def test_server_killed_mid_command_is_exit_4_in_a_real_process(own_redis, tmp_pa
     _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 4, err
     _assert_unavailable(err, server.url, "pw-never-shown")
+
+
+def test_an_unknown_run_id_is_echoed_bounded(cli, capsys):
+    for command in ("status", "cancel", "retry"):
+        assert cli(command, "x" * 100_000 + "\n") == 3
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and len(err) < 200, err
