@@ -105,6 +105,14 @@ def _task_env(device_cfg: str, gpus: float, cpus: float) -> Any:
     return DistEnv(0, 1, 0, 1, torch.device("cuda", 0) if use_cuda else torch.device("cpu"))
 
 
+def _log_context(cfg: RunConfig, rank: int) -> None:
+    """The stage logs' run context, as :func:`training.components.stage.run_main` sets it (rank 0 keeps
+    ``<stage>/log.jsonl``). Tasks that log run with ``max_calls=1``: a fresh process per run."""
+    from training.components import logs
+
+    logs.set_context(cfg.run_id, rank, cfg.run_dir())
+
+
 def validate_file(shared_root: str, rel: str, kind: str) -> dict[str, Any]:
     """Prepare task: read and validate one data file; returns its record count."""
     from training.components.data import load_corpus, load_qa, resolve_confined
@@ -145,6 +153,7 @@ def merge_index(tree: dict[str, Any], encoder_path: str, encode_s: float, *shard
     import numpy as np
 
     from training.components.data import load_corpus, resolve_confined
+    from training.components.logs import get_logger
     from training.index import write_index
 
     cfg = load_run_config(tree)
@@ -152,6 +161,10 @@ def merge_index(tree: dict[str, Any], encoder_path: str, encode_s: float, *shard
     emb = np.concatenate([np.load(s) for s in shards], axis=0)
     if emb.shape[0] != len(corpus):
         raise RuntimeError(f"index: {emb.shape[0]} embeddings for {len(corpus)} passages")
+    _log_context(cfg, 0)
+    get_logger("index", True).info("indexed %d passages (%s, dim %d) from %d Ray task shards in %.1fs -> %s",
+                                   len(corpus), cfg.index.kind, emb.shape[1], len(shards), encode_s,
+                                   cfg.stage_dir("index"))
     write_index(cfg, [p.id for p in corpus], emb, encoder_path, encode_s)
     shutil.rmtree(Path(shards[0]).parent, ignore_errors=True)
     return {"passages": len(corpus), "dim": int(emb.shape[1]), "shards": len(shards), "encode_seconds": encode_s}
@@ -162,6 +175,7 @@ def evaluate_task(tree: dict[str, Any], gpus: float, cpus: float) -> dict[str, A
     from training import evaluate
 
     cfg = load_run_config(tree)
+    _log_context(cfg, 0)
     code = evaluate.run(cfg, _task_env(cfg.device, gpus, cpus))
     if code != OK:
         raise StageFailed("evaluate", code)
@@ -182,6 +196,7 @@ def train_worker(config: dict[str, Any]) -> None:
     cfg = load_run_config(config["cfg"])
     stage = config["stage"]
     env = D.init_distributed(cfg.device)
+    _log_context(cfg, env.rank)
     t0 = time.monotonic()
     code = importlib.import_module(f"training.{stage}").run(cfg, env)
     ray.train.report({"stage": stage, "exit_code": code, "seconds": time.monotonic() - t0,
@@ -248,7 +263,7 @@ def run_index(cfg: RunConfig, placement: StagePlacement) -> dict[str, Any]:
     per = -(-n // tasks)
     cpus, gpus = placement.bundle.get("CPU", 0), placement.bundle.get("GPU", 0)
     encode = ray.remote(encode_shard)
-    merge = ray.remote(merge_index)
+    merge = ray.remote(max_calls=1)(merge_index)
     with reserved(placement, cfg.ray.placement_timeout_s, f"{cfg.run_id}-index") as pg:
         t0 = time.monotonic()
         tree = cfg.to_dict()
@@ -270,7 +285,7 @@ def run_evaluate(cfg: RunConfig, placement: StagePlacement) -> dict[str, Any]:
 
     cpus, gpus = placement.bundle.get("CPU", 0), placement.bundle.get("GPU", 0)
     with reserved(placement, cfg.ray.placement_timeout_s, f"{cfg.run_id}-evaluate") as pg:
-        return ray.get(ray.remote(evaluate_task).options(num_cpus=cpus, num_gpus=gpus, max_retries=0,
+        return ray.get(ray.remote(max_calls=1)(evaluate_task).options(num_cpus=cpus, num_gpus=gpus, max_retries=0,
                                                          scheduling_strategy=strategy_for(pg, 0))
                        .remote(cfg.to_dict(), gpus, cpus))
 

@@ -1,0 +1,158 @@
+"""The Ray executor end to end on a local Ray (2 CPUs), against the torchrun path.
+
+One Ray start for the module. Tiny models (2-layer encoder, 1-layer Llama) keep it to a few
+minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.support.training import run_stage, write_run
+from tests.training.ray.conftest import needs_ray, ray_env, ray_temp_dir
+from training.config import load_run_config
+from training.demo import synthetic
+
+pytestmark = pytest.mark.slow
+needs_ray()
+
+GEN_TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
+
+
+def _sections(encoder: Path, **ray_section: object) -> dict:
+    return dict(
+        retriever={"model": str(encoder), "max_steps": 4, "global_batch_size": 4, "optim": {"warmup_steps": 1}},
+        generator={"max_steps": 4, "global_batch_size": 4, "max_length": 96, "tiny": GEN_TINY},
+        evaluate={"max_questions": 6, "max_new_tokens": 4},
+        checkpoint={"every_steps": 2, "keep_latest_k": 1},
+        ray={"placement_timeout_s": 120, "retriever": {"workers": 2}, "generator": {"workers": 2},
+             "index": {"workers": 2}, "prepare": {"workers": 2}, **ray_section},
+    )
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("shared")
+    synthetic.write(root / "datasets" / "synthetic", seed=5, n_entities=12)
+    return root
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray_env()
+    import ray
+
+    temp = ray_temp_dir(None)
+    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+    shutil.rmtree(temp, ignore_errors=True)
+
+
+def _drive(config: Path, *overrides: str) -> int:
+    from training.ray import driver
+
+    return driver.main(["--config", str(config), *overrides])
+
+
+def _keys(tree: object, prefix: str = "") -> set[str]:
+    if isinstance(tree, dict):
+        return {k for key, v in tree.items() for k in ({prefix + key} | _keys(v, prefix + key + "."))}
+    if isinstance(tree, list) and tree and isinstance(tree[0], dict):
+        return _keys(tree[0], prefix + "[].")
+    return set()
+
+
+def _layout(run_dir: Path) -> set[str]:
+    return {str(p.relative_to(run_dir)) for p in run_dir.rglob("*")
+            if p.relative_to(run_dir).parts[0] != "ray" and ".tmp" not in p.name}
+
+
+def test_ray_executor_matches_the_torchrun_path(shared, tiny_encoder_dir, local_ray) -> None:
+    sections = _sections(tiny_encoder_dir)
+    torchrun_cfg = write_run(shared, "via-torchrun", **sections)
+    out = run_stage("pipeline", torchrun_cfg, timeout=400)
+    assert out.returncode == 0, out.stderr[-3000:]
+    ray_cfg = write_run(shared, "via-ray", **sections)
+    assert _drive(ray_cfg) == 0
+
+    t_dir, r_dir = shared / "runs" / "via-torchrun", shared / "runs" / "via-ray"
+    assert _layout(r_dir) == _layout(t_dir)
+    t_report = json.loads((t_dir / "evaluate" / "report.json").read_text())
+    r_report = json.loads((r_dir / "evaluate" / "report.json").read_text())
+    assert _keys(r_report) == _keys(t_report)
+    for stage in ("retriever", "index", "generator", "evaluate"):
+        t_marker = json.loads((t_dir / stage / "_COMPLETE").read_text())
+        r_marker = json.loads((r_dir / stage / "_COMPLETE").read_text())
+        assert set(r_marker) == set(t_marker), stage
+        # Same data, seed and sections: the same fingerprint, so either executor resumes the other's run.
+        assert r_marker["config_fingerprint"] == t_marker["config_fingerprint"], stage
+    assert json.loads((r_dir / "index" / "_COMPLETE").read_text())["passages"] == len(
+        json.loads((t_dir / "index" / "ids.json").read_text()))
+    assert json.loads((r_dir / "retriever" / "_COMPLETE").read_text())["steps"] == 4
+
+    # The Ray executor evaluates (and skips the complete stages of) a run torchrun trained.
+    shutil.rmtree(t_dir / "evaluate")
+    assert _drive(torchrun_cfg) == 0
+    assert _keys(json.loads((t_dir / "evaluate" / "report.json").read_text())) == _keys(t_report)
+    assert (t_dir / "retriever" / "_COMPLETE").stat().st_mtime < (t_dir / "evaluate" / "_COMPLETE").stat().st_mtime
+
+
+def test_killed_training_worker_is_restarted_and_resumes_from_the_checkpoint(
+        shared, tiny_encoder_dir, local_ray, monkeypatch) -> None:
+    from tests.support import faults
+    from training.components.loop import HOOKS_ENV
+
+    sections = _sections(tiny_encoder_dir, max_failures=1)
+    cfg = write_run(shared, "ray-fault", stages=["retriever"], **sections)
+    # Rank 0 of the Ray Train worker group is SIGKILLed right after step 2 (checkpointed at 2).
+    monkeypatch.setenv(faults.RESUME_FAULT_ENV, "2")
+    monkeypatch.setenv(HOOKS_ENV, faults.MODULE)
+    assert _drive(cfg) == 0
+    run_dir = shared / "runs" / "ray-fault" / "retriever"
+    marker = json.loads((run_dir / "_COMPLETE").read_text())
+    assert marker["steps"] == 4 and marker["resumed_from"] == 2, marker
+    assert load_run_config(cfg).ray.max_failures == 1
+
+
+def test_a_stage_failure_is_an_exit_code_naming_the_cause(shared, tiny_encoder_dir, local_ray, capsys) -> None:
+    cfg = write_run(shared, "ray-bad-pool", stages=["index"], **_sections(tiny_encoder_dir))
+    assert _drive(cfg, "--ray.index.pool=gpu-nowhere") == 4
+    err = capsys.readouterr().err
+    assert "stage index: pool 'gpu-nowhere' has no nodes" in err
+    assert not (shared / "runs" / "ray-bad-pool" / "index" / "_COMPLETE").exists()
+
+
+def test_tune_search_writes_the_trial_table_and_the_best_config(shared, tiny_encoder_dir, local_ray, capsys) -> None:
+    import yaml
+
+    from training.ray import tune
+
+    sections = _sections(tiny_encoder_dir)
+    sections["retriever"] = {**sections["retriever"], "max_steps": 4}
+    # 0.9 CPU per trial worker: two trials (and their drivers' 0.01 CPU) fit the 2 CPUs at once.
+    sections["ray"] = {**sections["ray"], "retriever": {"workers": 1, "cpus": 0.9},
+                       "tune": {"num_samples": 4, "rungs": 2, "global_batch_size": [4, 8], "lr": [1e-5, 1e-3],
+                                "metric": "mrr", "eval_questions": 6}}
+    cfg_path = write_run(shared, "ray-tune", stages=["retriever"], **sections)
+    assert tune.main(["--config", str(cfg_path)]) == 0
+    out = capsys.readouterr().out
+    tune_dir = shared / "runs" / "ray-tune" / "tune"
+    trials = json.loads((tune_dir / "trials.json").read_text())["trials"]
+    assert len(trials) == 4
+    assert out.splitlines()[0].split() == ["trial", "lr", "temperature", "global_batch_size", "recall@1",
+                                           "recall@5", "recall@10", "mrr", "steps", "state"]
+    for row in trials:
+        assert 1e-5 <= row["lr"] <= 1e-3 and row["global_batch_size"] in (4, 8)
+        assert row["state"] in ("complete", "stopped (ASHA)") and row["steps"] in (2, 4), row
+        assert 0.0 <= row["mrr"] <= 1.0
+    assert any(r["state"] == "complete" for r in trials)
+    best = yaml.safe_load((tune_dir / "best.yaml").read_text())
+    assert best["retriever"]["optim"]["lr"] == trials[0]["lr"]
+    assert trials[0]["mrr"] == max(r["mrr"] for r in trials)
+    # Each trial checkpointed like a normal stage, in its own directory.
+    assert len([p for p in tune_dir.glob("*/retriever/checkpoints") if any(p.iterdir())]) == 4
