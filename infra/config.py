@@ -95,8 +95,8 @@ def shown(value: Any, limit: int = MAX_SHOWN) -> str:
             emit(str(v) if v.bit_length() <= 256 else f"<{v.bit_length()}-bit integer>")
         elif isinstance(v, str):
             emit(json.dumps(v[:limit + 1]))
-        else:
-            emit(json.dumps(str(v)[:limit + 1]))
+        else:  # a YAML date, binary, set...: its text unquoted, so it does not read as a string
+            emit(json.dumps(str(v)[:limit + 1])[1:-1])
 
     try:
         walk(value, 0)
@@ -348,7 +348,14 @@ class _Reader:
 
     def get(self, key: str) -> Any:
         decl = SCHEMA_BY_NAME[key]
-        if key not in self.raw or self.raw[key] is None:
+        if key in self.raw and self.raw[key] is None:
+            # `key: null` (or `key:` with nothing after it) is a slip, not a request for the default.
+            fix = f"pulumi config set {'--secret ' if decl.secret else ''}{key} VALUE"
+            if not decl.required:
+                fix += ", or delete the line" + ("" if decl.default is None else f" for the default {shown(decl.default)}")
+            self.problems.append(f"{PROJECT}:{key} is set to null: give it a value (fix: {fix})")
+            return decl.default
+        if key not in self.raw:
             if decl.required:
                 self.problems.append(
                     f"{PROJECT}:{key} is required but not set: {decl.description} "
@@ -680,8 +687,8 @@ def _parse_monitoring(r: _Reader) -> dict[str, Any]:
     budget_h = r.get("gpuHoursBudget")
     _check(isinstance(budget_h, int) and budget_h > 0, r, "gpuHoursBudget", budget_h, "must be a positive integer")
     runbook = r.get("runbookBaseUrl")
-    _check(runbook == "" or bool(re.fullmatch(r"https://\S+", runbook or "")), r, "runbookBaseUrl", runbook,
-           "must be empty or an https:// URL")
+    _check(runbook == "" or (isinstance(runbook, str) and bool(re.fullmatch(r"https://[!-~]+", runbook))), r,
+           "runbookBaseUrl", runbook, "must be empty or an https:// URL (printable ASCII, no spaces)")
     storage_p = r.get("prometheusStorageGiB")
     _check(isinstance(storage_p, int) and 10 <= storage_p <= 16384, r, "prometheusStorageGiB", storage_p,
            "must be an integer from 10 to 16384")

@@ -34,13 +34,13 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from infra.plan import REPO_ROOT
+    from infra.plan import add_root_argument
 
     p = sub.add_parser("config", help="stack configuration tools")
     csub = p.add_subparsers(dest="config_command", required=True, metavar="SUBCOMMAND")
     c = csub.add_parser("check", help="validate stack files; print every problem at once")
     c.add_argument("--stack", action="append", required=True, help="stack to check (repeatable)")
-    c.add_argument("--root", default=str(REPO_ROOT))
+    add_root_argument(c)
     c.add_argument("--deploy", action="store_true",
                    help="also refuse what only a real deployment cannot use (example-account role ARNs)")
     c.set_defaults(handler=cmd_check)

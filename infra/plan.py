@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import runpy
 import sys
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from infra.config import PROJECT, ConfigError, StackConfig, parse
+from infra.config import PROJECT, ConfigError, StackConfig, parse, shown
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 INFRA_DIR = Path(__file__).resolve().parent
@@ -27,6 +28,15 @@ SECRET_MASK = "[secret]"
 # Stands in for a `secure:` value the offline plan cannot decrypt; always masked.
 PLACEHOLDER_SECRET = "offline-plan-placeholder-secret"
 MOCK_ACCOUNT = "123456789012"
+
+# What a stack or project file may cost to read. Real ones are a few kilobytes; these
+# bound a hostile or broken one (a huge file, /dev/zero behind a symlink, a YAML alias
+# bomb whose few hundred bytes expand to 10^9 nodes, nesting that would overflow the stack).
+MAX_STACK_FILE_BYTES = 256 * 1024
+MAX_YAML_NODES = 20_000  # counted with every alias expanded
+MAX_YAML_DEPTH = 50
+# Pulumi's stack-name rule (alphanumerics, hyphens, underscores, periods; at most 100).
+_STACK_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")
 
 
 # ------------------------------------------------------------------ stack files
@@ -52,32 +62,163 @@ def _wire(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return str(value)
-    return json.dumps(value)
+    return json.dumps(value, default=str)  # YAML dates, sets, bytes: as text, for parse() to refuse
+
+
+class _TooBig(Exception):
+    pass
+
+
+class UnreadableNumber:
+    """Stands in for an integer too long for Python to read (over 4300 digits), so the
+    key that holds it is named by validation instead of failing the whole file."""
+
+    def __init__(self, digits: int):
+        self.digits = digits
+
+    def __str__(self) -> str:
+        return f"<integer of {self.digits} digits>"
+
+
+class _StackLoader(yaml.SafeLoader):
+    """SafeLoader whose scalars never raise ValueError: too-long integers become
+    UnreadableNumber, impossible dates (2024-13-45) stay the text they are."""
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> Any:
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:
+            return UnreadableNumber(len(node.value))
+
+    def construct_yaml_timestamp(self, node: yaml.ScalarNode) -> Any:
+        try:
+            return super().construct_yaml_timestamp(node)
+        except ValueError:
+            return node.value
+
+
+_StackLoader.add_constructor("tag:yaml.org,2002:int", _StackLoader.construct_yaml_int)
+_StackLoader.add_constructor("tag:yaml.org,2002:timestamp", _StackLoader.construct_yaml_timestamp)
+
+
+def _expanded_size(node: yaml.Node, depth: int, memo: dict[int, int]) -> int:
+    """Nodes under ``node`` with every alias expanded, without expanding them; _TooBig past the bounds."""
+    if depth > MAX_YAML_DEPTH:
+        raise _TooBig(f"is nested more than {MAX_YAML_DEPTH} levels deep (or has an alias that refers to itself)")
+    if id(node) in memo:
+        return memo[id(node)]
+    children: list[yaml.Node] = []
+    if isinstance(node, yaml.SequenceNode):
+        children = node.value
+    elif isinstance(node, yaml.MappingNode):
+        children = [n for pair in node.value for n in pair]
+    size = 1
+    for child in children:
+        size += _expanded_size(child, depth + 1, memo)
+        if size > MAX_YAML_NODES:
+            raise _TooBig(f"expands to more than {MAX_YAML_NODES} YAML nodes (aliases counted where used); "
+                          "a stack file holds a few dozen settings")
+    memo[id(node)] = size
+    return size
+
+
+def _plain(text: str, limit: int = 200) -> str:
+    """Text from a parser for a one-line message: control characters escaped, bounded."""
+    return json.dumps(text[:limit])[1:-1] + ("..." if len(text) > limit else "")
+
+
+def read_yaml_file(path: Path) -> Any:
+    """Parse a Pulumi project or stack file, bounded in bytes, expansion and depth; ConfigError otherwise."""
+
+    def fail(problem: str) -> ConfigError:
+        return ConfigError([problem], source=path.name)
+
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_STACK_FILE_BYTES + 1)
+    except OSError as exc:
+        raise fail(f"the file cannot be read: {exc.strerror or type(exc).__name__}") from None
+    if len(data) > MAX_STACK_FILE_BYTES:
+        raise fail(f"the file is larger than {MAX_STACK_FILE_BYTES} bytes; a stack file holds a few kilobytes of settings")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise fail(f"the file is not UTF-8 text (byte {exc.start} is {data[exc.start:exc.start + 1]!r}); "
+                   "save it as UTF-8") from None
+    loader = None
+    try:
+        loader = _StackLoader(text)  # refuses control characters here
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _expanded_size(node, 0, {})
+        return loader.construct_document(node)
+    except _TooBig as exc:
+        raise fail(f"the file {exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = (f" at line {mark.line + 1}, column {mark.column + 1}" if mark else
+                 f" at character {exc.position}" if isinstance(exc, yaml.reader.ReaderError) else "")
+        what = (getattr(exc, "problem", None) or str(exc)).splitlines()[0]
+        raise fail(f"the file is not valid YAML{where}: {_plain(what)}") from None
+    except RecursionError:
+        raise fail(f"the file is nested more than {MAX_YAML_DEPTH} levels deep") from None
+    except ValueError as exc:  # a scalar YAML resolves but Python refuses, e.g. a 5000-digit integer
+        raise fail(f"the file holds a value that cannot be read: {_plain(str(exc).split(';')[0])}") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
+def _config_block(path: Path, doc: Any) -> dict[Any, Any]:
+    """The ``config:`` mapping of a project or stack file (empty when absent)."""
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise ConfigError([f"the top level must be a mapping with a config: section, not {shown(doc, 60)}"],
+                          source=path.name)
+    block = doc.get("config")
+    if block is None:
+        return {}
+    if not isinstance(block, dict):
+        raise ConfigError([f"config must be a mapping of `namespace:key: value` lines, not {shown(block, 60)}"],
+                          source=path.name)
+    return block
 
 
 def load_stack(stack: str, root: Path = REPO_ROOT, overrides: dict[str, Any] | None = None) -> StackSettings:
-    """Read Pulumi.yaml defaults and Pulumi.<stack>.yaml overrides (plus ``overrides``)."""
+    """Read Pulumi.yaml defaults and Pulumi.<stack>.yaml overrides (plus ``overrides``).
+
+    Problems with the files themselves (unreadable, too large, not UTF-8, not YAML, not a
+    mapping) raise ConfigError here; problems with values (wrong types, nulls, non-string
+    keys) are left to :func:`validate_stack`, which reports them all at once.
+    """
+    if not (isinstance(stack, str) and _STACK_NAME.fullmatch(stack)):
+        raise ConfigError([f"stack name {shown(stack, 60)} may only contain alphanumerics, hyphens, underscores "
+                           "and periods (at most 100)"], source="stack name")
     project_file = root / "Pulumi.yaml"
     stack_file = root / f"Pulumi.{stack}.yaml"
+    if not project_file.is_file():
+        raise ConfigError([f"no Pulumi.yaml in {shown(str(root.absolute()), 200)}: run in the project directory "
+                           "(like the Pulumi CLI) or pass --root"], source=f"stack {stack}")
     if not stack_file.is_file():
         known = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in root.glob("Pulumi.*.yaml"))
         raise ConfigError([f"no stack file {stack_file.name}; stacks here: {', '.join(known) or 'none'}"],
                           source=f"stack {stack}")
-    project = yaml.safe_load(project_file.read_text()) or {}
-    try:
-        stack_doc = yaml.safe_load(stack_file.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError([f"{stack_file.name} is not valid YAML: {exc}"], source=str(stack_file.name)) from None
-    values = dict((stack_doc.get("config") or {}))
+    project_config = _config_block(project_file, read_yaml_file(project_file))
+    values = dict(_config_block(stack_file, read_yaml_file(stack_file)))
     values.update(overrides or {})
 
     engine: dict[str, str] = {}
-    for key, decl in (project.get("config") or {}).items():
-        if isinstance(decl, dict) and "default" in decl:
+    for key, decl in project_config.items():
+        if isinstance(key, str) and isinstance(decl, dict) and "default" in decl:
             engine[key if ":" in key else f"{PROJECT}:{key}"] = _wire(decl["default"])
     secret_keys, secret_values, raw = [], [], {}
     region = None
     for key, value in values.items():
+        if not isinstance(key, str):
+            raw[key] = value  # parse() names it: config keys are strings
+            continue
         full = key if ":" in key else f"{PROJECT}:{key}"
         if isinstance(value, dict) and set(value) == {"secure"}:
             value = PLACEHOLDER_SECRET
@@ -297,9 +438,17 @@ def render_plan(settings: StackSettings, recorded: list[Recorded]) -> dict[str, 
 
 def plan(stack: str, root: Path = REPO_ROOT, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """Validate the stack's config, run the program under mocks, return the plan document."""
+    import pulumi
+
     settings = load_stack(stack, root, overrides)
     validate_stack(settings)
-    return render_plan(settings, run_program(settings))
+    try:
+        recorded = run_program(settings)
+    except pulumi.RunError as exc:
+        # The program refuses the config (infra/__main__.py turns ConfigError into RunError
+        # so `pulumi up` prints no traceback); here it is bad input like any other.
+        raise ConfigError([str(exc)], source=settings.stack_file.name) from None
+    return render_plan(settings, recorded)
 
 
 # ------------------------------------------------------------------ rendering
@@ -441,7 +590,7 @@ def plan_diff(old: dict[str, Any], new: dict[str, Any], common_threshold: int = 
 # ------------------------------------------------------------------ CLI
 
 
-def _fail(prog: str, exc: Exception) -> int:
+def _fail(prog: str, exc: Exception | str) -> int:
     print(f"{prog}: {exc}", file=sys.stderr)
     return 2
 
@@ -452,7 +601,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return _fail("ragpool plan", exc)
     if args.out:
-        Path(args.out).write_text(_dump_json(doc))
+        try:
+            Path(args.out).write_text(_dump_json(doc))
+        except OSError as exc:
+            return _fail("ragpool plan", f"cannot write --out {shown(args.out, 200)}: {exc.strerror or exc}")
     sys.stdout.write(_dump_json(doc) if args.format == "json" else render_tree(doc))
     return 0
 
@@ -472,12 +624,18 @@ def cmd_plan_diff(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_root_argument(parser: argparse.ArgumentParser) -> None:
+    """--root, defaulting to the current directory as the Pulumi CLI does."""
+    parser.add_argument("--root", default=".",
+                        help="directory holding Pulumi.yaml and Pulumi.<stack>.yaml (default: the current directory)")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="offline plan of a stack (Pulumi program under mocks, no cloud)")
     p.add_argument("--stack", required=True, help="stack name, e.g. dev or prod (reads Pulumi.<stack>.yaml)")
     p.add_argument("--format", choices=("json", "tree"), default="json")
     p.add_argument("--out", help="also write the JSON plan to this file")
-    p.add_argument("--root", default=str(REPO_ROOT), help="directory holding Pulumi.yaml (default: the repo)")
+    add_root_argument(p)
     p.set_defaults(handler=cmd_plan)
     d = sub.add_parser("plan-diff", help="what changes between two JSON plans, for reviewers")
     d.add_argument("old")

@@ -209,3 +209,113 @@ def test_deploy_role_is_first_cluster_admin_and_placeholders_are_refused_only_fo
     committed = validate_stack(load_stack("dev"))  # the stack file's marked placeholder parses offline
     [problem] = deploy_problems(committed)
     assert "ragpool:deployRoleArn" in problem and "111122223333" in problem and "pulumi config set deployRoleArn" in problem
+
+
+# ------------------------------------------------------------------ one rule per identifier, applied whole
+
+_POOL = {"name": "p", "instanceTypes": ["g5.xlarge"], "capacityType": "spot", "gpuLimit": 2}
+
+
+@pytest.mark.parametrize("override,key", [
+    ({"imageTag": "v1\n"}, "imageTag"),
+    ({"owner": "ml-platform\n"}, "owner"),
+    ({"deployRoleArn": "arn:aws:iam::444455556666:role/ci\n"}, "deployRoleArn"),
+    ({"adminRoleArns": ["arn:aws:iam::444455556666:role/admin\n"]}, "adminRoleArns"),
+    ({"systemNodeInstanceTypes": ["m7i.large\n"]}, "systemNodeInstanceTypes"),
+    ({"availabilityZones": ["us-west-2a\n", "us-west-2b"]}, "availabilityZones"),
+    ({"vpcCidr": "10.0.0.0/16\n"}, "vpcCidr"),
+    ({"publicAccessCidrs": ["198.51.100.0/24\n"]}, "publicAccessCidrs"),
+    ({"prometheusRetention": "31d\n"}, "prometheusRetention"),
+    ({"gpuAmiAlias": "al2023@latest\n"}, "gpuAmiAlias"),
+    ({"redisNodeType": "cache.r7g.large\n"}, "redisNodeType"),
+    ({"runbookBaseUrl": "https://example.com/rb\x00"}, "runbookBaseUrl"),
+    ({"gpuPools": [{**_POOL, "name": "gpu\n"}]}, "gpuPools[0].name"),
+    ({"gpuPools": [{**_POOL, "instanceTypes": ["g5.xlarge\n"]}]}, "gpuPools[0].instanceTypes"),
+    ({"gpuPools": [{**_POOL, "expireAfter": "720h\n"}]}, "gpuPools[0].expireAfter"),
+    ({"gpuPools": [{**_POOL, "consolidateAfter": "30m\n"}]}, "gpuPools[0].consolidateAfter"),
+    ({"gpuPools": [{**_POOL, "disruptionBudget": "10%\n"}]}, "gpuPools[0].disruptionBudget"),
+    ({"gpuPools": [{**_POOL, "labels": {"team\n": "a"}}]}, "gpuPools[0].labels"),
+    ({"gpuPools": [{**_POOL, "labels": {"team": "search\n"}}]}, "gpuPools[0].labels.team"),
+    ({"trainingTeams": [{"name": "search\n", "gpuQuota": 1}]}, "trainingTeams[0].name"),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_identifier_with_trailing_newline_or_control_character_is_refused(override, key):
+    """re.match(r"...$") lets "x\\n" through; every identifier rule must hold for the whole value."""
+    with pytest.raises(ConfigError) as err:
+        _parse({**BASE, **override})
+    assert any(p.startswith(f"ragpool:{key} = ") for p in err.value.problems), err.value.problems
+
+
+def test_region_with_trailing_newline_or_wrong_type_is_refused():
+    for region in ("us-west-2\n", ["us-west-2"], 7):
+        with pytest.raises(ConfigError) as err:
+            _parse(BASE, region=region)
+        assert any(p.startswith("aws:region = ") for p in err.value.problems)
+
+
+@pytest.mark.parametrize("key", [k.name for k in SCHEMA])
+def test_key_set_to_null_is_an_error_naming_it(key):
+    with pytest.raises(ConfigError) as err:
+        _parse({**BASE, key: None})
+    assert any(p.startswith(f"ragpool:{key} is set to null") for p in err.value.problems), err.value.problems
+
+
+def test_non_string_keys_and_huge_values_are_named_and_bounded():
+    with pytest.raises(ConfigError) as err:
+        _parse({**BASE, 7: "x", "owner\n": 1, "gpuHoursBudget": 10**5000, "costCenter": "x" * 100_000,
+                "gpuPools": [{**_POOL, 3: "x", "labels": {1: "a"}}]})
+    text = str(err.value)
+    assert "key 7 is not a string" in text
+    assert 'ragpool:"owner\\n" is not a ragpool config key' in text
+    assert "ragpool:gpuHoursBudget = <16610-bit integer>" in text
+    assert "ragpool:gpuPools[0].3" in text and "ragpool:gpuPools[0].labels" in text
+    assert max(len(line) for line in text.splitlines()) < 1000
+
+
+def test_values_in_messages_are_bounded_even_when_shared_exponentially():
+    bomb: object = "lol"
+    for _ in range(30):  # 2^30 leaves if expanded
+        bomb = [bomb, bomb]
+    with pytest.raises(ConfigError) as err:
+        _parse({**BASE, "owner": bomb, "gpuPools": bomb})
+    assert all(len(p) < 1000 for p in err.value.problems)
+
+
+# ------------------------------------------------------------------ GPU families: one rule for config and policy
+
+
+@pytest.mark.parametrize("instance_type,gpu", [
+    ("g5.xlarge", True), ("g6e.12xlarge", True), ("gr6.4xlarge", True), ("p5.48xlarge", True),
+    ("p6-b200.48xlarge", True), ("p6e-gb200.36xlarge", True), ("g5g.xlarge", True),
+    ("g4ad.xlarge", False),  # AMD Radeon: no nvidia.com/gpu
+    ("p2.xlarge", False), ("g3.4xlarge", False),  # Kepler/Maxwell: not supported by current NVIDIA drivers
+    ("inf2.xlarge", False), ("trn1.2xlarge", False), ("m7i.large", False), ("g5.xlarge\n", False),
+])
+def test_config_and_policy_agree_on_gpu_instance_types(instance_type, gpu):
+    from policy.checks import NODEPOOL_TYPES, Resource, is_gpu_nodepool
+
+    def nodepool(key, values):
+        return Resource(sorted(NODEPOOL_TYPES)[0], "pool", {"spec": {"template": {"spec": {"requirements": [
+            {"key": key, "operator": "In", "values": values}]}}}})
+
+    try:
+        _parse({**BASE, "gpuPools": [{**_POOL, "instanceTypes": [instance_type]}]})
+        accepted = True
+    except ConfigError:
+        accepted = False
+    assert accepted is gpu
+    assert is_gpu_nodepool(nodepool("node.kubernetes.io/instance-type", [instance_type])) is gpu
+    family = instance_type.split(".")[0]
+    if "\n" not in instance_type:
+        assert is_gpu_nodepool(nodepool("karpenter.k8s.aws/instance-family", [family])) is gpu
+
+
+def test_pool_fields_left_out_take_the_dataclass_defaults():
+    from dataclasses import fields
+
+    from infra.config import GpuPoolConfig
+
+    [pool] = _parse({**BASE, "gpuPools": [_POOL]}).gpu_pools
+    for f in fields(GpuPoolConfig):
+        if f.name not in ("name", "instance_types", "capacity_type", "gpu_limit", "zones"):
+            assert getattr(pool, f.name) == f.default, f.name
+    assert pool.zones == ("us-west-2a", "us-west-2b")  # no zones: every availability zone

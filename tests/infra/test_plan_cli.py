@@ -110,3 +110,31 @@ def test_plan_diff_shows_helm_values_and_k8s_objects_as_yaml(plans):
 
 def test_plan_diff_no_changes(plans):
     assert plan_diff(plans["dev"], plans["dev"]).endswith("No changes.\n")
+
+
+def test_plan_and_config_check_read_the_current_directory_like_pulumi(tmp_path):
+    root = _broken_root(tmp_path, **{"ragpool:vpcCidr": "10.0.0.0/33"})
+    for args in (("config", "check", "--stack", "dev"), ("plan", "--stack", "dev")):
+        res = run(*args, cwd=root)  # the stack file here, not the repo's, is read
+        assert res.returncode == 2 and "ragpool:vpcCidr" in res.stderr, res.stderr
+        res = run(*args, "--root", str(REPO_ROOT), cwd=root)  # --root still overrides
+        assert res.returncode == 0, res.stderr
+    empty = tmp_path / "elsewhere"
+    empty.mkdir()
+    res = run("config", "check", "--stack", "dev", cwd=empty)
+    assert res.returncode == 2 and "no Pulumi.yaml in" in res.stderr and "--root" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_config_the_program_refuses_is_exit_2_not_a_traceback(tmp_path):
+    """If validation ever lets through what the program's own parse refuses, the program's
+    RunError is still reported as bad config (exit 2, one message), not a traceback."""
+    root = _broken_root(tmp_path, **{"ragpool:gpuPools": None})
+    script = ("import sys, infra.plan as p; p.validate_stack = lambda settings: None; "
+              "from infra.cli import main; sys.exit(main(sys.argv[1:]))")
+    res = subprocess.run([sys.executable, "-c", script, "plan", "--stack", "dev", "--root", str(root),
+                          "--out", str(tmp_path / "plan.json")], cwd=REPO_ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr and "ragpool:gpuPools = null" in res.stderr
+    assert not (tmp_path / "plan.json").exists()
