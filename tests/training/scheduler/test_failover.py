@@ -148,7 +148,7 @@ def _primary_with_stoppable_replica(own_redis):
 def test_submit_claim_ack_wait_for_a_replica(own_redis):
     primary, replica = _primary_with_stoppable_replica(own_redis)
     q = TaskQueue(connect(settings_from_env({"REDIS_URL": primary.url})), namespace="wait",
-                  replica_wait_ms=300, backoff_base_s=0, backoff_max_s=0)
+                  replica_wait_ms=1500, backoff_base_s=0, backoff_max_s=0)
     assert q.replicas_to_wait_for() == 1
     plain = TaskQueue(primary.client(), namespace="wait")  # replica_wait_ms=0: never waits
     assert plain.replicas_to_wait_for() == 0
@@ -176,6 +176,37 @@ def test_submit_claim_ack_wait_for_a_replica(own_redis):
     assert plain.get("w-1").completions == 1
     rc = replica.client()
     assert rc.hget("wait:task:w-1", "state") == "succeeded" and rc.hget("wait:task:w-2", "state") == "queued"
+
+
+def test_ragpool_submit_is_acknowledged_only_once_a_replica_has_it(own_redis, monkeypatch, tmp_path, capsys):
+    import argparse
+
+    from training.exit_codes import OK, UNAVAILABLE
+    from training.scheduler import cli as runs_cli
+
+    primary, replica = _primary_with_stoppable_replica(own_redis)
+    monkeypatch.setenv("REDIS_URL", primary.url)
+    monkeypatch.setenv("REDIS_REPLICA_WAIT_MS", "1500")
+    monkeypatch.setenv("RAGPOOL_QUEUE_NAMESPACE", "cliwait")
+    monkeypatch.setenv("RAGPOOL_SHARED_ROOT", str(tmp_path / "shared"))
+    parser = argparse.ArgumentParser(prog="ragpool")
+    runs_cli.register(parser.add_subparsers(dest="command", required=True))
+    spec = tmp_path / "run.yaml"
+    spec.write_text("run_id: cli-wait\nstages: [retriever]\n")
+
+    def submit() -> int:
+        args = parser.parse_args(["submit", str(spec)])
+        return args.handler(args)
+
+    os.kill(replica.process.pid, signal.SIGSTOP)
+    try:
+        assert submit() == UNAVAILABLE
+    finally:
+        os.kill(replica.process.pid, signal.SIGCONT)
+    err = capsys.readouterr().err
+    assert "no replica confirmed" in err and primary.url in err and err.count("\n") == 1, err
+    assert submit() == OK  # the same submission again (idempotent) is now confirmed
+    assert replica.client().hget("cliwait:task:cli-wait", "state") == "queued"
 
 
 # -- a real Sentinel failover -----------------------------------------------------------------
