@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
@@ -84,7 +83,7 @@ def _with_queue(command: str, fn):
     import redis
 
     from training.scheduler.redis_conn import RedisConfigError, connect, settings_from_env
-    from training.scheduler.run_queue import DEFAULT_NAMESPACE, TaskQueue
+    from training.scheduler.run_queue import TaskQueue, namespace_from_env
 
     try:
         settings = settings_from_env()
@@ -92,7 +91,7 @@ def _with_queue(command: str, fn):
         print(f"ragpool {command}: {exc}", file=sys.stderr)
         return exit_codes.BAD_INPUT
     try:
-        queue = TaskQueue(connect(settings), namespace=os.environ.get("RAGPOOL_QUEUE_NAMESPACE") or DEFAULT_NAMESPACE,
+        queue = TaskQueue(connect(settings), namespace=namespace_from_env(),
                           replica_wait_ms=settings.replica_wait_ms)
         queue.client.ping()
         return fn(queue)

@@ -37,6 +37,7 @@ workers ran it.
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -116,6 +117,13 @@ FREE_RELEASES = 20
 release spends an attempt, so a run that always exits retriable ends in the dead-letter list."""
 DEFAULT_NAMESPACE = "ragpool"
 """Key prefix (without the colon) when none is configured."""
+NAMESPACE_ENV = "RAGPOOL_QUEUE_NAMESPACE"
+"""Environment variable that names the key namespace (workers, the run CLI, Jobs set it)."""
+
+
+def namespace_from_env() -> str:
+    """The queue's key namespace for this process: ``$RAGPOOL_QUEUE_NAMESPACE``, else the default."""
+    return os.environ.get(NAMESPACE_ENV) or DEFAULT_NAMESPACE
 
 LUA_DIR = Path(__file__).with_name("lua")
 """The queue's Lua scripts: ``prelude.lua`` (shared helpers) and one file per command."""

@@ -64,7 +64,7 @@ from typing import NamedTuple
 
 from training import exit_codes
 from training.paths import shared_root_from_env
-from training.scheduler.run_queue import DEFAULT_NAMESPACE, Claim, Heartbeat, Key
+from training.scheduler.run_queue import Claim, Heartbeat, Key, namespace_from_env
 from training.scheduler.spec import RunSpec
 
 log = logging.getLogger("ragpool.worker")
@@ -131,7 +131,7 @@ class WorkerConfig:
 
     worker_id: str = field(default_factory=default_worker_id)
     """Name in task hashes and the heartbeat metric."""
-    namespace: str = field(default_factory=lambda: os.environ.get("RAGPOOL_QUEUE_NAMESPACE") or DEFAULT_NAMESPACE)
+    namespace: str = field(default_factory=namespace_from_env)
     """Redis key prefix of the queue."""
     shared_root: str = field(default_factory=shared_root_from_env)
     """Where runs live (``runs/<run_id>/``): the EFS mount in pods."""
