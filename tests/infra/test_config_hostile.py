@@ -6,7 +6,7 @@ offending key (or, for a file that cannot be read as a mapping at all, the file)
 
 The commands run in-process (``infra.cli.main``): the plan stops at validation, so an
 example costs a YAML load and a parse, not a Pulumi run. ``slow`` runs >= 1000 examples;
-the default run a few dozen. Two subprocess checks confirm the real exit code.
+the default run 25. Two subprocess checks confirm the real exit code.
 """
 
 from __future__ import annotations
@@ -296,7 +296,7 @@ _HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.functio
 _command = st.sampled_from(["check", "plan"])
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=_HEALTH)
+@settings(max_examples=25, deadline=None, suppress_health_check=_HEALTH)
 @given(case=hostile, command=_command)
 def test_hostile_stack_files_are_refused_cleanly(root, case, command):
     refused_cleanly(root, *case, command)
@@ -359,22 +359,21 @@ def test_base_of_the_hostile_cases_is_valid(root):
 # ------------------------------------------------------------------ the real CLI's exit code
 
 
-@pytest.mark.parametrize("data,names", [
-    (dump({**_copy(BASE), "ragpool:owner": _bomb(10, 9)}), ["expands to more than"]),  # 10^9 nodes
-    (b"config:\n  aws:region: [us-west-2]\n  ragpool:imageTag: |\n    v1\n  7: x\n  ragpool:owner: null\n\xff",
-     ["not UTF-8"]),
-    (dump({**_copy(BASE), "aws:region": ["us-west-2"], "ragpool:imageTag": "v1\n", 7: "x", "ragpool:owner": None}),
+@pytest.mark.parametrize("command,data,names", [
+    ("plan", dump({**_copy(BASE), "ragpool:owner": _bomb(10, 9)}), ["expands to more than"]),  # 10^9 nodes
+    ("check", dump({**_copy(BASE), "aws:region": ["us-west-2"], "ragpool:imageTag": "v1\n", 7: "x",
+                    "ragpool:owner": None}),
      ['aws:region = ["us-west-2"]', 'ragpool:imageTag = "v1\\n"', "key 7 is not a string", "ragpool:owner is set to null"]),
-], ids=["alias-bomb", "not-utf8", "four-classes"])
-def test_real_cli_exits_2_without_traceback(tmp_path, data, names):
+], ids=["plan-alias-bomb", "check-four-classes"])
+def test_real_cli_exits_2_without_traceback(tmp_path, command, data, names):
     """In the stack's directory, as a platform engineer runs it (the default --root is the current directory)."""
     (tmp_path / "Pulumi.yaml").write_text((REPO_ROOT / "Pulumi.yaml").read_text())
     (tmp_path / STACK_FILE).write_bytes(data)
-    for args in (["config", "check"], ["plan", "--out", str(tmp_path / "plan.json")]):
-        res = subprocess.run([sys.executable, "-m", "infra.cli", *args, "--stack", STACK], cwd=tmp_path,
-                             capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
-        assert res.returncode == 2, res.stderr
-        assert "Traceback" not in res.stderr
-        for name in names:
-            assert name in res.stderr, res.stderr
+    args = ["config", "check"] if command == "check" else ["plan", "--out", str(tmp_path / "plan.json")]
+    res = subprocess.run([sys.executable, "-m", "infra.cli", *args, "--stack", STACK], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr
+    for name in names:
+        assert name in res.stderr, res.stderr
     assert not (tmp_path / "plan.json").exists()
