@@ -187,6 +187,7 @@ def measure(args: argparse.Namespace) -> dict:
     from training.scheduler.run_queue import TaskQueue
     from training.scheduler.spec import parse_spec
 
+    load_start = round(os.getloadavg()[0], 2)
     out = Path(args.out).resolve()
     shared = out / "shared"
     shutil.rmtree(shared / "runs", ignore_errors=True)
@@ -238,6 +239,7 @@ def measure(args: argparse.Namespace) -> dict:
         survivor = pair["b" if holder == "a" else "a"]
         survivor.wait(timeout=args.timeout_s)
         info = state("interrupted")
+        claimed_at = info.claimed_at  # attempt 2's claim
         marker = json.loads((shared / "runs" / "interrupted" / "retriever" / "_COMPLETE").read_text())
         a, b = final_params(shared / "runs" / "reference"), final_params(shared / "runs" / "interrupted")
         match = a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a)
@@ -255,6 +257,12 @@ def measure(args: argparse.Namespace) -> dict:
     lost = last_before - int(marker["resumed_from"])
     result = {
         "time_to_resume_s": round(resumed_at - killed_at, 2),
+        # Of which: waiting for the lease to expire and the claim, then the new attempt's start-up
+        # (torchrun, imports, data, checkpoint load) to its first step.
+        "kill_to_claim_s": round(claimed_at - killed_at, 2) if claimed_at else None,
+        "claim_to_first_step_s": round(resumed_at - claimed_at, 2) if claimed_at else None,
+        "load_average_1m": {"start": load_start, "end": round(os.getloadavg()[0], 2)},
+        "cpu_cores": os.cpu_count(),
         "lost_steps": lost,
         "checkpoint_interval_steps": args.checkpoint_every,
         "lease_seconds": args.lease_seconds,
