@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.training import run_stage, write_run
+from tests.support.training import free_port, run_stage, write_run
 from tests.training.ray.conftest import needs_ray, ray_env, ray_temp_dir
 from training.config import load_run_config
 from training.demo import synthetic
@@ -47,7 +47,8 @@ def local_ray():
     import ray
 
     temp = ray_temp_dir(None)
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp, log_to_driver=False)
+    # The dashboard serves the State API Ray Train's placement-group cleaner needs when Tune stops a trial.
+    ray.init(num_cpus=2, include_dashboard=True, dashboard_port=free_port(), _temp_dir=temp, log_to_driver=False)
     yield ray
     ray.shutdown()
     shutil.rmtree(temp, ignore_errors=True)
@@ -144,8 +145,12 @@ def test_tune_search_writes_the_trial_table_and_the_best_config(shared, tiny_enc
     tune_dir = shared / "runs" / "ray-tune" / "tune"
     trials = json.loads((tune_dir / "trials.json").read_text())["trials"]
     assert len(trials) == 4
-    assert out.splitlines()[0].split() == ["trial", "lr", "temperature", "global_batch_size", "recall@1",
-                                           "recall@5", "recall@10", "mrr", "steps", "state"]
+    header = ["trial", "lr", "temperature", "global_batch_size", "recall@1", "recall@5", "recall@10", "mrr", "steps",
+              "state"]
+    printed = out.splitlines()
+    start = next(i for i, line in enumerate(printed) if line.split() == header)  # after Tune's own progress
+    assert [line.split()[0] for line in printed[start + 1:start + 5]] == [r["trial"] for r in trials]
+    assert (tune_dir / "trials.txt").read_text().splitlines()[0].split() == header
     for row in trials:
         assert 1e-5 <= row["lr"] <= 1e-3 and row["global_batch_size"] in (4, 8)
         assert row["state"] in ("complete", "stopped (ASHA)") and row["steps"] in (2, 4), row
