@@ -50,10 +50,11 @@ RAY_STORAGE_DIR = "ray"
 """Ray Train's run state (not the stages' outputs) under ``runs/<run_id>/``."""
 SHARDS_DIR = "_shards"
 """Index stage: per-task embedding shards before the merge (removed after it)."""
-# Passed to the Ray Train workers when set here: the Hugging Face offline switch, the import path,
-# and the training loop's step-hook modules (tests inject faults through them) with their variables.
+# Passed to the stage tasks and Ray Train workers when set here: the Hugging Face offline switch, the
+# import path, the training loop's step-hook modules (its HOOKS_ENV; tests inject faults through them)
+# and the hooks' own variables (RAGPOOL_FAULT_*).
 _WORKER_ENV = ("HF_HUB_OFFLINE", "PYTHONPATH", "RAGPOOL_SHARED_ROOT")
-_WORKER_ENV_PREFIXES = ("RAGPOOL_FAULT_", "RAGPOOL_TEST_")
+_WORKER_ENV_PREFIXES = ("RAGPOOL_FAULT_",)
 
 
 class StageFailed(RuntimeError):
@@ -88,7 +89,10 @@ def _nodes() -> list[dict[str, Any]]:
 
 
 def _worker_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k in _WORKER_ENV or k.startswith(_WORKER_ENV_PREFIXES)}
+    from training.components.loop import HOOKS_ENV
+
+    names = (*_WORKER_ENV, HOOKS_ENV)
+    return {k: v for k, v in os.environ.items() if k in names or k.startswith(_WORKER_ENV_PREFIXES)}
 
 
 # --------------------------------------------------------------------------- task bodies (run on Ray workers)

@@ -1,0 +1,136 @@
+"""What the Ray executor costs against torchrun, on this machine's CPUs.
+
+    python -m bench.ray_overhead [--out .local/bench-ray] [--steps 12] [--n-entities 60] [--trials 4]
+
+1. The synthetic dataset under ``--out``; a local Ray (``ray.init``, dashboard off), timed:
+   ``ray_start_s``.
+2. Retriever fine-tuning, same settings (all-MiniLM-L6-v2, 2 ranks, CPU, ``--steps`` steps, no
+   checkpoint until the end), twice in one run: ``torchrun --nproc-per-node=2 -m training.retriever``
+   (process start included) and the Ray executor's training stage (a Ray Train worker group of 2;
+   worker start included, Ray start excluded). ``ray_vs_torchrun`` = Ray wall time / torchrun wall time
+   (goal <= 1.10).
+3. The index stage (base encoder) as Ray tasks, 1 task then 2 tasks (1 CPU each):
+   ``index_parallel_speedup`` = time with 1 / time with 2 (goal >= 1.6 on 2 cores).
+4. A Tune search of ``--trials`` trials (2 steps each, 1 worker per trial): ``tune_trials_per_hour``.
+
+One JSON line last with those figures, the wall times behind them and ``goals`` (each goal, held or
+not). Exit 0 when every goal holds, 1 otherwise. Measure on an otherwise idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def _config(shared: Path, run_id: str, steps: int, **extra: object) -> dict:
+    from training.config import deep_merge
+
+    base = {"run_id": run_id, "shared_root": str(shared), "device": "cpu",
+            "metrics": {"port": 0, "log_every": 1000},
+            "retriever": {"max_steps": steps, "global_batch_size": 16, "optim": {"warmup_steps": 1}},
+            "checkpoint": {"every_steps": 0, "keep_latest_k": 1},
+            "ray": {"placement_timeout_s": 300, "retriever": {"workers": 2, "cpus": 1}}}
+    return deep_merge(base, extra)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.ray_overhead", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=".local/bench-ray", help="shared root for data and runs")
+    parser.add_argument("--steps", type=int, default=12, help="retriever steps per measurement (default 12)")
+    parser.add_argument("--n-entities", type=int, default=60, help="synthetic entities (6 passages each)")
+    parser.add_argument("--trials", type=int, default=4, help="Tune trials (default 4)")
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.trials < 1:
+        print("bench.ray_overhead: --steps and --trials must be >= 1", file=sys.stderr)
+        return 2
+
+    import yaml
+
+    from training.demo import synthetic
+
+    out = Path(args.out).resolve()
+    shutil.rmtree(out / "runs", ignore_errors=True)
+    synthetic.write(out / "datasets" / "synthetic", seed=0, n_entities=args.n_entities)
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    repo = str(Path(__file__).resolve().parent.parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
+
+    # torchrun first, before Ray holds any memory or CPU.
+    torch_yaml = out / "torchrun.yaml"
+    torch_yaml.write_text(yaml.safe_dump(_config(out, "bench-torchrun", args.steps)))
+    t0 = time.monotonic()
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                    "-m", "training.retriever", "--config", str(torch_yaml)], check=True, env=dict(os.environ),
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    torchrun_s = time.monotonic() - t0
+
+    import ray
+
+    from training.config import load_run_config
+    from training.ray import driver, tune
+    from training.ray.placement import plan
+
+    temp = tempfile.mkdtemp(prefix="rgb", dir="/tmp")
+    t0 = time.monotonic()
+    # Dashboard on (as on a KubeRay head): its State API lets Ray Train release the trials Tune stops.
+    ray.init(num_cpus=2, include_dashboard=True, dashboard_port=_free_port(), _temp_dir=temp, log_to_driver=False)
+    ray_start_s = time.monotonic() - t0
+    try:
+        cfg = load_run_config(_config(out, "bench-ray", args.steps))
+        t0 = time.monotonic()
+        driver.run_training(cfg, "retriever", plan("retriever", cfg.ray.retriever, ray.nodes()))
+        ray_train_s = time.monotonic() - t0
+
+        index_s = {}
+        for tasks in (1, 2):
+            cfg = load_run_config(_config(out, f"bench-index-{tasks}", args.steps, stages=["index"],
+                                          index={"use_finetuned": False},
+                                          ray={"index": {"workers": tasks, "cpus": 1}}))
+            t0 = time.monotonic()
+            driver.run_index(cfg, plan("index", cfg.ray.index, ray.nodes()))
+            index_s[tasks] = time.monotonic() - t0
+
+        cfg = load_run_config(_config(out, "bench-tune", 2, stages=["retriever"], ray={
+            "retriever": {"workers": 1, "cpus": 0.9},
+            "tune": {"num_samples": args.trials, "rungs": 1, "global_batch_size": [8, 16], "eval_questions": 20}}))
+        t0 = time.monotonic()
+        rows = tune.search(cfg)
+        tune_s = time.monotonic() - t0
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
+
+    figures = {
+        "ray_vs_torchrun": round(ray_train_s / torchrun_s, 3),
+        "ray_start_s": round(ray_start_s, 2),
+        "index_parallel_speedup": round(index_s[1] / index_s[2], 3),
+        "tune_trials_per_hour": round(len(rows) / (tune_s / 3600), 1),
+        "torchrun_retriever_s": round(torchrun_s, 2), "ray_retriever_s": round(ray_train_s, 2),
+        "index_1_task_s": round(index_s[1], 2), "index_2_tasks_s": round(index_s[2], 2),
+        "tune_s": round(tune_s, 2), "tune_trials": len(rows), "steps": args.steps, "cpus": os.cpu_count(),
+    }
+    figures["goals"] = {"ray_vs_torchrun<=1.10": figures["ray_vs_torchrun"] <= 1.10,
+                        "index_parallel_speedup>=1.6": figures["index_parallel_speedup"] >= 1.6}
+    print(json.dumps(figures))
+    return 0 if all(figures["goals"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
