@@ -73,7 +73,10 @@ def test_the_smoke_run_resumes_bit_exact_after_a_lost_node(tmp_path):
                          cwd=REPO, capture_output=True, text=True, timeout=1500)
     fig = json.loads(out.stdout.strip().splitlines()[-1])
     assert fig["final_params_match"] is True and fig["final_state"] == "succeeded" and fig["attempts"] == 2
-    assert 0 <= fig["lost_steps"] <= fig["checkpoint_interval_steps"] == 3
+    # At most one interval when the newest checkpoint was complete; a checkpoint still being
+    # written in the background (async_save) when the node dies is lost too, so the smoke run's
+    # fast steps may lose up to two intervals.
+    assert 0 <= fig["lost_steps"] <= 2 * fig["checkpoint_interval_steps"] == 6
     assert fig["killed_at_step"] > fig["resumed_from_step"] and fig["resumed_from_step"] % 3 == 0
     # The resume deadline depends on the machine's load; its figure must at least be real.
     assert fig["time_to_resume_s"] > fig["lease_seconds"]
