@@ -135,7 +135,7 @@ def gpu_generator(shape: str, batch: int, seq: int, quick: bool, device: str = "
             "device": device, **gen}
 
 
-def _retriever_setup(per_rank_batch: int, env):  # noqa: ANN001, ANN202
+def _retriever_setup(per_rank_batch: int, env):
     """Real MiniLM, real synthetic data, the retriever stage's own batch and loss code."""
     from training.demo import synthetic
     from training.config import load_run_config
@@ -154,12 +154,12 @@ def _retriever_setup(per_rank_batch: int, env):  # noqa: ANN001, ANN202
     return cfg, ds, model, task, build_optimizer(model, cfg.retriever.optim)
 
 
-def _timed_steps(model, task, opt, env, batches: list[list[int]], warm: int) -> list[float]:  # noqa: ANN001
+def _timed_steps(model, task, opt, env, batches: list[list[int]], warm: int) -> list[float]:
     """Step times of the retriever's own contrastive step over ``batches`` (barrier-fenced when distributed)."""
     return [_timed_step(model, task, opt, env, idx) for idx in batches[:1] * warm + batches][warm:]
 
 
-def _timed_step(model, task, opt, env, idx: list[int]) -> float:  # noqa: ANN001
+def _timed_step(model, task, opt, env, idx: list[int]) -> float:
     """One optimizer step of the retriever's contrastive loss, from a barrier to a barrier."""
     from training.components import distributed as D
 

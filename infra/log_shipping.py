@@ -30,6 +30,7 @@ from infra import iam
 from infra.aliases import RagpoolComponent
 from infra.common import aws_tags, child, stateful
 from infra.config import StackConfig
+from training.reports.logs import APPLICATION_LOG_GROUP
 
 ADDON = "amazon-cloudwatch-observability"
 ADDON_NAMESPACE = "amazon-cloudwatch"
@@ -39,7 +40,7 @@ ADDON_SERVICE_ACCOUNT = "cloudwatch-agent"
 ADDON_POLICY = "CloudWatchAgentServerPolicy"
 #: The log group container logs go to (Fluent Bit's ``log_group_name`` in the add-on's chart):
 #: ``APPLICATION_LOG_GROUP_FORMAT.format(cluster=<EKS cluster name>)``.
-APPLICATION_LOG_GROUP_FORMAT = "/aws/containerinsights/{cluster}/application"
+APPLICATION_LOG_GROUP_FORMAT = APPLICATION_LOG_GROUP  # one home: what ragpool logs reads
 #: Every log group the add-on's Fluent Bit writes (all pre-created with retention and KMS).
 LOG_GROUP_FORMATS = {
     "application": APPLICATION_LOG_GROUP_FORMAT,

@@ -105,7 +105,7 @@ def test_violation_counters_are_nanoseconds_as_the_rules_assume():
     if not default_text.is_file():
         pytest.skip(f"upstream DCGM default counters not found at {default_text}")
     for field in ("DCGM_FI_DEV_THERMAL_VIOLATION", "DCGM_FI_DEV_POWER_VIOLATION"):
-        line = next(l for l in default_text.read_text().splitlines() if field in l)
+        line = next(x for x in default_text.read_text().splitlines() if field in x)
         assert "(in ns)" in line, line
     gpu_rules = (rulefiles.RULES_DIR / "gpu.yaml").read_text()
     assert gpu_rules.count("/ 1e9") == 2

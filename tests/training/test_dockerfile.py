@@ -33,4 +33,4 @@ def test_base_is_pinned_official_pytorch_runtime_and_user_is_not_root() -> None:
                                       f.split(" ")[0]) for f in froms), froms
     users = re.findall(r"^USER\s+(\S+)", text, flags=re.M)
     assert users and users[-1] not in ("root", "0")
-    assert re.search(r"pip install[^\n]*\./?\[training\]", text)
+    assert re.search(r"pip install[^\n]*\./?\[training,ray\]", text)

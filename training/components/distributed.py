@@ -72,7 +72,7 @@ def init_distributed(device: str = "auto", timeout_s: int = 1800) -> DistEnv:
     return DistEnv(rank, world, local_rank, local_world, dev)
 
 
-def bf16_allreduce_hook(state, bucket):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN201
+def bf16_allreduce_hook(state, bucket):  # type: ignore[no-untyped-def]
     """DDP comm hook: average a gradient bucket as bf16 (half the bytes of fp32).
 
     What PyTorch's ``bf16_compress_hook`` does, which refuses to register without
@@ -145,7 +145,7 @@ def _all_reduce_as(t: torch.Tensor, dtype: torch.dtype) -> None:
         t.copy_(wire)
 
 
-def sparse_embedding_allreduce_hook(state, bucket):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN201
+def sparse_embedding_allreduce_hook(state, bucket):  # type: ignore[no-untyped-def]
     """DDP comm hook: average a gradient bucket, sending embedding tables' looked-up rows only.
 
     Buckets without a table go as DDP's default does (or as bf16, see ``state.dtype``).

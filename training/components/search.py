@@ -38,7 +38,7 @@ def retriever_model_path(cfg: RunConfig, prefer_finetuned: bool = True) -> str:
     return cfg.retriever.model
 
 
-def build_faiss(emb: np.ndarray, kind: IndexKind, nlist: int, nprobe: int, hnsw_m: int, ef_search: int):  # noqa: ANN201
+def build_faiss(emb: np.ndarray, kind: IndexKind, nlist: int, nprobe: int, hnsw_m: int, ef_search: int):
     import faiss
 
     emb = np.ascontiguousarray(emb, dtype=np.float32)
@@ -61,7 +61,7 @@ def build_faiss(emb: np.ndarray, kind: IndexKind, nlist: int, nprobe: int, hnsw_
     return index
 
 
-def save_index(index, ids: list[str], out_dir: Path) -> None:  # noqa: ANN001
+def save_index(index, ids: list[str], out_dir: Path) -> None:
     import faiss
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -69,7 +69,7 @@ def save_index(index, ids: list[str], out_dir: Path) -> None:  # noqa: ANN001
     (out_dir / IDS_FILE).write_text(json.dumps(ids))
 
 
-def load_index(index_dir: Path):  # noqa: ANN201
+def load_index(index_dir: Path):
     """``(faiss index, ids, marker)`` of a complete index stage."""
     import faiss
 
@@ -85,7 +85,7 @@ def load_index(index_dir: Path):  # noqa: ANN201
     return index, ids, marker
 
 
-def search(index, queries: torch.Tensor, ids: list[str], k: int) -> list[list[str]]:  # noqa: ANN001
+def search(index, queries: torch.Tensor, ids: list[str], k: int) -> list[list[str]]:
     k = min(k, len(ids))
     _, idx = index.search(np.ascontiguousarray(queries.numpy(), dtype=np.float32), k)
     return [[ids[j] for j in row if j >= 0] for row in idx]

@@ -11,7 +11,7 @@ from training.components.data import DataError, ResumableOrder, load_corpus, loa
 
 
 def _write(path, lines):
-    path.write_text("".join((l if isinstance(l, str) else json.dumps(l)) + "\n" for l in lines))
+    path.write_text("".join((item if isinstance(item, str) else json.dumps(item)) + "\n" for item in lines))
     return path
 
 
