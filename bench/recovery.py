@@ -39,6 +39,8 @@ import sys
 import time
 from pathlib import Path
 
+from training.demo.tiny_models import build_tiny_encoder
+
 REPO = Path(__file__).resolve().parents[1]
 STEP_LINE = re.compile(r"\bstep (\d+)/(\d+)\b")
 RESUME_SLACK_S = 30.0
@@ -51,24 +53,6 @@ def _env(**extra: str) -> dict[str, str]:
     for name in ("RAGPOOL_TEST_HOOKS", "RAGPOOL_HEALTH_TEST_FAULT", "RAGPOOL_EXPECTED_GPUS", "RAGPOOL_RUN_ID"):
         env.pop(name, None)
     return env
-
-
-def build_tiny_encoder(out: Path) -> Path:
-    """A 2-layer, 32-wide BERT with the packaged MiniLM tokenizer (dropout on: RNG restore matters)."""
-    if (out / "model.safetensors").is_file():
-        return out
-    import torch
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    from training.components.models import default_encoder_path
-
-    tok = AutoTokenizer.from_pretrained(str(default_encoder_path()))
-    cfg = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=64, max_position_embeddings=128)
-    torch.manual_seed(0)
-    BertModel(cfg).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
 
 
 def run_spec(run_id: str, args: argparse.Namespace) -> dict:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import yaml
 
+from training.demo.tiny_models import build_tiny_encoder
+
 from tests.support.faults import FAULT_ENVS, HANG_FAULT_ENV, RESUME_FAULT_ENV
 from tests.support.faults import MODULE as FAULTS_MODULE
 
@@ -42,22 +44,6 @@ def child_env(**extra: str) -> dict[str, str]:
     if any(name in extra for name in FAULT_ENVS):
         env[HOOKS_ENV] = FAULTS_MODULE  # the loop installs the fault hooks from there
     return env
-
-
-def build_tiny_encoder(out: Path) -> Path:
-    """Save a 2-layer, 32-wide BERT with the MiniLM WordPiece tokenizer (dropout 0.1) to ``out``."""
-    import torch
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    from training.components.models import default_encoder_path
-
-    tok = AutoTokenizer.from_pretrained(str(default_encoder_path()))
-    cfg = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=64, max_position_embeddings=128)
-    torch.manual_seed(0)
-    BertModel(cfg).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
 
 
 def stage_cmd(module: str, config: Path, overrides: list[str], nproc: int = 1) -> list[str]:
