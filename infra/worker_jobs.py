@@ -24,7 +24,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.aliases import RagpoolComponent
-from infra.common import GPU_TAINT, POOL_LABEL, SHARED_MOUNT_PATH, TRAINING_UID, child, k8s_labels
+from infra.common import GPU_TOLERATION, POOL_LABEL, SHARED_MOUNT_PATH, TRAINING_UID, child, k8s_labels
 from infra.config import GpuPoolConfig, StackConfig
 from infra.pod_security import container_security_context, pod_security_context
 from infra.training_namespace import (
@@ -84,7 +84,7 @@ def worker_cronjob_spec(cfg: StackConfig, pool: GpuPoolConfig, image: str, names
         "subdomain": WORKERS_SERVICE,
         "priorityClassName": "ragpool-training",
         "nodeSelector": {POOL_LABEL: pool.name},
-        "tolerations": [{"key": GPU_TAINT["key"], "operator": "Exists", "effect": GPU_TAINT["effect"]}],
+        "tolerations": [GPU_TOLERATION],
         # Time for a SIGTERM'd run to reach its next step boundary and checkpoint.
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "securityContext": pod_security_context(TRAINING_UID, fs_group=TRAINING_UID),
@@ -199,7 +199,8 @@ def ray_worker_cronjob_spec(image: str, redis_secret: str, shared_claim: str, ra
             "image": image,
             "command": ["python", "-m", "training.worker"],
             "args": ["--metrics-port", str(QUEUE_METRICS_PORT), "--idle-exit-seconds", "600",
-                     "--lease-seconds", "60", "--stop-grace-seconds", str(TERMINATION_GRACE_SECONDS - 15)],
+                     "--lease-seconds", f"{worker_default('lease_seconds'):g}",
+                     "--stop-grace-seconds", str(TERMINATION_GRACE_SECONDS - 15)],
             "env": [
                 {"name": "REDIS_URL", "valueFrom": {"secretKeyRef": {"name": redis_secret, "key": "url"}}},
                 {"name": "REDIS_PASSWORD_FILE", "value": "/var/run/secrets/ragpool/redis/password"},
