@@ -21,7 +21,7 @@ from infra.gpu_pools import GpuPools, GpuPoolsArgs  # noqa: E402
 from infra.log_shipping import LogShipping, LogShippingArgs  # noqa: E402
 from infra.monitoring import Monitoring, MonitoringArgs  # noqa: E402
 from infra.network import Network, NetworkArgs  # noqa: E402
-from infra.ray_cluster import Ray, RayArgs, RayNamespace, ray_address  # noqa: E402
+from infra.ray_cluster import Ray, RayArgs, RayNamespace, ray_endpoint  # noqa: E402
 from infra.registry import Registry, RegistryArgs  # noqa: E402
 from infra.storage import SharedStorage, StorageArgs  # noqa: E402
 from infra.redis import Redis, RedisArgs  # noqa: E402
@@ -53,12 +53,12 @@ redis = Redis("redis", RedisArgs(
 workers = WorkerJobs("workers", WorkerJobsArgs(
     config=cfg, k8s_provider=cluster.provider, namespace=training.name, image=registry.image_ref,
     redis_secret=redis.secret_name, shared_claim=storage.claim_name, depends_on=[redis, storage],
-    ray_address=ray_address(TRAINING_NAMESPACE) if cfg.ray.enabled else None))
+    ray=ray_endpoint(cfg, TRAINING_NAMESPACE) if cfg.ray.enabled else None))
 for team, team_ns in zip(cfg.teams, teams):
     WorkerJobs(f"workers-{team.name}", WorkerJobsArgs(
         config=cfg, k8s_provider=cluster.provider, namespace=team_ns.name, image=registry.image_ref,
         redis_secret=redis.secret_name, shared_claim=storage.claim_name, depends_on=[redis, team_ns],
-        queue_namespace=team.name, ray_address=ray_address(team.namespace) if cfg.ray.enabled else None))
+        queue_namespace=team.name, ray=ray_endpoint(cfg, team.namespace, team.gpu_quota) if cfg.ray.enabled else None))
 monitoring = Monitoring("monitoring", MonitoringArgs(
     config=cfg, cluster_name=cluster.name, k8s_provider=cluster.provider, training_namespaces=[training.name, *(t.name for t in teams)],
     depends_on=[cluster.system_nodes, storage]))
@@ -67,8 +67,9 @@ gpu_plugins = GpuPlugins("gpu-plugins", GpuPluginsArgs(
     monitoring_namespace=monitoring.namespace_name, depends_on=[monitoring.release]))
 log_shipping = LogShipping("logs", LogShippingArgs(
     config=cfg, cluster_name=cluster_name, eks_cluster_name=cluster.name, depends_on=[cluster.system_nodes]))
+ray = None
 if cfg.ray.enabled:
-    Ray("ray", RayArgs(
+    ray = Ray("ray", RayArgs(
         config=cfg, k8s_provider=cluster.provider, image=registry.image_ref, shared_claim=storage.claim_name,
         namespaces=[RayNamespace(TRAINING_NAMESPACE), *(RayNamespace(t.namespace, t.gpu_quota) for t in cfg.teams)],
         monitoring_namespace=monitoring.namespace_name, depends_on=[monitoring.release, storage, training, *teams]))
@@ -85,3 +86,5 @@ pulumi.export("grafanaAdminPassword", monitoring.grafana_admin_password)
 pulumi.export("redisUrl", redis.url)
 pulumi.export("workerJobTemplates", workers.templates)
 pulumi.export("applicationLogGroup", log_shipping.application_log_group)
+# RAGPOOL_RAY_POOLS per training namespace, for `ragpool submit` of executor: ray runs (README).
+pulumi.export("rayPools", ray.pools if ray else {})

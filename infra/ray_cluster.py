@@ -39,6 +39,7 @@ from infra.charts import KUBERAY_OPERATOR, RAY_VERSION, kuberay_crd_urls
 from infra.common import GPU_TOLERATION, POOL_LABEL, SHARED_MOUNT_PATH, TRAINING_UID, child, k8s_labels, load_values
 from infra.config import GpuPoolConfig, StackConfig
 from infra.pod_security import container_security_context, pod_security_context
+from training.ray.pools import format_pools
 from infra.training_namespace import (
     RAY_AUTOSCALER_METRICS_PORT, RAY_CLIENT_PORT, RAY_DASHBOARD_AGENT_GRPC_PORT, RAY_DASHBOARD_AGENT_LISTEN_PORT,
     RAY_DASHBOARD_METRICS_PORT, RAY_DASHBOARD_PORT, RAY_GCS_PORT, RAY_MAX_WORKER_PORT, RAY_METRICS_PORT,
@@ -64,6 +65,16 @@ WORKER_RAY_TMP_GIB = 50  # spilled objects and session files of training workers
 def ray_address(namespace: str) -> str:
     """The Ray Jobs API (dashboard port) of the RayCluster in ``namespace``."""
     return f"http://{RAY_HEAD_SERVICE}.{namespace}.svc:{RAY_DASHBOARD_PORT}"
+
+
+@dataclass(frozen=True)
+class RayEndpoint:
+    """What a namespace's Ray worker template needs to know of its RayCluster."""
+
+    address: str
+    """The Jobs API (``RAY_ADDRESS``)."""
+    pools: str
+    """``RAGPOOL_RAY_POOLS``: the pools the cluster offers (:func:`ray_pools`, training/ray/pools.py format)."""
 
 
 def pool_resource(pool: str) -> str:
@@ -139,6 +150,19 @@ def max_workers(cfg: StackConfig, pool: GpuPoolConfig, gpu_quota: int | None) ->
     if gpu_quota is not None:
         most = min(most, gpu_quota // pool.gpus_per_worker)
     return most
+
+
+def ray_pools(cfg: StackConfig, gpu_quota: int | None = None) -> dict[str, int]:
+    """The pools a namespace's RayCluster can place stages on: pool -> GPUs of one of its Ray workers
+    (``ray.<stage>.gpus`` may not exceed it). A pool whose group may not scale above 0 there (a team
+    quota below one worker's GPUs) is left out: a stage on it would wait for nothing. This is what
+    ``RAGPOOL_RAY_POOLS`` carries (training/ray/pools.py) for ``ragpool submit`` and the Ray worker."""
+    return {p.name: worker_resources(p)["gpus"] for p in cfg.gpu_pools if max_workers(cfg, p, gpu_quota) > 0}
+
+
+def ray_endpoint(cfg: StackConfig, namespace: str, gpu_quota: int | None = None) -> RayEndpoint:
+    """The Ray cluster of ``namespace`` as its worker template and ``ragpool submit`` see it."""
+    return RayEndpoint(ray_address(namespace), format_pools(ray_pools(cfg, gpu_quota)))
 
 
 def ray_cluster_spec(cfg: StackConfig, namespace: str, image: str, shared_claim: str,
@@ -306,6 +330,8 @@ class Ray(RagpoolComponent):
             opts=child(self, depends_on=[operator_ns, *crds, *args.depends_on], **k8s_opts))
 
         self.addresses: dict[str, str] = {}
+        self.pools: dict[str, str] = {}
+        """Namespace -> ``RAGPOOL_RAY_POOLS`` of its cluster (the ``rayPools`` stack output)."""
         for target in args.namespaces:
             ns = target.namespace
             k8s.apiextensions.CustomResource(
@@ -315,7 +341,8 @@ class Ray(RagpoolComponent):
                     lambda image, ns=ns, quota=target.gpu_quota: ray_cluster_spec(
                         cfg, ns, image, args.shared_claim, quota)),
                 opts=child(self, depends_on=[self.operator, *crds, *args.depends_on], **k8s_opts))
-            self.addresses[ns] = ray_address(ns)
+            endpoint = ray_endpoint(cfg, ns, target.gpu_quota)
+            self.addresses[ns], self.pools[ns] = endpoint.address, endpoint.pools
 
         for monitor, spec in pod_monitors([t.namespace for t in args.namespaces]).items():
             k8s.apiextensions.CustomResource(
@@ -332,4 +359,4 @@ class Ray(RagpoolComponent):
                           "labels": {**k8s_labels("dashboards", stem), "grafana_dashboard": "1"}},
                 data={filename: body},
                 opts=child(self, depends_on=args.depends_on, **k8s_opts))
-        self.register_outputs({"addresses": self.addresses})
+        self.register_outputs({"addresses": self.addresses, "pools": self.pools})

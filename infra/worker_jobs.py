@@ -27,13 +27,15 @@ from infra.aliases import RagpoolComponent
 from infra.common import GPU_TOLERATION, POOL_LABEL, SHARED_MOUNT_PATH, TRAINING_UID, child, k8s_labels
 from infra.config import GpuPoolConfig, StackConfig
 from infra.pod_security import container_security_context, pod_security_context
+from infra.ray_cluster import RayEndpoint
 from infra.training_namespace import (
     MAX_RANKS_PER_POD, QUEUE_METRICS_PORT, RANK_METRICS_PORT, RDZV_PORT, WORKER_SERVICE_ACCOUNT, WORKERS_SERVICE,
 )
 from training import exit_codes
 from training.components.health import EXPECTED_GPUS_ENV
 from training.scheduler.preflight import NODE_NAME_ENV
-from training.scheduler.supervisor import WorkerConfig
+from training.ray.pools import POOLS_ENV
+from training.scheduler.supervisor import EXECUTORS_ENV, WorkerConfig
 
 TERMINATION_GRACE_SECONDS = 300
 # Importing torch, one CUDA context per GPU, a matmul each and an NCCL all-reduce: minutes at most.
@@ -47,8 +49,6 @@ def worker_default(name: str):
 
 
 WORKER_LABELS = {**k8s_labels("worker", "ragpool-worker"), "ragpool.io/redis-client": "true"}
-# Which run executors a worker claims (comma-separated; training.worker reads it).
-EXECUTORS_ENV = "RAGPOOL_EXECUTORS"
 RAY_WORKER_TEMPLATE = "ragpool-worker-ray"
 # Pods of the Ray worker template carry this label: the namespace's NetworkPolicies let them
 # (and only them, besides Ray's own pods) reach the Ray head's Jobs API.
@@ -66,8 +66,8 @@ class WorkerJobsArgs:
     depends_on: list[pulumi.Resource]
     queue_namespace: str = "ragpool"
     """Redis key namespace of this namespace's queue (teams get their own)."""
-    ray_address: str | None = None
-    """Ray Jobs API of this namespace's RayCluster (http://<head service>:8265); None: no Ray worker template."""
+    ray: RayEndpoint | None = None
+    """This namespace's RayCluster (its Jobs API and pools); None: no Ray worker template."""
 
 
 def worker_cronjob_spec(cfg: StackConfig, pool: GpuPoolConfig, image: str, namespace: str,
@@ -182,7 +182,7 @@ def _worker_cronjob(labels: dict[str, str], pod_spec: dict[str, Any]) -> dict[st
     }
 
 
-def ray_worker_cronjob_spec(image: str, redis_secret: str, shared_claim: str, ray_address: str,
+def ray_worker_cronjob_spec(image: str, redis_secret: str, shared_claim: str, ray: RayEndpoint,
                             queue_namespace: str = "ragpool") -> dict[str, Any]:
     """The CPU-only worker that takes ``executor: ray`` runs: on the system nodes, no GPU."""
     pod_spec = {
@@ -208,7 +208,9 @@ def ray_worker_cronjob_spec(image: str, redis_secret: str, shared_claim: str, ra
                 {"name": "RAGPOOL_QUEUE_NAMESPACE", "value": queue_namespace},
                 {"name": "RAGPOOL_WORKER_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                 {"name": EXECUTORS_ENV, "value": "ray"},
-                {"name": "RAY_ADDRESS", "value": ray_address},
+                {"name": "RAY_ADDRESS", "value": ray.address},
+                # The worker re-checks each ray run's stages against the pools it can reach.
+                {"name": POOLS_ENV, "value": ray.pools},
             ],
             "ports": [{"name": "queue-metrics", "containerPort": QUEUE_METRICS_PORT}],
             "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
@@ -245,14 +247,14 @@ class WorkerJobs(RagpoolComponent):
                                                              args.shared_claim, args.queue_namespace)),
                 opts=child(self, depends_on=args.depends_on, provider=args.k8s_provider))
             self.templates.append(f"ragpool-worker-{pool.name}")
-        if args.ray_address:
+        if args.ray:
             k8s.batch.v1.CronJob(
                 f"{name}-ray",
                 metadata={"name": RAY_WORKER_TEMPLATE, "namespace": args.namespace,
                           "labels": {**k8s_labels("worker"), **RAY_CLIENT_LABEL}},
                 spec=pulumi.Output.from_input(args.image).apply(
                     lambda image: ray_worker_cronjob_spec(image, args.redis_secret, args.shared_claim,
-                                                          args.ray_address, args.queue_namespace)),
+                                                          args.ray, args.queue_namespace)),
                 opts=child(self, depends_on=args.depends_on, provider=args.k8s_provider))
             self.templates.append(RAY_WORKER_TEMPLATE)
         self.register_outputs({"templates": self.templates})

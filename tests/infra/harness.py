@@ -53,6 +53,12 @@ def kubernetes_objects(plan: dict[str, Any]) -> Iterator[tuple[dict[str, Any], d
             yield r, r["inputs"]
 
 
+def inputs_of(plan: dict[str, Any], typ: str, namespace: str | None = None) -> list[dict[str, Any]]:
+    """The inputs of every resource of type ``typ`` in the plan (in ``namespace``, when given)."""
+    return [r["inputs"] for r in plan["resources"] if r["type"] == typ
+            and (namespace is None or r["inputs"]["metadata"].get("namespace") == namespace)]
+
+
 def helm_releases(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
     for r in plan["resources"]:
         if r["type"] == "kubernetes:helm.sh/v3:Release":

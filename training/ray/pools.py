@@ -35,6 +35,11 @@ def parse_pools(text: str) -> dict[str, int]:
     return pools
 
 
+def format_pools(pools: Mapping[str, int]) -> str:
+    """``{"a": 1, "b": 8}`` -> ``"a=1,b=8"`` (what :func:`parse_pools` reads back)."""
+    return ",".join(f"{name}={gpus}" for name, gpus in sorted(pools.items()))
+
+
 def declared_pools(environ: Mapping[str, str] | None = None) -> dict[str, int]:
     """The pools of :data:`POOLS_ENV` (empty when unset)."""
     env = os.environ if environ is None else environ

@@ -8,7 +8,9 @@ Keys (``P`` = ``<namespace>:``, default ``ragpool:``; needs a non-cluster Redis/
 e.g. an ElastiCache replication group with cluster mode off):
 
 ====================  =====  ===========================================================
-``P ready:<prio>``     list   queued task ids per priority; LPUSH on submit, RPOP on claim
+``P ready:<prio><l>``  list   queued task ids per priority and lane (``<l>``, see :func:`lane`);
+                             LPUSH on submit, RPOP on claim
+``P lanes``            set    the non-empty lane suffixes ever used (for ``stats``)
 ``P delayed``          zset   failed tasks waiting out their backoff, score = due time
 ``P leases``           zset   running tasks, score = lease deadline
 ``P dead``             list   dead-letter ids, newest first
@@ -43,7 +45,7 @@ import uuid
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from training.scheduler.redis_conn import NotReplicatedError, reconnect, replica_count, single_attempt
 from training.scheduler.spec import PRIORITIES, RunSpec
@@ -93,16 +95,32 @@ class Key(StrEnum):
     WORKERS = "workers"
     WAKE = "wake"
     GROUP = "group:"
-    NODESETS = "nodesets"
+    LANES = "lanes"
 
 
 NODES_SUFFIX = ":n"
-"""Multi-node runs of N nodes wait in ``ready:<prio>:n<N>``."""
+"""Multi-node torchrun runs of N nodes wait in ``ready:<prio>:n<N>``."""
+RAY_LANE = ":ray"
+"""``executor: ray`` runs wait in ``ready:<prio>:ray``."""
 
 
-def ready_list(priority: str, nodes: int = 1) -> str:
-    """Name (under the prefix) of the ready list for ``priority`` runs of ``nodes`` nodes."""
-    return Key.READY + priority + (f"{NODES_SUFFIX}{nodes}" if nodes > 1 else "")
+def lane(executor: str = "torchrun", nodes: int = 1) -> str:
+    """The ready-list suffix of a run: which workers may claim it.
+
+    ``""`` for single-pod torchrun runs (the GPU pools' workers), ``:n<N>`` for torchrun runs of
+    N pods (only an Indexed Job of N pods claims them), ``:ray`` for ray runs (only workers whose
+    ``RAGPOOL_EXECUTORS`` includes ray: the CPU worker that submits them to the Ray cluster; a
+    ray run is one Ray job whatever its size, so ``nodes`` does not apply)."""
+    if executor == "ray":
+        return RAY_LANE
+    if executor != "torchrun":
+        raise ValueError(f"unknown executor {executor!r}")
+    return f"{NODES_SUFFIX}{nodes}" if nodes > 1 else ""
+
+
+def ready_list(priority: str, lane_suffix: str = "") -> str:
+    """Name (under the prefix) of the ready list for ``priority`` runs of the lane ``lane_suffix``."""
+    return Key.READY + priority + lane_suffix
 
 
 DURATION_BUCKETS: tuple[float, ...] = (
@@ -143,6 +161,13 @@ def _load_scripts() -> dict[str, str]:
 
 
 _SCRIPTS = _load_scripts()
+
+
+def _lanes(executors: Sequence[str], nodes: int) -> str:
+    """The claim scripts' lanes argument (a JSON list, in the order the worker prefers them)."""
+    if not executors:
+        raise ValueError("a worker needs at least one executor")
+    return json.dumps(list(dict.fromkeys(lane(e, nodes) for e in executors)))
 
 REPLICA_RECHECK_S = 60.0
 """How often a queue that found no replica looks again (see ``TaskQueue.replicas_to_wait_for``)."""
@@ -259,7 +284,7 @@ class TaskQueue:
         # The layout every script reads from ARGV[1] (see lua/prelude.lua).
         self._layout = json.dumps({
             "prefix": self.prefix, "keys": {k.name.lower(): k.value for k in Key},
-            "nodes_suffix": NODES_SUFFIX, "priorities": list(PRIORITIES), "buckets": list(DURATION_BUCKETS),
+            "priorities": list(PRIORITIES), "buckets": list(DURATION_BUCKETS),
         })
         self._scripts = {name: client.register_script(text) for name, text in _SCRIPTS.items()}
         self.once = single_attempt(client)
@@ -324,15 +349,16 @@ class TaskQueue:
         """Enqueue a validated run; the same run id twice is one task (idempotent)."""
         return self.submit_payload(spec.run_id, spec.to_json(), priority=spec.priority,
                                    max_attempts=spec.max_attempts, timeout_s=spec.timeout_seconds,
-                                   nodes=spec.nodes)
+                                   nodes=spec.nodes, executor=spec.executor)
 
     def submit_payload(self, task_id: str, payload: str, *, priority: str = "normal",
-                       max_attempts: int = 3, timeout_s: float = 86400, nodes: int = 1) -> SubmitResult:
+                       max_attempts: int = 3, timeout_s: float = 86400, nodes: int = 1,
+                       executor: str = "torchrun") -> SubmitResult:
         """Lower level :meth:`submit` for an already validated payload string."""
         if priority not in PRIORITIES:
             raise ValueError(f"priority must be one of {PRIORITIES}, got {priority!r}")
         status, state, same = self._call_replicated("submit", task_id, payload, priority, int(max_attempts),
-                                                    timeout_s, int(nodes))
+                                                    timeout_s, int(nodes), lane(executor, nodes))
         return SubmitResult(created=status == "created", state=state, same_spec=bool(int(same)))
 
     def cancel(self, task_id: str) -> str:
@@ -348,30 +374,36 @@ class TaskQueue:
     # -- consumers -------------------------------------------------------------------------
 
     def claim(self, worker_id: str, *, block_s: float = 0.0, run_id: str | None = None,
-              poll_s: float = 1.0, nodes: int = 1) -> Claim | None:
+              poll_s: float = 1.0, nodes: int = 1, executors: Sequence[str] = ("torchrun",)) -> Claim | None:
         """Lease the next task (highest priority, oldest first) or ``run_id`` specifically.
 
         With ``block_s`` > 0 waits up to that long, woken by submits/requeues (BLPOP on
         the wake list) and re-checking at least every ``poll_s`` for due retries and
-        expired leases. ``nodes`` > 1 claims only runs of exactly that many nodes (an
-        Indexed Job's index-0 pod); ordinary single-pod workers never see multi-node runs.
+        expired leases. Only runs of the lanes of ``executors`` and ``nodes`` are claimed
+        (:func:`lane`): ``nodes`` > 1 claims only torchrun runs of exactly that many nodes
+        (an Indexed Job's index-0 pod), so single-pod workers never see multi-node runs, and
+        only a worker with ``ray`` in ``executors`` sees ray runs. ``run_id`` too must be
+        in one of those lanes.
         """
-        claims = self.claim_batch(worker_id, 1, block_s=block_s, run_id=run_id, poll_s=poll_s, nodes=nodes)
+        claims = self.claim_batch(worker_id, 1, block_s=block_s, run_id=run_id, poll_s=poll_s, nodes=nodes,
+                                  executors=executors)
         return claims[0] if claims else None
 
     def claim_batch(self, worker_id: str, max_tasks: int, *, block_s: float = 0.0,
-                    run_id: str | None = None, poll_s: float = 1.0, nodes: int = 1) -> list[Claim]:
+                    run_id: str | None = None, poll_s: float = 1.0, nodes: int = 1,
+                    executors: Sequence[str] = ("torchrun",)) -> list[Claim]:
         """Lease up to ``max_tasks`` tasks in one round trip (each with its own lease and token).
 
         A claim no replica confirmed is handed back at once (best effort) and
         :class:`NotReplicatedError` raised: running it could run it twice if a failover
         then lost the claim. The claim script is sent once; on a connection error the
         caller tries again later (a lease whose reply was lost expires and is reaped)."""
+        lanes = _lanes(executors, nodes)
         deadline = time.monotonic() + block_s
         while True:
             try:
                 reply = self._call_replicated("claim", worker_id, uuid.uuid4().hex[:16], self.lease_seconds,
-                                              run_id or "", int(max_tasks), int(nodes))
+                                              run_id or "", int(max_tasks), lanes)
             except NotReplicatedError as exc:
                 self._hand_back([Claim._from_reply(r) for r in exc.reply or []])
                 raise
@@ -389,23 +421,24 @@ class TaskQueue:
             except Exception:  # best effort: a lease not handed back expires and is reaped
                 pass
 
-    def ack_batch(self, claims: list[Claim], *, worker_id: str | None = None,
-                  claim_next: int = 0) -> tuple[list[bool], list[Claim]]:
-        """Ack ``claims`` and, when ``claim_next`` > 0, lease up to that many more tasks for
-        ``worker_id``, all in one round trip. Returns (acked flags, new claims)."""
+    def ack_batch(self, claims: list[Claim], *, worker_id: str | None = None, claim_next: int = 0,
+                  executors: Sequence[str] = ("torchrun",)) -> tuple[list[bool], list[Claim]]:
+        """Ack ``claims`` and, when ``claim_next`` > 0, lease up to that many more single-pod tasks
+        of ``executors`` for ``worker_id``, all in one round trip. Returns (acked flags, new claims)."""
         args: list = [len(claims)]
         for c in claims:
             args += [c.task_id, c.token]
         if claim_next > 0:
             if worker_id is None:
                 raise ValueError("claim_next needs worker_id")
-            args += [worker_id, uuid.uuid4().hex[:16], self.lease_seconds, int(claim_next)]
+            args += [worker_id, uuid.uuid4().hex[:16], self.lease_seconds, int(claim_next), _lanes(executors, 1)]
         acked, new = self._call_replicated("ack_many", *args)
         return [a == "1" for a in acked], [Claim._from_reply(r) for r in new]
 
-    def ack_and_claim(self, claim: Claim, worker_id: str) -> tuple[bool, Claim | None]:
+    def ack_and_claim(self, claim: Claim, worker_id: str,
+                      executors: Sequence[str] = ("torchrun",)) -> tuple[bool, Claim | None]:
         """Ack ``claim`` and lease the next task in one round trip."""
-        acked, new = self.ack_batch([claim], worker_id=worker_id, claim_next=1)
+        acked, new = self.ack_batch([claim], worker_id=worker_id, claim_next=1, executors=executors)
         return acked[0], (new[0] if new else None)
 
     def heartbeat(self, claim: Claim, worker_id: str) -> Heartbeat:
@@ -470,7 +503,7 @@ class TaskQueue:
 
     def stats(self) -> QueueStats:
         """Depths, ages, counters and histograms for the exporter (a few pipelined round trips)."""
-        nodesets = sorted(int(n) for n in self.client.smembers(self.key(Key.NODESETS)))
+        lanes = sorted(self.client.smembers(self.key(Key.LANES)))
         pipe = self.client.pipeline(transaction=False)
         pipe.time()
         pipe.zcard(self.key(Key.LEASES))
@@ -488,9 +521,9 @@ class TaskQueue:
         counters = {k: int(float(v)) for k, v in res[j + 3].items()}
         durations = {o: {k: float(v) for k, v in res[j + 4 + i].items()} for i, o in enumerate(OUTCOMES)}
         workers = {w: float(v) for w, v in res[j + 4 + len(OUTCOMES)].items()}
-        # Oldest waiting task per priority over the single-node and every multi-node list.
-        lists = [(prio, self.prefix + ready_list(prio, n)) for prio in PRIORITIES
-                 for n in [1, *nodesets]]
+        # Oldest waiting task per priority over the lists of every lane.
+        lists = [(prio, self.prefix + ready_list(prio, lane_suffix)) for prio in PRIORITIES
+                 for lane_suffix in ["", *lanes]]
         pipe = self.client.pipeline(transaction=False)
         for _prio, key in lists:
             pipe.lindex(key, -1)

@@ -362,6 +362,9 @@ def parse_spec(raw: Any, *, source: str = "run spec", shared_root: str | None = 
     if executor not in EXECUTORS:
         problems.append(("executor", f"must be one of {', '.join(EXECUTORS)}, got {shown(executor)}"))
         executor = "torchrun"
+    elif executor == "ray" and nodes > 1:
+        problems.append(("nodes", f"must be 1 for executor: ray, got {nodes}: the Ray cluster sizes a ray run "
+                                  "(hyperparameters.run ray.<stage>.workers), not pods"))
 
     if problems:
         raise SpecError(problems, source)
@@ -375,13 +378,13 @@ def parse_spec(raw: Any, *, source: str = "run spec", shared_root: str | None = 
     if problem:
         raise SpecError([problem], source)
     if spec.executor == "ray":
-        ray_problems = _ray_problems(spec, shared_root)
-        if ray_problems:
-            raise SpecError(ray_problems, source)
+        problems = ray_problems(spec, shared_root)
+        if problems:
+            raise SpecError(problems, source)
     return spec
 
 
-def _ray_problems(spec: RunSpec, shared_root: str) -> list[tuple[str, str]]:
+def ray_problems(spec: RunSpec, shared_root: str) -> list[tuple[str, str]]:
     """A ray run's stages must name declared pools whose nodes hold their GPUs per worker."""
     from training.config import RAY_STAGES
     from training.ray.pools import PoolsError, declared_pools, pool_problems

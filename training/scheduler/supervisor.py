@@ -35,7 +35,9 @@ Single-pod workers never claim multi-node runs.
 Environment: ``REDIS_URL``/``REDIS_PASSWORD``/``REDIS_PASSWORD_FILE`` (see
 ``training.scheduler.redis_conn``), ``RAGPOOL_SHARED_ROOT`` (default /mnt/shared),
 ``RAGPOOL_QUEUE_NAMESPACE`` (default ``ragpool``), ``RAGPOOL_WORKER_ID`` (default
-``<hostname>-<pid>``), ``RAGPOOL_RUN_ID``.
+``<hostname>-<pid>``), ``RAGPOOL_RUN_ID``, ``RAGPOOL_EXECUTORS`` (which runs it claims:
+``torchrun``, the default, and/or ``ray``; a ray run is followed as a Ray job,
+``python -m training.ray.job``, on the Ray cluster at ``RAY_ADDRESS``).
 
 Test hooks (used only by tests; never set them in a Job): ``RAGPOOL_WORKER_TEST_COMMAND``
 (a JSON list that replaces the whole torchrun command; ``{config}``, ``{run_id}``,
@@ -65,7 +67,7 @@ from typing import NamedTuple
 from training import exit_codes
 from training.paths import shared_root_from_env
 from training.scheduler.run_queue import Claim, Heartbeat, Key, namespace_from_env
-from training.scheduler.spec import RunSpec
+from training.scheduler.spec import EXECUTORS, RunSpec, ray_problems
 
 log = logging.getLogger("ragpool.worker")
 
@@ -121,6 +123,16 @@ class ChildExit(NamedTuple):
     """Why we stopped it, or None when it exited on its own."""
 
 
+EXECUTORS_ENV = "RAGPOOL_EXECUTORS"
+"""Environment variable listing the executors a worker claims (see ``WorkerConfig.executors``)."""
+
+
+def executors_from_env() -> tuple[str, ...]:
+    """``$RAGPOOL_EXECUTORS`` split on commas (blanks dropped), default ``("torchrun",)``."""
+    raw = os.environ.get(EXECUTORS_ENV, "")
+    return tuple(e.strip() for e in raw.split(",") if e.strip()) or ("torchrun",)
+
+
 def default_worker_id() -> str:
     return os.environ.get("RAGPOOL_WORKER_ID") or f"{socket.gethostname()}-{os.getpid()}"
 
@@ -169,6 +181,10 @@ class WorkerConfig:
     """Index-0 pod's DNS name (headless Service) for the torchrun c10d rendezvous."""
     rdzv_port: int = field(default_factory=lambda: int(os.environ.get("RAGPOOL_RDZV_PORT") or 29400))
     """Rendezvous port on the index-0 pod."""
+    executors: tuple[str, ...] = field(default_factory=lambda: executors_from_env())
+    """Which runs this worker claims, by their spec's ``executor`` (``RAGPOOL_EXECUTORS``,
+    comma-separated, default torchrun): the GPU pools' workers take ``torchrun`` runs, the
+    CPU worker of the Ray template takes ``ray`` runs (run_queue.lane keeps them apart)."""
     test_command: list[str] | None = field(default_factory=lambda: _json_list_env("RAGPOOL_WORKER_TEST_COMMAND"))
     """TEST ONLY: replaces the whole torchrun command."""
     test_entrypoint: str | None = field(default_factory=lambda: os.environ.get("RAGPOOL_WORKER_TEST_ENTRYPOINT") or None)
@@ -185,6 +201,13 @@ class WorkerConfig:
             raise ValueError(f"JOB_COMPLETION_INDEX={self.node_index} must be in [0, RAGPOOL_NNODES={self.nnodes})")
         if self.nnodes > 1 and not self.group:
             raise ValueError("RAGPOOL_NNODES > 1 needs RAGPOOL_WORKER_GROUP (the Indexed Job's name)")
+        unknown = [e for e in self.executors if e not in EXECUTORS]
+        if unknown or not self.executors:
+            raise ValueError(f"{EXECUTORS_ENV}={','.join(self.executors)!r}: each executor must be one of "
+                             f"{', '.join(EXECUTORS)} (comma-separated)")
+        if self.nnodes > 1 and "ray" in self.executors:
+            raise ValueError(f"{EXECUTORS_ENV} includes ray but RAGPOOL_NNODES={self.nnodes}: a ray run is one "
+                             "Ray job submitted by a single-pod worker; multi-node Jobs run torchrun only")
 
 
 def _json_list_env(name: str) -> list[str] | None:
@@ -230,6 +253,20 @@ def check_run_config(path: Path) -> str | None:
     except Exception as exc:  # the training package's own clear message
         return f"training config rejected: {exc}"
     return None
+
+
+def check_ray_pools(spec: RunSpec, shared_root: str) -> str | None:
+    """A ray run's stages against the pools of this worker's Ray cluster (``RAGPOOL_RAY_POOLS``,
+    which the Ray worker template sets): ``ragpool submit`` refused what it could see, but the
+    submitter's list may be stale or unset. The problems as one text, or None (also when unset)."""
+    from training.ray.pools import POOLS_ENV
+
+    if spec.executor != "ray" or POOLS_ENV not in os.environ:  # set, even empty (no pools), is a list
+        return None
+    problems = ray_problems(spec, shared_root)
+    if not problems:
+        return None
+    return "ray run does not fit this Ray cluster: " + "; ".join(f"{key}: {msg}" for key, msg in problems)
 
 
 class Worker:
@@ -286,7 +323,7 @@ class Worker:
             idle_left = self.config.idle_exit_seconds - (time.monotonic() - idle_since)
             try:
                 claim = self.queue.claim(self.config.worker_id, run_id=self.config.run_id,
-                                         nodes=self.config.nnodes,
+                                         nodes=self.config.nnodes, executors=self.config.executors,
                                          block_s=max(0.0, min(self.config.poll_seconds, idle_left)),
                                          poll_s=self.config.poll_seconds)
             except Exception as exc:  # Redis restarting / failing over / demoted: keep trying
@@ -394,7 +431,7 @@ class Worker:
         except OSError as exc:
             error = f"cannot write run config under {cfg.shared_root}: {exc}"
             return self._keep_trying(claim, lambda again: Outcome(q.fail(claim, error)))
-        problem = check_run_config(config_path)
+        problem = check_run_config(config_path) or check_ray_pools(spec, cfg.shared_root)
         if problem:
             return self._keep_trying(claim, lambda again: Outcome(q.fail(claim, problem, retriable=False)))
         cmd, env = self._command(spec, config_path, claim.attempt)

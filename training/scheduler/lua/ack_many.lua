@@ -1,4 +1,4 @@
--- ack_many(n, n (id, token) pairs[, worker, nonce, lease_s, n_claim]) -> {acked flags '1'/'0', new claims}
+-- ack_many(n, n (id, token) pairs[, worker, nonce, lease_s, n_claim, lanes_json]) -> {acked flags '1'/'0', new claims}
 local n = tonumber(ARGV[2])
 local acked = {}
 for i = 1, n do
@@ -15,6 +15,6 @@ end
 acked = table.concat(acked)
 local k = 3 + 2 * n
 if ARGV[k] then
-  return {acked, claim(ARGV[k], ARGV[k + 1], tonumber(ARGV[k + 2]), '', tonumber(ARGV[k + 3]), 1)}
+  return {acked, claim(ARGV[k], ARGV[k + 1], tonumber(ARGV[k + 2]), '', tonumber(ARGV[k + 3]), ARGV[k + 4])}
 end
 return {acked, {}}

@@ -3,8 +3,8 @@
 --
 -- ARGV[1] is the queue's layout as JSON, built in run_queue.py (the one home of these values):
 --   prefix        the namespace prefix, e.g. "ragpool:"
---   keys          role -> key name under the prefix ("task" and "ready" are name stems)
---   nodes_suffix  stem of the multi-node ready lists: ready:<prio><nodes_suffix><nodes>
+--   keys          role -> key name under the prefix ("task" and "ready" are name stems;
+--                 a ready list is ready:<prio><lane>, the lane chosen by run_queue.lane)
 --   priorities    priority names, highest first
 --   buckets       upper bounds (seconds) of the attempt-duration histogram; +Inf is implicit
 -- ARGV[2..] are the command's own arguments.
@@ -112,19 +112,26 @@ local function housekeeping()
   end
 end
 
--- Lease one task (highest priority, oldest first; or only_id) to worker; false when none.
-local function take(worker, nonce, lease, only_id, suffix)
+-- Lease one task to worker (highest priority first, then the worker's lanes in order, oldest
+-- first; or only_id when it waits in one of those lanes); false when none.
+local function take(worker, nonce, lease, only_id, lanes)
   local id = false
   if only_id ~= '' then
     local tk = K.task .. only_id
-    if redis.call('HGET', tk, 'state') == 'queued' then
-      redis.call('LREM', p .. redis.call('HGET', tk, 'ready'), 1, only_id)
-      id = only_id
+    local st = redis.call('HMGET', tk, 'state', 'ready', 'priority')
+    if st[1] == 'queued' then
+      for _, lane in ipairs(lanes) do
+        if st[2] == cfg.keys.ready .. st[3] .. lane then id = only_id break end
+      end
+      if id then redis.call('LREM', p .. st[2], 1, only_id) end
     end
   else
     for _ = 1, 64 do
       for _, prio in ipairs(PRIOS) do
-        id = redis.call('RPOP', K.ready .. prio .. suffix)
+        for _, lane in ipairs(lanes) do
+          id = redis.call('RPOP', K.ready .. prio .. lane)
+          if id then break end
+        end
         if id then break end
       end
       if not id then break end
@@ -147,15 +154,15 @@ local function take(worker, nonce, lease, only_id, suffix)
   return table.concat({id, token, f[3], attempts, f[4], f[5], nows, f[6]}, '\31')
 end
 
--- Housekeeping, then lease up to n tasks; clears stale wake tokens when the queue is empty.
-local function claim(worker, nonce, lease, only_id, n, nodes)
-  local suffix = ''
-  if nodes and nodes > 1 then suffix = cfg.nodes_suffix .. nodes end
+-- Housekeeping, then lease up to n tasks from the lanes (a JSON list, see run_queue.lane);
+-- clears stale wake tokens when the queue is empty.
+local function claim(worker, nonce, lease, only_id, n, lanes_json)
+  local lanes = cjson.decode(lanes_json)
   housekeeping()
   redis.call('HSET', K.workers, worker, nows)
   local out = {}
   for i = 1, n do
-    local c = take(worker, nonce .. i, lease, only_id, suffix)
+    local c = take(worker, nonce .. i, lease, only_id, lanes)
     if not c then break end
     out[i] = c
     if only_id ~= '' then break end

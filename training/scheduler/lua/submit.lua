@@ -1,12 +1,11 @@
--- submit(id, spec, priority, max_attempts, timeout_s, nodes) -> {created|exists, state, same_spec}
-local id, spec, prio, max_attempts, timeout, nodes = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], tonumber(ARGV[7])
+-- submit(id, spec, priority, max_attempts, timeout_s, nodes, lane) -> {created|exists, state, same_spec}
+local id, spec, prio, max_attempts, timeout, nodes, lane = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6],
+  tonumber(ARGV[7]), ARGV[8]
 local tk = K.task .. id
--- Multi-node runs wait in their own list per node count, claimed only by Jobs of that size.
-local ready = cfg.keys.ready .. prio
-if nodes > 1 then
-  ready = ready .. cfg.nodes_suffix .. nodes
-  redis.call('SADD', K.nodesets, nodes)
-end
+-- Each lane (multi-node runs of one size, ray runs) waits in its own list, claimed only by
+-- workers that asked for that lane.
+local ready = cfg.keys.ready .. prio .. lane
+if lane ~= '' then redis.call('SADD', K.lanes, lane) end
 if redis.call('EXISTS', tk) == 1 then
   local st = redis.call('HMGET', tk, 'state', 'spec')
   return {'exists', st[1], st[2] == spec and 1 or 0}
