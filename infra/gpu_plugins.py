@@ -36,23 +36,22 @@ def gpu_pool_affinity(pools: list[str]) -> dict:
 
 class GpuPlugins(RagpoolComponent):
     def __init__(self, name: str, args: GpuPluginsArgs, opts: pulumi.ResourceOptions | None = None):
-        super().__init__("ragpool:infra:GpuPlugins", name, opts)
+        super().__init__("ragpool:infra:GpuPlugins", name, opts, k8s_provider=args.k8s_provider)
         name = self.child_prefix
-        k8s_opts = dict(provider=args.k8s_provider)
         affinity = gpu_pool_affinity(args.gpu_pool_names)
 
         self.device_plugin = k8s.helm.v3.Release(
             f"{name}-device-plugin", name="nvidia-device-plugin", namespace="kube-system",
             values=deep_merge(load_values("nvidia-device-plugin.yaml"), {"affinity": affinity}),
             atomic=True, cleanup_on_fail=True, **NVIDIA_DEVICE_PLUGIN.release_args(),
-            opts=child(self, depends_on=args.depends_on, **k8s_opts))
+            opts=child(self, depends_on=args.depends_on))
 
         counters = k8s.core.v1.ConfigMap(
             f"{name}-dcgm-counters",
             metadata={"name": DCGM_COUNTERS_CONFIGMAP, "namespace": args.monitoring_namespace,
                       "labels": k8s_labels("gpu-monitoring", DCGM_COUNTERS_CONFIGMAP)},
             data={"metrics": DCGM_COUNTERS_FILE.read_text()},
-            opts=child(self, depends_on=args.depends_on, **k8s_opts))
+            opts=child(self, depends_on=args.depends_on))
         dcgm_values = deep_merge(load_values("dcgm-exporter.yaml"), {
             "affinity": affinity,
             "extraConfigMapVolumes": [{"name": "ragpool-counters", "configMap": {
@@ -63,5 +62,5 @@ class GpuPlugins(RagpoolComponent):
         self.dcgm_exporter = k8s.helm.v3.Release(
             f"{name}-dcgm-exporter", name="dcgm-exporter", namespace=args.monitoring_namespace,
             values=dcgm_values, atomic=True, cleanup_on_fail=True, **DCGM_EXPORTER.release_args(),
-            opts=child(self, depends_on=[counters, *args.depends_on], **k8s_opts))
+            opts=child(self, depends_on=[counters, *args.depends_on]))
         self.register_outputs({})

@@ -178,10 +178,9 @@ def controller_policy(cluster_name: str, region: str, node_role_arn: str, queue_
 
 class GpuPools(RagpoolComponent):
     def __init__(self, name: str, args: GpuPoolsArgs, opts: pulumi.ResourceOptions | None = None):
-        super().__init__("ragpool:infra:GpuPools", name, opts)
+        super().__init__("ragpool:infra:GpuPools", name, opts, k8s_provider=args.k8s_provider)
         name = self.child_prefix
         cfg = args.config
-        k8s_opts = dict(provider=args.k8s_provider)
 
         # GPU nodes get their own role (the managed node group's role already has an access entry).
         node_role, _ = iam.node_role(name, aws_tags(cfg, f"{cfg.name_prefix}-gpu-node"), self)
@@ -223,7 +222,7 @@ class GpuPools(RagpoolComponent):
         self.release = k8s.helm.v3.Release(
             f"{name}-karpenter", name="karpenter", chart=KARPENTER.chart_ref, version=KARPENTER.version,
             namespace=KARPENTER_NAMESPACE, values=values, atomic=True, cleanup_on_fail=True, timeout=600,
-            opts=child(self, depends_on=[identity, controller_policy_res, node_access, *args.depends_on], **k8s_opts))
+            opts=child(self, depends_on=[identity, controller_policy_res, node_access, *args.depends_on]))
 
         self.node_pools: dict[str, k8s.apiextensions.CustomResource] = {}
         for pool in cfg.gpu_pools:
@@ -232,12 +231,12 @@ class GpuPools(RagpoolComponent):
                 metadata={"name": pool.name, "labels": {POOL_LABEL: pool.name, **PART_OF}},
                 spec=pulumi.Output.all(args.cluster_name, node_role.name, args.cluster_security_group_id).apply(
                     lambda a, pool=pool: node_class_spec(cfg, pool, a[0], a[1], a[2])),
-                opts=child(self, depends_on=[self.release], **k8s_opts))
+                opts=child(self, depends_on=[self.release]))
             self.node_pools[pool.name] = k8s.apiextensions.CustomResource(
                 f"{name}-{pool.name}", api_version="karpenter.sh/v1", kind="NodePool",
                 metadata={"name": pool.name, "labels": {POOL_LABEL: pool.name, **PART_OF}},
                 spec=node_pool_spec(pool, pool.name),
-                opts=child(self, depends_on=[self.release, node_class], **k8s_opts))
+                opts=child(self, depends_on=[self.release, node_class]))
 
         self.node_role_arn = node_role.arn
         self.interruption_queue = queue.name

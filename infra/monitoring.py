@@ -79,14 +79,13 @@ def alertmanager_config(receiver: str, secret: str | None) -> dict[str, Any]:
 
 class Monitoring(RagpoolComponent):
     def __init__(self, name: str, args: MonitoringArgs, opts: pulumi.ResourceOptions | None = None):
-        super().__init__("ragpool:infra:Monitoring", name, opts)
+        super().__init__("ragpool:infra:Monitoring", name, opts, k8s_provider=args.k8s_provider)
         name = self.child_prefix
         cfg = args.config
-        k8s_opts = dict(provider=args.k8s_provider)
 
         self.namespace = k8s.core.v1.Namespace(
             f"{name}-ns", metadata={"name": MONITORING_NAMESPACE, "labels": k8s_labels("monitoring")},
-            opts=child(self, depends_on=args.depends_on, **k8s_opts))
+            opts=child(self, depends_on=args.depends_on))
         ns = self.namespace.metadata.name
 
         admin_password = random.RandomPassword(f"{name}-grafana-admin", length=32, special=False, opts=child(self))
@@ -94,7 +93,7 @@ class Monitoring(RagpoolComponent):
             f"{name}-grafana-admin",
             metadata={"name": GRAFANA_ADMIN_SECRET, "namespace": ns, "labels": k8s_labels("grafana")},
             string_data={"admin-user": "admin", "admin-password": admin_password.result},
-            opts=child(self, **k8s_opts))
+            opts=child(self))
 
         computed = {
             "prometheus": {"prometheusSpec": {
@@ -112,7 +111,7 @@ class Monitoring(RagpoolComponent):
         self.release = k8s.helm.v3.Release(
             f"{name}-kube-prometheus-stack", name="kube-prometheus-stack", namespace=ns, values=values,
             atomic=True, cleanup_on_fail=True, timeout=900, **KUBE_PROMETHEUS_STACK.release_args(),
-            opts=child(self, depends_on=[admin_secret], **k8s_opts))
+            opts=child(self, depends_on=[admin_secret]))
 
         # One PrometheusRule per rule file: promtool tests exactly what Prometheus loads
         # (with runbook links made absolute and the GPU-hour budget from config).
@@ -122,7 +121,7 @@ class Monitoring(RagpoolComponent):
                 f"{name}-rules-{stem}", api_version="monitoring.coreos.com/v1", kind="PrometheusRule",
                 metadata={"name": f"ragpool-{stem}", "namespace": ns, "labels": k8s_labels("alerting", stem)},
                 spec={"groups": groups},
-                opts=child(self, depends_on=[self.release], **k8s_opts))
+                opts=child(self, depends_on=[self.release]))
 
         # Dashboards as ConfigMaps; Grafana's sidecar loads every one labelled grafana_dashboard.
         for filename, body in sorted(render_all().items()):
@@ -132,7 +131,7 @@ class Monitoring(RagpoolComponent):
                 metadata={"name": f"ragpool-dashboard-{stem}", "namespace": ns,
                           "labels": {**k8s_labels("dashboards", stem), "grafana_dashboard": "1"}},
                 data={filename: body},
-                opts=child(self, depends_on=[self.namespace], **k8s_opts))
+                opts=child(self, depends_on=[self.namespace]))
 
         # Queue workers, every training rank (one port each) and the Redis exporter.
         k8s.apiextensions.CustomResource(
@@ -143,16 +142,15 @@ class Monitoring(RagpoolComponent):
                 "selector": {"matchLabels": {"app.kubernetes.io/part-of": "ragpool"}},
                 "podMetricsEndpoints": [{"port": port, "interval": "15s"} for port in SCRAPED_PORTS],
             },
-            opts=child(self, depends_on=[self.release], **k8s_opts))
+            opts=child(self, depends_on=[self.release]))
 
-        self._cloudwatch_exporter(name, cfg, args, ns, k8s_opts)
+        self._cloudwatch_exporter(name, cfg, args, ns)
 
         self.namespace_name = ns
         self.grafana_admin_password = pulumi.Output.secret(admin_password.result)
         self.register_outputs({"namespace": ns, "grafana_admin_password": self.grafana_admin_password})
 
-    def _cloudwatch_exporter(self, name: str, cfg: StackConfig, args: MonitoringArgs, ns: pulumi.Output[str],
-                             k8s_opts: dict) -> None:
+    def _cloudwatch_exporter(self, name: str, cfg: StackConfig, args: MonitoringArgs, ns: pulumi.Output[str]) -> None:
         role = aws.iam.Role(f"{name}-cloudwatch-exporter", assume_role_policy=iam.pod_identity_trust(),
                             tags=aws_tags(cfg, f"{cfg.name_prefix}-cloudwatch-exporter"), opts=child(self))
         policy = aws.iam.RolePolicy(f"{name}-cloudwatch-exporter", role=role.id, policy=json.dumps({
@@ -166,10 +164,10 @@ class Monitoring(RagpoolComponent):
         labels = k8s_labels("cloudwatch-exporter", YACE_NAME)
         meta = {"name": YACE_NAME, "namespace": ns, "labels": labels}
         sa = k8s.core.v1.ServiceAccount(f"{name}-cloudwatch-exporter", metadata=meta,
-                                        opts=child(self, depends_on=[self.namespace], **k8s_opts))
+                                        opts=child(self, depends_on=[self.namespace]))
         config = k8s.core.v1.ConfigMap(f"{name}-cloudwatch-exporter", metadata=meta,
                                        data={"config.yml": yaml.safe_dump(yace_config(cfg), sort_keys=False)},
-                                       opts=child(self, depends_on=[self.namespace], **k8s_opts))
+                                       opts=child(self, depends_on=[self.namespace]))
         k8s.apps.v1.Deployment(
             f"{name}-cloudwatch-exporter", metadata=meta,
             spec={
@@ -190,16 +188,16 @@ class Monitoring(RagpoolComponent):
                     "volumes": [{"name": "config", "configMap": {"name": YACE_NAME}}],
                 }},
             },
-            opts=child(self, depends_on=[sa, config, identity, policy], **k8s_opts))
+            opts=child(self, depends_on=[sa, config, identity, policy]))
         service = k8s.core.v1.Service(
             f"{name}-cloudwatch-exporter", metadata=meta,
             spec={"selector": {"app.kubernetes.io/name": YACE_NAME},
                   "ports": [{"name": "metrics", "port": 5000, "targetPort": "metrics"}]},
-            opts=child(self, depends_on=[self.namespace], **k8s_opts))
+            opts=child(self, depends_on=[self.namespace]))
         k8s.apiextensions.CustomResource(
             f"{name}-cloudwatch-exporter", api_version="monitoring.coreos.com/v1", kind="ServiceMonitor",
             metadata=meta,
             # CloudWatch data are per-minute: scraping faster only costs API calls.
             spec={"selector": {"matchLabels": {"app.kubernetes.io/name": YACE_NAME}},
                   "endpoints": [{"port": "metrics", "interval": "60s"}]},
-            opts=child(self, depends_on=[service, self.release], **k8s_opts))
+            opts=child(self, depends_on=[service, self.release]))

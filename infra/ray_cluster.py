@@ -310,24 +310,23 @@ class RayArgs:
 
 class Ray(RagpoolComponent):
     def __init__(self, name: str, args: RayArgs, opts: pulumi.ResourceOptions | None = None):
-        super().__init__("ragpool:infra:Ray", name, opts)
+        super().__init__("ragpool:infra:Ray", name, opts, k8s_provider=args.k8s_provider)
         name = self.child_prefix
         cfg = args.config
-        k8s_opts = dict(provider=args.k8s_provider)
 
         operator_ns = k8s.core.v1.Namespace(
             f"{name}-operator-ns", metadata={"name": KUBERAY_NAMESPACE, "labels": k8s_labels("ray-operator")},
-            opts=child(self, depends_on=args.depends_on, **k8s_opts))
+            opts=child(self, depends_on=args.depends_on))
         # The chart's CRDs, applied by Pulumi so every chart bump reaches them.
         crds = [k8s.yaml.v2.ConfigFile(
             f"{name}-crd-{file.removesuffix('.yaml').removeprefix('ray.io_')}", file=url,
-            opts=child(self, depends_on=args.depends_on, **k8s_opts))
+            opts=child(self, depends_on=args.depends_on))
             for file, url in sorted(kuberay_crd_urls().items())]
         self.operator = k8s.helm.v3.Release(
             f"{name}-operator", name="kuberay-operator", namespace=KUBERAY_NAMESPACE,
             values=load_values("kuberay-operator.yaml"), skip_crds=True,
             atomic=True, cleanup_on_fail=True, **KUBERAY_OPERATOR.release_args(),
-            opts=child(self, depends_on=[operator_ns, *crds, *args.depends_on], **k8s_opts))
+            opts=child(self, depends_on=[operator_ns, *crds, *args.depends_on]))
 
         self.addresses: dict[str, str] = {}
         self.pools: dict[str, str] = {}
@@ -340,7 +339,7 @@ class Ray(RagpoolComponent):
                 spec=pulumi.Output.from_input(args.image).apply(
                     lambda image, ns=ns, quota=target.gpu_quota: ray_cluster_spec(
                         cfg, ns, image, args.shared_claim, quota)),
-                opts=child(self, depends_on=[self.operator, *crds, *args.depends_on], **k8s_opts))
+                opts=child(self, depends_on=[self.operator, *crds, *args.depends_on]))
             endpoint = ray_endpoint(cfg, ns, target.gpu_quota)
             self.addresses[ns], self.pools[ns] = endpoint.address, endpoint.pools
 
@@ -349,7 +348,7 @@ class Ray(RagpoolComponent):
                 f"{name}-{monitor}", api_version="monitoring.coreos.com/v1", kind="PodMonitor",
                 metadata={"name": monitor, "namespace": args.monitoring_namespace,
                           "labels": k8s_labels("monitoring", monitor)},
-                spec=spec, opts=child(self, depends_on=args.depends_on, **k8s_opts))
+                spec=spec, opts=child(self, depends_on=args.depends_on))
 
         for filename, body in sorted(ray_dashboards().items()):
             stem = filename.removesuffix(".json")
@@ -358,5 +357,5 @@ class Ray(RagpoolComponent):
                 metadata={"name": f"ragpool-dashboard-{stem}", "namespace": args.monitoring_namespace,
                           "labels": {**k8s_labels("dashboards", stem), "grafana_dashboard": "1"}},
                 data={filename: body},
-                opts=child(self, depends_on=args.depends_on, **k8s_opts))
+                opts=child(self, depends_on=args.depends_on))
         self.register_outputs({"addresses": self.addresses, "pools": self.pools})

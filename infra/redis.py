@@ -134,10 +134,9 @@ def exporter_deployment_spec() -> dict:
 
 class Redis(RagpoolComponent):
     def __init__(self, name: str, args: RedisArgs, opts: pulumi.ResourceOptions | None = None):
-        super().__init__("ragpool:infra:Redis", name, opts)
+        super().__init__("ragpool:infra:Redis", name, opts, k8s_provider=args.k8s_provider)
         name = self.child_prefix
         cfg = args.config
-        k8s_opts = dict(provider=args.k8s_provider)
         password = random.RandomPassword(f"{name}-password", length=48, special=False, opts=child(self))
 
         if cfg.is_prod:
@@ -172,13 +171,13 @@ class Redis(RagpoolComponent):
             f"{name}-connection",
             metadata={"name": CONNECTION_SECRET, "namespace": args.namespace, "labels": k8s_labels("queue", CONNECTION_SECRET)},
             string_data={"url": url, "password": password.result},
-            opts=child(self, depends_on=[*args.depends_on, *deps], **k8s_opts))
+            opts=child(self, depends_on=[*args.depends_on, *deps]))
         for i, client_ns in enumerate(args.client_namespaces):
             k8s.core.v1.Secret(
                 f"{name}-connection-{i}",
                 metadata={"name": CONNECTION_SECRET, "namespace": client_ns, "labels": k8s_labels("queue", CONNECTION_SECRET)},
                 string_data={"url": url, "password": password.result},
-                opts=child(self, depends_on=[*args.depends_on, *deps], **k8s_opts))
+                opts=child(self, depends_on=[*args.depends_on, *deps]))
 
         if not cfg.is_prod:
             ns = args.namespace
@@ -188,12 +187,12 @@ class Redis(RagpoolComponent):
                 spec={"selector": {"app.kubernetes.io/name": SERVICE_NAME}, "type": "ClusterIP",
                       "ports": [{"name": "redis", "port": 6379, "targetPort": "redis"},
                                 {"name": "redis-metrics", "port": EXPORTER_PORT, "targetPort": "redis-metrics"}]},
-                opts=child(self, depends_on=args.depends_on, **k8s_opts))
+                opts=child(self, depends_on=args.depends_on))
             self.statefulset = k8s.apps.v1.StatefulSet(
                 f"{name}-statefulset",
                 metadata={"name": SERVICE_NAME, "namespace": ns, "labels": k8s_labels("queue", SERVICE_NAME)},
                 spec=pulumi.Output.from_input(ns).apply(valkey_statefulset_spec),
-                opts=child(self, depends_on=[self.secret, self.service], **k8s_opts))
+                opts=child(self, depends_on=[self.secret, self.service]))
             k8s.networking.v1.NetworkPolicy(
                 f"{name}-clients-only",
                 metadata={"name": f"{SERVICE_NAME}-clients-only", "namespace": ns, "labels": k8s_labels("queue")},
@@ -207,23 +206,23 @@ class Redis(RagpoolComponent):
                               "kubernetes.io/metadata.name": "monitoring"}}}],
                            "ports": [{"protocol": "TCP", "port": EXPORTER_PORT}]},
                       ]},
-                opts=child(self, depends_on=args.depends_on, **k8s_opts))
+                opts=child(self, depends_on=args.depends_on))
 
         if cfg.is_prod:
             # ElastiCache has no exporter of its own: scrape it (TLS) from the cluster so
             # RagpoolRedisDown and failover alerts see the queue.
-            self._elasticache_exporter(name, args, k8s_opts)
+            self._elasticache_exporter(name, args)
 
         self.secret_name = CONNECTION_SECRET
         self.url = pulumi.Output.secret(url)
         self.register_outputs({"url": self.url})
 
-    def _elasticache_exporter(self, name: str, args: RedisArgs, k8s_opts: dict) -> None:
+    def _elasticache_exporter(self, name: str, args: RedisArgs) -> None:
         ns = args.namespace
         k8s.apps.v1.Deployment(
             f"{name}-exporter",
             metadata={"name": EXPORTER_NAME, "namespace": ns, "labels": k8s_labels("queue-metrics", EXPORTER_NAME)},
-            spec=exporter_deployment_spec(), opts=child(self, depends_on=[self.secret], **k8s_opts))
+            spec=exporter_deployment_spec(), opts=child(self, depends_on=[self.secret]))
         k8s.networking.v1.NetworkPolicy(
             f"{name}-exporter",
             metadata={"name": EXPORTER_NAME, "namespace": ns, "labels": k8s_labels("queue-metrics")},
@@ -234,4 +233,4 @@ class Redis(RagpoolComponent):
                       "ports": [{"protocol": "TCP", "port": EXPORTER_PORT}]}],
                   "egress": [{"to": [{"ipBlock": {"cidr": args.config.network.vpc_cidr}}],
                               "ports": [{"protocol": "TCP", "port": 6379}]}]},
-            opts=child(self, depends_on=args.depends_on, **k8s_opts))
+            opts=child(self, depends_on=args.depends_on))

@@ -58,7 +58,7 @@ class StorageArgs:
 
 class SharedStorage(RagpoolComponent):
     def __init__(self, name: str, args: StorageArgs, opts: pulumi.ResourceOptions | None = None):
-        super().__init__("ragpool:infra:SharedStorage", name, opts)
+        super().__init__("ragpool:infra:SharedStorage", name, opts, k8s_provider=args.k8s_provider)
         name = self.child_prefix
         cfg = args.config
         prefix = cfg.name_prefix
@@ -105,7 +105,6 @@ class SharedStorage(RagpoolComponent):
                              iam_role_arn=backup_role.arn, resources=[self.file_system.arn],
                              opts=child(self, depends_on=[backup_policy]))
 
-        k8s_opts = dict(provider=args.k8s_provider)
         self.storage_class = k8s.storage.v1.StorageClass(
             f"{name}-storage-class",
             metadata={"name": STORAGE_CLASS, "labels": k8s_labels("storage", STORAGE_CLASS)},
@@ -115,7 +114,7 @@ class SharedStorage(RagpoolComponent):
             mount_options=["tls"],
             reclaim_policy="Retain" if cfg.protect_stateful else "Delete",
             volume_binding_mode="Immediate",
-            opts=child(self, depends_on=args.depends_on, **k8s_opts))
+            opts=child(self, depends_on=args.depends_on))
         # Block volumes (Prometheus, Redis AOF): encrypted gp3, the cluster default.
         k8s.storage.v1.StorageClass(
             f"{name}-gp3",
@@ -124,15 +123,14 @@ class SharedStorage(RagpoolComponent):
             provisioner="ebs.csi.aws.com", parameters={"type": "gp3", "encrypted": "true"},
             reclaim_policy="Retain" if cfg.protect_stateful else "Delete",
             volume_binding_mode="WaitForFirstConsumer", allow_volume_expansion=True,
-            opts=child(self, depends_on=args.depends_on, **k8s_opts))
+            opts=child(self, depends_on=args.depends_on))
         self.claim = k8s.core.v1.PersistentVolumeClaim(
             f"{name}-shared-pvc",
             metadata={"name": SHARED_PVC, "namespace": args.namespace, "labels": k8s_labels("storage", SHARED_PVC)},
             spec={"accessModes": ["ReadWriteMany"], "storageClassName": STORAGE_CLASS,
                   # EFS is elastic; Kubernetes still requires a size.
                   "resources": {"requests": {"storage": "1Ti"}}},
-            opts=child(self, depends_on=[self.storage_class, *mount_targets],
-                       protect=cfg.protect_stateful, retain_on_delete=cfg.protect_stateful, **k8s_opts))
+            opts=stateful(self, cfg, depends_on=[self.storage_class, *mount_targets]))
 
         self.file_system_id = self.file_system.id
         self.claim_name = SHARED_PVC

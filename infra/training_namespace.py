@@ -20,7 +20,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.aliases import RagpoolComponent
-from infra.common import child, k8s_labels
+from infra.common import child, k8s_labels, stateful
 from infra.config import StackConfig
 
 TRAINING_NAMESPACE = "ragpool-training"
@@ -166,10 +166,9 @@ def network_policies(cfg: StackConfig) -> dict[str, dict[str, Any]]:
 
 class TrainingNamespace(RagpoolComponent):
     def __init__(self, name: str, args: TrainingNamespaceArgs, opts: pulumi.ResourceOptions | None = None):
-        super().__init__("ragpool:infra:TrainingNamespace", name, opts)
+        super().__init__("ragpool:infra:TrainingNamespace", name, opts, k8s_provider=args.k8s_provider)
         name = self.child_prefix
         cfg = args.config
-        k8s_opts = dict(provider=args.k8s_provider)
         self.namespace = k8s.core.v1.Namespace(
             f"{name}-ns",
             metadata={"name": args.namespace, "labels": {
@@ -178,9 +177,9 @@ class TrainingNamespace(RagpoolComponent):
                 "pod-security.kubernetes.io/enforce": "restricted",
                 "pod-security.kubernetes.io/enforce-version": "latest",
             }},
-            opts=child(self, depends_on=args.depends_on, **k8s_opts))
+            opts=child(self, depends_on=args.depends_on))
         self.name = self.namespace.metadata.name
-        ns_opts = child(self, depends_on=[self.namespace], **k8s_opts)
+        ns_opts = child(self, depends_on=[self.namespace])
 
         gpu_total = args.gpu_quota or sum(p.gpu_limit for p in cfg.gpu_pools)
         k8s.core.v1.ResourceQuota(
@@ -198,7 +197,7 @@ class TrainingNamespace(RagpoolComponent):
             k8s.scheduling.v1.PriorityClass(
                 f"{name}-{pc_name}", metadata={"name": pc_name, "labels": k8s_labels("training")},
                 value=value, preemption_policy=preemption, global_default=False, description=description,
-                opts=child(self, depends_on=args.depends_on, **k8s_opts))
+                opts=child(self, depends_on=args.depends_on))
         for np_name, spec in network_policies(cfg).items():
             k8s.networking.v1.NetworkPolicy(
                 f"{name}-{np_name}", metadata={"name": np_name, "namespace": self.name, "labels": k8s_labels("training")},
@@ -224,6 +223,5 @@ class TrainingNamespace(RagpoolComponent):
                           "labels": k8s_labels("storage", args.shared_claim)},
                 spec={"accessModes": ["ReadWriteMany"], "storageClassName": STORAGE_CLASS,
                       "resources": {"requests": {"storage": "1Ti"}}},
-                opts=child(self, depends_on=[self.namespace], protect=cfg.protect_stateful,
-                           retain_on_delete=cfg.protect_stateful, **k8s_opts))
+                opts=stateful(self, cfg, depends_on=[self.namespace]))
         self.register_outputs({"name": self.name})

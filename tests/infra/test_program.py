@@ -210,6 +210,35 @@ def test_kubeconfig_is_masked_secret(plans):
     assert provider["inputs"]["kubeconfig"] == SECRET_MASK
 
 
+def test_every_kubernetes_resource_uses_the_clusters_provider(monkeypatch):
+    """Components hand the cluster's provider to their Kubernetes children (RagpoolComponent's
+    k8s_provider), so none falls back to the ambient kubeconfig. The plan does not show providers:
+    the mock monitor's registrations are read instead."""
+    import infra.plan as plan_module
+
+    registered: list[tuple[str, str, str]] = []
+    make_monitor = plan_module._make_monitor
+
+    def monitor_that_records_providers(mocks, recorded):
+        monitor = make_monitor(mocks, recorded)
+        register = monitor.RegisterResource
+
+        def register_resource(request):
+            registered.append((request.type, request.name, request.provider))
+            return register(request)
+
+        monitor.RegisterResource = register_resource
+        return monitor
+
+    monkeypatch.setattr(plan_module, "_make_monitor", monitor_that_records_providers)
+    plan_module.plan("dev")
+    kubernetes = [(typ, name, provider) for typ, name, provider in registered if typ.startswith("kubernetes:")]
+    assert len(kubernetes) > 40
+    elsewhere = [(typ, name, provider) for typ, name, provider in kubernetes
+                 if "$pulumi:providers:kubernetes::cluster-k8s::" not in provider]
+    assert elsewhere == []
+
+
 def test_dev_and_prod_differ_exactly_as_configured(plans):
     dev, prod = (Counter(r["type"] for r in plans[s]["resources"]) for s in ("dev", "prod"))
     delta = {t: prod[t] - dev[t] for t in set(dev) | set(prod) if prod[t] != dev[t]}
