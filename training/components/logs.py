@@ -17,9 +17,10 @@ import logging
 import os
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 LOG_FORMAT_ENV = "RAGPOOL_LOG_FORMAT"
 """``json`` or ``text``; default: ``text`` on a terminal, ``json`` otherwise (pods, pipes)."""
@@ -46,6 +47,36 @@ def set_context(run_id: str, rank: int, run_dir: Path | None = None) -> None:
     """Called once per process by the stage entrypoint, before any stage logs."""
     global _CONTEXT
     _CONTEXT = LogContext(run_id=run_id, rank=rank, run_dir=run_dir)
+
+
+@contextmanager
+def scoped_context(run_id: str, rank: int, run_dir: Path | None = None) -> Iterator[None]:
+    """:func:`set_context` for one task in a process that runs many (a reused Ray worker): on exit the
+    previous context is back and the stage log files opened meanwhile are closed, so the next task's
+    records never land in this run's ``log.jsonl``."""
+    global _CONTEXT
+    before = _CONTEXT
+    open_before = {id(h) for h in _stage_file_handlers()}
+    set_context(run_id, rank, run_dir)
+    try:
+        yield
+    finally:
+        _CONTEXT = before
+        for logger, handler in _stage_file_handlers(with_logger=True):
+            if id(handler) not in open_before:
+                logger.removeHandler(handler)
+                handler.close()
+
+
+def _stage_file_handlers(with_logger: bool = False) -> list:
+    """The ``log.jsonl`` handlers of the ``ragpool.*`` loggers (with their logger when asked)."""
+    found = []
+    for name, logger in list(logging.Logger.manager.loggerDict.items()):
+        if name.startswith("ragpool.") and isinstance(logger, logging.Logger):
+            for handler in list(logger.handlers):
+                if isinstance(handler, logging.FileHandler):
+                    found.append((logger, handler) if with_logger else handler)
+    return found
 
 
 def json_output() -> bool:

@@ -109,12 +109,23 @@ def _task_env(device_cfg: str, gpus: float, cpus: float) -> Any:
     return DistEnv(0, 1, 0, 1, torch.device("cuda", 0) if use_cuda else torch.device("cpu"))
 
 
-def _log_context(cfg: RunConfig, rank: int) -> None:
-    """The stage logs' run context, as :func:`training.components.stage.run_main` sets it (rank 0 keeps
-    ``<stage>/log.jsonl``). Tasks that log run with ``max_calls=1``: a fresh process per run."""
+def _log_context(cfg: RunConfig, rank: int):
+    """The stage logs' run context for one task, as :func:`training.components.stage.run_main` sets it
+    for a process (rank 0 keeps ``<stage>/log.jsonl``); scoped, so the worker process can be reused
+    by the next task (of this run or another) without writing into this run's log."""
     from training.components import logs
 
-    logs.set_context(cfg.run_id, rank, cfg.run_dir())
+    return logs.scoped_context(cfg.run_id, rank, cfg.run_dir())
+
+
+def _task(fn: Any, gpus: float) -> Any:
+    """``ray.remote(fn)`` for tasks whose resources are set per call (``.options``), with Ray's rule for
+    GPU tasks that only applies when ``ray.remote`` itself is given GPUs: a GPU task's worker exits
+    after it (its CUDA memory goes with it, ray-project/ray#29624); a CPU task's worker is reused,
+    torch already imported."""
+    import ray
+
+    return ray.remote(max_calls=1 if gpus else 0)(fn)
 
 
 def validate_file(shared_root: str, rel: str, kind: str) -> dict[str, Any]:
@@ -165,11 +176,11 @@ def merge_index(tree: dict[str, Any], encoder_path: str, encode_s: float, *shard
     emb = np.concatenate([np.load(s) for s in shards], axis=0)
     if emb.shape[0] != len(corpus):
         raise RuntimeError(f"index: {emb.shape[0]} embeddings for {len(corpus)} passages")
-    _log_context(cfg, 0)
-    get_logger("index", True).info("indexed %d passages (%s, dim %d) from %d Ray task shards in %.1fs -> %s",
-                                   len(corpus), cfg.index.kind, emb.shape[1], len(shards), encode_s,
-                                   cfg.stage_dir("index"))
-    write_index(cfg, [p.id for p in corpus], emb, encoder_path, encode_s)
+    with _log_context(cfg, 0):
+        get_logger("index", True).info("indexed %d passages (%s, dim %d) from %d Ray task shards in %.1fs -> %s",
+                                       len(corpus), cfg.index.kind, emb.shape[1], len(shards), encode_s,
+                                       cfg.stage_dir("index"))
+        write_index(cfg, [p.id for p in corpus], emb, encoder_path, encode_s)
     shutil.rmtree(Path(shards[0]).parent, ignore_errors=True)
     return {"passages": len(corpus), "dim": int(emb.shape[1]), "shards": len(shards), "encode_seconds": encode_s}
 
@@ -179,8 +190,8 @@ def evaluate_task(tree: dict[str, Any], gpus: float, cpus: float) -> dict[str, A
     from training import evaluate
 
     cfg = load_run_config(tree)
-    _log_context(cfg, 0)
-    code = evaluate.run(cfg, _task_env(cfg.device, gpus, cpus))
+    with _log_context(cfg, 0):
+        code = evaluate.run(cfg, _task_env(cfg.device, gpus, cpus))
     if code != OK:
         raise StageFailed("evaluate", code)
     return {"report": str(cfg.stage_dir("evaluate") / evaluate.REPORT)}
@@ -200,9 +211,9 @@ def train_worker(config: dict[str, Any]) -> None:
     cfg = load_run_config(config["cfg"])
     stage = config["stage"]
     env = D.init_distributed(cfg.device)
-    _log_context(cfg, env.rank)
     t0 = time.monotonic()
-    code = importlib.import_module(f"training.{stage}").run(cfg, env)
+    with _log_context(cfg, env.rank):
+        code = importlib.import_module(f"training.{stage}").run(cfg, env)
     ray.train.report({"stage": stage, "exit_code": code, "seconds": time.monotonic() - t0,
                       "world_size": env.world_size})
     if code != OK:
@@ -266,8 +277,8 @@ def run_index(cfg: RunConfig, placement: StagePlacement) -> dict[str, Any]:
     tasks = max(1, min(placement.workers, n))
     per = -(-n // tasks)
     cpus, gpus = placement.bundle.get("CPU", 0), placement.bundle.get("GPU", 0)
-    encode = ray.remote(encode_shard)
-    merge = ray.remote(max_calls=1)(merge_index)
+    encode = _task(encode_shard, gpus)
+    merge = _task(merge_index, 0)
     with reserved(placement, cfg.ray.placement_timeout_s, f"{cfg.run_id}-index") as pg:
         t0 = time.monotonic()
         tree = cfg.to_dict()
@@ -289,7 +300,7 @@ def run_evaluate(cfg: RunConfig, placement: StagePlacement) -> dict[str, Any]:
 
     cpus, gpus = placement.bundle.get("CPU", 0), placement.bundle.get("GPU", 0)
     with reserved(placement, cfg.ray.placement_timeout_s, f"{cfg.run_id}-evaluate") as pg:
-        return ray.get(ray.remote(max_calls=1)(evaluate_task).options(num_cpus=cpus, num_gpus=gpus, max_retries=0,
+        return ray.get(_task(evaluate_task, gpus).options(num_cpus=cpus, num_gpus=gpus, max_retries=0,
                                                          scheduling_strategy=strategy_for(pg, 0))
                        .remote(cfg.to_dict(), gpus, cpus))
 
