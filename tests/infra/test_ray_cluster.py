@@ -17,7 +17,7 @@ from infra.plan import plan
 from infra.pod_security import restricted_problems
 from infra.ray_cluster import RAY_CLUSTER_NAME, RAY_HEAD_SERVICE, pool_resource
 from policy.k8s_scheduling import schedulable
-from tests.infra.harness import is_core, kubernetes_objects, validate_core, validate_custom
+from tests.infra.harness import inputs_of, is_core, kubernetes_objects, validate_core, validate_custom
 
 TEAMS = [{"name": "search", "gpuQuota": 4}, {"name": "answers", "gpuQuota": 16}]
 RAYCLUSTER = "kubernetes:ray.io/v1:RayCluster"
@@ -30,19 +30,14 @@ def team_plan():
     return plan("prod", overrides={"ragpool:trainingTeams": TEAMS})
 
 
-def of(doc, typ, namespace=None):
-    return [r["inputs"] for r in doc["resources"] if r["type"] == typ
-            and (namespace is None or r["inputs"]["metadata"].get("namespace") == namespace)]
-
-
 def clusters(doc) -> dict[str, dict[str, Any]]:
-    return {c["metadata"]["namespace"]: c for c in of(doc, RAYCLUSTER)}
+    return {c["metadata"]["namespace"]: c for c in inputs_of(doc, RAYCLUSTER)}
 
 
 def pools(doc) -> dict[str, dict[str, Any]]:
     """Pool name -> its NodePool's (labels, taints) as Karpenter gives them to nodes."""
     out = {}
-    for r in of(doc, "kubernetes:karpenter.sh/v1:NodePool"):
+    for r in inputs_of(doc, "kubernetes:karpenter.sh/v1:NodePool"):
         template = r["spec"]["template"]
         out[template["metadata"]["labels"][POOL_LABEL]] = (template["metadata"]["labels"],
                                                              template["spec"].get("taints", []))
@@ -79,7 +74,7 @@ def test_head_schedules_only_and_runs_on_the_system_nodes(plans):
 def test_one_worker_group_per_gpu_pool_sized_from_the_pool(plans, team_plan):
     for doc in (plans["dev"], plans["prod"], team_plan):
         config_pools = {p["spec"]["template"]["metadata"]["labels"][POOL_LABEL]: p
-                        for p in of(doc, "kubernetes:karpenter.sh/v1:NodePool")}
+                        for p in inputs_of(doc, "kubernetes:karpenter.sh/v1:NodePool")}
         for ns, cluster in clusters(doc).items():
             groups = {g["groupName"]: g for g in cluster["spec"]["workerGroupSpecs"]}
             assert set(groups) == set(config_pools)
@@ -95,7 +90,7 @@ def test_one_worker_group_per_gpu_pool_sized_from_the_pool(plans, team_plan):
                 assert group["resources"]["GPU"] == gpus and group["resources"][pool_resource(name)] == gpus
                 # Never more GPUs than the pool's Karpenter limit or the namespace's quota.
                 pool_limit = int(config_pools[name]["spec"]["limits"]["nvidia.com/gpu"])
-                quota = int(of(doc, "kubernetes:core/v1:ResourceQuota", ns)[0]["spec"]["hard"]["limits.nvidia.com/gpu"])
+                quota = int(inputs_of(doc, "kubernetes:core/v1:ResourceQuota", ns)[0]["spec"]["hard"]["limits.nvidia.com/gpu"])
                 assert group["maxReplicas"] * int(gpus) <= min(pool_limit, quota)
     prod = {g["groupName"]: g["maxReplicas"] for g in clusters(plans["prod"])["ragpool-training"]["spec"]["workerGroupSpecs"]}
     assert prod == {"gpu-ondemand": 32 // 8, "gpu-spot": 16 // 4}
@@ -169,7 +164,7 @@ def test_ray_pods_land_only_where_they_belong(plans):
             fits = [n for n, (labels, taints) in nodes.items() if schedulable(pod, labels, taints)]
             assert fits == [group["groupName"]], f"worker group {group['groupName']} fits {fits}"
         crons = {c["metadata"]["name"]: c["spec"]["jobTemplate"]["spec"]["template"]["spec"]
-                 for c in of(doc, CRONJOB, "ragpool-training")}
+                 for c in inputs_of(doc, CRONJOB, "ragpool-training")}
         ray_worker = crons.pop("ragpool-worker-ray")
         assert [n for n, (labels, taints) in nodes.items() if schedulable(ray_worker, labels, taints)] == ["system"]
         for name, pod in crons.items():  # the torchrun workers: their own pool only, never system
@@ -185,7 +180,7 @@ def test_ray_runs_go_to_a_cpu_worker_and_torchrun_runs_to_the_gpu_workers(team_p
 
     assert set(EXECUTORS) == {"torchrun", "ray"}
     for ns in ("ragpool-training", "ragpool-team-search", "ragpool-team-answers"):
-        crons = {c["metadata"]["name"]: c for c in of(team_plan, CRONJOB, ns)}
+        crons = {c["metadata"]["name"]: c for c in inputs_of(team_plan, CRONJOB, ns)}
         ray = crons.pop("ragpool-worker-ray")["spec"]
         assert ray["suspend"] is True
         pod = ray["jobTemplate"]["spec"]["template"]["spec"]
@@ -240,7 +235,7 @@ def _side_allows(policies, direction: str, ns: str, labels, other_ns: str, other
 
 def allowed(doc, src: tuple[str, dict], dst: tuple[str, dict], port: int) -> bool:
     policies: dict[str, list] = {}
-    for p in of(doc, POLICY):
+    for p in inputs_of(doc, POLICY):
         policies.setdefault(p["metadata"]["namespace"], []).append(p["spec"])
     return (_side_allows(policies, "Egress", src[0], src[1], dst[0], dst[1], port)
             and _side_allows(policies, "Ingress", dst[0], dst[1], src[0], src[1], port))
@@ -277,11 +272,11 @@ def test_network_policies_admit_exactly_rays_flows(team_plan):
             assert allowed(doc, ("monitoring", {"app.kubernetes.io/name": "prometheus"}), head, port)
             assert port in head_ports
         assert not allowed(doc, ("monitoring", {}), head, 6379)
-        cron = [c for c in of(doc, CRONJOB, ns) if c["metadata"]["name"] == "ragpool-worker-ray"][0]
+        cron = [c for c in inputs_of(doc, CRONJOB, ns) if c["metadata"]["name"] == "ragpool-worker-ray"][0]
         ray_client = (ns, cron["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"])
         assert allowed(doc, ray_client, head, 8265)  # the Ray Jobs API
         assert not allowed(doc, ray_client, head, 6379) and not allowed(doc, ray_client, workers[0], 8265)
-        gpu_cron = [c for c in of(doc, CRONJOB, ns) if c["metadata"]["name"] != "ragpool-worker-ray"][0]
+        gpu_cron = [c for c in inputs_of(doc, CRONJOB, ns) if c["metadata"]["name"] != "ragpool-worker-ray"][0]
         gpu_worker = (ns, gpu_cron["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"])
         assert not allowed(doc, gpu_worker, head, 8265)
         # Across namespaces: another team's Ray pods and workers never reach this cluster.
@@ -354,7 +349,7 @@ def test_harness_rejects_a_raycluster_typo(plans, schemas_dir):
 
 
 def test_pod_monitors_have_kuberays_shape_and_match_the_ray_ports(team_plan):
-    monitors = {m["metadata"]["name"]: m["spec"] for m in of(team_plan, "kubernetes:monitoring.coreos.com/v1:PodMonitor")}
+    monitors = {m["metadata"]["name"]: m["spec"] for m in inputs_of(team_plan, "kubernetes:monitoring.coreos.com/v1:PodMonitor")}
     namespaces = ["ragpool-training", "ragpool-team-search", "ragpool-team-answers"]
     head, workers = monitors["ray-head-monitor"], monitors["ray-workers-monitor"]
     assert head["selector"]["matchLabels"]["ray.io/node-type"] == "head"
@@ -375,7 +370,7 @@ def test_ray_dashboards_are_shipped_as_generated(plans):
     from dashboards.boards import ray as ray_boards
 
     shipped = {}
-    for cm in of(plans["dev"], "kubernetes:core/v1:ConfigMap", "monitoring"):
+    for cm in inputs_of(plans["dev"], "kubernetes:core/v1:ConfigMap", "monitoring"):
         if cm["metadata"]["labels"].get("grafana_dashboard") == "1" and cm["metadata"]["name"].startswith("ragpool-dashboard-ray-"):
             shipped.update(cm["data"])
     assert shipped == ray_boards.committed() and set(shipped) == {"ray-default.json", "ray-train.json"}
@@ -410,8 +405,8 @@ def test_ray_disabled_declares_nothing_of_ray():
     # The alert rules stay (one PrometheusRule per rule file): without Ray's series they never fire.
     text = json.dumps([r for r in doc["resources"]
                        if r["type"] != "kubernetes:monitoring.coreos.com/v1:PrometheusRule"])
-    assert not of(doc, RAYCLUSTER) and "kuberay" not in text and "ragpool-worker-ray" not in text
-    assert not [p for p in of(doc, POLICY) if p["metadata"]["name"].startswith("ray-")]
+    assert not inputs_of(doc, RAYCLUSTER) and "kuberay" not in text and "ragpool-worker-ray" not in text
+    assert not [p for p in inputs_of(doc, POLICY) if p["metadata"]["name"].startswith("ray-")]
 
 
 @pytest.mark.parametrize("override,fragment", [

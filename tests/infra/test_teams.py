@@ -6,7 +6,7 @@ import pytest
 
 from infra.config import ConfigError, parse
 from infra.plan import plan
-from tests.infra.harness import is_core, kubernetes_objects, validate_core, validate_custom
+from tests.infra.harness import inputs_of, is_core, kubernetes_objects, validate_core, validate_custom
 
 TEAMS = [{"name": "search", "gpuQuota": 4}, {"name": "answers", "gpuQuota": 6}]
 
@@ -16,38 +16,33 @@ def team_plan():
     return plan("dev", overrides={"ragpool:trainingTeams": TEAMS})
 
 
-def _of(doc, typ, namespace=None):
-    return [r["inputs"] for r in doc["resources"] if r["type"] == typ
-            and (namespace is None or r["inputs"]["metadata"].get("namespace") == namespace)]
-
-
 def test_each_team_gets_an_isolated_namespace(team_plan):
     doc = team_plan
     for team in TEAMS:
         ns = f"ragpool-team-{team['name']}"
-        namespace = [n for n in _of(doc, "kubernetes:core/v1:Namespace") if n["metadata"]["name"] == ns]
+        namespace = [n for n in inputs_of(doc, "kubernetes:core/v1:Namespace") if n["metadata"]["name"] == ns]
         assert namespace and namespace[0]["metadata"]["labels"]["ragpool.io/training"] == "true"
-        quota = _of(doc, "kubernetes:core/v1:ResourceQuota", ns)[0]["spec"]["hard"]
+        quota = inputs_of(doc, "kubernetes:core/v1:ResourceQuota", ns)[0]["spec"]["hard"]
         assert quota["requests.nvidia.com/gpu"] == str(team["gpuQuota"])
-        policies = {p["metadata"]["name"]: p["spec"] for p in _of(doc, "kubernetes:networking.k8s.io/v1:NetworkPolicy", ns)}
+        policies = {p["metadata"]["name"]: p["spec"] for p in inputs_of(doc, "kubernetes:networking.k8s.io/v1:NetworkPolicy", ns)}
         assert policies["default-deny"] == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
-        pvc = _of(doc, "kubernetes:core/v1:PersistentVolumeClaim", ns)[0]
+        pvc = inputs_of(doc, "kubernetes:core/v1:PersistentVolumeClaim", ns)[0]
         assert pvc["spec"]["storageClassName"] == "ragpool-efs"  # its own EFS access point / directory
-        assert _of(doc, "kubernetes:core/v1:Secret", ns)[0]["metadata"]["name"] == "ragpool-redis"
-        (cron,) = [c for c in _of(doc, "kubernetes:batch/v1:CronJob", ns)
+        assert inputs_of(doc, "kubernetes:core/v1:Secret", ns)[0]["metadata"]["name"] == "ragpool-redis"
+        (cron,) = [c for c in inputs_of(doc, "kubernetes:batch/v1:CronJob", ns)
                    if c["metadata"]["name"] != "ragpool-worker-ray"]  # the CPU Ray worker: test_ray_cluster.py
         env = {e["name"]: e.get("value") for e in
                cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["env"]}
         assert env["RAGPOOL_QUEUE_NAMESPACE"] == team["name"]
-    main_cron = _of(doc, "kubernetes:batch/v1:CronJob", "ragpool-training")[0]
+    main_cron = inputs_of(doc, "kubernetes:batch/v1:CronJob", "ragpool-training")[0]
     env = {e["name"]: e.get("value") for e in main_cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["RAGPOOL_QUEUE_NAMESPACE"] == "ragpool"
-    assert len(_of(doc, "kubernetes:scheduling.k8s.io/v1:PriorityClass")) == 2  # cluster-wide, created once
-    monitor = [m for m in _of(doc, "kubernetes:monitoring.coreos.com/v1:PodMonitor")
+    assert len(inputs_of(doc, "kubernetes:scheduling.k8s.io/v1:PriorityClass")) == 2  # cluster-wide, created once
+    monitor = [m for m in inputs_of(doc, "kubernetes:monitoring.coreos.com/v1:PodMonitor")
                if m["metadata"]["name"] == "ragpool-training"][0]
     assert monitor["spec"]["namespaceSelector"]["matchNames"] == [
         "ragpool-training", "ragpool-team-search", "ragpool-team-answers"]
-    redis_policy = [p for p in _of(doc, "kubernetes:networking.k8s.io/v1:NetworkPolicy", "ragpool-training")
+    redis_policy = [p for p in inputs_of(doc, "kubernetes:networking.k8s.io/v1:NetworkPolicy", "ragpool-training")
                     if p["metadata"]["name"] == "ragpool-redis-clients-only"][0]
     peer = redis_policy["spec"]["ingress"][0]["from"][0]
     assert peer["namespaceSelector"] == {"matchLabels": {"ragpool.io/training": "true"}}
