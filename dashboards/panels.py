@@ -8,7 +8,7 @@ assigned in order by :func:`dashboard`, so the output depends only on the code.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence, Union
+from typing import Sequence, TypeVar, Union
 
 from grafana_foundation_sdk.builders import common as common_b
 from grafana_foundation_sdk.builders import dashboard as dash_b
@@ -26,6 +26,7 @@ BASE_TAGS = ("ragpool",)
 FULL_WIDTH = 24
 
 PanelBuilder = Union[ts_b.Panel, stat_b.Panel, table_b.Panel]
+_Panel = TypeVar("_Panel", ts_b.Panel, stat_b.Panel, table_b.Panel)
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,11 @@ def _thresholds(steps: Sequence[tuple[float | None, str]]) -> dash_b.ThresholdsC
     )
 
 
+def _panel(builder: _Panel, title: str, description: str, unit: str, width: int, height: int) -> _Panel:
+    """What every panel sets alike: title, description, the ``$datasource``, unit and size."""
+    return builder.title(title).description(description).datasource(DATASOURCE).unit(unit).span(width).height(height)
+
+
 def timeseries(
     title: str,
     queries: Sequence[Query],
@@ -86,13 +92,7 @@ def timeseries(
 ) -> ts_b.Panel:
     """A time series panel: legend as a table below, shared tooltip, no points."""
     panel = (
-        ts_b.Panel()
-        .title(title)
-        .description(description)
-        .datasource(DATASOURCE)
-        .unit(unit)
-        .span(width)
-        .height(height)
+        _panel(ts_b.Panel(), title, description, unit, width, height)
         .line_width(1)
         .fill_opacity(10 if not stacked else 60)
         .show_points(common_m.VisibilityMode.NEVER)
@@ -126,13 +126,7 @@ def stat(
 ) -> stat_b.Panel:
     """A single-value panel of the last value, coloured by ``thresholds``."""
     panel = (
-        stat_b.Panel()
-        .title(title)
-        .description(description)
-        .datasource(DATASOURCE)
-        .unit(unit)
-        .span(width)
-        .height(height)
+        _panel(stat_b.Panel(), title, description, unit, width, height)
         .graph_mode(common_m.BigValueGraphMode.AREA)
         .color_mode(common_m.BigValueColorMode.VALUE)
         .reduce_options(common_b.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
@@ -152,13 +146,7 @@ def table(
 ) -> table_b.Panel:
     """A table of instant query results, one row per series (labels as columns)."""
     panel = (
-        table_b.Panel()
-        .title(title)
-        .description(description)
-        .datasource(DATASOURCE)
-        .unit(unit)
-        .span(width)
-        .height(height)
+        _panel(table_b.Panel(), title, description, unit, width, height)
         .show_header(True)
         .with_transformation(dash_m.DataTransformerConfig(id_val="merge", options={}))
     )
