@@ -10,6 +10,10 @@ UID = "ragpool-gpu-fleet"
 # DCGM series of the selected pools and nodes, with their pool as a label.
 _SEL = 'node=~"$node"'
 _POOL_JOIN = 'on (node) group_left (pool) ragpool:node_pool:info{pool=~"$pool"}'
+_MIB = " * 1024 * 1024"  # DCGM reports framebuffer sizes in MiB
+# Axes of the utilisation panels: DCGM's percentages (0-100) and its DCP activity ratios (0-1).
+_PERCENT = dict(unit="percent", min_value=0, max_value=100)
+_RATIO = dict(unit="percentunit", min_value=0, max_value=1)
 
 
 def _per_gpu(metric: str, scale: str = "") -> str:
@@ -20,6 +24,36 @@ def _per_gpu(metric: str, scale: str = "") -> str:
 def _rate_per_gpu(metric: str, scale: str = "") -> str:
     """Per-second rate of the counter ``metric`` per selected GPU (times ``scale``), with pool."""
     return f"rate({metric}{{{_SEL}}}[$__rate_interval]){scale} * {_POOL_JOIN}"
+
+
+def _gpu_series(metric: str, scale: str = "") -> Query:
+    """One series per selected GPU of the gauge ``metric`` (times ``scale``), named ``<node> gpu<N>``."""
+    return Query(_per_gpu(metric, scale), "{{node}} gpu{{gpu}}")
+
+
+def _pool_series(aggregation: str, metric: str, name: str, scale: str = "") -> Query:
+    """``aggregation`` (avg, sum, min) of ``metric`` over each pool's selected GPUs, named ``<pool> name``."""
+    return Query(f"{aggregation} by (pool) ({_per_gpu(metric, scale)})", f"{{{{pool}}}} {name}")
+
+
+def _pool_rule(rule: str) -> Query:
+    """A per-pool recording rule (dashboards/rules) for the selected pools, one series per pool."""
+    return Query(f'{rule}{{pool=~"$pool"}}', "{{pool}}")
+
+
+def _node_rate(metric: str, name: str) -> Query:
+    """Per-second rate of the counter ``metric`` summed per selected node, named ``<node> name``."""
+    return Query(f"sum by (node) (rate({metric}{{{_SEL}}}[$__rate_interval]))", f"{{{{node}}}} {name}")
+
+
+def _latest_per_gpu(expr: str) -> Query:
+    """The current value of ``expr`` (DCGM fields of the selected GPUs) per GPU, for a table."""
+    return Query(f"max by (node, gpu, UUID) ({expr})", instant=True)
+
+
+def _on_gpus(metric: str) -> str:
+    """``metric`` of the selected GPUs, without the pool join (tables and counters)."""
+    return f"{metric}{{{_SEL}}}"
 
 
 # --------------------------------------------------------------------------- overview
@@ -82,10 +116,8 @@ def _failed_health_checks() -> PanelBuilder:
 def _gpu_utilisation_by_pool() -> PanelBuilder:
     return timeseries(
         "GPU utilisation by pool",
-        [Query('pool:dcgm_gpu_utilization:avg{pool=~"$pool"}', "{{pool}}")],
-        unit="percent",
-        min_value=0,
-        max_value=100,
+        [_pool_rule("pool:dcgm_gpu_utilization:avg")],
+        **_PERCENT,
         description="Average DCGM_FI_DEV_GPU_UTIL per pool (recording rule).",
     )
 
@@ -93,10 +125,8 @@ def _gpu_utilisation_by_pool() -> PanelBuilder:
 def _gpu_utilisation_per_gpu() -> PanelBuilder:
     return timeseries(
         "GPU utilisation per GPU",
-        [Query(_per_gpu("DCGM_FI_DEV_GPU_UTIL"), "{{node}} gpu{{gpu}}")],
-        unit="percent",
-        min_value=0,
-        max_value=100,
+        [_gpu_series("DCGM_FI_DEV_GPU_UTIL")],
+        **_PERCENT,
         description="Per-GPU utilisation: the share of time a kernel was running.",
     )
 
@@ -104,10 +134,8 @@ def _gpu_utilisation_per_gpu() -> PanelBuilder:
 def _tensor_core_activity() -> PanelBuilder:
     return timeseries(
         "Tensor core activity",
-        [Query(_per_gpu("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"), "{{node}} gpu{{gpu}}")],
-        unit="percentunit",
-        min_value=0,
-        max_value=1,
+        [_gpu_series("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE")],
+        **_RATIO,
         description="Ratio of cycles the tensor pipes are active (DCP): real math throughput.",
     )
 
@@ -115,13 +143,9 @@ def _tensor_core_activity() -> PanelBuilder:
 def _graphics_engine_and_memory_interface_activity() -> PanelBuilder:
     return timeseries(
         "Graphics engine and memory interface activity",
-        [
-            Query(f"avg by (pool) ({_per_gpu('DCGM_FI_PROF_GR_ENGINE_ACTIVE')})", "{{pool}} engine"),
-            Query(f"avg by (pool) ({_per_gpu('DCGM_FI_PROF_DRAM_ACTIVE')})", "{{pool}} dram"),
-        ],
-        unit="percentunit",
-        min_value=0,
-        max_value=1,
+        [_pool_series("avg", "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "engine"),
+         _pool_series("avg", "DCGM_FI_PROF_DRAM_ACTIVE", "dram")],
+        **_RATIO,
         description="Average engine-active and DRAM-active ratios per pool (DCP).",
     )
 
@@ -132,10 +156,8 @@ def _graphics_engine_and_memory_interface_activity() -> PanelBuilder:
 def _framebuffer_used_by_pool() -> PanelBuilder:
     return timeseries(
         "Framebuffer used by pool",
-        [Query('pool:dcgm_fb_used_ratio:avg{pool=~"$pool"}', "{{pool}}")],
-        unit="percentunit",
-        min_value=0,
-        max_value=1,
+        [_pool_rule("pool:dcgm_fb_used_ratio:avg")],
+        **_RATIO,
         description="Average share of GPU memory in use per pool (recording rule).",
     )
 
@@ -143,7 +165,7 @@ def _framebuffer_used_by_pool() -> PanelBuilder:
 def _framebuffer_used_per_gpu() -> PanelBuilder:
     return timeseries(
         "Framebuffer used per GPU",
-        [Query(_per_gpu("DCGM_FI_DEV_FB_USED", " * 1024 * 1024"), "{{node}} gpu{{gpu}}")],
+        [_gpu_series("DCGM_FI_DEV_FB_USED", _MIB)],
         unit="bytes",
         min_value=0,
         description="GPU memory in use (DCGM reports MiB).",
@@ -153,10 +175,8 @@ def _framebuffer_used_per_gpu() -> PanelBuilder:
 def _memory_copy_utilisation() -> PanelBuilder:
     return timeseries(
         "Memory copy utilisation",
-        [Query(_per_gpu("DCGM_FI_DEV_MEM_COPY_UTIL"), "{{node}} gpu{{gpu}}")],
-        unit="percent",
-        min_value=0,
-        max_value=100,
+        [_gpu_series("DCGM_FI_DEV_MEM_COPY_UTIL")],
+        **_PERCENT,
         description="Share of time the memory controller was busy.",
     )
 
@@ -164,10 +184,8 @@ def _memory_copy_utilisation() -> PanelBuilder:
 def _framebuffer_free_and_reserved() -> PanelBuilder:
     return timeseries(
         "Framebuffer free and reserved",
-        [
-            Query(f"sum by (pool) ({_per_gpu('DCGM_FI_DEV_FB_FREE', ' * 1024 * 1024')})", "{{pool}} free"),
-            Query(f"sum by (pool) ({_per_gpu('DCGM_FI_DEV_FB_RESERVED', ' * 1024 * 1024')})", "{{pool}} reserved"),
-        ],
+        [_pool_series("sum", "DCGM_FI_DEV_FB_FREE", "free", _MIB),
+         _pool_series("sum", "DCGM_FI_DEV_FB_RESERVED", "reserved", _MIB)],
         unit="bytes",
         min_value=0,
         description="Free and driver-reserved GPU memory per pool.",
@@ -180,7 +198,7 @@ def _framebuffer_free_and_reserved() -> PanelBuilder:
 def _gpu_temperature() -> PanelBuilder:
     return timeseries(
         "GPU temperature",
-        [Query(_per_gpu("DCGM_FI_DEV_GPU_TEMP"), "{{node}} gpu{{gpu}}")],
+        [_gpu_series("DCGM_FI_DEV_GPU_TEMP")],
         unit="celsius",
         description="GPU die temperature.",
     )
@@ -189,7 +207,7 @@ def _gpu_temperature() -> PanelBuilder:
 def _memory_temperature() -> PanelBuilder:
     return timeseries(
         "Memory temperature",
-        [Query(_per_gpu("DCGM_FI_DEV_MEMORY_TEMP"), "{{node}} gpu{{gpu}}")],
+        [_gpu_series("DCGM_FI_DEV_MEMORY_TEMP")],
         unit="celsius",
         description="HBM temperature (GPUs that report it).",
     )
@@ -198,7 +216,7 @@ def _memory_temperature() -> PanelBuilder:
 def _power_draw_per_gpu() -> PanelBuilder:
     return timeseries(
         "Power draw per GPU",
-        [Query(_per_gpu("DCGM_FI_DEV_POWER_USAGE"), "{{node}} gpu{{gpu}}")],
+        [_gpu_series("DCGM_FI_DEV_POWER_USAGE")],
         unit="watt",
         min_value=0,
         description="Board power draw.",
@@ -208,7 +226,7 @@ def _power_draw_per_gpu() -> PanelBuilder:
 def _power_draw_by_pool() -> PanelBuilder:
     return timeseries(
         "Power draw by pool",
-        [Query('pool:dcgm_power_usage_watts:sum{pool=~"$pool"}', "{{pool}}")],
+        [_pool_rule("pool:dcgm_power_usage_watts:sum")],
         unit="watt",
         min_value=0,
         stacked=True,
@@ -247,10 +265,7 @@ def _energy_used_by_pool() -> PanelBuilder:
 def _sm_and_memory_clocks() -> PanelBuilder:
     return timeseries(
         "SM and memory clocks",
-        [
-            Query(f"avg by (pool) ({_per_gpu('DCGM_FI_DEV_SM_CLOCK')})", "{{pool}} SM"),
-            Query(f"avg by (pool) ({_per_gpu('DCGM_FI_DEV_MEM_CLOCK')})", "{{pool}} memory"),
-        ],
+        [_pool_series("avg", "DCGM_FI_DEV_SM_CLOCK", "SM"), _pool_series("avg", "DCGM_FI_DEV_MEM_CLOCK", "memory")],
         unit="rotmhz",
         min_value=0,
         description="Average clocks per pool; drops line up with throttling.",
@@ -294,7 +309,7 @@ def _xid_errors_by_code_current_window() -> PanelBuilder:
                 f'max by (node, gpu, UUID, xid, exported_pod) (DCGM_EXP_XID_ERRORS_COUNT{{xid!="", {_SEL}}}) > 0',
                 instant=True,
             ),
-            Query(f"max by (node, gpu, UUID) (DCGM_FI_DEV_XID_ERRORS{{{_SEL}}}) > 0", instant=True),
+            Query(f"max by (node, gpu, UUID) ({_on_gpus('DCGM_FI_DEV_XID_ERRORS')}) > 0", instant=True),
         ],
         unit="short",
         description="A: XID count per code within the exporter's window (5 min); B: the last XID code a "
@@ -325,16 +340,12 @@ def _lifetime_ecc_retired_pages_and_remapped_rows() -> PanelBuilder:
     return table(
         "Lifetime ECC, retired pages and remapped rows",
         [
-            Query(f"max by (node, gpu, UUID) (DCGM_FI_DEV_ECC_DBE_AGG_TOTAL{{{_SEL}}})", instant=True),
-            Query(f"max by (node, gpu, UUID) (DCGM_FI_DEV_ECC_SBE_AGG_TOTAL{{{_SEL}}})", instant=True),
-            Query(
-                f"max by (node, gpu, UUID) (DCGM_FI_DEV_RETIRED_DBE{{{_SEL}}} + DCGM_FI_DEV_RETIRED_SBE{{{_SEL}}})",
-                instant=True,
-            ),
-            Query(f"max by (node, gpu, UUID) (DCGM_FI_DEV_RETIRED_PENDING{{{_SEL}}})", instant=True),
-            Query(f"max by (node, gpu, UUID) (DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS{{{_SEL}}})", instant=True),
-            Query(f"max by (node, gpu, UUID) (DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS{{{_SEL}}})", instant=True),
-            Query(f"max by (node, gpu, UUID) (DCGM_FI_DEV_ROW_REMAP_FAILURE{{{_SEL}}})", instant=True),
+            _latest_per_gpu(_on_gpus("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL")),
+            _latest_per_gpu(_on_gpus("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL")),
+            _latest_per_gpu(f"{_on_gpus('DCGM_FI_DEV_RETIRED_DBE')} + {_on_gpus('DCGM_FI_DEV_RETIRED_SBE')}"),
+            *(_latest_per_gpu(_on_gpus(metric)) for metric in (
+                "DCGM_FI_DEV_RETIRED_PENDING", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+                "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_ROW_REMAP_FAILURE")),
         ],
         unit="short",
         width=24,
@@ -346,28 +357,13 @@ def _lifetime_ecc_retired_pages_and_remapped_rows() -> PanelBuilder:
 def _nvlink_and_pcie_errors() -> PanelBuilder:
     return timeseries(
         "NVLink and PCIe errors",
-        [
-            Query(
-                f"sum by (node) (rate(DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL{{{_SEL}}}[$__rate_interval]))",
-                "{{node}} NVLink CRC flit",
-            ),
-            Query(
-                f"sum by (node) (rate(DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL{{{_SEL}}}[$__rate_interval]))",
-                "{{node}} NVLink CRC data",
-            ),
-            Query(
-                f"sum by (node) (rate(DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL{{{_SEL}}}[$__rate_interval]))",
-                "{{node}} NVLink replay",
-            ),
-            Query(
-                f"sum by (node) (rate(DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL{{{_SEL}}}[$__rate_interval]))",
-                "{{node}} NVLink recovery",
-            ),
-            Query(
-                f"sum by (node) (rate(DCGM_FI_DEV_PCIE_REPLAY_COUNTER{{{_SEL}}}[$__rate_interval]))",
-                "{{node}} PCIe replay",
-            ),
-        ],
+        [_node_rate(metric, name) for metric, name in (
+            ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "NVLink CRC flit"),
+            ("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", "NVLink CRC data"),
+            ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "NVLink replay"),
+            ("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "NVLink recovery"),
+            ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "PCIe replay"),
+        )],
         unit="short",
         min_value=0,
         description="Link error rates per node (per second).",
@@ -394,9 +390,9 @@ def _encoder_decoder_and_vgpu_license() -> PanelBuilder:
     return timeseries(
         "Encoder, decoder and vGPU license",
         [
-            Query(f"avg by (pool) ({_per_gpu('DCGM_FI_DEV_ENC_UTIL')})", "{{pool}} encoder"),
-            Query(f"avg by (pool) ({_per_gpu('DCGM_FI_DEV_DEC_UTIL')})", "{{pool}} decoder"),
-            Query(f"min by (pool) ({_per_gpu('DCGM_FI_DEV_VGPU_LICENSE_STATUS')})", "{{pool}} vGPU license"),
+            _pool_series("avg", "DCGM_FI_DEV_ENC_UTIL", "encoder"),
+            _pool_series("avg", "DCGM_FI_DEV_DEC_UTIL", "decoder"),
+            _pool_series("min", "DCGM_FI_DEV_VGPU_LICENSE_STATUS", "vGPU license"),
         ],
         unit="short",
         min_value=0,
