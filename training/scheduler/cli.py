@@ -110,13 +110,20 @@ def _with_queue(command: str, fn):
         return exit_codes.UNAVAILABLE
 
 
-def cmd_submit(args) -> int:
+def _read_spec(command: str, path: str):
+    """The run spec in ``path``, or None once the user is told why it is invalid (exit 2)."""
     from training.scheduler.spec import SpecError, load_spec
 
     try:
-        spec = load_spec(args.file)
+        return load_spec(path)
     except SpecError as exc:
-        print(f"ragpool submit: {exc}", file=sys.stderr)
+        print(f"ragpool {command}: {exc}", file=sys.stderr)
+        return None
+
+
+def cmd_submit(args) -> int:
+    spec = _read_spec("submit", args.file)
+    if spec is None:
         return exit_codes.BAD_INPUT
 
     def submit(queue) -> int:
@@ -227,47 +234,41 @@ def cmd_list(args) -> int:
     return _with_queue("list", list_)
 
 
-def cmd_cancel(args) -> int:
-    def cancel(queue) -> int:
-        result = queue.cancel(args.run_id)
+def _change_run(command: str, run_id: str, done: dict[str, str], refused) -> int:
+    """``queue.<command>(run_id)`` (cancel, retry), its result told the user: ``missing`` is exit 3,
+    a result in ``done`` prints its message (``{run}``: the run id) and is exit 0, any other is
+    refused, exit 1, with ``refused(result)`` as the reason."""
+
+    def change(queue) -> int:
+        result = getattr(queue, command)(run_id)
         if result == "missing":
-            print(f"ragpool cancel: no run {shown(args.run_id)}", file=sys.stderr)
+            print(f"ragpool {command}: no run {shown(run_id)}", file=sys.stderr)
             return exit_codes.NOT_FOUND
-        if result == "cancelled":
-            print(f"cancelled {args.run_id}")
+        if result in done:
+            print(done[result].format(run=run_id))
             return exit_codes.OK
-        if result == "cancelling":
-            print(f"{args.run_id} is running; its worker stops it at the next heartbeat")
-            return exit_codes.OK
-        state = result.split(":", 1)[-1]
-        print(f"ragpool cancel: {args.run_id} already finished ({state})", file=sys.stderr)
+        print(f"ragpool {command}: {refused(result)}", file=sys.stderr)
         return exit_codes.REFUSED
 
-    return _with_queue("cancel", cancel)
+    return _with_queue(command, change)
+
+
+def cmd_cancel(args) -> int:
+    return _change_run("cancel", args.run_id, {
+        "cancelled": "cancelled {run}",
+        "cancelling": "{run} is running; its worker stops it at the next heartbeat",
+    }, lambda result: f"{args.run_id} already finished ({result.split(':', 1)[-1]})")
 
 
 def cmd_retry(args) -> int:
-    def retry(queue) -> int:
-        result = queue.retry(args.run_id)
-        if result == "missing":
-            print(f"ragpool retry: no run {shown(args.run_id)}", file=sys.stderr)
-            return exit_codes.NOT_FOUND
-        if result == "requeued":
-            print(f"{args.run_id} moved from the dead-letter list back to the queue")
-            return exit_codes.OK
-        print(f"ragpool retry: {args.run_id} is {result}, not in the dead-letter list", file=sys.stderr)
-        return exit_codes.REFUSED
-
-    return _with_queue("retry", retry)
+    return _change_run("retry", args.run_id, {
+        "requeued": "{run} moved from the dead-letter list back to the queue",
+    }, lambda result: f"{args.run_id} is {result}, not in the dead-letter list")
 
 
 def cmd_tune(args) -> int:
-    from training.scheduler.spec import SpecError, load_spec
-
-    try:
-        spec = load_spec(args.file)
-    except SpecError as exc:
-        print(f"ragpool tune: {exc}", file=sys.stderr)
+    spec = _read_spec("tune", args.file)
+    if spec is None:
         return exit_codes.BAD_INPUT
     from training.ray.tune import tune_spec  # Ray and torch: only this command needs them
 
