@@ -13,18 +13,8 @@ from training.scheduler import cli as runs_cli
 
 @pytest.fixture
 def cli(redis_server, namespace, monkeypatch, tmp_path):
-    """``cli("status", "x") -> (exit code, stdout, stderr)`` with the test's Redis and namespace."""
-    monkeypatch.setenv("REDIS_URL", redis_server.url)
-    monkeypatch.setenv("RAGPOOL_QUEUE_NAMESPACE", namespace)
-    monkeypatch.setenv("RAGPOOL_SHARED_ROOT", str(tmp_path / "shared"))
-    parser = argparse.ArgumentParser(prog="ragpool")
-    runs_cli.register(parser.add_subparsers(dest="command", required=True))
-
-    def run(*argv: str):
-        args = parser.parse_args(list(argv))
-        return args.handler(args)
-
-    return run
+    """``cli("status", "x") -> exit code`` with the test's Redis and namespace (output: capsys)."""
+    return _cli_at(redis_server.url, monkeypatch, tmp_path, namespace)
 
 
 def write(tmp_path, name: str, text: str):
@@ -147,6 +137,7 @@ def fast_redis_settings(monkeypatch):
 
 
 def _cli_at(url: str, monkeypatch, tmp_path, namespace: str, **env):
+    """The run commands against the Redis at ``url``: ``run(*argv) -> exit code``."""
     monkeypatch.setenv("REDIS_URL", url)
     monkeypatch.setenv("RAGPOOL_QUEUE_NAMESPACE", namespace)
     monkeypatch.setenv("RAGPOOL_SHARED_ROOT", str(tmp_path / "shared"))
