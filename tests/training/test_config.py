@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import sys
 import typing
@@ -11,6 +12,7 @@ import pytest
 
 from training.config import (STAGES, ConfigError, RunConfig, describe_fields, load_run_config, nest,
                              parse_overrides, split_cli)
+from training.scheduler.spec import SpecError, load_spec
 
 
 def test_defaults_are_valid_and_stages_ordered() -> None:
@@ -98,17 +100,20 @@ def test_choice_fields_are_literals_checked_by_the_loader() -> None:
             assert f"{key}={bad!r}: must be one of {', '.join(allowed)}" in str(err.value), key
 
 
-def test_bad_files_are_config_errors(tmp_path) -> None:
-    with pytest.raises(ConfigError, match="cannot read"):
-        load_run_config(tmp_path / "missing.yaml")
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("run_id: [unclosed\n")
-    with pytest.raises(ConfigError, match="invalid YAML"):
-        load_run_config(bad)
-    lst = tmp_path / "list.yaml"
-    lst.write_text("- a\n- b\n")
-    with pytest.raises(ConfigError, match="top level must be a mapping"):
-        load_run_config(lst)
+@pytest.mark.parametrize(("load", "error"), [(load_run_config, ConfigError), (load_spec, SpecError)],
+                         ids=["run-config", "run-spec"])
+@pytest.mark.parametrize(("name", "text", "problem"), [
+    ("missing.yaml", None, "cannot read"),
+    ("bad.yaml", "run_id: [unclosed\n", "invalid YAML"),
+    ("list.yaml", "- a\n- b\n", "must be a mapping"),
+])
+def test_bad_files_are_refused_naming_the_file(tmp_path, load, error, name, text, problem) -> None:
+    """The run config and the run spec (which embeds it) refuse the same bad files, each naming the file."""
+    path = tmp_path / name
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(error, match=rf"(?s){re.escape(name)}.*{problem}"):
+        load(path)
 
 
 def test_cli_split_and_override_parsing() -> None:
