@@ -68,32 +68,65 @@ def test_policy_passes_on_committed_stack(committed_plans, policy, stack):
     assert run(committed_plans[stack], policy) == []
 
 
-# ------------------------------------------------------------------ efs-encrypted
+# ------------------------------------------------------------------ one field broken, one finding
+
+DELETE = object()
+"""In ONE_FIELD_BREAKS: the field is removed from the resource's inputs instead of set."""
+
+# (stack, resource type, dotted path in the first such resource's inputs, the value it gets or
+# DELETE, the policy that must then report exactly that resource, fragments of its one message).
+ONE_FIELD_BREAKS = [
+    pytest.param("dev", EFS, "encrypted", False, "efs-encrypted", ("encrypted is False", "set encrypted=True"),
+                 id="efs-unencrypted"),
+    pytest.param("prod", EFS, "encrypted", DELETE, "efs-encrypted", ("encrypted is None",),
+                 id="efs-without-encrypted-input"),
+    pytest.param("prod", EKS, "encryptionConfig", DELETE, "eks-secrets-encrypted", ("encryptionConfig is missing",),
+                 id="eks-without-encryption-config"),
+    # AWS's default for a missing endpointPublicAccess is a public endpoint.
+    pytest.param("prod", EKS, "vpcConfig.endpointPublicAccess", DELETE, "eks-endpoint-private-in-prod",
+                 ("endpointPublicAccess is True in prod",), id="prod-endpoint-default-is-public"),
+    pytest.param("dev", EKS, "vpcConfig.publicAccessCidrs", ["0.0.0.0/0"], "eks-endpoint-private-in-prod",
+                 ("contains 0.0.0.0/0",), id="dev-public-endpoint-open-to-world"),
+    pytest.param("dev", EKS, "vpcConfig.publicAccessCidrs", DELETE, "eks-endpoint-private-in-prod",
+                 ("publicAccessCidrs is empty",), id="dev-public-endpoint-without-allow-list"),
+    pytest.param("prod", REDIS_RG, "transitEncryptionEnabled", False, "redis-auth-tls-in-prod",
+                 ("transitEncryptionEnabled is False",), id="prod-redis-without-tls"),
+    pytest.param("prod", REDIS_RG, "authToken", DELETE, "redis-auth-tls-in-prod", ("authToken is not set",),
+                 id="prod-redis-without-auth"),
+    *(pytest.param(stack, LAUNCH_TEMPLATE, "metadataOptions.httpTokens", "optional", "imdsv2-required",
+                   ("metadataOptions.httpTokens is 'optional'",), id=f"{stack}-launch-template-allowing-imdsv1")
+      for stack in STACKS),
+    pytest.param("prod", NODECLASS, "spec.metadataOptions", DELETE, "imdsv2-required",
+                 ("spec.metadataOptions.httpTokens is None",), id="node-class-without-metadata-options"),
+    pytest.param("prod", EFS, "tags.cost-center", DELETE, "required-cost-tags", ("tags lack cost-center",),
+                 id="missing-cost-tag-is-advisory"),
+    pytest.param("dev", KMS_KEY, "tags", DELETE, "required-cost-tags",
+                 ("tags lack project, stack, environment, owner, cost-center",), id="untagged-taggable-resource"),
+    pytest.param("dev", EFS, "tags.stack", "prod", "required-cost-tags", ("tags.stack is 'prod' but the stack is 'dev'",),
+                 id="stack-tag-must-name-this-stack"),
+]
 
 
-def test_efs_unencrypted_fails(plan_of):
-    doc = plan_of("dev")
-    find(doc, EFS)["inputs"]["encrypted"] = False
-    [v] = run(doc, "efs-encrypted")
-    assert (v.policy, v.enforcement, v.resource_name) == ("efs-encrypted", MANDATORY, "storage-efs")
-    assert "encrypted is False" in v.message and "set encrypted=True" in v.message
-
-
-def test_efs_without_encrypted_input_fails(plan_of):
-    doc = plan_of("prod")
-    del find(doc, EFS)["inputs"]["encrypted"]
-    [v] = run(doc, "efs-encrypted")
-    assert "encrypted is None" in v.message
+@pytest.mark.parametrize(("stack", "rtype", "path", "value", "policy", "fragments"), ONE_FIELD_BREAKS)
+def test_one_broken_field_is_one_finding_of_its_policy(plan_of, stack, rtype, path, value, policy, fragments):
+    doc = plan_of(stack)
+    entry = find(doc, rtype)
+    *parents, field = path.split(".")
+    inputs = entry["inputs"]
+    for key in parents:
+        inputs = inputs[key]
+    if value is DELETE:
+        del inputs[field]
+    else:
+        inputs[field] = value
+    [v] = run(doc, policy)
+    assert (v.policy, v.enforcement) == (policy, RULES_BY_NAME[policy].enforcement)
+    assert (v.resource_type, v.resource_name) == (rtype, entry["name"])
+    for fragment in fragments:
+        assert fragment in v.message
 
 
 # ------------------------------------------------------------------ eks-secrets-encrypted
-
-
-def test_eks_without_encryption_config_fails(plan_of):
-    doc = plan_of("prod")
-    del find(doc, EKS)["inputs"]["encryptionConfig"]
-    [v] = run(doc, "eks-secrets-encrypted")
-    assert v.resource_name == "cluster-eks" and "encryptionConfig is missing" in v.message
 
 
 def test_eks_encryption_without_secrets_or_key_fails(plan_of):
@@ -119,26 +152,6 @@ def test_prod_public_endpoint_fails(plan_of):
     assert "endpointPublicAccess is True in prod" in v.message
 
 
-def test_prod_endpoint_default_is_public(plan_of):
-    doc = plan_of("prod")
-    del find(doc, EKS)["inputs"]["vpcConfig"]["endpointPublicAccess"]  # AWS default: public
-    assert len(run(doc, "eks-endpoint-private-in-prod")) == 1
-
-
-def test_dev_public_endpoint_open_to_world_fails(plan_of):
-    doc = plan_of("dev")
-    find(doc, EKS)["inputs"]["vpcConfig"]["publicAccessCidrs"] = ["0.0.0.0/0"]
-    [v] = run(doc, "eks-endpoint-private-in-prod")
-    assert "contains 0.0.0.0/0" in v.message
-
-
-def test_dev_public_endpoint_without_allow_list_fails(plan_of):
-    doc = plan_of("dev")
-    del find(doc, EKS)["inputs"]["vpcConfig"]["publicAccessCidrs"]
-    [v] = run(doc, "eks-endpoint-private-in-prod")
-    assert "publicAccessCidrs is empty" in v.message
-
-
 def test_environment_comes_from_tags_not_only_stack_name(plan_of):
     # A prod-class stack under another name is still held to the prod rule.
     doc = plan_of("prod")
@@ -150,20 +163,6 @@ def test_environment_comes_from_tags_not_only_stack_name(plan_of):
 
 
 # ------------------------------------------------------------------ redis-auth-tls-in-prod
-
-
-def test_prod_redis_without_tls_fails(plan_of):
-    doc = plan_of("prod")
-    find(doc, REDIS_RG)["inputs"]["transitEncryptionEnabled"] = False
-    [v] = run(doc, "redis-auth-tls-in-prod")
-    assert v.resource_name == "redis-elasticache" and "transitEncryptionEnabled is False" in v.message
-
-
-def test_prod_redis_without_auth_fails(plan_of):
-    doc = plan_of("prod")
-    del find(doc, REDIS_RG)["inputs"]["authToken"]
-    [v] = run(doc, "redis-auth-tls-in-prod")
-    assert "authToken is not set" in v.message
 
 
 def test_self_hosted_redis_in_prod_fails(plan_of):
@@ -339,24 +338,6 @@ def test_gpu_pool_without_gpu_limit_fails(plan_of, limits):
     assert v.resource_name == "gpu-gpu-spot" and "spec.limits['nvidia.com/gpu']" in v.message
 
 
-# ------------------------------------------------------------------ imdsv2-required
-
-
-@pytest.mark.parametrize("stack", STACKS)
-def test_launch_template_allowing_imdsv1_fails(plan_of, stack):
-    doc = plan_of(stack)
-    find(doc, LAUNCH_TEMPLATE)["inputs"]["metadataOptions"]["httpTokens"] = "optional"
-    [v] = run(doc, "imdsv2-required")
-    assert v.resource_type == LAUNCH_TEMPLATE and "metadataOptions.httpTokens is 'optional'" in v.message
-
-
-def test_node_class_without_metadata_options_fails(plan_of):
-    doc = plan_of("prod")
-    del find_all(doc, NODECLASS)[0]["inputs"]["spec"]["metadataOptions"]
-    [v] = run(doc, "imdsv2-required")
-    assert v.resource_type == NODECLASS and "spec.metadataOptions.httpTokens is None" in v.message
-
-
 # ------------------------------------------------------------------ monitoring-no-public-loadbalancer
 
 
@@ -411,21 +392,6 @@ def test_dev_stateful_resources_need_no_protect(committed_plans):
 # ------------------------------------------------------------------ required-cost-tags
 
 
-def test_missing_cost_tag_is_advisory(plan_of):
-    doc = plan_of("prod")
-    del find(doc, EFS)["inputs"]["tags"]["cost-center"]
-    [v] = run(doc, "required-cost-tags")
-    assert (v.enforcement, v.resource_name) == (ADVISORY, "storage-efs")
-    assert v.message.startswith("tags lack cost-center")
-
-
-def test_untagged_taggable_resource_fails(plan_of):
-    doc = plan_of("dev")
-    del find(doc, KMS_KEY)["inputs"]["tags"]
-    [v] = run(doc, "required-cost-tags")
-    assert "tags lack project, stack, environment, owner, cost-center" in v.message
-
-
 def test_node_class_and_launch_template_tag_specs_are_checked(plan_of):
     doc = plan_of("prod")
     del find_all(doc, NODECLASS)[0]["inputs"]["spec"]["tags"]["owner"]
@@ -434,13 +400,6 @@ def test_node_class_and_launch_template_tag_specs_are_checked(plan_of):
     assert len(messages) == 2
     assert messages[0].startswith("spec.tags lack owner")
     assert messages[1].startswith("tagSpecifications[volume].tags lack owner")
-
-
-def test_stack_tag_must_name_this_stack(plan_of):
-    doc = plan_of("dev")
-    find(doc, EFS)["inputs"]["tags"]["stack"] = "prod"
-    [v] = run(doc, "required-cost-tags")
-    assert "tags.stack is 'prod' but the stack is 'dev'" in v.message
 
 
 # ------------------------------------------------------------------ gpu-ami-pinned-in-prod
