@@ -234,14 +234,21 @@ TINY_DDP_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow
-def test_worker_launches_torchrun_with_gpus_per_node_processes(redis_server, namespace, make_queue, tmp_path):
-    script = tmp_path / "tiny_ddp.py"
+def submit_tiny_ddp(make_queue, shared: Path, run_id: str, **spec):
+    """Queue ``run_id`` with ranks that run TINY_DDP_SCRIPT: returns the queue and the worker's
+    environment that launches that script in place of the stages."""
+    script = shared / "tiny_ddp.py"
     script.write_text(TINY_DDP_SCRIPT)
     q = make_queue()
-    q.submit(make_spec("ddp-run", gpus_per_node=2))
-    code, out = finish(start_worker(redis_server, namespace, tmp_path, None, lease=5, idle=0.5,
-                                    RAGPOOL_WORKER_TEST_ENTRYPOINT=str(script)), timeout=240)
+    q.submit(make_spec(run_id, **spec))
+    return q, {"RAGPOOL_WORKER_TEST_ENTRYPOINT": str(script)}
+
+
+@pytest.mark.slow
+def test_worker_launches_torchrun_with_gpus_per_node_processes(redis_server, namespace, make_queue, tmp_path):
+    q, entrypoint = submit_tiny_ddp(make_queue, tmp_path, "ddp-run", gpus_per_node=2)
+    code, out = finish(start_worker(redis_server, namespace, tmp_path, None, lease=5, idle=0.5, **entrypoint),
+                       timeout=240)
     assert code == 0, out
     assert (tmp_path / "runs" / "ddp-run" / "ddp" / "result.txt").read_text() == "world=2 sum=3"
     assert q.get("ddp-run").state == "succeeded"
@@ -249,12 +256,9 @@ def test_worker_launches_torchrun_with_gpus_per_node_processes(redis_server, nam
 
 @pytest.mark.slow
 def test_sigterm_through_torchrun_reaches_ranks_and_releases(redis_server, namespace, make_queue, tmp_path):
-    script = tmp_path / "tiny_ddp.py"
-    script.write_text(TINY_DDP_SCRIPT)
-    q = make_queue()
-    q.submit(make_spec("ddp-spot", gpus_per_node=2, max_attempts=1))
-    worker = start_worker(redis_server, namespace, tmp_path, None, lease=5, idle=30,
-                          RAGPOOL_WORKER_TEST_ENTRYPOINT=str(script), TINY_STEPS="100000")
+    q, entrypoint = submit_tiny_ddp(make_queue, tmp_path, "ddp-spot", gpus_per_node=2, max_attempts=1)
+    worker = start_worker(redis_server, namespace, tmp_path, None, lease=5, idle=30, TINY_STEPS="100000",
+                          **entrypoint)
     ddp_dir = tmp_path / "runs" / "ddp-spot" / "ddp"
     wait_for(lambda: ddp_dir.is_dir(), 180, "ranks to start")
     time.sleep(1.0)
@@ -271,12 +275,9 @@ def test_two_node_indexed_job_joins_one_torchrun_rendezvous(redis_server, namesp
     """Two worker 'pods' (indices 0 and 1) on this machine: one claim, one c10d rendezvous, world size 2."""
     from training.demo.redis_server import free_port
 
-    script = tmp_path / "tiny_ddp.py"
-    script.write_text(TINY_DDP_SCRIPT)
-    q = make_queue()
-    q.submit(make_spec("two-node-ddp", nodes=2, gpus_per_node=1))
+    q, entrypoint = submit_tiny_ddp(make_queue, tmp_path, "two-node-ddp", nodes=2, gpus_per_node=1)
     group = dict(RAGPOOL_NNODES="2", RAGPOOL_WORKER_GROUP="job-ddp", RAGPOOL_RDZV_HOST="127.0.0.1",
-                 RAGPOOL_RDZV_PORT=str(free_port()), RAGPOOL_WORKER_TEST_ENTRYPOINT=str(script))
+                 RAGPOOL_RDZV_PORT=str(free_port()), **entrypoint)
     follower = start_worker(redis_server, namespace, tmp_path, None, lease=5, idle=5, JOB_COMPLETION_INDEX="1",
                             **group)
     leader = start_worker(redis_server, namespace, tmp_path, None, lease=5, idle=0.5, JOB_COMPLETION_INDEX="0",
