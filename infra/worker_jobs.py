@@ -233,7 +233,7 @@ def ray_worker_cronjob_spec(image: str, redis_secret: str, shared_claim: str, ra
 
 class WorkerJobs(RagpoolComponent):
     def __init__(self, name: str, args: WorkerJobsArgs, opts: pulumi.ResourceOptions | None = None):
-        super().__init__("ragpool:infra:WorkerJobs", name, opts)
+        super().__init__("ragpool:infra:WorkerJobs", name, opts, k8s_provider=args.k8s_provider)
         name = self.child_prefix
         cfg = args.config
         self.templates: list[str] = []
@@ -245,7 +245,7 @@ class WorkerJobs(RagpoolComponent):
                 spec=pulumi.Output.all(args.image, args.namespace).apply(
                     lambda a, pool=pool: worker_cronjob_spec(cfg, pool, a[0], a[1], args.redis_secret,
                                                              args.shared_claim, args.queue_namespace)),
-                opts=child(self, depends_on=args.depends_on, provider=args.k8s_provider))
+                opts=child(self, depends_on=args.depends_on))
             self.templates.append(f"ragpool-worker-{pool.name}")
         if args.ray:
             k8s.batch.v1.CronJob(
@@ -255,6 +255,6 @@ class WorkerJobs(RagpoolComponent):
                 spec=pulumi.Output.from_input(args.image).apply(
                     lambda image: ray_worker_cronjob_spec(image, args.redis_secret, args.shared_claim,
                                                           args.ray, args.queue_namespace)),
-                opts=child(self, depends_on=args.depends_on, provider=args.k8s_provider))
+                opts=child(self, depends_on=args.depends_on))
             self.templates.append(RAY_WORKER_TEMPLATE)
         self.register_outputs({"templates": self.templates})
