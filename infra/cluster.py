@@ -17,7 +17,7 @@ import pulumi_kubernetes as k8s
 
 from infra.aliases import RagpoolComponent
 from infra import iam
-from infra.common import GPU_TOLERATION, POOL_LABEL, aws_tags, child, stateful
+from infra.common import GPU_TOLERATION, SYSTEM_NODE_SELECTOR, aws_tags, child, stateful
 from infra.config import StackConfig
 
 CONTROL_PLANE_LOGS = ("api", "audit", "authenticator", "controllerManager", "scheduler")
@@ -223,7 +223,7 @@ class Cluster(RagpoolComponent):
             update_config={"max_unavailable": 1},
             launch_template={"id": launch_template.id, "version": launch_template.latest_version.apply(str)},
             node_repair_config={"enabled": True},
-            labels={POOL_LABEL: "system"},
+            labels=dict(SYSTEM_NODE_SELECTOR),
             tags=aws_tags(cfg, f"{args.cluster_name}-system"),
             opts=child(self, depends_on=depends_on, ignore_changes=["scalingConfig.desiredSize"]),
         )

@@ -17,6 +17,10 @@ VALUES_DIR = Path(__file__).resolve().parent / "values"
 # Kubernetes labels every ragpool object carries (docs/DESIGN.md "Names").
 PART_OF = {"app.kubernetes.io/part-of": "ragpool", "app.kubernetes.io/managed-by": "pulumi"}
 POOL_LABEL = "ragpool.io/pool"
+SYSTEM_POOL = "system"
+# Where cluster services run (the managed system node group carries this label; Helm values in
+# infra/values/ say the same in YAML).
+SYSTEM_NODE_SELECTOR = {POOL_LABEL: SYSTEM_POOL}
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
 # What a pod that must run on GPU nodes carries (device plugin, DCGM, node agents, workers).
 GPU_TOLERATION = {"key": GPU_TAINT["key"], "operator": "Exists", "effect": GPU_TAINT["effect"]}

@@ -25,7 +25,7 @@ from dashboards.rulefiles import deployment_rule_groups
 from infra import iam
 from infra.aliases import RagpoolComponent
 from infra.charts import KUBE_PROMETHEUS_STACK
-from infra.common import aws_tags, child, deep_merge, k8s_labels, load_values
+from infra.common import SYSTEM_NODE_SELECTOR, aws_tags, child, deep_merge, k8s_labels, load_values
 from infra.config import StackConfig
 from infra.pod_security import container_security_context, pod_security_context
 from infra.training_namespace import MAX_RANKS_PER_POD
@@ -175,7 +175,7 @@ class Monitoring(RagpoolComponent):
                 "selector": {"matchLabels": {"app.kubernetes.io/name": YACE_NAME}},
                 "template": {"metadata": {"labels": labels}, "spec": {
                     "serviceAccountName": YACE_NAME,
-                    "nodeSelector": {"ragpool.io/pool": "system"},
+                    "nodeSelector": dict(SYSTEM_NODE_SELECTOR),
                     "securityContext": pod_security_context(NOBODY_UID),
                     "containers": [{
                         "name": "exporter", "image": YACE_IMAGE,

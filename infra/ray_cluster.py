@@ -36,7 +36,7 @@ import pulumi_kubernetes as k8s
 from dashboards.boards.ray import committed as ray_dashboards
 from infra.aliases import RagpoolComponent
 from infra.charts import KUBERAY_OPERATOR, RAY_VERSION, kuberay_crd_urls
-from infra.common import GPU_TOLERATION, POOL_LABEL, SHARED_MOUNT_PATH, TRAINING_UID, child, k8s_labels, load_values
+from infra.common import GPU_TOLERATION, POOL_LABEL, SHARED_MOUNT_PATH, SYSTEM_NODE_SELECTOR, TRAINING_UID, child, k8s_labels, load_values
 from infra.config import GpuPoolConfig, StackConfig
 from infra.pod_security import container_security_context, pod_security_context
 from training.ray.pools import format_pools
@@ -181,7 +181,7 @@ def ray_cluster_spec(cfg: StackConfig, namespace: str, image: str, shared_claim:
         "template": {
             "metadata": {"labels": {**k8s_labels("ray", RAY_CLUSTER_NAME), **RAY_POD_LABELS}},
             "spec": {
-                "nodeSelector": {POOL_LABEL: "system"},
+                "nodeSelector": dict(SYSTEM_NODE_SELECTOR),
                 "priorityClassName": "ragpool-training",
                 "securityContext": pod_security_context(TRAINING_UID, fs_group=TRAINING_UID),
                 "containers": [{

@@ -20,7 +20,7 @@ import pulumi_kubernetes as k8s
 import pulumi_random as random
 
 from infra.aliases import RagpoolComponent
-from infra.common import aws_tags, child, k8s_labels, stateful
+from infra.common import SYSTEM_NODE_SELECTOR, aws_tags, child, k8s_labels, stateful
 from infra.config import StackConfig
 from infra.pod_security import container_security_context, pod_security_context
 from infra.training_namespace import TRAINING_NAMESPACE_LABEL
@@ -64,7 +64,7 @@ def valkey_statefulset_spec(namespace: str) -> dict:
         "template": {
             "metadata": {"labels": labels},
             "spec": {
-                "nodeSelector": {"ragpool.io/pool": "system"},
+                "nodeSelector": dict(SYSTEM_NODE_SELECTOR),
                 "securityContext": pod_security_context(fs_group=VALKEY_UID),
                 "automountServiceAccountToken": False,
                 "terminationGracePeriodSeconds": 30,
@@ -113,7 +113,7 @@ def exporter_deployment_spec() -> dict:
             "metadata": {"labels": {**labels, **CLIENT_LABEL}},
             "spec": {
                 "automountServiceAccountToken": False,
-                "nodeSelector": {"ragpool.io/pool": "system"},
+                "nodeSelector": dict(SYSTEM_NODE_SELECTOR),
                 "securityContext": pod_security_context(EXPORTER_UID),
                 "containers": [{
                     "name": "exporter",

@@ -24,7 +24,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.aliases import RagpoolComponent
-from infra.common import GPU_TOLERATION, POOL_LABEL, SHARED_MOUNT_PATH, TRAINING_UID, child, k8s_labels
+from infra.common import GPU_TOLERATION, POOL_LABEL, SHARED_MOUNT_PATH, SYSTEM_NODE_SELECTOR, TRAINING_UID, child, k8s_labels
 from infra.config import GpuPoolConfig, StackConfig
 from infra.pod_security import container_security_context, pod_security_context
 from infra.ray_cluster import RayEndpoint
@@ -190,7 +190,7 @@ def ray_worker_cronjob_spec(image: str, redis_secret: str, shared_claim: str, ra
         "serviceAccountName": WORKER_SERVICE_ACCOUNT,
         "automountServiceAccountToken": False,
         "priorityClassName": "ragpool-training",
-        "nodeSelector": {POOL_LABEL: "system"},
+        "nodeSelector": dict(SYSTEM_NODE_SELECTOR),
         # Time to stop the Ray job's lease cleanly and hand the run back.
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "securityContext": pod_security_context(TRAINING_UID, fs_group=TRAINING_UID),
@@ -228,7 +228,7 @@ def ray_worker_cronjob_spec(image: str, redis_secret: str, shared_claim: str, ra
                                          "defaultMode": 0o440}},
         ],
     }
-    return _worker_cronjob({**WORKER_LABELS, **RAY_CLIENT_LABEL, POOL_LABEL: "system"}, pod_spec)
+    return _worker_cronjob({**WORKER_LABELS, **RAY_CLIENT_LABEL, **SYSTEM_NODE_SELECTOR}, pod_spec)
 
 
 class WorkerJobs(RagpoolComponent):
