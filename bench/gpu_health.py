@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from training.paths import child_env
+
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,8 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     names = [torch.cuda.get_device_name(i) for i in range(gpus)]
     expected = args.expected_gpus if args.expected_gpus is not None else gpus
 
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(x for x in (str(REPO), env.get("PYTHONPATH")) if x)
+    env = child_env()
     env.pop("RAGPOOL_HEALTH_TEST_FAULT", None)
     cmd = [sys.executable, "-m", "training.components.health", "--expected-gpus", str(expected),
            "--matmul-size", str(args.matmul_size), "--time-limit-seconds", f"{args.time_limit_seconds:g}"]

@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     import yaml
 
     from training.demo import synthetic
+    from training.paths import child_env
 
     out = Path(args.out).resolve()
     shutil.rmtree(out / "runs", ignore_errors=True)
@@ -84,8 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     synthetic.write(index_root / "datasets" / "synthetic", seed=0, n_entities=args.index_entities)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    repo = str(Path(__file__).resolve().parent.parent)
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
+    os.environ.update(child_env())  # Ray's workers import this checkout's training package
 
     # torchrun first, before Ray holds any memory or CPU.
     steps = (args.steps, args.long_steps)

@@ -40,16 +40,14 @@ import time
 from pathlib import Path
 
 from training.demo.tiny_models import build_tiny_encoder
+from training.paths import child_env
 
-REPO = Path(__file__).resolve().parents[1]
 STEP_LINE = re.compile(r"\bstep (\d+)/(\d+)\b")
 RESUME_SLACK_S = 30.0
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **extra)
+    env = child_env(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **extra)
     for name in ("RAGPOOL_TEST_HOOKS", "RAGPOOL_HEALTH_TEST_FAULT", "RAGPOOL_EXPECTED_GPUS", "RAGPOOL_RUN_ID"):
         env.pop(name, None)
     return env

@@ -27,6 +27,22 @@ MAX_PATH_CHARS = 1024
 """Longest path a spec or config may name."""
 
 
+PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+"""The directory that holds this ``training`` package (the repository in a checkout)."""
+
+
+def child_env(env: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
+    """A copy of ``env`` (default this process's environment) plus ``extra``, with
+    :data:`PACKAGE_ROOT` first on ``PYTHONPATH`` (unless already on it): a child Python process
+    (torchrun, the health check, a Ray worker, a demo's worker) imports this same package."""
+    out = dict(os.environ if env is None else env)
+    parts = [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if PACKAGE_ROOT not in parts:
+        out["PYTHONPATH"] = os.pathsep.join([PACKAGE_ROOT, *parts])
+    out.update(extra)
+    return out
+
+
 class PathError(ValueError):
     """A path that is not allowed; the message says why (callers prefix the key)."""
 

@@ -7,7 +7,6 @@ gets its own key namespace on it, or its own server when it needs to crash/resta
 
 from __future__ import annotations
 
-import os
 import uuid
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 
 from training.demo.redis_server import LocalRedisServer, LocalSentinelGroup, find_redis_sentinel, find_redis_server
 from training.scheduler.run_queue import TaskQueue
+from training.paths import child_env
 from training.scheduler.spec import parse_spec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -28,9 +28,7 @@ requires_sentinel = pytest.mark.skipif(find_redis_server() is None or find_redis
 
 def subprocess_env(**extra: str) -> dict[str, str]:
     """Environment for child Python processes that import ``training`` from this checkout."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-    env.update(extra)
+    env = child_env(**extra)
     return env
 
 

@@ -3,7 +3,6 @@ runners, run specs, ports, a tiny local encoder."""
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import yaml
 
+from training import paths
 from training.demo.tiny_models import build_tiny_encoder
 
 from tests.support.faults import FAULT_ENVS, HANG_FAULT_ENV, RESUME_FAULT_ENV
@@ -33,8 +33,7 @@ def child_env(**extra: str) -> dict[str, str]:
     the fault hooks (:mod:`tests.support.faults`) through the loop's hooks variable."""
     from training.components.loop import HOOKS_ENV
 
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env = paths.child_env()
     env["HF_HUB_OFFLINE"] = "1"
     env["PYTHONWARNINGS"] = "ignore"
     env["OMP_NUM_THREADS"] = "1"

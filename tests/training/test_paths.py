@@ -72,3 +72,14 @@ def test_resolve_confined_refuses_a_symlink_out(tmp_path: Path) -> None:
         resolve_confined(root, "out/passwd")
     with pytest.raises(DataError, match="data.corpus"):
         data_resolve(root, "out/passwd", "data.corpus")
+
+
+def test_child_env_puts_this_package_first_once_and_adds_extra():
+    from training.paths import PACKAGE_ROOT, child_env
+
+    env = child_env({"PYTHONPATH": os.pathsep.join(["/elsewhere", ""]), "KEEP": "1"}, RAGPOOL_RUN_ID="r")
+    assert env["PYTHONPATH"].split(os.pathsep) == [PACKAGE_ROOT, "/elsewhere"]
+    assert env["KEEP"] == "1" and env["RAGPOOL_RUN_ID"] == "r"
+    assert child_env(env)["PYTHONPATH"] == env["PYTHONPATH"], "already on it: unchanged"
+    assert child_env({})["PYTHONPATH"] == PACKAGE_ROOT
+    assert (Path(PACKAGE_ROOT) / "training" / "paths.py").is_file()

@@ -23,9 +23,8 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
-from training import exit_codes
+from training import exit_codes, paths
 
 log = logging.getLogger("ragpool.worker")
 
@@ -51,9 +50,7 @@ class PreflightResult:
 def run_health_check(timeout_s: float, args: tuple[str, ...] = (), env: dict[str, str] | None = None
                      ) -> PreflightResult:
     """Run the health check as a subprocess; never raises for a failing or hanging check."""
-    package_root = str(Path(__file__).resolve().parents[2])
-    child_env = dict(os.environ if env is None else env)
-    child_env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, child_env.get("PYTHONPATH")) if p)
+    child_env = paths.child_env(env)
     cmd = [sys.executable, "-m", HEALTH_MODULE, *args]
     try:
         out = subprocess.run(cmd, env=child_env, capture_output=True, text=True, timeout=timeout_s,

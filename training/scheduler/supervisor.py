@@ -65,7 +65,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from training import exit_codes
-from training.paths import shared_root_from_env
+from training.paths import child_env, shared_root_from_env
 from training.scheduler.run_queue import Claim, Heartbeat, Key, namespace_from_env
 from training.scheduler.spec import EXECUTORS, RunSpec, ray_problems
 
@@ -382,13 +382,10 @@ class Worker:
     # -- one task --------------------------------------------------------------------------
 
     def _command(self, spec: RunSpec, config_path: Path, attempt: int) -> tuple[list[str], dict[str, str]]:
-        env = dict(os.environ)
-        env.update(RAGPOOL_RUN_ID=spec.run_id, RAGPOOL_RUN_CONFIG=str(config_path),
-                   RAGPOOL_ATTEMPT=str(attempt), RAGPOOL_SHARED_ROOT=self.config.shared_root,
-                   RAGPOOL_NODE_INDEX=str(self.config.node_index))
-        # The child must import the same training package as this worker.
-        package_root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        # The child imports the same training package as this worker (child_env).
+        env = child_env(RAGPOOL_RUN_ID=spec.run_id, RAGPOOL_RUN_CONFIG=str(config_path),
+                        RAGPOOL_ATTEMPT=str(attempt), RAGPOOL_SHARED_ROOT=self.config.shared_root,
+                        RAGPOOL_NODE_INDEX=str(self.config.node_index))
         if self.config.test_command:
             subst = {"{config}": str(config_path), "{run_id}": spec.run_id, "{attempt}": str(attempt),
                      "{node_index}": str(self.config.node_index)}

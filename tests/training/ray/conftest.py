@@ -4,11 +4,11 @@ Modules that start Ray skip without the ray extra (``needs_ray``)."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
+from training.paths import child_env
+
 
 
 def ray_env() -> None:
@@ -17,9 +17,7 @@ def ray_env() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ["RAY_TRAIN_ENABLE_PRINT_PATCH"] = "0"
-    path = os.environ.get("PYTHONPATH", "")
-    if str(REPO) not in path.split(os.pathsep):
-        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), path) if p)
+    os.environ.update(child_env())
 
 
 def ray_temp_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
