@@ -70,24 +70,41 @@ class WorkerJobsArgs:
     """This namespace's RayCluster (its Jobs API and pools); None: no Ray worker template."""
 
 
-def worker_cronjob_spec(cfg: StackConfig, pool: GpuPoolConfig, image: str, namespace: str,
-                        redis_secret: str, shared_claim: str, queue_namespace: str = "ragpool") -> dict[str, Any]:
-    """A suspended CronJob whose jobTemplate is the worker Job for ``pool``."""
-    gpus = pool.gpus_per_worker
-    ports = [{"name": "queue-metrics", "containerPort": QUEUE_METRICS_PORT},
-             {"name": "rdzv", "containerPort": RDZV_PORT}]
-    ports += [{"name": f"rank-{r}", "containerPort": RANK_METRICS_PORT + r} for r in range(min(gpus, MAX_RANKS_PER_POD))]
-    pod_spec = {
+REDIS_SECRET_DIR = "/var/run/secrets/ragpool/redis"
+
+
+def _worker_pod(*, image: str, redis_secret: str, shared_claim: str, queue_namespace: str,
+                node_selector: dict[str, str], args: list[str], env: list[dict[str, Any]],
+                ports: list[dict[str, Any]], resources: dict[str, Any], tmp_size: str,
+                shm_size: str | None = None, **pod_fields: Any) -> dict[str, Any]:
+    """The pod of a queue worker (``python -m training.worker``), what every worker template shares:
+    the worker identity, the restricted security context, the queue's Redis (URL and password file),
+    the shared storage, a sized /tmp (and /dev/shm when ``shm_size``). ``args`` and ``env`` follow
+    the common ones; ``pod_fields`` add pod-level fields (tolerations, subdomain)."""
+    volumes = [{"name": "shared", "persistentVolumeClaim": {"claimName": shared_claim}}]
+    mounts = [{"name": "shared", "mountPath": SHARED_MOUNT_PATH}]
+    if shm_size:
+        # NCCL and DataLoader workers share tensors through /dev/shm.
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size}})
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    volumes += [
+        {"name": "tmp", "emptyDir": {"sizeLimit": tmp_size}},
+        {"name": "redis", "secret": {"secretName": redis_secret, "items": [{"key": "password", "path": "password"}],
+                                     "defaultMode": 0o440}},
+    ]
+    mounts += [{"name": "tmp", "mountPath": "/tmp"},
+               {"name": "redis", "mountPath": REDIS_SECRET_DIR, "readOnly": True}]
+    return {
         "restartPolicy": "Never",
         "serviceAccountName": WORKER_SERVICE_ACCOUNT,
         "automountServiceAccountToken": False,
-        "subdomain": WORKERS_SERVICE,
         "priorityClassName": "ragpool-training",
-        "nodeSelector": {POOL_LABEL: pool.name},
-        "tolerations": [GPU_TOLERATION],
-        # Time for a SIGTERM'd run to reach its next step boundary and checkpoint.
+        "nodeSelector": node_selector,
+        # Time for a SIGTERM'd run to reach its next step boundary and checkpoint (or for a Ray
+        # job to be stopped) and the run to be handed back.
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "securityContext": pod_security_context(TRAINING_UID, fs_group=TRAINING_UID),
+        **pod_fields,
         "containers": [{
             "name": "worker",
             "image": image,
@@ -95,49 +112,57 @@ def worker_cronjob_spec(cfg: StackConfig, pool: GpuPoolConfig, image: str, names
             "args": ["--metrics-port", str(QUEUE_METRICS_PORT), "--idle-exit-seconds", "600",
                      # A worker silent this long (lost node) loses its run to the next claimer.
                      "--lease-seconds", f"{worker_default('lease_seconds'):g}",
-                     # Pre-flight node health check before claiming (training/components/health.py).
-                     "--health-check-timeout-seconds", f"{HEALTH_CHECK_TIMEOUT_SECONDS:g}",
+                     *args,
                      # Leave the pod's grace period a margin after the run checkpointed.
                      "--stop-grace-seconds", str(TERMINATION_GRACE_SECONDS - 15)],
             "env": [
                 {"name": "REDIS_URL", "valueFrom": {"secretKeyRef": {"name": redis_secret, "key": "url"}}},
-                {"name": "REDIS_PASSWORD_FILE", "value": "/var/run/secrets/ragpool/redis/password"},
+                {"name": "REDIS_PASSWORD_FILE", "value": f"{REDIS_SECRET_DIR}/password"},
                 {"name": "RAGPOOL_SHARED_ROOT", "value": SHARED_MOUNT_PATH},
                 {"name": "RAGPOOL_QUEUE_NAMESPACE", "value": queue_namespace},
                 {"name": "RAGPOOL_WORKER_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-                {"name": "RAGPOOL_WORKER_GROUP", "valueFrom": {"fieldRef": {
-                    "fieldPath": "metadata.labels['batch.kubernetes.io/job-name']"}}},
-                {"name": "RAGPOOL_RDZV_HOST", "value": f"$(RAGPOOL_WORKER_GROUP)-0.{WORKERS_SERVICE}.{namespace}.svc"},
-                {"name": "RAGPOOL_RDZV_PORT", "value": str(RDZV_PORT)},
-                {"name": "RAGPOOL_NNODES", "value": "1"},
-                # What the health check expects to see, and the node its failure metric names.
-                {"name": EXPECTED_GPUS_ENV, "value": str(gpus)},
-                {"name": NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-                {"name": EXECUTORS_ENV, "value": "torchrun"},  # never a Ray run: those go to ragpool-worker-ray
-                {"name": "HF_HOME", "value": "/tmp/hf"},
+                *env,
             ],
             "ports": ports,
-            "resources": {
-                "requests": {"nvidia.com/gpu": str(gpus), "cpu": str(2 * gpus), "memory": f"{8 * gpus}Gi"},
-                "limits": {"nvidia.com/gpu": str(gpus), "memory": f"{12 * gpus}Gi"},
-            },
+            "resources": resources,
             "securityContext": container_security_context(TRAINING_UID),
-            "volumeMounts": [
-                {"name": "shared", "mountPath": SHARED_MOUNT_PATH},
-                {"name": "dshm", "mountPath": "/dev/shm"},
-                {"name": "tmp", "mountPath": "/tmp"},
-                {"name": "redis", "mountPath": "/var/run/secrets/ragpool/redis", "readOnly": True},
-            ],
+            "volumeMounts": mounts,
         }],
-        "volumes": [
-            {"name": "shared", "persistentVolumeClaim": {"claimName": shared_claim}},
-            # NCCL and DataLoader workers share tensors through /dev/shm.
-            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{4 * gpus}Gi"}},
-            {"name": "tmp", "emptyDir": {"sizeLimit": "20Gi"}},
-            {"name": "redis", "secret": {"secretName": redis_secret, "items": [{"key": "password", "path": "password"}],
-                                         "defaultMode": 0o440}},
-        ],
+        "volumes": volumes,
     }
+
+
+def worker_cronjob_spec(cfg: StackConfig, pool: GpuPoolConfig, image: str, namespace: str,
+                        redis_secret: str, shared_claim: str, queue_namespace: str = "ragpool") -> dict[str, Any]:
+    """A suspended CronJob whose jobTemplate is the worker Job for ``pool``."""
+    gpus = pool.gpus_per_worker
+    ports = [{"name": "queue-metrics", "containerPort": QUEUE_METRICS_PORT},
+             {"name": "rdzv", "containerPort": RDZV_PORT}]
+    ports += [{"name": f"rank-{r}", "containerPort": RANK_METRICS_PORT + r} for r in range(min(gpus, MAX_RANKS_PER_POD))]
+    pod_spec = _worker_pod(
+        image=image, redis_secret=redis_secret, shared_claim=shared_claim, queue_namespace=queue_namespace,
+        node_selector={POOL_LABEL: pool.name},
+        # Pre-flight node health check before claiming (training/components/health.py).
+        args=["--health-check-timeout-seconds", f"{HEALTH_CHECK_TIMEOUT_SECONDS:g}"],
+        env=[
+            {"name": "RAGPOOL_WORKER_GROUP", "valueFrom": {"fieldRef": {
+                "fieldPath": "metadata.labels['batch.kubernetes.io/job-name']"}}},
+            {"name": "RAGPOOL_RDZV_HOST", "value": f"$(RAGPOOL_WORKER_GROUP)-0.{WORKERS_SERVICE}.{namespace}.svc"},
+            {"name": "RAGPOOL_RDZV_PORT", "value": str(RDZV_PORT)},
+            {"name": "RAGPOOL_NNODES", "value": "1"},
+            # What the health check expects to see, and the node its failure metric names.
+            {"name": EXPECTED_GPUS_ENV, "value": str(gpus)},
+            {"name": NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+            {"name": EXECUTORS_ENV, "value": "torchrun"},  # never a Ray run: those go to ragpool-worker-ray
+            {"name": "HF_HOME", "value": "/tmp/hf"},
+        ],
+        ports=ports,
+        resources={
+            "requests": {"nvidia.com/gpu": str(gpus), "cpu": str(2 * gpus), "memory": f"{8 * gpus}Gi"},
+            "limits": {"nvidia.com/gpu": str(gpus), "memory": f"{12 * gpus}Gi"},
+        },
+        tmp_size="20Gi", shm_size=f"{4 * gpus}Gi",
+        subdomain=WORKERS_SERVICE, tolerations=[GPU_TOLERATION])
     return _worker_cronjob({**WORKER_LABELS, POOL_LABEL: pool.name}, pod_spec)
 
 
@@ -185,49 +210,18 @@ def _worker_cronjob(labels: dict[str, str], pod_spec: dict[str, Any]) -> dict[st
 def ray_worker_cronjob_spec(image: str, redis_secret: str, shared_claim: str, ray: RayEndpoint,
                             queue_namespace: str = "ragpool") -> dict[str, Any]:
     """The CPU-only worker that takes ``executor: ray`` runs: on the system nodes, no GPU."""
-    pod_spec = {
-        "restartPolicy": "Never",
-        "serviceAccountName": WORKER_SERVICE_ACCOUNT,
-        "automountServiceAccountToken": False,
-        "priorityClassName": "ragpool-training",
-        "nodeSelector": dict(SYSTEM_NODE_SELECTOR),
-        # Time to stop the Ray job's lease cleanly and hand the run back.
-        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
-        "securityContext": pod_security_context(TRAINING_UID, fs_group=TRAINING_UID),
-        "containers": [{
-            "name": "worker",
-            "image": image,
-            "command": ["python", "-m", "training.worker"],
-            "args": ["--metrics-port", str(QUEUE_METRICS_PORT), "--idle-exit-seconds", "600",
-                     "--lease-seconds", f"{worker_default('lease_seconds'):g}",
-                     "--stop-grace-seconds", str(TERMINATION_GRACE_SECONDS - 15)],
-            "env": [
-                {"name": "REDIS_URL", "valueFrom": {"secretKeyRef": {"name": redis_secret, "key": "url"}}},
-                {"name": "REDIS_PASSWORD_FILE", "value": "/var/run/secrets/ragpool/redis/password"},
-                {"name": "RAGPOOL_SHARED_ROOT", "value": SHARED_MOUNT_PATH},
-                {"name": "RAGPOOL_QUEUE_NAMESPACE", "value": queue_namespace},
-                {"name": "RAGPOOL_WORKER_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-                {"name": EXECUTORS_ENV, "value": "ray"},
-                {"name": "RAY_ADDRESS", "value": ray.address},
-                # The worker re-checks each ray run's stages against the pools it can reach.
-                {"name": POOLS_ENV, "value": ray.pools},
-            ],
-            "ports": [{"name": "queue-metrics", "containerPort": QUEUE_METRICS_PORT}],
-            "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
-            "securityContext": container_security_context(TRAINING_UID),
-            "volumeMounts": [
-                {"name": "shared", "mountPath": SHARED_MOUNT_PATH},
-                {"name": "tmp", "mountPath": "/tmp"},
-                {"name": "redis", "mountPath": "/var/run/secrets/ragpool/redis", "readOnly": True},
-            ],
-        }],
-        "volumes": [
-            {"name": "shared", "persistentVolumeClaim": {"claimName": shared_claim}},
-            {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
-            {"name": "redis", "secret": {"secretName": redis_secret, "items": [{"key": "password", "path": "password"}],
-                                         "defaultMode": 0o440}},
+    pod_spec = _worker_pod(
+        image=image, redis_secret=redis_secret, shared_claim=shared_claim, queue_namespace=queue_namespace,
+        node_selector=dict(SYSTEM_NODE_SELECTOR), args=[],
+        env=[
+            {"name": EXECUTORS_ENV, "value": "ray"},
+            {"name": "RAY_ADDRESS", "value": ray.address},
+            # The worker re-checks each ray run's stages against the pools it can reach.
+            {"name": POOLS_ENV, "value": ray.pools},
         ],
-    }
+        ports=[{"name": "queue-metrics", "containerPort": QUEUE_METRICS_PORT}],
+        resources={"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
+        tmp_size="1Gi")
     return _worker_cronjob({**WORKER_LABELS, **RAY_CLIENT_LABEL, **SYSTEM_NODE_SELECTOR}, pod_spec)
 
 
