@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
            "-m", "training.pipeline", "--config", str(run_yaml)]
     print("running:", " ".join(cmd), flush=True)
     env = dict(os.environ)
-    repo = str(Path(__file__).resolve().parent.parent)
+    repo = str(Path(__file__).resolve().parents[2])  # the repository: `training` is importable
     env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("PYTHONWARNINGS", "ignore")
     t0 = time.monotonic()

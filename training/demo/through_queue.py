@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out).resolve()
     shared = out / "shared"
     data = shared / "datasets" / "synthetic"
-    package_root = str(Path(__file__).resolve().parent.parent)
+    package_root = str(Path(__file__).resolve().parents[2])  # the repository: `training` is importable
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
 
