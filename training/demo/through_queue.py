@@ -1,18 +1,22 @@
 """The local main job through the queue, no cloud: ``make demo`` calls this.
 
     python -m training.demo.through_queue [--out .local/demo] [--nproc 2] [--run-id demo]
+        [--executors torchrun,ray] [--tune-trials 4]
 
 1. generates the synthetic dataset under ``<out>/shared/datasets/synthetic``
    (``python -m training.demo.synthetic``);
 2. starts a local ``redis-server`` on 127.0.0.1 (free port, AOF on, data in a temp dir);
 3. ``ragpool submit`` of the demo run spec (all four stages, ``--nproc`` processes, sized
    like ``python -m training.demo``, whose config it reuses);
-4. runs one worker (``python -m training.worker``), which runs the pipeline with
-   ``torchrun --nproc-per-node=<nproc>`` and exits once the queue is empty;
+4. runs one worker (``RAGPOOL_EXECUTORS=torchrun python -m training.worker``), which runs the
+   pipeline with ``torchrun --nproc-per-node=<nproc>`` and exits once the queue is empty;
 5. shows ``ragpool status`` and the run's artifacts;
-6. stops Redis (also on Ctrl-C or failure).
+6. with ``ray`` among ``--executors``: the same run with ``executor: ray`` through the queue on a
+   local Ray head, then a Ray Tune search of ``--tune-trials`` trials printing its trial table
+   (:mod:`training.demo.ray_queue`);
+7. stops Ray and Redis (also on Ctrl-C or failure).
 
-Exit code 0 when the run succeeded, 1 when it did not, 2 when redis-server is missing.
+Exit code 0 when every run succeeded, 1 when one did not, 2 when redis-server is missing.
 """
 
 from __future__ import annotations
@@ -24,14 +28,14 @@ import sys
 from pathlib import Path
 
 
-def demo_spec(run_id: str, nproc: int, shared: Path) -> dict:
-    """The demo run as a run spec, sized like ``python -m training.demo`` (its config is the one source)."""
-    from training.config import flatten
+def demo_spec(run_id: str, nproc: int | None, shared: Path, overrides: dict | None = None) -> dict:
+    """The demo run as a run spec, sized like ``python -m training.demo`` (its config is the one source);
+    ``overrides`` are merged into that config first (the Ray half's smaller runs)."""
+    from training.config import STAGES, deep_merge, flatten
     from training.demo.direct import demo_config
-    from training.config import STAGES
     from training.scheduler.spec import RUN_SECTION
 
-    config = demo_config(shared, run_id)
+    config = deep_merge(demo_config(shared, run_id), overrides or {})
     stages = [s for s in STAGES if s in config["stages"]]
     hyper = {stage: flatten(config[stage]) for stage in stages if config.get(stage)}
     run_wide = {k: v for k, v in config.items()
@@ -39,18 +43,79 @@ def demo_spec(run_id: str, nproc: int, shared: Path) -> dict:
     if run_wide:
         hyper[RUN_SECTION] = flatten(run_wide)
     return {"run_id": run_id, "stages": stages, "data": config["data"], "hyperparameters": hyper,
-            "gpus_per_node": nproc, "priority": "normal", "max_attempts": 2, "timeout_seconds": 1800}
+            **({"gpus_per_node": nproc} if nproc else {}), "priority": "normal", "max_attempts": 2,
+            "timeout_seconds": 1800}
+
+
+def run_worker(env: dict[str, str], grace_s: float = 60.0) -> int:
+    """One queue worker (``python -m training.worker``) until the queue is empty; its exit code.
+
+    On Ctrl-C the worker got SIGINT too (same process group): it stops its run (a Ray job is
+    stopped) and hands the run back; it gets ``grace_s`` for that before it is killed."""
+    worker = subprocess.Popen([sys.executable, "-m", "training.worker", "--idle-exit-seconds", "0",
+                               "--lease-seconds", "30", "--poll-seconds", "0.5"], env=env)
+    try:
+        return worker.wait()
+    except KeyboardInterrupt:
+        try:
+            worker.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+        raise
+
+
+def _torchrun_run(run_id: str, spec_path: Path, shared: Path, env: dict[str, str]) -> int:
+    """Steps 3-5: submit the torchrun run, one worker, status, report and artifacts; 0 when it succeeded."""
+    from training.demo.direct import artifact_paths
+    from training.reports.report import ReportError, render
+    from training.scheduler import cli as runs_cli
+    from training.scheduler.redis_conn import connect
+    from training.scheduler.run_queue import TaskQueue
+
+    print(f"== ragpool submit {spec_path}", flush=True)
+    code = runs_cli.main(["submit", str(spec_path)])
+    if code != 0:
+        return code
+    print("== one worker: RAGPOOL_EXECUTORS=torchrun python -m training.worker --idle-exit-seconds 0", flush=True)
+    print(f"== worker exited {run_worker(env)}", flush=True)
+    print("== ragpool status", flush=True)
+    runs_cli.main(["status"])
+    print(f"\n== ragpool status {run_id}", flush=True)
+    runs_cli.main(["status", run_id])
+    info = TaskQueue(connect(), namespace=env["RAGPOOL_QUEUE_NAMESPACE"]).get(run_id)
+    paths = artifact_paths(shared / "runs" / run_id)
+    report = Path(paths["report"])
+    if report.is_file():
+        print(f"\n== evaluation report ({report})")
+        print(report.read_text().rstrip())
+    try:
+        paths["report_html"] = str(render(shared, run_id))
+    except ReportError as exc:
+        print(f"\n== no run report: {exc}")
+    print("\n== artifacts")
+    for label, path in paths.items():
+        print(f"  {label:<16} {path}{'' if Path(path).exists() else '  (missing)'}")
+    return 0 if info is not None and info.state == "succeeded" else 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    from training.scheduler import cli as runs_cli
     from training.demo.redis_server import LocalRedisServer, RedisServerError
 
     parser = argparse.ArgumentParser(prog="python -m training.demo.through_queue", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=".local/demo", help="where the shared root and spec go (default .local/demo)")
     parser.add_argument("--nproc", type=int, default=2, help="processes per node for torchrun (default 2)")
     parser.add_argument("--run-id", default="demo", help="run id (default demo)")
+    parser.add_argument("--executors", default="torchrun,ray",
+                        help="which runs to make: torchrun, ray, or both (default torchrun,ray)")
+    parser.add_argument("--tune-trials", type=int, default=4,
+                        help="trials of the Ray Tune search after the ray run (default 4; 0 skips it)")
     args = parser.parse_args(argv)
+    executors = [e.strip() for e in args.executors.split(",") if e.strip()]
+    if not executors or set(executors) - {"torchrun", "ray"}:
+        parser.error(f"--executors={args.executors!r}: a comma-separated list of torchrun and ray")
+    if not 0 <= args.tune_trials <= 64:
+        parser.error(f"--tune-trials={args.tune_trials}: must be in [0, 64]")
 
     out = Path(args.out).resolve()
     shared = out / "shared"
@@ -76,39 +141,14 @@ def main(argv: list[str] | None = None) -> int:
         env.update(REDIS_URL=server.url, RAGPOOL_SHARED_ROOT=str(shared), RAGPOOL_QUEUE_NAMESPACE="ragpool")
         os.environ.update(REDIS_URL=server.url, RAGPOOL_SHARED_ROOT=str(shared), RAGPOOL_QUEUE_NAMESPACE="ragpool")
         print(f"== redis-server on {server.url} (data {server.data_dir})", flush=True)
-        print(f"== ragpool submit {spec_path}", flush=True)
-        code = runs_cli.main(["submit", str(spec_path)])
-        if code != 0:
-            return code
-        print("== one worker: python -m training.worker --idle-exit-seconds 0", flush=True)
-        worker = subprocess.run([sys.executable, "-m", "training.worker", "--idle-exit-seconds", "0",
-                                 "--lease-seconds", "30", "--poll-seconds", "0.5"], env=env)
-        print(f"== worker exited {worker.returncode}", flush=True)
-        print("== ragpool status", flush=True)
-        runs_cli.main(["status"])
-        print(f"\n== ragpool status {args.run_id}", flush=True)
-        runs_cli.main(["status", args.run_id])
-        from training.scheduler.run_queue import TaskQueue
-        from training.scheduler.redis_conn import connect
+        ok = True
+        if "torchrun" in executors:
+            ok = _torchrun_run(args.run_id, spec_path, shared, {**env, "RAGPOOL_EXECUTORS": "torchrun"}) == 0
+        if "ray" in executors:
+            from training.demo import ray_queue
 
-        info = TaskQueue(connect(), namespace="ragpool").get(args.run_id)
-        from training.demo.direct import artifact_paths
-
-        paths = artifact_paths(shared / "runs" / args.run_id)
-        report = Path(paths["report"])
-        if report.is_file():
-            print(f"\n== evaluation report ({report})")
-            print(report.read_text().rstrip())
-        from training.reports.report import ReportError, render
-
-        try:
-            paths["report_html"] = str(render(shared, args.run_id))
-        except ReportError as exc:
-            print(f"\n== no run report: {exc}")
-        print("\n== artifacts")
-        for label, path in paths.items():
-            print(f"  {label:<16} {path}{'' if Path(path).exists() else '  (missing)'}")
-        return 0 if info is not None and info.state == "succeeded" else 1
+            ok = ray_queue.run(out, shared, env, run_worker, tune_trials=args.tune_trials) == 0 and ok
+        return 0 if ok else 1
     finally:
         server.stop()
         print("== redis-server stopped", flush=True)

@@ -1,0 +1,58 @@
+"""The Ray half of ``make demo`` (training/demo/ray_queue.py): its specs pass ``ragpool submit`` and fit the
+local Ray node they run on (no Ray started here; tests/training/ray/test_queue_ray.py runs them for real)."""
+
+from __future__ import annotations
+
+import pytest
+
+from training.config import RAY_STAGES, load_run_config
+from training.demo import ray_queue
+from training.demo.through_queue import demo_spec
+from training.ray.pools import POOLS_ENV
+from training.ray.tune import TRIAL_DRIVER_CPUS, check_space, concurrency
+from training.scheduler.spec import SpecError, parse_spec
+
+
+@pytest.fixture
+def pools(monkeypatch):
+    monkeypatch.setenv(POOLS_ENV, f"{ray_queue.POOL}=0")
+
+
+def _config(raw, root):
+    spec = parse_spec(raw, shared_root=str(root))
+    return spec, load_run_config(spec.to_training_config(str(root)))
+
+
+def _local_node() -> list[dict]:
+    """What ray.nodes() reports for the demo's Ray head."""
+    from training.ray.placement import POOL_LABEL
+
+    return [{"Alive": True, "Labels": {POOL_LABEL: ray_queue.POOL}, "Resources": {"CPU": float(ray_queue.RAY_CPUS)}}]
+
+
+def test_the_ray_run_is_the_demo_run_on_the_local_pool(tmp_path, pools) -> None:
+    spec, cfg = _config(ray_queue.ray_demo_spec(tmp_path), tmp_path)
+    _, torchrun_cfg = _config(demo_spec("demo", 2, tmp_path), tmp_path)
+    assert spec.executor == "ray" and cfg.stages == torchrun_cfg.stages
+    assert cfg.data == torchrun_cfg.data and cfg.seed == torchrun_cfg.seed
+    for stage in RAY_STAGES:
+        res = cfg.ray.stage(stage)
+        # Every stage on the pool the local node carries, and never more than it has: no stage waits forever.
+        assert res.pool == ray_queue.POOL, stage
+        assert res.workers * res.cpus <= ray_queue.RAY_CPUS and res.gpus == 0, stage
+    assert cfg.ray.retriever.workers == 2 and cfg.ray.generator.workers == 2  # DDP under Ray Train
+
+
+def test_the_tune_search_runs_two_trials_at_once_on_the_local_node(tmp_path, pools) -> None:
+    _, cfg = _config(ray_queue.tune_demo_spec(tmp_path), tmp_path)
+    check_space(cfg)
+    assert cfg.ray.tune.num_samples >= 4 and cfg.ray.tune.rungs == 2
+    assert concurrency(cfg, _local_node()) == 2
+    res = cfg.ray.retriever
+    assert 2 * (res.workers * res.cpus + TRIAL_DRIVER_CPUS) <= ray_queue.RAY_CPUS
+
+
+def test_without_the_local_pool_declared_submit_refuses_the_ray_run(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv(POOLS_ENV, raising=False)
+    with pytest.raises(SpecError, match=f"pool '{ray_queue.POOL}' does not exist"):
+        parse_spec(ray_queue.ray_demo_spec(tmp_path), shared_root=str(tmp_path))
