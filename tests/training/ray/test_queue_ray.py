@@ -1,0 +1,179 @@
+"""``executor: ray`` runs through the queue on a real local Ray head (Jobs API) and a real redis-server.
+
+A run is submitted with ``ragpool submit``, a worker with ``RAGPOOL_EXECUTORS=ray`` claims it and
+follows its Ray job (``python -m training.ray.job``): a cancel stops the Ray job and ends the run
+``cancelled``; a driver that fails at run time is recorded once with the Ray job's error. One Ray head
+for the module (:class:`training.demo.ray_head.LocalRayHead`, as ``make demo`` starts it).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.training.ray.conftest import needs_ray, ray_env
+from training import exit_codes
+from training.demo import synthetic
+
+pytestmark = pytest.mark.slow
+needs_ray()
+
+POOL = "gpu-spot"
+LEASE_S = 3.0
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    from training.demo.ray_head import LocalRayHead
+
+    ray_env()
+    head = LocalRayHead(num_cpus=2, pool=POOL).start()
+    yield head
+    head.stop()
+    assert not head.pids(), "processes of the stopped Ray head are still running"
+
+
+@pytest.fixture
+def shared(tmp_path, tiny_encoder_dir) -> Path:
+    root = tmp_path / "shared"
+    synthetic.write(root / "datasets" / "synthetic", seed=3, n_entities=12)
+    shutil.copytree(tiny_encoder_dir, root / "models" / "tiny")
+    return root
+
+
+@pytest.fixture
+def ray_queue(redis_server, namespace, make_queue, monkeypatch, ray_head, shared):
+    """The queue, and ``submit(run_id, **spec)`` / ``work()`` as ``ragpool submit`` and a Ray worker do them."""
+    from training.ray.pools import POOLS_ENV
+    from training.scheduler import cli as runs_cli
+    from training.scheduler.supervisor import Worker, WorkerConfig
+
+    for name, value in {"REDIS_URL": redis_server.url, "RAGPOOL_QUEUE_NAMESPACE": namespace,
+                        "RAGPOOL_SHARED_ROOT": str(shared), POOLS_ENV: f"{POOL}=0", "RAGPOOL_EXECUTORS": "ray",
+                        "RAY_ADDRESS": ray_head.address}.items():
+        monkeypatch.setenv(name, value)
+    queue = make_queue(lease_seconds=LEASE_S)
+
+    def submit(run_id: str, retriever: dict, *, data: dict | None = None, **fields) -> None:
+        stage = {"pool": POOL, "workers": 2}
+        spec = {"run_id": run_id, "stages": ["retriever"], "executor": "ray", "max_attempts": 2,
+                "data": data or {"corpus": "datasets/synthetic/corpus.jsonl",
+                                 "qa_train": "datasets/synthetic/qa_train.jsonl",
+                                 "qa_eval": "datasets/synthetic/qa_eval.jsonl"},
+                "hyperparameters": {
+                    "retriever": {"model": "models/tiny", "global_batch_size": 4, "optim.warmup_steps": 1,
+                                  **retriever},
+                    "run": {"device": "cpu", "metrics.port": 0, "metrics.log_every": 1,
+                            "checkpoint.every_steps": 1000, "ray.placement_timeout_s": 60,
+                            **{f"ray.{s}.{k}": v for s in ("prepare", "retriever") for k, v in stage.items()}}},
+                **fields}
+        path = shared.parent / f"{run_id}.yaml"
+        path.write_text(yaml.safe_dump(spec))
+        assert runs_cli.main(["submit", str(path)]) == exit_codes.OK
+
+    def work() -> threading.Thread:
+        """One worker (RAGPOOL_EXECUTORS=ray) in a thread; it exits once the queue is empty."""
+        worker = Worker(queue, WorkerConfig(worker_id="ray-worker", shared_root=str(shared), lease_seconds=LEASE_S,
+                                            idle_exit_seconds=0.5, poll_seconds=0.2, stop_grace_seconds=60))
+        thread = threading.Thread(target=worker.run, daemon=True)
+        thread.start()
+        return thread
+
+    return queue, submit, work
+
+
+def _wait(predicate, timeout: float, what: str, worker: threading.Thread | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if worker is not None and not worker.is_alive():
+            raise AssertionError(f"the worker exited while waiting for {what}")
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def _steps_logged(stage_log: Path) -> int:
+    if not stage_log.is_file():
+        return 0
+    return sum(1 for line in stage_log.read_text().splitlines() if line.strip()
+               and json.loads(line).get("message") == "step")
+
+
+def _outcomes(queue) -> dict[str, int]:
+    """The queue's count of recorded outcomes (``completed:<outcome>`` in its stats hash)."""
+    return {k.split(":", 1)[1]: v for k, v in queue.stats().counters.items() if k.startswith("completed:") and v}
+
+
+def _attempt_log(shared: Path, run_id: str) -> str:
+    return (shared / "runs" / run_id / "logs" / "attempt-1-node-0.log").read_text(errors="replace")
+
+
+def test_cancel_through_the_queue_stops_the_ray_job(ray_queue, ray_head, shared) -> None:
+    from ray.job_submission import JobStatus, JobSubmissionClient
+    from ray.util.state import list_actors, list_placement_groups
+
+    queue, submit, work = ray_queue
+    submit("ray-cancel", {"max_steps": 5000})
+    worker = work()
+    # Cancel mid-training: the Ray Train workers are past their first steps.
+    _wait(lambda: _steps_logged(shared / "runs" / "ray-cancel" / "retriever" / "log.jsonl") >= 2, 180,
+          "the retriever's first steps under Ray Train", worker)
+    jobs = JobSubmissionClient(ray_head.address)
+    assert jobs.get_job_status("ray-cancel-a1") == JobStatus.RUNNING
+    assert queue.cancel("ray-cancel") == "cancelling"
+    worker.join(timeout=120)
+    assert not worker.is_alive(), _attempt_log(shared, "ray-cancel")[-3000:]
+
+    assert jobs.get_job_status("ray-cancel-a1") == JobStatus.STOPPED
+    info = queue.get("ray-cancel")
+    assert (info.state, info.attempts, info.completions) == ("cancelled", 1, 0), info
+    assert _outcomes(queue) == {"cancelled": 1}  # recorded once
+    assert "ragpool ray job: stopping ray-cancel-a1" in _attempt_log(shared, "ray-cancel")
+    assert not (shared / "runs" / "ray-cancel" / "retriever" / "_COMPLETE").exists()
+    # Stopping the job released what it held: none of its actors (Ray Train's controller and workers)
+    # is alive and no placement group is left reserved on the cluster.
+    def held() -> list[str]:
+        # Detached actors outlive jobs by design (Ray Train's autoscaling coordinator is one, holding nothing).
+        actors = [a for a in list_actors(address=ray_head.address, filters=[("state", "=", "ALIVE")], detail=True)
+                  if not a.is_detached]
+        groups = list_placement_groups(address=ray_head.address, filters=[("state", "=", "CREATED")])
+        return [f"actor {a.class_name}" for a in actors] + [f"placement group {g.name!r}" for g in groups]
+
+    deadline = time.monotonic() + 60
+    while (left := held()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, left
+
+
+def test_a_failed_ray_driver_is_recorded_once_with_the_ray_jobs_error(ray_queue, ray_head, shared) -> None:
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    queue, submit, work = ray_queue
+    # Submit takes the path (inside the shared root); the driver finds no file there at run time.
+    submit("ray-bad-data", {"max_steps": 2}, data={"corpus": "datasets/missing/corpus.jsonl",
+                                                  "qa_train": "datasets/synthetic/qa_train.jsonl",
+                                                  "qa_eval": "datasets/synthetic/qa_eval.jsonl"})
+    worker = work()
+    worker.join(timeout=180)
+    assert not worker.is_alive(), _attempt_log(shared, "ray-bad-data")[-3000:]
+
+    job = JobSubmissionClient(ray_head.address).get_job_info("ray-bad-data-a1")
+    assert job.status == JobStatus.FAILED and job.driver_exit_code == exit_codes.BAD_INPUT, job
+    info = queue.get("ray-bad-data")
+    # Bad input is not retried: one attempt of two, dead at once, its outcome recorded once.
+    assert (info.state, info.attempts, info.completions) == ("dead", 1, 0), info
+    assert _outcomes(queue) == {"dead": 1}
+    assert queue.dead_letter() == ["ray-bad-data"]
+    missing = str(shared / "datasets" / "missing" / "corpus.jsonl")
+    # The worker records the Ray job's end as python -m training.ray.job reports it (its last line,
+    # from JobInfo.message), after the job's own log, which names the driver's error.
+    assert info.last_error.rstrip().splitlines()[-1].startswith("ragpool ray job ray-bad-data-a1 FAILED: ")
+    assert f"DataError: {missing}: file not found" in info.last_error, info.last_error
+    assert f"{missing}: file not found" in job.message  # the Ray job's own error, not only an exit code
