@@ -95,9 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
            "-m", "training.pipeline", "--config", str(run_yaml)]
     print("running:", " ".join(cmd), flush=True)
-    env = dict(os.environ)
-    repo = str(Path(__file__).resolve().parents[2])  # the repository: `training` is importable
-    env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    from training.paths import child_env
+
+    env = child_env()
     env.setdefault("PYTHONWARNINGS", "ignore")
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, env=env)

@@ -36,7 +36,6 @@ from pathlib import Path
 
 MARKER_ENV = "RAGPOOL_LOCAL_RAY_HEAD"
 """Set to the head's temp dir in every process of the head (how :meth:`LocalRayHead.stop` finds them)."""
-REPO = Path(__file__).resolve().parents[2]
 
 
 class RayHeadError(RuntimeError):
@@ -106,14 +105,13 @@ class LocalRayHead:
 
     def process_env(self) -> dict[str, str]:
         """The environment ``ray start`` and so every Ray process of this head runs with."""
-        env = dict(os.environ)
+        from training.paths import child_env
+
+        env = child_env()
         env.pop("RAY_ADDRESS", None)  # this is a new cluster, not a client of another one
         env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", HF_HUB_OFFLINE="1",
                    TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore")
         env["PATH"] = os.pathsep.join(p for p in (str(Path(sys.executable).parent), env.get("PATH")) if p)
-        path = env.get("PYTHONPATH", "")
-        if str(REPO) not in path.split(os.pathsep):
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), path) if p)
         env.update(self.env)
         env[MARKER_ENV] = str(self.temp_dir)
         return env

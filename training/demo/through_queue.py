@@ -120,9 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out).resolve()
     shared = out / "shared"
     data = shared / "datasets" / "synthetic"
-    package_root = str(Path(__file__).resolve().parents[2])  # the repository: `training` is importable
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    from training.paths import child_env
+
+    env = child_env()
 
     if not (data / "qa_eval.jsonl").is_file():
         print(f"== generating the synthetic dataset in {data}", flush=True)
