@@ -43,6 +43,7 @@ from typing import Any
 
 from training.config import ConfigError, RunConfig, load_run_config, split_cli
 from training.exit_codes import BAD_INPUT, FAILED, OK, UNAVAILABLE
+from training.ray.job import DRIVER_ERROR_PREFIX
 from training.ray.placement import TRAINING_STAGES, PlacementError, StagePlacement, plan, reserved, strategy_for
 
 PREPARE = "prepare"
@@ -362,16 +363,19 @@ def run(cfg: RunConfig) -> dict[str, Any]:
 
 def _cause(err: BaseException) -> BaseException:
     """The user-level error inside Ray's wrappers (RayTaskError, TrainingFailedError)."""
+    from training.components.data import DataError
+
     seen = set()
     while id(err) not in seen:
         seen.add(id(err))
-        if isinstance(err, (ConfigError, PlacementError, StageFailed)):
+        # RayTaskError(X) is itself an X (its str() Ray's traceback): look inside it first.
+        inner = getattr(err, "cause", None)
+        if isinstance(inner, BaseException):
+            err = inner
+            continue
+        if isinstance(err, (ConfigError, PlacementError, StageFailed, DataError)):
             return err
-        from training.components.data import DataError
-
-        if isinstance(err, DataError):
-            return err
-        inner = getattr(err, "cause", None) or err.__cause__
+        inner = err.__cause__
         if inner is None:
             # Ray Train V2's WorkerGroupError keeps per-worker errors.
             errors = getattr(err, "worker_failures", None) or {}
@@ -401,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         path, overrides = split_cli(argv)
         cfg = load_run_config(path, overrides)
     except ConfigError as err:
-        print(f"ragpool ray driver: config error: {err}", file=sys.stderr)
+        print(f"{DRIVER_ERROR_PREFIX}config error: {err}", file=sys.stderr)
         return BAD_INPUT
     connect(cfg)
     try:
@@ -411,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         cause = _cause(err)
         if code == FAILED and not isinstance(cause, StageFailed):
             traceback.print_exception(err, file=sys.stderr)
-        print(f"ragpool ray driver: run {cfg.run_id} failed: {type(cause).__name__}: {cause}", file=sys.stderr)
+        print(f"{DRIVER_ERROR_PREFIX}run {cfg.run_id} failed: {type(cause).__name__}: {cause}", file=sys.stderr)
         return code
     print(json.dumps({"stages": summaries}, indent=2, default=str))
     report = cfg.stage_dir("evaluate") / "report.json"

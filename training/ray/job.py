@@ -13,7 +13,7 @@ comes back to the same attempt attaches to the job instead of submitting a secon
 The worker supervises this process like torchrun: it heartbeats the lease meanwhile, and on
 cancel, lease loss, timeout or shutdown sends SIGTERM, on which this stops the Ray job
 (``stop_job``) and waits for it to stop. Exit codes (:mod:`training.exit_codes`): 0 the job
-succeeded; 2 the driver refused its input; 4 the Ray cluster cannot be reached; 75 stopped by
+succeeded; 2 the driver refused its input; 4 the Ray cluster cannot be reached (for CONNECT_WAIT_S); 75 stopped by
 SIGTERM; 1 any other failure. A failed job's error (``JobInfo.message``) is the last line printed,
 so the worker records the run's failure with it.
 """
@@ -33,6 +33,19 @@ from training.exit_codes import BAD_INPUT, FAILED, OK, RETRIABLE, UNAVAILABLE
 
 POLL_S = 1.0
 STOP_WAIT_S = 60.0
+CONNECT_WAIT_S = 60.0
+"""How long to keep trying to reach the Ray cluster's Jobs API (a head restarting, a Service not
+ready yet) before giving up with UNAVAILABLE."""
+DRIVER_ERROR_PREFIX = "ragpool ray driver: "
+"""How the driver's one-line failure starts (training/ray/driver.py); the job's error is that line."""
+
+
+def job_error(message: str | None) -> str:
+    """The line of a failed job's message (Ray's, with the driver's last logs) that says why: the
+    driver's own failure line when it printed one, else the message's last line."""
+    lines = (message or "").strip().splitlines()
+    ours = [line for line in lines if DRIVER_ERROR_PREFIX in line]
+    return (ours or lines or ["no message"])[-1].strip()
 
 
 def driver_entrypoint(config: str) -> str:
@@ -90,9 +103,7 @@ def run_job(client: Any, config: str, submission_id: str, stop: threading.Event,
     info = client.get_job_info(submission_id)
     code = exit_code_of(str(info.status), getattr(info, "driver_exit_code", None))
     if code != OK:
-        why = (info.message or "").strip().splitlines()
-        print(f"ragpool ray job {submission_id} {info.status}: {why[-1] if why else 'no message'}", file=out,
-              flush=True)
+        print(f"ragpool ray job {submission_id} {info.status}: {job_error(info.message)}", file=out, flush=True)
     return code
 
 
@@ -113,11 +124,17 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: stop.set())
     from ray.job_submission import JobSubmissionClient
 
-    try:
-        client = JobSubmissionClient(args.address)
-    except Exception as exc:
-        print(f"ragpool ray job: cannot reach the Ray cluster at {args.address}: {exc}", file=sys.stderr)
-        return UNAVAILABLE
+    deadline = time.monotonic() + CONNECT_WAIT_S
+    while True:
+        try:
+            client = JobSubmissionClient(args.address)
+            break
+        except Exception as exc:  # the SDK raises ConnectionError / RuntimeError for an unreachable head
+            if stop.is_set() or time.monotonic() >= deadline:
+                print(f"ragpool ray job: cannot reach the Ray cluster at {args.address} "
+                      f"(tried for {CONNECT_WAIT_S:.0f}s): {exc}", file=sys.stderr)
+                return UNAVAILABLE
+            stop.wait(2.0)
     env = {k: os.environ[k] for k in ("RAGPOOL_SHARED_ROOT", "RAGPOOL_RUN_ID", "RAGPOOL_ATTEMPT") if k in os.environ}
     return run_job(client, args.config, submission_id, stop, runtime_env={"env_vars": env})
 

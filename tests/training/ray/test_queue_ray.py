@@ -174,6 +174,7 @@ def test_a_failed_ray_driver_is_recorded_once_with_the_ray_jobs_error(ray_queue,
     missing = str(shared / "datasets" / "missing" / "corpus.jsonl")
     # The worker records the Ray job's end as python -m training.ray.job reports it (its last line,
     # from JobInfo.message), after the job's own log, which names the driver's error.
-    assert info.last_error.rstrip().splitlines()[-1].startswith("ragpool ray job ray-bad-data-a1 FAILED: ")
-    assert f"DataError: {missing}: file not found" in info.last_error, info.last_error
+    last = info.last_error.rstrip().splitlines()[-1]
+    assert last.startswith("ragpool ray job ray-bad-data-a1 FAILED: ragpool ray driver: "), last
+    assert last.endswith(f"DataError: {missing}: file not found"), "the driver's one line, not Ray's last words"
     assert f"{missing}: file not found" in job.message  # the Ray job's own error, not only an exit code

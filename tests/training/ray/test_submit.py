@@ -128,3 +128,27 @@ def test_run_job_stops_the_ray_job_on_sigterm_and_reports_a_failure_with_its_err
     assert "line 2" in lines and jobs.stops == 0
     jobs = FakeJobs("FAILED", "bad", exit_codes.BAD_INPUT)
     assert job.run_job(jobs, "/c.yaml", "r-a3", threading.Event(), io.StringIO()) == exit_codes.BAD_INPUT
+
+
+def test_the_jobs_error_is_the_drivers_failure_line_not_rays_last_words() -> None:
+    from training.ray.job import DRIVER_ERROR_PREFIX, job_error
+
+    message = ("Job entrypoint command failed with exit code 2, last available logs:\n"
+               f"{DRIVER_ERROR_PREFIX}run r failed: DataError: /s/corpus.jsonl: file not found\n"
+               "(retriever pid=7) Unhandled error: The worker died unexpectedly")
+    assert job_error(message) == f"{DRIVER_ERROR_PREFIX}run r failed: DataError: /s/corpus.jsonl: file not found"
+    assert job_error("Traceback...\nPlacementError: x") == "PlacementError: x"
+    assert job_error(None) == "no message"
+
+
+def test_the_drivers_cause_is_the_error_inside_rays_wrapper() -> None:
+    pytest.importorskip("ray")
+    from ray.exceptions import RayTaskError
+
+    from training.components.data import DataError
+    from training.ray.driver import _cause
+
+    inner = DataError("/s/corpus.jsonl: file not found")
+    wrapped = RayTaskError("encode_shard", "Traceback (most recent call last):\n  ...", inner).as_instanceof_cause()
+    assert isinstance(wrapped, DataError), "Ray's wrapper is also a DataError, with Ray's traceback as its text"
+    assert _cause(wrapped) is inner and str(_cause(wrapped)) == "/s/corpus.jsonl: file not found"
