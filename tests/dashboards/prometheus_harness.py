@@ -17,6 +17,7 @@ from typing import Any, Callable, TypeVar
 import yaml
 
 from dashboards import rulefiles
+from training.demo.redis_server import stop_process
 
 T = TypeVar("T")
 
@@ -106,13 +107,7 @@ class Prometheus:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=15)
+        stop_process(self.process, timeout_s=15)
 
     def _ready(self) -> bool:
         if self.process and self.process.poll() is not None:

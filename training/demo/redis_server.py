@@ -206,13 +206,7 @@ class LocalRedisServer:
 
     def stop(self) -> None:
         """Stop the server and remove its temporary directory if this object created it."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+        stop_process(self.process)
         if self.process is not None and self.process.stderr:
             self.process.stderr.close()
         self.process = None
@@ -226,14 +220,15 @@ class LocalRedisServer:
         self.stop()
 
 
-def _stop_process(process: subprocess.Popen | None) -> None:
+def stop_process(process: subprocess.Popen | None, timeout_s: float = 10.0) -> None:
+    """SIGTERM a local server we started, SIGKILL it if it is still there after ``timeout_s``."""
     if process is not None and process.poll() is None:
         process.terminate()
         try:
-            process.wait(timeout=10)
+            process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             process.kill()
-            process.wait(timeout=10)
+            process.wait(timeout=timeout_s)
 
 
 @dataclass
@@ -408,7 +403,7 @@ class LocalSentinelGroup:
 
     def stop(self) -> None:
         for process in self._sentinel_procs:
-            _stop_process(process)
+            stop_process(process)
         self._sentinel_procs.clear()
         for node in self.nodes:
             node.stop()
