@@ -41,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from training.scheduler.run_queue import TaskQueue  # noqa: E402
+from training.scheduler.run_queue import TaskQueue, lane  # noqa: E402
 from training.demo.redis_server import LocalRedisServer  # noqa: E402
 
 
@@ -60,7 +60,7 @@ def fill(port: int, ns: str, n: int) -> None:
     for start in range(0, n, 1000):
         pipe = q.client.pipeline(transaction=False)
         for i in range(start, min(n, start + 1000)):
-            q._call("submit", f"task-{i}", "{}", "normal", 3, 3600, 1, client=pipe)
+            q._call("submit", f"task-{i}", "{}", "normal", 3, 3600, 1, lane(), client=pipe)
         pipe.execute()
 
 
