@@ -36,8 +36,8 @@ RAY_CPUS = 2
 
 def ray_demo_spec(shared: Path, run_id: str = RAY_RUN_ID, pool: str = POOL) -> dict[str, Any]:
     """The demo run (:func:`training.demo.direct.demo_config`) as an ``executor: ray`` spec, sized for
-    a minute on 2 cores: fewer steps, each stage on ``pool`` (2 CPUs: 2 Ray Train workers of 1 CPU,
-    2 index and 2 preparation tasks)."""
+    about two minutes on 2 cores (mostly Ray Train start-ups): fewer steps, each stage on ``pool``
+    (2 CPUs: 2 Ray Train workers of 1 CPU, 2 index and 2 preparation tasks)."""
     from training.demo.through_queue import demo_spec
 
     stage = {"pool": pool}
