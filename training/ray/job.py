@@ -40,11 +40,12 @@ DRIVER_ERROR_PREFIX = "ragpool ray driver: "
 """How the driver's one-line failure starts (training/ray/driver.py); the job's error is that line."""
 
 
-def job_error(message: str | None) -> str:
-    """The line of a failed job's message (Ray's, with the driver's last logs) that says why: the
-    driver's own failure line when it printed one, else the message's last line."""
+def job_error(message: str | None, logs: str = "") -> str:
+    """The line that says why a job failed: the driver's own failure line, from the job's log (Ray's
+    ``message`` carries only a truncated tail, which Ray's own later lines can push it out of) or the
+    message; else the message's last line."""
     lines = (message or "").strip().splitlines()
-    ours = [line for line in lines if DRIVER_ERROR_PREFIX in line]
+    ours = [line for line in [*logs.splitlines(), *lines] if DRIVER_ERROR_PREFIX in line]
     return (ours or lines or ["no message"])[-1].strip()
 
 
@@ -100,10 +101,14 @@ def run_job(client: Any, config: str, submission_id: str, stop: threading.Event,
                 print(f"ragpool ray job: {submission_id} did not stop within {STOP_WAIT_S:.0f}s", file=out, flush=True)
                 return RETRIABLE
         time.sleep(POLL_S)
+    logs = client.get_job_logs(submission_id)
+    if len(logs) > shown:
+        out.write(logs[shown:])
+        out.flush()
     info = client.get_job_info(submission_id)
     code = exit_code_of(str(info.status), getattr(info, "driver_exit_code", None))
     if code != OK:
-        print(f"ragpool ray job {submission_id} {info.status}: {job_error(info.message)}", file=out, flush=True)
+        print(f"ragpool ray job {submission_id} {info.status}: {job_error(info.message, logs)}", file=out, flush=True)
     return code
 
 

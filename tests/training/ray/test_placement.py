@@ -7,6 +7,7 @@ a request no node of the pool can ever hold fails at once.
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 
@@ -57,6 +58,9 @@ def cluster(tmp_path_factory):
     from ray.cluster_utils import Cluster
 
     temp = ray_temp_dir(tmp_path_factory)
+    # Cluster records its address in the default Ray temp dir (/tmp/ray) whatever temp_dir says; on a
+    # machine where no Ray ever ran there, that directory does not exist yet.
+    os.makedirs(os.path.dirname(ray._private.utils.get_ray_address_file(None)), exist_ok=True)
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False, "temp_dir": temp})
     nodes = {pool: c.add_node(num_cpus=2, labels={POOL_LABEL: pool}) for pool in ("a", "b")}
     ray.init(address=c.address)

@@ -138,6 +138,9 @@ def test_the_jobs_error_is_the_drivers_failure_line_not_rays_last_words() -> Non
                "(retriever pid=7) Unhandled error: The worker died unexpectedly")
     assert job_error(message) == f"{DRIVER_ERROR_PREFIX}run r failed: DataError: /s/corpus.jsonl: file not found"
     assert job_error("Traceback...\nPlacementError: x") == "PlacementError: x"
+    # Ray's message is a truncated tail: the driver's line may be only in the job's log.
+    assert job_error("(w pid=7) The worker died unexpectedly", f"a\n{DRIVER_ERROR_PREFIX}run r failed: E: x\nb\n") \
+        == f"{DRIVER_ERROR_PREFIX}run r failed: E: x"
     assert job_error(None) == "no message"
 
 
