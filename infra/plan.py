@@ -82,7 +82,19 @@ class UnreadableNumber:
 
 class _StackLoader(yaml.SafeLoader):
     """SafeLoader whose scalars never raise ValueError: too-long integers become
-    UnreadableNumber, impossible dates (2024-13-45) stay the text they are."""
+    UnreadableNumber, impossible dates (2024-13-45) stay the text they are; and whose scanner
+    refuses nesting past MAX_YAML_DEPTH as it reads (PyYAML's scanner does work per open flow
+    level for every token, so 3000 ``[`` took seconds before the composer's depth check could run)."""
+
+    def fetch_flow_collection_start(self, TokenClass: Any) -> None:
+        if self.flow_level >= MAX_YAML_DEPTH:
+            raise _TooBig(f"is nested more than {MAX_YAML_DEPTH} levels deep")
+        super().fetch_flow_collection_start(TokenClass)
+
+    def add_indent(self, column: int) -> bool:
+        if len(self.indents) >= MAX_YAML_DEPTH:
+            raise _TooBig(f"is nested more than {MAX_YAML_DEPTH} levels deep")
+        return super().add_indent(column)
 
     def construct_yaml_int(self, node: yaml.ScalarNode) -> Any:
         try:

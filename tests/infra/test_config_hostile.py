@@ -139,6 +139,17 @@ def bad_value(kind: str, exemplar: str | None) -> st.SearchStrategy:
             st.dictionaries(st.integers(), st.text(max_size=2), min_size=1, max_size=2),
             with_control("team").map(lambda k: {k: "search"}), with_control("search").map(lambda v: {"team": v}),
         )
+    if kind == "workers":
+        # rayMaxWorkers: a map of GPU pool name to workers (0..gpuLimit/gpusPerWorker); {} is valid
+        most = POOL["gpuLimit"] // POOL["gpusPerWorker"]
+        return st.one_of(
+            not_a_list.filter(lambda v: not isinstance(v, dict)), st.lists(st.text(max_size=2), max_size=2),
+            st.dictionaries(st.text(max_size=3).filter(lambda k: k != POOL["name"]), st.integers(0, most),
+                            min_size=1, max_size=2),
+            with_control(POOL["name"]).map(lambda k: {k: 1}),
+            st.one_of(not_an_int, st.integers(max_value=-1), st.integers(min_value=most + 1)).map(
+                lambda v: {POOL["name"]: v}),
+        )
     # gpuPools / trainingTeams: lists of objects
     return st.one_of(not_a_list, st.just([]) if kind == "pools" else st.nothing(),
                      st.lists(st.one_of(st.integers(), st.text(max_size=3), st.none()), min_size=1, max_size=2))
@@ -149,6 +160,10 @@ def _top_kind(key) -> str:
         return "pools"
     if key.name == "trainingTeams":
         return "teams"
+    if key.name == "rayMaxWorkers":
+        return "workers"
+    if key.type is None:
+        raise AssertionError(f"{key.name}: an untyped key needs its own bad values here")
     return key.type
 
 
@@ -354,6 +369,41 @@ def test_base_of_the_hostile_cases_is_valid(root):
     """Every hostile case breaks exactly one thing in this stack, so it must itself pass."""
     (root / STACK_FILE).write_bytes(dump(_copy(BASE)))
     assert run_cli("config", "check", "--stack", STACK, "--root", str(root)) == (0, "")
+
+
+@pytest.mark.parametrize("opening,closing", [(b"[", b"]"), (b"{a: ", b"}")], ids=["flow-list", "flow-map"])
+def test_deep_nesting_is_refused_while_scanning(root, opening, closing):
+    """The scanner itself refuses the 51st open level: PyYAML's scanner works per open level for each
+    token, so a file of 100k ``[`` (within the size bound) would otherwise scan for hours; the
+    composer's own depth check comes too late for that."""
+    depth = (MAX_STACK_FILE_BYTES - 64) // (len(opening) + len(closing))
+    (root / STACK_FILE).write_bytes(b"config:\n  ragpool:owner: " + opening * depth + b"1" + closing * depth + b"\n")
+    code, err = run_cli("config", "check", "--stack", STACK, "--root", str(root))
+    assert code == 2 and "nested more than 50 levels deep" in err, err
+    # and 50 open levels are still read (the composer's bound then names the key's nesting)
+    (root / STACK_FILE).write_bytes(b"config:\n  ragpool:owner: " + opening * 48 + b"1" + closing * 48 + b"\n")
+    code, err = run_cli("config", "check", "--stack", STACK, "--root", str(root))
+    assert code == 2 and "ragpool:owner" in err and "nested more than" not in err, err
+
+
+@pytest.mark.parametrize("value,problem", [
+    ({}, None),  # every pool derives its limit (a generated "bad" value once was this valid one)
+    ({"gpu-spot": 0}, None),
+    ({"gpu-spot": 8}, None),
+    ({"gpu-spot": 9}, "ragpool:rayMaxWorkers.gpu-spot = 9: must be an integer from 0 to 8"),
+    ({"gpu-spot": True}, "ragpool:rayMaxWorkers.gpu-spot = true"),
+    ({"": 1}, "ragpool:rayMaxWorkers has \"\", which is not a GPU pool"),
+    ({"gpu-spot\n": 1}, "ragpool:rayMaxWorkers has \"gpu-spot\\n\", which is not a GPU pool"),
+    ([], "ragpool:rayMaxWorkers = []: must be a map"),
+])
+def test_ray_max_workers_values(root, value, problem):
+    """rayMaxWorkers is untyped in Pulumi.yaml (a map): every value is judged by infra/config.py alone."""
+    (root / STACK_FILE).write_bytes(dump({**_copy(BASE), "ragpool:rayMaxWorkers": value}))
+    code, err = run_cli("config", "check", "--stack", STACK, "--root", str(root))
+    if problem is None:
+        assert (code, err) == (0, "")
+    else:
+        assert code == 2 and problem in err, err
 
 
 # ------------------------------------------------------------------ the real CLI's exit code
