@@ -12,7 +12,8 @@ in for a GPU pool of a real cluster (its GPUs are logical too: ``num_gpus``, 0 b
 run's stages name that pool as they would on KubeRay. Its temp dir is short and under /tmp (Ray's AF_UNIX socket paths must
 stay under 108 bytes). Every Ray process it starts (raylet, workers, the Ray jobs' drivers) inherits
 ``RAY_AUTH_MODE=disabled``, the repository on ``PYTHONPATH``, this interpreter's directory first on
-``PATH`` (a Ray job's ``python -m ...`` entrypoint runs this virtualenv's Python) and a marker
+``PATH`` (a Ray job's ``python -m ...`` entrypoint runs this virtualenv's Python), Ray Train's
+PreemptionWatcher turned off (one local node is never preempted) and a marker
 variable naming the temp dir, by which :meth:`LocalRayHead.stop` finds and ends exactly this head's
 processes, even those that left its session, and no other Ray on the machine (never ``ray stop``,
 which stops every Ray of the user). Nothing starts at import time.
@@ -36,6 +37,10 @@ from pathlib import Path
 
 MARKER_ENV = "RAGPOOL_LOCAL_RAY_HEAD"
 """Set to the head's temp dir in every process of the head (how :meth:`LocalRayHead.stop` finds them)."""
+
+
+PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
+"""Ray Train's switch for its per-run PreemptionWatcher actor (ray.train.v2 constants; on by default)."""
 
 
 class RayHeadError(RuntimeError):
@@ -111,6 +116,10 @@ class LocalRayHead:
         env.pop("RAY_ADDRESS", None)  # this is a new cluster, not a client of another one
         env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", HF_HUB_OFFLINE="1",
                    TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore")
+        # Ray Train starts a PreemptionWatcher actor per training run to report which node a spot
+        # interruption took (observability only); one local node is never preempted, and on 2 cores
+        # each such process costs ~3.5 CPU-seconds of Ray imports per training run or Tune trial.
+        env[PREEMPTION_WATCHER_ENV] = "0"
         env["PATH"] = os.pathsep.join(p for p in (str(Path(sys.executable).parent), env.get("PATH")) if p)
         env.update(self.env)
         env[MARKER_ENV] = str(self.temp_dir)
@@ -130,6 +139,12 @@ class LocalRayHead:
         return cmd
 
     def start(self, timeout_s: float = 180.0) -> "LocalRayHead":
+        """:meth:`launch`, then :meth:`wait_ready`."""
+        return self.launch().wait_ready(timeout_s)
+
+    def launch(self) -> "LocalRayHead":
+        """Start ``ray start --head`` and return at once (the head comes up while the caller works on);
+        :meth:`wait_ready` before using it. RayHeadError when the ray CLI is missing."""
         ray = find_ray()
         if ray is None:
             raise RayHeadError("the ray CLI is not installed: install the ray extra (pip install -e '.[ray]')")
@@ -142,6 +157,10 @@ class LocalRayHead:
             self.process = subprocess.Popen(self.command(ray), env=self.process_env(), stdin=subprocess.DEVNULL,
                                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                             cwd=str(self.temp_dir))
+        return self
+
+    def wait_ready(self, timeout_s: float = 180.0) -> "LocalRayHead":
+        """Until the launched head's Jobs API answers; on failure (RayHeadError) the head is stopped."""
         try:
             self._wait_ready(timeout_s)
         except BaseException:

@@ -5,7 +5,8 @@ local redis-server runs, after the torchrun run:
 
 1. starts a local Ray head (:class:`training.demo.ray_head.LocalRayHead`: ``ray start --head`` on free
    ports with the Jobs API, 2 logical CPUs, node label ``ragpool.io/pool=gpu-spot`` standing in for the
-   GPU pool of a real cluster);
+   GPU pool of a real cluster), or waits for the one :func:`launch_head` began (``make demo`` launches
+   it before its torchrun run, so the head's ~15 s start-up overlaps that run);
 2. ``ragpool submit`` of the demo run as ``executor: ray`` (run id ``demo-ray``: the same data and
    stages, fewer steps; every stage placed on pool ``gpu-spot``, two Ray Train workers per training
    stage, two index tasks);
@@ -36,14 +37,14 @@ RAY_CPUS = 2
 
 def ray_demo_spec(shared: Path, run_id: str = RAY_RUN_ID, pool: str = POOL) -> dict[str, Any]:
     """The demo run (:func:`training.demo.direct.demo_config`) as an ``executor: ray`` spec, sized for
-    about two minutes on 2 cores (mostly Ray Train start-ups): fewer steps, each stage on ``pool``
+    about two and a half minutes on 2 cores (mostly Ray Train start-ups): fewer steps, each stage on ``pool``
     (2 CPUs: 2 Ray Train workers of 1 CPU, 2 index and 2 preparation tasks)."""
     from training.demo.through_queue import demo_spec
 
     stage = {"pool": pool}
     overrides = {
         "retriever": {"max_steps": 8},
-        "generator": {"max_steps": 30, "optim": {"warmup_steps": 3}},
+        "generator": {"max_steps": 20, "optim": {"warmup_steps": 2}},
         "evaluate": {"compare_pretrained": False},
         "ray": {"placement_timeout_s": 120, "max_failures": 1,
                 "prepare": {**stage, "workers": 2}, "retriever": {**stage, "workers": 2},
@@ -55,13 +56,13 @@ def ray_demo_spec(shared: Path, run_id: str = RAY_RUN_ID, pool: str = POOL) -> d
 
 
 def tune_demo_spec(shared: Path, trials: int = 4, run_id: str = TUNE_RUN_ID, pool: str = POOL) -> dict[str, Any]:
-    """A retriever search over the demo data: ``trials`` trials of 4 steps, ASHA milestones at 2 and 4,
+    """A retriever search over the demo data: ``trials`` trials of 2 steps, ASHA milestones at 1 and 2,
     each trial one Ray Train worker of 0.9 CPU so that two run at once on the 2 logical CPUs."""
     from training.demo.through_queue import demo_spec
 
     overrides = {
         "stages": ["retriever"],
-        "retriever": {"max_steps": 4},
+        "retriever": {"max_steps": 2, "optim": {"warmup_steps": 1}},
         "ray": {"placement_timeout_s": 120, "max_failures": 1,
                 "prepare": {"pool": pool, "workers": 1}, "retriever": {"pool": pool, "workers": 1, "cpus": 0.9},
                 "tune": {"num_samples": trials, "rungs": 2, "lr": [1.0e-5, 2.0e-4], "temperature": [0.02, 0.1],
@@ -79,9 +80,19 @@ def _write(path: Path, spec: dict[str, Any]) -> Path:
     return path
 
 
-def run(out: Path, shared: Path, env: dict[str, str], run_worker, tune_trials: int = 4) -> int:
+def launch_head() -> Any:
+    """Step 1 begun: the local head (:class:`training.demo.ray_head.LocalRayHead`) launched, not yet
+    waited for, so that it comes up while the demo's torchrun run trains; :func:`run` waits for it."""
+    from training.demo.ray_head import LocalRayHead
+
+    return LocalRayHead(num_cpus=RAY_CPUS, pool=POOL).launch()
+
+
+def run(out: Path, shared: Path, env: dict[str, str], run_worker, tune_trials: int = 4, head: Any = None) -> int:
     """Steps 1-5 of the module docstring; ``env`` is the demo's environment (Redis, shared root) and
-    ``run_worker(env)`` runs one queue worker to an empty queue. 0 when the run and the search succeeded."""
+    ``run_worker(env)`` runs one queue worker to an empty queue; ``head`` is a head from
+    :func:`launch_head` (else one is started here); it is stopped here in every case.
+    0 when the run and the search succeeded."""
     from training.demo.ray_head import LocalRayHead, RayHeadError
     from training.ray.pools import POOLS_ENV
     from training.scheduler import cli as runs_cli
@@ -94,14 +105,16 @@ def run(out: Path, shared: Path, env: dict[str, str], run_worker, tune_trials: i
     os.environ[POOLS_ENV] = pools  # `ragpool submit` (in this process) checks ray runs against it
     print(f"\n== local Ray head (ray start --head, {RAY_CPUS} CPUs, node label ragpool.io/pool={POOL})", flush=True)
     t0 = time.monotonic()
-    head = LocalRayHead(num_cpus=RAY_CPUS, pool=POOL)
+    head = head or LocalRayHead(num_cpus=RAY_CPUS, pool=POOL)
     try:
         try:
-            head.start()
+            if head.process is None:
+                head.launch()
+            head.wait_ready()
         except RayHeadError as exc:
             print(f"local_demo: {exc}", file=sys.stderr)
             return 1
-        print(f"== Ray Jobs API on {head.address} (cluster {head.gcs_address}, up in {time.monotonic() - t0:.0f}s)",
+        print(f"== Ray Jobs API on {head.address} (cluster {head.gcs_address}; waited {time.monotonic() - t0:.0f}s for it)",
               flush=True)
         ray_env = {**env, POOLS_ENV: pools, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
         print(f"== ragpool submit {ray_spec}  (executor: ray)", flush=True)

@@ -4,7 +4,8 @@
         [--executors torchrun,ray] [--tune-trials 4]
 
 1. generates the synthetic dataset under ``<out>/shared/datasets/synthetic``
-   (``python -m training.demo.synthetic``);
+   (``python -m training.demo.synthetic``) and removes its own previous runs there (``runs/<run id>``,
+   ``runs/demo-ray``, ``runs/demo-tune``): each demo trains afresh;
 2. starts a local ``redis-server`` on 127.0.0.1 (free port, AOF on, data in a temp dir);
 3. ``ragpool submit`` of the demo run spec (all four stages, ``--nproc`` processes, sized
    like ``python -m training.demo``, whose config it reuses);
@@ -12,7 +13,7 @@
    pipeline with ``torchrun --nproc-per-node=<nproc>`` and exits once the queue is empty;
 5. shows ``ragpool status`` and the run's artifacts;
 6. with ``ray`` among ``--executors``: the same run with ``executor: ray`` through the queue on a
-   local Ray head, then a Ray Tune search of ``--tune-trials`` trials printing its trial table
+   local Ray head (launched before step 3, so it comes up while the torchrun run trains), then a Ray Tune search of ``--tune-trials`` trials printing its trial table
    (:mod:`training.demo.ray_queue`);
 7. stops Ray and Redis (also on Ctrl-C or failure).
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -99,6 +101,23 @@ def _torchrun_run(run_id: str, spec_path: Path, shared: Path, env: dict[str, str
     return 0 if info is not None and info.state == "succeeded" else 1
 
 
+def remove_previous_runs(shared: Path, run_ids: list[str]) -> list[Path]:
+    """Remove ``runs/<id>`` under ``shared`` for each of the demo's run ids; returns those removed.
+
+    Each demo starts its runs afresh: a previous demo's runs (maybe made with other settings, which
+    the pipeline refuses to resume, or complete, which it would skip) are this command's own outputs.
+    """
+    from training.paths import run_dir
+
+    removed = []
+    for run_id in run_ids:
+        previous = run_dir(shared, run_id)
+        if previous.exists():
+            shutil.rmtree(previous)
+            removed.append(previous)
+    return removed
+
+
 def main(argv: list[str] | None = None) -> int:
     from training.demo.redis_server import LocalRedisServer, RedisServerError
 
@@ -129,6 +148,14 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run([sys.executable, "-m", "training.demo.synthetic", "--out", str(data)], check=True, env=env)
     import yaml
 
+    ids = [args.run_id] * ("torchrun" in executors)
+    if "ray" in executors:
+        from training.demo.ray_queue import RAY_RUN_ID, TUNE_RUN_ID
+
+        ids += [RAY_RUN_ID, TUNE_RUN_ID]
+    for previous in remove_previous_runs(shared, ids):
+        print(f"== removed the previous demo run {previous}", flush=True)
+
     spec_path = out / f"{args.run_id}.yaml"
     spec_path.write_text(yaml.safe_dump(demo_spec(args.run_id, args.nproc, shared), sort_keys=False))
 
@@ -142,12 +169,24 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.update(REDIS_URL=server.url, RAGPOOL_SHARED_ROOT=str(shared), RAGPOOL_QUEUE_NAMESPACE="ragpool")
         print(f"== redis-server on {server.url} (data {server.data_dir})", flush=True)
         ok = True
-        if "torchrun" in executors:
-            ok = _torchrun_run(args.run_id, spec_path, shared, {**env, "RAGPOOL_EXECUTORS": "torchrun"}) == 0
-        if "ray" in executors:
-            from training.demo import ray_queue
+        head = None
+        try:
+            if "ray" in executors:
+                from training.demo import ray_queue
+                from training.demo.ray_head import RayHeadError
 
-            ok = ray_queue.run(out, shared, env, run_worker, tune_trials=args.tune_trials) == 0 and ok
+                try:  # the Ray head comes up while the torchrun run trains (ray_queue.run waits for it)
+                    head = ray_queue.launch_head()
+                except RayHeadError:
+                    head = None  # ray_queue.run reports it
+            if "torchrun" in executors:
+                ok = _torchrun_run(args.run_id, spec_path, shared, {**env, "RAGPOOL_EXECUTORS": "torchrun"}) == 0
+            if "ray" in executors:
+                ok = ray_queue.run(out, shared, env, run_worker, tune_trials=args.tune_trials, head=head) == 0 and ok
+                head = None  # stopped by ray_queue.run
+        finally:
+            if head is not None:
+                head.stop()
         return 0 if ok else 1
     finally:
         server.stop()

@@ -9,7 +9,7 @@ from training.config import RAY_STAGES, load_run_config
 from training.demo import ray_queue
 from training.demo.through_queue import demo_spec
 from training.ray.pools import POOLS_ENV
-from training.ray.tune import TRIAL_DRIVER_CPUS, check_space, concurrency
+from training.ray.tune import TRIAL_DRIVER_CPUS, check_space, concurrency, milestone_every
 from training.scheduler.spec import SpecError, parse_spec
 
 
@@ -50,6 +50,21 @@ def test_the_tune_search_runs_two_trials_at_once_on_the_local_node(tmp_path, poo
     assert concurrency(cfg, _local_node()) == 2
     res = cfg.ray.retriever
     assert 2 * (res.workers * res.cpus + TRIAL_DRIVER_CPUS) <= ray_queue.RAY_CPUS
+    # ASHA has a rung before the last step to stop trials at, and warm-up ends within the trial.
+    assert milestone_every(cfg) < cfg.retriever.max_steps
+    assert cfg.retriever.optim.warmup_steps <= cfg.retriever.max_steps
+
+
+def test_the_local_head_turns_off_only_ray_trains_preemption_watcher() -> None:
+    """One local node is never preempted; the variable is the one Ray Train reads."""
+    pytest.importorskip("ray.train")
+    from ray.train.v2._internal.constants import ENABLE_PREEMPTION_WATCHER_ENV_VAR
+
+    from training.demo.ray_head import PREEMPTION_WATCHER_ENV, LocalRayHead
+
+    assert PREEMPTION_WATCHER_ENV == ENABLE_PREEMPTION_WATCHER_ENV_VAR
+    env = LocalRayHead().process_env()
+    assert env[PREEMPTION_WATCHER_ENV] == "0"
 
 
 def test_without_the_local_pool_declared_submit_refuses_the_ray_run(tmp_path, monkeypatch) -> None:
