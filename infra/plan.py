@@ -69,6 +69,9 @@ class _TooBig(Exception):
     pass
 
 
+_TOO_DEEP = f"is nested more than {MAX_YAML_DEPTH} levels deep"
+
+
 class UnreadableNumber:
     """Stands in for an integer too long for Python to read (over 4300 digits), so the
     key that holds it is named by validation instead of failing the whole file."""
@@ -88,12 +91,12 @@ class _StackLoader(yaml.SafeLoader):
 
     def fetch_flow_collection_start(self, TokenClass: Any) -> None:
         if self.flow_level >= MAX_YAML_DEPTH:
-            raise _TooBig(f"is nested more than {MAX_YAML_DEPTH} levels deep")
+            raise _TooBig(_TOO_DEEP)
         super().fetch_flow_collection_start(TokenClass)
 
     def add_indent(self, column: int) -> bool:
         if len(self.indents) >= MAX_YAML_DEPTH:
-            raise _TooBig(f"is nested more than {MAX_YAML_DEPTH} levels deep")
+            raise _TooBig(_TOO_DEEP)
         return super().add_indent(column)
 
     def construct_yaml_int(self, node: yaml.ScalarNode) -> Any:
@@ -116,7 +119,7 @@ _StackLoader.add_constructor("tag:yaml.org,2002:timestamp", _StackLoader.constru
 def _expanded_size(node: yaml.Node, depth: int, memo: dict[int, int]) -> int:
     """Nodes under ``node`` with every alias expanded, without expanding them; _TooBig past the bounds."""
     if depth > MAX_YAML_DEPTH:
-        raise _TooBig(f"is nested more than {MAX_YAML_DEPTH} levels deep (or has an alias that refers to itself)")
+        raise _TooBig(f"{_TOO_DEEP} (or has an alias that refers to itself)")
     if id(node) in memo:
         return memo[id(node)]
     children: list[yaml.Node] = []
@@ -174,7 +177,7 @@ def read_yaml_file(path: Path) -> Any:
         what = (getattr(exc, "problem", None) or str(exc)).splitlines()[0]
         raise fail(f"the file is not valid YAML{where}: {_plain(what)}") from None
     except RecursionError:
-        raise fail(f"the file is nested more than {MAX_YAML_DEPTH} levels deep") from None
+        raise fail(f"the file {_TOO_DEEP}") from None
     except ValueError as exc:  # a scalar YAML resolves but Python refuses, e.g. a 5000-digit integer
         raise fail(f"the file holds a value that cannot be read: {_plain(str(exc).split(';')[0])}") from None
     finally:

@@ -93,7 +93,7 @@ def run(out: Path, shared: Path, env: dict[str, str], run_worker, tune_trials: i
     ``run_worker(env)`` runs one queue worker to an empty queue; ``head`` is a head from
     :func:`launch_head` (else one is started here); it is stopped here in every case.
     0 when the run and the search succeeded."""
-    from training.demo.ray_head import LocalRayHead, RayHeadError
+    from training.demo.ray_head import RayHeadError
     from training.ray.pools import POOLS_ENV
     from training.scheduler import cli as runs_cli
     from training.scheduler.redis_conn import connect
@@ -105,15 +105,13 @@ def run(out: Path, shared: Path, env: dict[str, str], run_worker, tune_trials: i
     os.environ[POOLS_ENV] = pools  # `ragpool submit` (in this process) checks ray runs against it
     print(f"\n== local Ray head (ray start --head, {RAY_CPUS} CPUs, node label ragpool.io/pool={POOL})", flush=True)
     t0 = time.monotonic()
-    head = head or LocalRayHead(num_cpus=RAY_CPUS, pool=POOL)
     try:
-        try:
-            if head.process is None:
-                head.launch()
-            head.wait_ready()
-        except RayHeadError as exc:
-            print(f"local_demo: {exc}", file=sys.stderr)
-            return 1
+        head = head or launch_head()
+        head.wait_ready()  # stops the head when it fails
+    except RayHeadError as exc:
+        print(f"local_demo: {exc}", file=sys.stderr)
+        return 1
+    try:
         print(f"== Ray Jobs API on {head.address} (cluster {head.gcs_address}; waited {time.monotonic() - t0:.0f}s for it)",
               flush=True)
         ray_env = {**env, POOLS_ENV: pools, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}

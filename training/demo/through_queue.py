@@ -13,8 +13,8 @@
    pipeline with ``torchrun --nproc-per-node=<nproc>`` and exits once the queue is empty;
 5. shows ``ragpool status`` and the run's artifacts;
 6. with ``ray`` among ``--executors``: the same run with ``executor: ray`` through the queue on a
-   local Ray head (launched before step 3, so it comes up while the torchrun run trains), then a Ray Tune search of ``--tune-trials`` trials printing its trial table
-   (:mod:`training.demo.ray_queue`);
+   local Ray head (launched before step 3, so it comes up while the torchrun run trains), then a
+   Ray Tune search of ``--tune-trials`` trials printing its trial table (:mod:`training.demo.ray_queue`);
 7. stops Ray and Redis (also on Ctrl-C or failure).
 
 Exit code 0 when every run succeeded, 1 when one did not, 2 when redis-server is missing.
