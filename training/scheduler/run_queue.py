@@ -8,8 +8,8 @@ Keys (``P`` = ``<namespace>:``, default ``ragpool:``; needs a non-cluster Redis/
 e.g. an ElastiCache replication group with cluster mode off):
 
 ====================  =====  ===========================================================
-``P ready:<prio><l>``  list   queued task ids per priority and lane (``<l>``, see :func:`lane`);
-                             LPUSH on submit, RPOP on claim
+``P ready:<prio><l>``  list   queued task ids per priority and lane (``<l>``, see :func:`lane` and
+                             ``lanes.py``); LPUSH on submit, RPOP on claim
 ``P lanes``            set    the non-empty lane suffixes ever used (for ``stats``)
 ``P delayed``          zset   failed tasks waiting out their backoff, score = due time
 ``P leases``           zset   running tasks, score = lease deadline
@@ -47,6 +47,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from training.scheduler.lanes import RAY_LANE, READY_STEM, Lane, lane_of, lanes_from_env, ready_list  # noqa: F401 (re-exported)
 from training.scheduler.redis_conn import NotReplicatedError, reconnect, replica_count, single_attempt
 from training.scheduler.spec import PRIORITIES, RunSpec
 
@@ -84,7 +85,7 @@ class Key(StrEnum):
     them in their layout argument, so this is their one home. ``TASK``, ``READY``,
     ``DURATION`` and ``GROUP`` are stems followed by an id, priority, outcome or group."""
 
-    READY = "ready:"
+    READY = READY_STEM
     DELAYED = "delayed"
     LEASES = "leases"
     DEAD = "dead"
@@ -98,29 +99,10 @@ class Key(StrEnum):
     LANES = "lanes"
 
 
-NODES_SUFFIX = ":n"
-"""Multi-node torchrun runs of N nodes wait in ``ready:<prio>:n<N>``."""
-RAY_LANE = ":ray"
-"""``executor: ray`` runs wait in ``ready:<prio>:ray``."""
-
-
-def lane(executor: str = "torchrun", nodes: int = 1) -> str:
-    """The ready-list suffix of a run: which workers may claim it.
-
-    ``""`` for single-pod torchrun runs (the GPU pools' workers), ``:n<N>`` for torchrun runs of
-    N pods (only an Indexed Job of N pods claims them), ``:ray`` for ray runs (only workers whose
-    ``RAGPOOL_EXECUTORS`` includes ray: the CPU worker that submits them to the Ray cluster; a
-    ray run is one Ray job whatever its size, so ``nodes`` does not apply)."""
-    if executor == "ray":
-        return RAY_LANE
-    if executor != "torchrun":
-        raise ValueError(f"unknown executor {executor!r}")
-    return f"{NODES_SUFFIX}{nodes}" if nodes > 1 else ""
-
-
-def ready_list(priority: str, lane_suffix: str = "") -> str:
-    """Name (under the prefix) of the ready list for ``priority`` runs of the lane ``lane_suffix``."""
-    return Key.READY + priority + lane_suffix
+def lane(executor: str = "torchrun", nodes: int = 1, pool: str | None = None) -> str:
+    """The ready-list suffix of a run: which workers may claim it (``lanes.Lane.suffix``, the one
+    home of the lane rules: ``""``, ``:n<N>``, ``:pool:<P>[:n<N>]``, ``:ray``)."""
+    return lane_of(executor, nodes, pool).suffix
 
 
 DURATION_BUCKETS: tuple[float, ...] = (
@@ -163,11 +145,16 @@ def _load_scripts() -> dict[str, str]:
 _SCRIPTS = _load_scripts()
 
 
-def _lanes(executors: Sequence[str], nodes: int) -> str:
-    """The claim scripts' lanes argument (a JSON list, in the order the worker prefers them)."""
-    if not executors:
-        raise ValueError("a worker needs at least one executor")
-    return json.dumps(list(dict.fromkeys(lane(e, nodes) for e in executors)))
+def _lanes(executors: Sequence[str], nodes: int, lanes: Sequence[Lane] | None = None) -> str:
+    """The claim scripts' lanes argument (a JSON list of suffixes, in the order the worker prefers
+    them): ``lanes`` when given, else the unpinned lanes of ``executors`` and ``nodes``."""
+    if lanes is None:
+        if not executors:
+            raise ValueError("a worker needs at least one executor")
+        lanes = lanes_from_env(executors, nodes, environ={})
+    if not lanes:
+        raise ValueError("a worker needs at least one lane")
+    return json.dumps(list(dict.fromkeys(lane.suffix for lane in lanes)))
 
 REPLICA_RECHECK_S = 60.0
 """How often a queue that found no replica looks again (see ``TaskQueue.replicas_to_wait_for``)."""
@@ -349,16 +336,16 @@ class TaskQueue:
         """Enqueue a validated run; the same run id twice is one task (idempotent)."""
         return self.submit_payload(spec.run_id, spec.to_json(), priority=spec.priority,
                                    max_attempts=spec.max_attempts, timeout_s=spec.timeout_seconds,
-                                   nodes=spec.nodes, executor=spec.executor)
+                                   nodes=spec.nodes, executor=spec.executor, pool=spec.pool)
 
     def submit_payload(self, task_id: str, payload: str, *, priority: str = "normal",
                        max_attempts: int = 3, timeout_s: float = 86400, nodes: int = 1,
-                       executor: str = "torchrun") -> SubmitResult:
+                       executor: str = "torchrun", pool: str | None = None) -> SubmitResult:
         """Lower level :meth:`submit` for an already validated payload string."""
         if priority not in PRIORITIES:
             raise ValueError(f"priority must be one of {PRIORITIES}, got {priority!r}")
         status, state, same = self._call_replicated("submit", task_id, payload, priority, int(max_attempts),
-                                                    timeout_s, int(nodes), lane(executor, nodes))
+                                                    timeout_s, int(nodes), lane(executor, nodes, pool))
         return SubmitResult(created=status == "created", state=state, same_spec=bool(int(same)))
 
     def cancel(self, task_id: str) -> str:
@@ -374,7 +361,8 @@ class TaskQueue:
     # -- consumers -------------------------------------------------------------------------
 
     def claim(self, worker_id: str, *, block_s: float = 0.0, run_id: str | None = None,
-              poll_s: float = 1.0, nodes: int = 1, executors: Sequence[str] = ("torchrun",)) -> Claim | None:
+              poll_s: float = 1.0, nodes: int = 1, executors: Sequence[str] = ("torchrun",),
+              lanes: Sequence[Lane] | None = None) -> Claim | None:
         """Lease the next task (highest priority, oldest first) or ``run_id`` specifically.
 
         With ``block_s`` > 0 waits up to that long, woken by submits/requeues (BLPOP on
@@ -383,27 +371,28 @@ class TaskQueue:
         (:func:`lane`): ``nodes`` > 1 claims only torchrun runs of exactly that many nodes
         (an Indexed Job's index-0 pod), so single-pod workers never see multi-node runs, and
         only a worker with ``ray`` in ``executors`` sees ray runs. ``run_id`` too must be
-        in one of those lanes.
+        in one of those lanes. ``lanes`` (``lanes.Lane``) replaces ``executors``/``nodes`` with an
+        exact set of lanes (pinned pools: ``lanes.worker_lanes``).
         """
         claims = self.claim_batch(worker_id, 1, block_s=block_s, run_id=run_id, poll_s=poll_s, nodes=nodes,
-                                  executors=executors)
+                                  executors=executors, lanes=lanes)
         return claims[0] if claims else None
 
     def claim_batch(self, worker_id: str, max_tasks: int, *, block_s: float = 0.0,
                     run_id: str | None = None, poll_s: float = 1.0, nodes: int = 1,
-                    executors: Sequence[str] = ("torchrun",)) -> list[Claim]:
+                    executors: Sequence[str] = ("torchrun",), lanes: Sequence[Lane] | None = None) -> list[Claim]:
         """Lease up to ``max_tasks`` tasks in one round trip (each with its own lease and token).
 
         A claim no replica confirmed is handed back at once (best effort) and
         :class:`NotReplicatedError` raised: running it could run it twice if a failover
         then lost the claim. The claim script is sent once; on a connection error the
         caller tries again later (a lease whose reply was lost expires and is reaped)."""
-        lanes = _lanes(executors, nodes)
+        lanes_json = _lanes(executors, nodes, lanes)
         deadline = time.monotonic() + block_s
         while True:
             try:
                 reply = self._call_replicated("claim", worker_id, uuid.uuid4().hex[:16], self.lease_seconds,
-                                              run_id or "", int(max_tasks), lanes)
+                                              run_id or "", int(max_tasks), lanes_json)
             except NotReplicatedError as exc:
                 self._hand_back([Claim._from_reply(r) for r in exc.reply or []])
                 raise
@@ -422,23 +411,25 @@ class TaskQueue:
                 pass
 
     def ack_batch(self, claims: list[Claim], *, worker_id: str | None = None, claim_next: int = 0,
-                  executors: Sequence[str] = ("torchrun",)) -> tuple[list[bool], list[Claim]]:
+                  executors: Sequence[str] = ("torchrun",),
+                  lanes: Sequence[Lane] | None = None) -> tuple[list[bool], list[Claim]]:
         """Ack ``claims`` and, when ``claim_next`` > 0, lease up to that many more single-pod tasks
-        of ``executors`` for ``worker_id``, all in one round trip. Returns (acked flags, new claims)."""
+        of ``executors`` (or of ``lanes``) for ``worker_id``, all in one round trip. Returns (acked
+        flags, new claims)."""
         args: list = [len(claims)]
         for c in claims:
             args += [c.task_id, c.token]
         if claim_next > 0:
             if worker_id is None:
                 raise ValueError("claim_next needs worker_id")
-            args += [worker_id, uuid.uuid4().hex[:16], self.lease_seconds, int(claim_next), _lanes(executors, 1)]
+            args += [worker_id, uuid.uuid4().hex[:16], self.lease_seconds, int(claim_next), _lanes(executors, 1, lanes)]
         acked, new = self._call_replicated("ack_many", *args)
         return [a == "1" for a in acked], [Claim._from_reply(r) for r in new]
 
-    def ack_and_claim(self, claim: Claim, worker_id: str,
-                      executors: Sequence[str] = ("torchrun",)) -> tuple[bool, Claim | None]:
+    def ack_and_claim(self, claim: Claim, worker_id: str, executors: Sequence[str] = ("torchrun",),
+                      lanes: Sequence[Lane] | None = None) -> tuple[bool, Claim | None]:
         """Ack ``claim`` and lease the next task in one round trip."""
-        acked, new = self.ack_batch([claim], worker_id=worker_id, claim_next=1, executors=executors)
+        acked, new = self.ack_batch([claim], worker_id=worker_id, claim_next=1, executors=executors, lanes=lanes)
         return acked[0], (new[0] if new else None)
 
     def heartbeat(self, claim: Claim, worker_id: str) -> Heartbeat:

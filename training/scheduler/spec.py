@@ -93,7 +93,7 @@ _SPEC_OWN_KEYS = ("run_id", "shared_root", "stages", "data")
 """Run config keys the spec's own fields set (never through ``hyperparameters.run``)."""
 _TOP_LEVEL_FIELDS = (
     "run_id", "stages", "data", "models", "hyperparameters", "nodes", "gpus_per_node",
-    "priority", "max_attempts", "timeout_seconds", "executor",
+    "priority", "max_attempts", "timeout_seconds", "executor", "pool",
 )
 EXECUTORS: tuple[str, ...] = ("torchrun", "ray")
 """How a run runs: ``torchrun`` on a GPU worker's pod, or ``ray`` (``training.ray.driver`` as a Ray job
@@ -137,6 +137,9 @@ class RunSpec:
     """Wall-clock limit of one attempt; the worker stops the run and counts a failure."""
     executor: str = "torchrun"
     """:data:`EXECUTORS`; ``ray`` takes its per-stage resources from ``hyperparameters.run`` ``ray.*``."""
+    pool: str | None = None
+    """The GPU pool a torchrun run must run on (``training/scheduler/lanes.py``); None = the stack's
+    default pool (its first GPU pool). Refused with ``executor: ray`` (ray stages pick pools)."""
 
     def to_payload(self) -> dict[str, Any]:
         """The JSON-able mapping stored in the queue (round-trips through ``parse_spec``)."""
@@ -153,6 +156,7 @@ class RunSpec:
             "timeout_seconds": self.timeout_seconds,
             # Only when not the default: payloads of torchrun runs stay as they were.
             **({"executor": self.executor} if self.executor != "torchrun" else {}),
+            **({"pool": self.pool} if self.pool is not None else {}),
         }
 
     def to_training_config(self, shared_root: str) -> dict[str, Any]:
@@ -365,12 +369,13 @@ def parse_spec(raw: Any, *, source: str = "run spec", shared_root: str | None = 
     elif executor == "ray" and nodes > 1:
         problems.append(("nodes", f"must be 1 for executor: ray, got {nodes}: the Ray cluster sizes a ray run "
                                   "(hyperparameters.run ray.<stage>.workers), not pods"))
+    pool = _pool_field(raw, executor, problems)
 
     if problems:
         raise SpecError(problems, source)
     spec = RunSpec(run_id=run_id, stages=stages, data=data, models=models, hyperparameters=hyper,
                    nodes=nodes, gpus_per_node=gpus, priority=priority, max_attempts=max_attempts,
-                   timeout_seconds=timeout, executor=executor)
+                   timeout_seconds=timeout, executor=executor, pool=pool)
     size = len(spec.to_json().encode())
     if size > MAX_SPEC_BYTES:
         raise SpecError([("(payload)", f"{size} bytes once encoded; the limit is {MAX_SPEC_BYTES}")], source)
@@ -382,6 +387,31 @@ def parse_spec(raw: Any, *, source: str = "run spec", shared_root: str | None = 
         if problems:
             raise SpecError(problems, source)
     return spec
+
+
+def _pool_field(raw: Mapping, executor: str, problems: list) -> str | None:
+    """``pool``: a pool name, known to the stack when the submitter knows its pools
+    (``RAGPOOL_POOLS``, see ``lanes.declared_pools``), and only for torchrun runs."""
+    from training.scheduler.lanes import POOLS_ENV, Lane, LaneError, declared_pools
+
+    pool = raw.get("pool")
+    if pool is None:
+        return None
+    try:
+        Lane("torchrun", 1, pool)
+    except LaneError:
+        problems.append(("pool", f"must be a pool name (a DNS label), got {shown(pool)}"))
+        return None
+    if executor == "ray":
+        problems.append(("pool", "is for torchrun runs; an executor: ray run picks a pool per stage "
+                                 "(hyperparameters.run ray.<stage>.pool)"))
+        return None
+    pools = declared_pools()
+    if pools is not None and pool not in pools:
+        problems.append(("pool", f"pool {pool!r} does not exist in this stack; pools: "
+                                 f"{', '.join(pools) or f'none ({POOLS_ENV} is empty)'}"))
+        return None
+    return pool
 
 
 def ray_problems(spec: RunSpec, shared_root: str) -> list[tuple[str, str]]:

@@ -66,6 +66,7 @@ from typing import NamedTuple
 
 from training import exit_codes
 from training.paths import child_env, shared_root_from_env
+from training.scheduler.lanes import Lane, format_lanes, lanes_from_env
 from training.scheduler.run_queue import Claim, Heartbeat, Key, namespace_from_env
 from training.scheduler.spec import EXECUTORS, RunSpec, ray_problems
 
@@ -185,6 +186,9 @@ class WorkerConfig:
     """Which runs this worker claims, by their spec's ``executor`` (``RAGPOOL_EXECUTORS``,
     comma-separated, default torchrun): the GPU pools' workers take ``torchrun`` runs, the
     CPU worker of the Ray template takes ``ray`` runs (run_queue.lane keeps them apart)."""
+    lanes: tuple[Lane, ...] = ()
+    """The lanes it claims, exactly (``RAGPOOL_LANES``, lane names, see training/scheduler/lanes.py);
+    empty = from the environment, else the unpinned lanes of ``executors`` and ``nnodes``."""
     test_command: list[str] | None = field(default_factory=lambda: _json_list_env("RAGPOOL_WORKER_TEST_COMMAND"))
     """TEST ONLY: replaces the whole torchrun command."""
     test_entrypoint: str | None = field(default_factory=lambda: os.environ.get("RAGPOOL_WORKER_TEST_ENTRYPOINT") or None)
@@ -205,6 +209,13 @@ class WorkerConfig:
         if unknown or not self.executors:
             raise ValueError(f"{EXECUTORS_ENV}={','.join(self.executors)!r}: each executor must be one of "
                              f"{', '.join(EXECUTORS)} (comma-separated)")
+        if not self.lanes:
+            self.lanes = lanes_from_env(self.executors, self.nnodes)
+        lane_executors = tuple(dict.fromkeys(lane.executor for lane in self.lanes))
+        if os.environ.get(EXECUTORS_ENV) and set(lane_executors) != set(self.executors):
+            raise ValueError(f"{EXECUTORS_ENV}={','.join(self.executors)!r} disagrees with the lanes "
+                             f"{format_lanes(self.lanes)!r}; set one of them")
+        self.executors = lane_executors
         if self.nnodes > 1 and "ray" in self.executors:
             raise ValueError(f"{EXECUTORS_ENV} includes ray but RAGPOOL_NNODES={self.nnodes}: a ray run is one "
                              "Ray job submitted by a single-pod worker; multi-node Jobs run torchrun only")
@@ -323,7 +334,7 @@ class Worker:
             idle_left = self.config.idle_exit_seconds - (time.monotonic() - idle_since)
             try:
                 claim = self.queue.claim(self.config.worker_id, run_id=self.config.run_id,
-                                         nodes=self.config.nnodes, executors=self.config.executors,
+                                         nodes=self.config.nnodes, lanes=self.config.lanes,
                                          block_s=max(0.0, min(self.config.poll_seconds, idle_left)),
                                          poll_s=self.config.poll_seconds)
             except Exception as exc:  # Redis restarting / failing over / demoted: keep trying

@@ -1,0 +1,242 @@
+"""Lanes: which workers may claim which queued runs (torch-free; the one home of the lane rules).
+
+A run waits in the ready lists of exactly one lane, one list per priority
+(``<namespace>:ready:<prio><suffix>``). A worker claims from a fixed set of lanes, highest
+priority first. The lanes:
+
+==========================  =========================  ===================================================
+lane (``Lane``)              ready-list suffix          who claims it
+==========================  =========================  ===================================================
+``Lane()``                   ``""``                     the stack's DEFAULT pool's single-pod workers
+                                                        (unpinned single-pod torchrun runs)
+``Lane(nodes=N)``            ``:n<N>``                  index 0 of an Indexed Job of N pods of the default pool
+``Lane(pool=P)``             ``:pool:<P>``              pool P's single-pod workers (runs with ``pool: P``)
+``Lane(nodes=N, pool=P)``    ``:pool:<P>:n<N>``         index 0 of an Indexed Job of N pods of pool P
+``Lane("ray")``              ``:ray``                   the CPU worker that submits ray runs to the Ray cluster
+==========================  =========================  ===================================================
+
+The DEFAULT pool is the first GPU pool of the stack config (``ragpool:gpuPools``); it also
+takes the unpinned lanes, so a run that does not pin ``pool:`` runs there. Ray runs never
+pin a pool here (their stages pick pools, ``ray.<stage>.pool``).
+
+Each lane has a *name* safe as a Kubernetes label value and as a list item
+(:attr:`Lane.name`: ``torchrun``, ``torchrun.n2``, ``pool.gpu-spot``, ``pool.gpu-spot.n2``,
+``ray``; pool names are DNS labels, so the dot never clashes). Workers read the lanes they
+claim from :data:`LANES_ENV` (``RAGPOOL_LANES=pool.gpu-spot,torchrun``); :func:`worker_env`
+builds that environment, :func:`worker_lanes` the lanes of a worker of one pool.
+
+For KEDA (infra/keda.py): a ScaledJob for the lanes ``worker_lanes(...)`` triggers on
+``[key for lane in lanes for key in lane.ready_keys(namespace)]`` and runs a worker whose
+environment includes ``worker_env(lanes)``; the summed LLEN of those lists is the number
+of runs waiting for such a worker (see docs/DESIGN.md, "Lanes and the keeper").
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from training.scheduler.spec import EXECUTORS, PRIORITIES
+
+READY_STEM = "ready:"
+"""Stem of every ready list under the namespace prefix (``run_queue.Key.READY`` is this)."""
+NODES_SUFFIX = ":n"
+"""Multi-node torchrun runs of N nodes wait in ``ready:<prio>[:pool:<P>]:n<N>``."""
+POOL_SUFFIX = ":pool:"
+"""Runs pinned to pool P wait in ``ready:<prio>:pool:<P>[...]``."""
+RAY_LANE = ":ray"
+"""``executor: ray`` runs wait in ``ready:<prio>:ray``."""
+LANES_ENV = "RAGPOOL_LANES"
+"""Worker environment: the lane names (:attr:`Lane.name`, comma-separated) it claims, exactly."""
+POOLS_ENV = "RAGPOOL_POOLS"
+"""Submitter environment: the stack's GPU pool names, comma-separated (the stack's ``gpuPools``
+output, first = default pool). When set, ``ragpool submit`` refuses a ``pool:`` not listed."""
+LANE_LABEL = "ragpool.io/lane"
+"""Kubernetes label a lane's worker Jobs and pods carry (value: :attr:`Lane.name`);
+``ragpool status --cluster`` lists ``kubectl get jobs,pods -l ragpool.io/lane=<name>``."""
+MAX_NODES = 64
+"""Largest ``nodes`` of a run (spec.py checks the spec against it)."""
+
+_POOL_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+_NAME_RE = re.compile(r"(?:(torchrun)|pool\.([a-z0-9-]+))(?:\.n([0-9]+))?|(ray)")
+
+
+class LaneError(ValueError):
+    """A lane, lane name or lane list is invalid; the message names it and the rule."""
+
+
+@dataclass(frozen=True)
+class Lane:
+    """Which workers may claim a run: its executor, pods per run, and pinned pool (or None)."""
+
+    executor: str = "torchrun"
+    """``torchrun`` or ``ray`` (spec.EXECUTORS)."""
+    nodes: int = 1
+    """Pods per run (an Indexed Job of this many pods claims it); always 1 for ray."""
+    pool: str | None = None
+    """The GPU pool the run is pinned to; None = the stack's default pool (torchrun) or none (ray)."""
+
+    def __post_init__(self) -> None:
+        if self.executor not in EXECUTORS:
+            raise LaneError(f"unknown executor {self.executor!r}: a lane's executor is one of {', '.join(EXECUTORS)}")
+        if isinstance(self.nodes, bool) or not isinstance(self.nodes, int) or not 1 <= self.nodes <= MAX_NODES:
+            raise LaneError(f"lane nodes {self.nodes!r}: must be an integer in [1, {MAX_NODES}]")
+        if self.pool is not None and not (isinstance(self.pool, str) and _POOL_RE.fullmatch(self.pool)):
+            raise LaneError(f"lane pool {self.pool!r}: must be a pool name (a DNS label)")
+        if self.executor == "ray" and (self.nodes != 1 or self.pool is not None):
+            raise LaneError("the ray lane has nodes 1 and no pool: a ray run's stages pick their pools")
+
+    @property
+    def suffix(self) -> str:
+        """The ready-list suffix: ``""``, ``:n<N>``, ``:pool:<P>``, ``:pool:<P>:n<N>`` or ``:ray``."""
+        if self.executor == "ray":
+            return RAY_LANE
+        pool = f"{POOL_SUFFIX}{self.pool}" if self.pool else ""
+        return pool + (f"{NODES_SUFFIX}{self.nodes}" if self.nodes > 1 else "")
+
+    @property
+    def name(self) -> str:
+        """A label-safe name: ``torchrun[.n<N>]``, ``pool.<P>[.n<N>]`` or ``ray`` (:func:`parse_lane` reads it)."""
+        if self.executor == "ray":
+            return "ray"
+        head = f"pool.{self.pool}" if self.pool else "torchrun"
+        return head + (f".n{self.nodes}" if self.nodes > 1 else "")
+
+    def ready_lists(self) -> list[str]:
+        """The lane's ready-list key names under the namespace prefix, one per priority, in claim
+        order (highest priority first): ``["ready:high<suffix>", "ready:normal<suffix>", ...]``."""
+        return [ready_list(prio, self.suffix) for prio in PRIORITIES]
+
+    def ready_keys(self, namespace: str) -> list[str]:
+        """:meth:`ready_lists` as full Redis keys of the queue ``namespace`` (e.g. ``ragpool``)."""
+        return [f"{namespace}:{key}" for key in self.ready_lists()]
+
+
+def ready_list(priority: str, lane_suffix: str = "") -> str:
+    """Name (under the prefix) of the ready list for ``priority`` runs of the lane ``lane_suffix``."""
+    return READY_STEM + priority + lane_suffix
+
+
+def lane_of(executor: str = "torchrun", nodes: int = 1, pool: str | None = None) -> Lane:
+    """The lane of a run with this executor, node count and pinned pool (ray: nodes/pool ignored,
+    the spec refuses ``pool`` with ray and ``nodes`` > 1 with ray)."""
+    if executor == "ray":
+        return Lane("ray")
+    return Lane(executor, nodes, pool or None)
+
+
+def parse_lane(name: str) -> Lane:
+    """The lane named ``name`` (:attr:`Lane.name`); raises :class:`LaneError`."""
+    m = _NAME_RE.fullmatch(name.strip()) if isinstance(name, str) else None
+    if not m:
+        raise LaneError(f"{LANES_ENV}: lane {str(name)[:80]!r} is not one of torchrun, torchrun.n<N>, "
+                        "pool.<pool>, pool.<pool>.n<N>, ray")
+    if m.group(4):
+        return Lane("ray")
+    nodes = int(m.group(3)) if m.group(3) else 1
+    lane = Lane("torchrun", nodes, m.group(2))
+    if lane.name != name.strip():  # n1, n007: one spelling per lane
+        raise LaneError(f"{LANES_ENV}: lane {name!r} is spelled {lane.name!r}")
+    return lane
+
+
+def parse_lanes(text: str) -> tuple[Lane, ...]:
+    """``"pool.a,torchrun"`` -> lanes in that order (duplicates dropped); raises :class:`LaneError`
+    when empty or when the lanes differ in ``nodes`` (one worker Job has one pod count)."""
+    lanes = tuple(dict.fromkeys(parse_lane(item) for item in text.split(",") if item.strip()))
+    if not lanes:
+        raise LaneError(f"{LANES_ENV} is set but names no lane")
+    if len({lane.nodes for lane in lanes}) > 1:
+        raise LaneError(f"{LANES_ENV}={text!r}: the lanes of one worker must have the same node count")
+    return lanes
+
+
+def format_lanes(lanes: Iterable[Lane]) -> str:
+    """The :data:`LANES_ENV` value of ``lanes`` (what :func:`parse_lanes` reads back)."""
+    return ",".join(lane.name for lane in lanes)
+
+
+def worker_lanes(pool: str | None, *, is_default_pool: bool, nodes: int = 1,
+                 executors: Sequence[str] = ("torchrun",)) -> tuple[Lane, ...]:
+    """The lanes a worker of ``pool`` claims, in the order it prefers them: runs pinned to its pool,
+    then (default pool only) the unpinned runs of the same node count, then the ray lane if
+    ``ray`` is among ``executors`` (the CPU Ray worker: ``worker_lanes(None, is_default_pool=False,
+    executors=("ray",))``)."""
+    lanes: list[Lane] = []
+    for executor in executors:
+        if executor == "ray":
+            lanes.append(Lane("ray"))
+            continue
+        if pool is not None:
+            lanes.append(Lane(executor, nodes, pool))
+        if is_default_pool or pool is None:
+            lanes.append(Lane(executor, nodes))
+    if not lanes:
+        raise LaneError("a worker needs at least one executor")
+    parse_lanes(format_lanes(lanes))  # the same rules as the environment
+    return tuple(dict.fromkeys(lanes))
+
+
+def worker_env(lanes: Sequence[Lane]) -> dict[str, str]:
+    """Environment that makes ``python -m training.worker`` claim exactly ``lanes``:
+    ``RAGPOOL_LANES`` and ``RAGPOOL_NNODES`` (their node count). A multi-node Job adds
+    ``RAGPOOL_WORKER_GROUP`` and ``RAGPOOL_RDZV_HOST`` (see the worker's docstring)."""
+    text = format_lanes(lanes)
+    parsed = parse_lanes(text)
+    return {LANES_ENV: text, "RAGPOOL_NNODES": str(parsed[0].nodes)}
+
+
+def lanes_from_env(executors: Sequence[str], nodes: int,
+                   environ: Mapping[str, str] | None = None) -> tuple[Lane, ...]:
+    """The lanes a worker claims: :data:`LANES_ENV` when set (its node count must equal
+    ``nodes`` and its executors be among ``executors`` when ``RAGPOOL_EXECUTORS`` was set), else the
+    unpinned lanes of ``executors`` and ``nodes`` (the behaviour before pools: manual use)."""
+    env = os.environ if environ is None else environ
+    raw = env.get(LANES_ENV, "")
+    if not raw.strip():
+        return tuple(dict.fromkeys(lane_of(e, nodes) for e in executors))
+    lanes = parse_lanes(raw)
+    if lanes[0].nodes != nodes:
+        raise LaneError(f"{LANES_ENV}={raw!r} are lanes of {lanes[0].nodes}-pod runs but RAGPOOL_NNODES={nodes}")
+    return lanes
+
+
+def declared_pools(environ: Mapping[str, str] | None = None) -> tuple[str, ...] | None:
+    """The stack's GPU pool names from :data:`POOLS_ENV` (first = default), or None when unset."""
+    env = os.environ if environ is None else environ
+    if POOLS_ENV not in env:
+        return None
+    return tuple(p.strip() for p in env[POOLS_ENV].split(",") if p.strip())
+
+
+def known_lanes(suffixes: Iterable[str]) -> list[Lane]:
+    """Lanes from ready-list suffixes seen in a queue (``run_queue`` keeps them in its ``lanes``
+    set), plus the unpinned single-pod lane; unknown suffixes (written by a newer version) are skipped."""
+    out = {Lane()}
+    for suffix in suffixes:
+        lane = lane_from_suffix(suffix)
+        if lane is not None:
+            out.add(lane)
+    return sorted(out, key=lambda lane: (lane.executor, lane.pool or "", lane.nodes))
+
+
+def lane_from_suffix(suffix: str) -> Lane | None:
+    """The lane whose :attr:`Lane.suffix` is ``suffix``, or None when no lane has it."""
+    if suffix == RAY_LANE:
+        return Lane("ray")
+    pool, rest = None, suffix
+    if rest.startswith(POOL_SUFFIX):
+        pool, _, tail = rest[len(POOL_SUFFIX):].partition(":")
+        rest = f":{tail}" if tail else ""
+    nodes = 1
+    if rest:
+        if not rest.startswith(NODES_SUFFIX) or not rest[len(NODES_SUFFIX):].isdigit():
+            return None
+        nodes = int(rest[len(NODES_SUFFIX):])
+    try:
+        lane = Lane("torchrun", nodes, pool)
+    except LaneError:
+        return None
+    return lane if lane.suffix == suffix else None
