@@ -21,7 +21,8 @@ chain is submitted at once and each stage starts the moment its input is ready:
 - ``evaluate``: the evaluation stage as a Ray task, writing the same ``report.json``.
 
 Every stage reserves its own placement group on its pool (:mod:`training.ray.placement`) and
-releases it when it ends. Completed stages are skipped by the same rule as under torchrun
+releases it when it ends; on an idle cluster (worker groups at 0) the pending group makes Ray's
+autoscaler add a node of the pool, within ``ray.placement_timeout_s``. Completed stages are skipped by the same rule as under torchrun
 (:func:`training.components.stage.completed`: ``_COMPLETE`` markers and config fingerprints), so a
 run can be started by one
 executor and resumed or evaluated by the other. Ray Train's own run state goes to
@@ -45,6 +46,7 @@ from training.config import ConfigError, RunConfig, load_run_config, split_cli
 from training.exit_codes import BAD_INPUT, FAILED, OK, UNAVAILABLE
 from training.ray.job import DRIVER_ERROR_PREFIX
 from training.ray.placement import TRAINING_STAGES, PlacementError, StagePlacement, plan, reserved, strategy_for
+from training.ray.pools import POOLS_ENV
 
 PREPARE = "prepare"
 RAY_STORAGE_DIR = "ray"
@@ -52,9 +54,10 @@ RAY_STORAGE_DIR = "ray"
 SHARDS_DIR = "_shards"
 """Index stage: per-task embedding shards before the merge (removed after it)."""
 # Passed to the stage tasks and Ray Train workers when set here: the Hugging Face offline switch, the
-# import path, the training loop's step-hook modules (its HOOKS_ENV; tests inject faults through them)
-# and the hooks' own variables (RAGPOOL_FAULT_*).
-_WORKER_ENV = ("HF_HUB_OFFLINE", "PYTHONPATH", "RAGPOOL_SHARED_ROOT")
+# import path, the namespace's declared pools (the stage tasks plan against them: placement.plan), the
+# training loop's step-hook modules (its HOOKS_ENV; tests inject faults through them) and the hooks' own
+# variables (RAGPOOL_FAULT_*).
+_WORKER_ENV = ("HF_HUB_OFFLINE", "PYTHONPATH", "RAGPOOL_SHARED_ROOT", POOLS_ENV)
 _WORKER_ENV_PREFIXES = ("RAGPOOL_FAULT_",)
 
 
@@ -321,6 +324,8 @@ def run_stage(tree: dict[str, Any], stage: str, upstream: dict[str, Any] | None)
     if stage != PREPARE and completed(cfg, stage):  # the pipeline's rule: marker + fingerprint
         summaries[stage] = {"skipped": "complete"}
         return summaries
+    # Against the namespace's declared pools (RAGPOOL_RAY_POOLS) when set: on an idle cluster no node is alive,
+    # and the stage's placement group is what makes Ray's autoscaler add one.
     placement = plan(stage, cfg.ray.stage(stage), _nodes())
     if stage == PREPARE:
         out = run_prepare(cfg, placement)

@@ -13,6 +13,21 @@ A stage whose pool has no room waits up to ``ray.placement_timeout_s`` and then 
 that can never fit (unknown pool, more CPUs/GPUs per bundle than any node of the pool has)
 fails at once.
 
+From zero: a RayCluster's worker groups idle at 0 replicas, and its head has ``num-cpus: 0``, so
+on an idle cluster no node of any pool is alive. What a pool can hold is then read from the
+namespace's declaration (``RAGPOOL_RAY_POOLS``, :mod:`training.ray.pools`: pool -> GPUs of one
+of its Ray workers), not from the nodes that happen to be alive: a stage whose pool is declared
+(or whose pool is empty, "any node", while pools are declared) is checked against it, and its
+placement group is created even with no node of the pool alive. The pending group is the demand
+Ray's autoscaler (v2) reads from the GCS to add a node of a type whose resources and labels
+satisfy its bundles and ``bundle_label_selector`` (ray/autoscaler/v2/scheduler.py
+``ResourceDemandScheduler._sched_gang_resource_requests``: pending placement groups, each bundle with its label
+selector); :func:`reserved` waits up to ``ray.placement_timeout_s`` for it. A pool whose worker
+group is at its maxReplicas gets no node, and the stage fails at the timeout naming the stage, the
+pool, the resources and the nodes of the pool that were alive. The declaration carries GPUs only:
+CPUs per bundle are checked against an alive node of the pool when there is one (every node of a
+pool is its worker group's size), else left to the autoscaler and the timeout.
+
 Strategies (``ray.<stage>.strategy``): ``auto`` is STRICT_PACK for training workers when all
 bundles fit one node of the pool (DDP ranks then talk over loopback / NVLink), PACK when they
 do not, and SPREAD for the task stages (prepare, index, evaluate).
@@ -98,12 +113,33 @@ def pools(nodes: list[Mapping[str, Any]]) -> list[str]:
     return sorted({(n.get("Labels") or {}).get(POOL_LABEL) for n in nodes if n.get("Alive")} - {None})
 
 
-def plan(stage: str, resources: RayStageConfig, nodes: list[Mapping[str, Any]]) -> StagePlacement:
-    """The placement of ``stage`` on the cluster described by ``nodes`` (:func:`ray.nodes`).
+def _declared(declared: Mapping[str, int] | None) -> Mapping[str, int]:
+    if declared is not None:
+        return declared
+    from training.config import ConfigError
+    from training.ray.pools import POOLS_ENV, PoolsError, declared_pools
 
-    Raises :class:`PlacementError` at once when the request can never be met: a pool that no
-    node carries, or a bundle larger than every node of the pool. A pool that exists but is
-    busy is not an error here (:func:`reserved` waits for it).
+    try:
+        return declared_pools()
+    except PoolsError as err:
+        raise ConfigError(str(err), POOLS_ENV) from None
+
+
+def _too_big(stage: str, bundle: Mapping[str, float], where: str, largest: str) -> PlacementError:
+    return PlacementError(f"stage {stage}: one worker needs {dict(bundle)} but no node of {where} has that much "
+                          f"(largest: {largest}); lower ray.{stage}.cpus / ray.{stage}.gpus")
+
+
+def plan(stage: str, resources: RayStageConfig, nodes: list[Mapping[str, Any]],
+         declared: Mapping[str, int] | None = None) -> StagePlacement:
+    """The placement of ``stage`` on the cluster described by ``nodes`` (:func:`ray.nodes`) and
+    ``declared`` (pool -> GPUs of one node; None = ``RAGPOOL_RAY_POOLS`` of this process).
+
+    Raises :class:`PlacementError` at once when the request can never be met: a pool neither
+    declared nor carried by an alive node, or a bundle larger than every node of the pool (GPUs
+    against the declaration when the pool is declared, CPUs against its alive nodes). A pool that
+    exists but is busy, or has no node alive yet, is not an error here (:func:`reserved` waits for
+    it while Ray's autoscaler adds nodes).
     """
     if stage not in RAY_STAGES:
         raise ValueError(f"unknown stage {stage!r}; allowed: {', '.join(RAY_STAGES)}")
@@ -112,26 +148,43 @@ def plan(stage: str, resources: RayStageConfig, nodes: list[Mapping[str, Any]]) 
         bundle["CPU"] = float(resources.cpus)
     if resources.gpus > 0:
         bundle["GPU"] = float(resources.gpus)
-    members = pool_nodes(nodes, resources.pool)
-    where = f"pool {resources.pool!r}" if resources.pool else "the cluster"
-    if not members:
-        known = ", ".join(pools(nodes)) or "none"
-        raise PlacementError(f"stage {stage}: {where} has no nodes in the Ray cluster (pools: {known}); "
-                             f"set ray.{stage}.pool to one of them")
-    totals = [n.get("Resources") or {} for n in members]
-    if not any(_fits(t, bundle) for t in totals):
-        biggest = max(totals, key=lambda t: (t.get("GPU", 0), t.get("CPU", 0)))
-        raise PlacementError(
-            f"stage {stage}: one worker needs {bundle} but no node of {where} has that much "
-            f"(largest: CPU {biggest.get('CPU', 0):g}, GPU {biggest.get('GPU', 0):g}); "
-            f"lower ray.{stage}.cpus / ray.{stage}.gpus")
+    declared = _declared(declared)
+    pool = resources.pool
+    members = pool_nodes(nodes, pool)
+    where = f"pool {pool!r}" if pool else "the cluster"
+    if (pool in declared) if pool else bool(declared):
+        # The declaration, not the alive nodes: on an idle cluster none are.
+        node_gpus = declared[pool] if pool else max(declared.values())
+        if bundle.get("GPU", 0) > node_gpus:
+            source = f"GPU {node_gpus} per node as declared" if pool else f"GPU {node_gpus} per node of any declared pool"
+            raise _too_big(stage, bundle, where, source)
+        # A named pool's alive nodes are its worker group's size (the head is in no pool).
+        totals = [n.get("Resources") or {} for n in members] if pool else []
+        if totals and not any(_fits(t, bundle) for t in totals):
+            raise _too_big(stage, bundle, where, _largest(totals))
+        if not totals and "GPU" in bundle:
+            totals = [{"GPU": float(node_gpus), "CPU": float("inf")}]
+    else:
+        if not members:
+            known = ", ".join(sorted(set(pools(nodes)) | set(declared))) or "none"
+            raise PlacementError(f"stage {stage}: {where} has no nodes in the Ray cluster (pools: {known}); "
+                                 f"set ray.{stage}.pool to one of them")
+        totals = [n.get("Resources") or {} for n in members]
+        if not any(_fits(t, bundle) for t in totals):
+            raise _too_big(stage, bundle, where, _largest(totals))
     strategy = resources.strategy
     if strategy == "auto":
         if stage in TRAINING_STAGES:
+            # Unknown node size (no node alive, CPU-only bundle): PACK, which still prefers one node.
             strategy = "STRICT_PACK" if any(_fits(t, bundle, resources.workers) for t in totals) else "PACK"
         else:
             strategy = "SPREAD"
-    return StagePlacement(stage, resources.pool, bundle, resources.workers, strategy)
+    return StagePlacement(stage, pool, bundle, resources.workers, strategy)
+
+
+def _largest(totals: list[Mapping[str, float]]) -> str:
+    biggest = max(totals, key=lambda t: (t.get("GPU", 0), t.get("CPU", 0)))
+    return f"CPU {biggest.get('CPU', 0):g}, GPU {biggest.get('GPU', 0):g}"
 
 
 @contextlib.contextmanager
@@ -150,10 +203,12 @@ def reserved(placement: StagePlacement, timeout_s: float, name: str = "") -> Ite
         try:
             ray.get(pg.ready(), timeout=timeout_s)
         except GetTimeoutError:
+            alive = len(pool_nodes(ray.nodes(), placement.pool))
             raise PlacementError(
                 f"stage {placement.stage}: waited {timeout_s:g}s for {placement.describe()} and the pool never "
-                f"had room (other runs or stages hold its resources); nothing was placed elsewhere. "
-                f"Retry later, or raise ray.placement_timeout_s") from None
+                f"had room: {alive} node(s) of it alive, held by other runs or stages, and Ray's autoscaler "
+                f"added none that fits in time (its worker group at maxReplicas, or nodes slow to come); "
+                f"nothing was placed elsewhere. Retry later, or raise ray.placement_timeout_s") from None
         yield pg
     finally:
         remove_placement_group(pg)

@@ -2,7 +2,9 @@
 
 Bundles land on their stage's pool and never elsewhere; two runs never share a bundle (a
 second reservation of a full pool waits and then fails naming stage, pool and resources);
-a request no node of the pool can ever hold fails at once.
+a request no node of the pool can ever hold fails at once. On an idle cluster (no worker node
+alive) a declared pool is planned from ``RAGPOOL_RAY_POOLS`` (test_from_zero.py runs it on an
+autoscaling cluster).
 """
 
 from __future__ import annotations
@@ -49,6 +51,56 @@ def test_plan_refuses_what_can_never_fit() -> None:
     with pytest.raises(PlacementError, match=r"stage retriever: one worker needs \{'CPU': 4.0\}"):
         plan("retriever", RayStageConfig(pool="a", cpus=4), nodes)
     assert plan("generator", RayStageConfig(pool="b", gpus=1), nodes).scaling_kwargs()["use_gpu"] is True
+
+
+IDLE = [{"NodeID": "head", "Alive": True, "Resources": {"memory": 1e9}, "Labels": {}}]
+"""An idle RayCluster: the head alone (num-cpus 0), every worker group at 0 replicas."""
+
+
+def test_plan_on_an_idle_cluster_reads_the_declaration() -> None:
+    declared = {"a": 1, "b": 8}
+    one = plan("retriever", RayStageConfig(pool="b", workers=4, gpus=2), IDLE, declared)
+    assert one.strategy == "STRICT_PACK"  # 4 x 2 GPUs fit one 8-GPU node of b
+    assert one.placement_group_kwargs()["bundle_label_selector"] == [{POOL_LABEL: "b"}] * 4
+    assert plan("generator", RayStageConfig(pool="a", workers=2, gpus=1), IDLE, declared).strategy == "PACK"
+    # CPU-only bundles: the declaration has no CPU count, so no STRICT_PACK on a guess.
+    assert plan("retriever", RayStageConfig(pool="a", workers=2, cpus=1), IDLE, declared).strategy == "PACK"
+    # Task stages on "any node" wait for whatever node type the autoscaler picks.
+    prep = plan("prepare", RayStageConfig(workers=3), IDLE, declared)
+    assert (prep.strategy, prep.label_selector) == ("SPREAD", None)
+    assert plan("evaluate", RayStageConfig(gpus=8), IDLE, declared).bundle == {"CPU": 1.0, "GPU": 8.0}
+
+
+def test_plan_from_the_declaration_still_refuses_what_can_never_fit() -> None:
+    declared = {"a": 1, "b": 8}
+    with pytest.raises(PlacementError, match=r"stage generator: one worker needs \{'CPU': 1.0, 'GPU': 2.0\} but no "
+                                             r"node of pool 'a' has that much \(largest: GPU 1 per node as declared\)"):
+        plan("generator", RayStageConfig(pool="a", gpus=2), IDLE, declared)
+    with pytest.raises(PlacementError, match=r"stage evaluate: .* no node of the cluster .*GPU 8 per node of any"):
+        plan("evaluate", RayStageConfig(gpus=9), IDLE, declared)
+    with pytest.raises(PlacementError, match=r"stage index: pool 'c' has no nodes in the Ray cluster \(pools: a, b\)"):
+        plan("index", RayStageConfig(pool="c"), IDLE, declared)
+    # A node of the pool is alive: its size is the worker group's, CPUs are checked against it at once.
+    with pytest.raises(PlacementError, match=r"stage retriever: one worker needs \{'CPU': 4.0\}.*CPU 2, GPU 1"):
+        plan("retriever", RayStageConfig(pool="a", cpus=4), [*IDLE, _node("a", 2, gpus=1)], declared)
+    # Nothing declared: today's rule, the alive nodes (the head has no CPU).
+    with pytest.raises(PlacementError, match=r"stage prepare: one worker needs \{'CPU': 1.0\} but no node of the "
+                                             r"cluster"):
+        plan("prepare", RayStageConfig(workers=3), IDLE, {})
+
+
+def test_plan_reads_the_declaration_from_the_environment(monkeypatch) -> None:
+    from training.config import ConfigError
+    from training.ray.pools import POOLS_ENV
+
+    monkeypatch.setenv(POOLS_ENV, "a=1")
+    assert plan("index", RayStageConfig(pool="a"), IDLE).pool == "a"
+    monkeypatch.setenv(POOLS_ENV, "a=one")
+    with pytest.raises(ConfigError, match=POOLS_ENV):
+        plan("index", RayStageConfig(pool="a"), IDLE)
+    monkeypatch.delenv(POOLS_ENV)
+    with pytest.raises(PlacementError, match="pool 'a' has no nodes"):
+        plan("index", RayStageConfig(pool="a"), IDLE)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,150 @@
+"""Ray runs from zero: on an idle autoscaling Ray cluster (a 0-CPU head, worker node types at 0 nodes),
+a ray run's placement groups make Ray's autoscaler (v2) add a node of the right pool, the run completes
+with the same outputs as under torchrun, and the cluster scales back to zero; a pool at its max waits,
+then fails naming the stage, the pool and the resources.
+
+One cluster for the module (:mod:`training.demo.ray_autoscaling`: Ray's fake multi-node provider, the
+node types carrying the pool label and logical GPUs, ``min_workers: 0``, idle nodes removed after 6 s).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.training import run_stage, write_run
+from tests.training.ray.conftest import needs_ray, ray_env
+from tests.training.ray.test_driver import _layout, _sections
+from training.demo import synthetic
+
+pytestmark = pytest.mark.slow
+needs_ray()
+
+POOL_A = "pool-a"
+"""The run's pool: nodes of 2 CPUs and 1 GPU, at most 1."""
+POOL_B = "pool-b"
+"""A pool at its max once one node of it is up (max_workers 1)."""
+SCALE_S = 120
+"""Bound on a scale-up (seconds; ~3 s measured) and on the scale-down (idle timeout 6 s)."""
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("shared")
+    synthetic.write(root / "datasets" / "synthetic", seed=5, n_entities=12)
+    return root
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from training.demo.ray_autoscaling import LocalAutoscalingCluster, PoolNodeType, connected
+
+    ray_env()
+    node_types = [PoolNodeType(POOL_A, cpus=2, gpus=1, max_workers=1),
+                  PoolNodeType(POOL_B, cpus=1, gpus=1, max_workers=1)]
+    with connected(LocalAutoscalingCluster(node_types=node_types, idle_timeout_s=6)) as c:
+        yield c
+
+
+@pytest.fixture
+def declared(monkeypatch, cluster) -> None:
+    """``RAGPOOL_RAY_POOLS`` as the worker template sets it: every pool of the cluster, GPUs per node."""
+    from training.ray.pools import POOLS_ENV, format_pools
+
+    monkeypatch.setenv(POOLS_ENV, format_pools({t.pool: t.gpus for t in cluster.node_types}))
+
+
+class PoolWatcher:
+    """Samples the alive worker nodes by pool every 0.25 s: the most nodes of each pool seen at once."""
+
+    def __init__(self, cluster) -> None:
+        self.cluster, self.seen = cluster, {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for pool, n in self.cluster.pools_up().items():
+                self.seen[pool] = max(self.seen.get(pool, 0), n)
+            self._stop.wait(0.25)
+
+    def __enter__(self) -> PoolWatcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def test_a_ray_run_on_an_idle_cluster_scales_up_its_pool_completes_and_scales_down(
+        cluster, declared, shared, tiny_encoder_dir) -> None:
+    from training.config import load_run_config
+    from training.ray import driver
+
+    cluster.wait_idle(SCALE_S)
+    stages = ["retriever", "index"]
+    sections = _sections(tiny_encoder_dir)
+    on_a = {"pool": POOL_A, "workers": 2, "cpus": 1}
+    sections["ray"] = {**sections["ray"], "placement_timeout_s": SCALE_S,
+                       **{stage: on_a for stage in ("prepare", "retriever", "index")}}
+    ray_cfg = write_run(shared, "from-zero", stages=stages, **sections)
+    with PoolWatcher(cluster) as watch:
+        summaries = driver.run(load_run_config(ray_cfg))
+    # A node of the run's pool came up for it, and nothing of another pool; its pool's max held.
+    assert watch.seen == {POOL_A: 1}, watch.seen
+    for stage in ("prepare", *stages):
+        assert f"on pool '{POOL_A}'" in summaries[stage]["placement"], summaries[stage]
+    # The same outputs as the torchrun path of today.
+    torchrun_cfg = write_run(shared, "from-zero-torchrun", stages=stages, **sections)
+    out = run_stage("pipeline", torchrun_cfg, timeout=400)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r_dir, t_dir = shared / "runs" / "from-zero", shared / "runs" / "from-zero-torchrun"
+    assert _layout(r_dir) == _layout(t_dir)
+    for stage in stages:
+        r_marker = json.loads((r_dir / stage / "_COMPLETE").read_text())
+        t_marker = json.loads((t_dir / stage / "_COMPLETE").read_text())
+        assert r_marker["config_fingerprint"] == t_marker["config_fingerprint"], stage
+    assert json.loads((r_dir / "retriever" / "_COMPLETE").read_text())["steps"] == 4
+    # Idle again: the autoscaler removes the node (idle timeout 6 s).
+    cluster.wait_idle(SCALE_S)
+
+
+def test_a_run_for_a_pool_at_its_max_waits_then_fails_naming_stage_pool_and_resources(
+        cluster, declared, shared, tiny_encoder_dir, capsys) -> None:
+    from training.config import RayStageConfig
+    from training.exit_codes import UNAVAILABLE
+    from training.ray import driver
+    from training.ray.placement import plan, reserved
+
+    cluster.wait_idle(SCALE_S)
+    # Another run holds the one node pool-b may have (max_workers 1).
+    with reserved(plan("index", RayStageConfig(pool=POOL_B, cpus=1), []), SCALE_S, "other-run-index"):
+        assert cluster.pools_up() == {POOL_B: 1}
+        sections = _sections(tiny_encoder_dir)
+        sections["ray"] = {**sections["ray"], "prepare": {"pool": POOL_B, "workers": 1, "cpus": 1}}
+        cfg = write_run(shared, "at-max", stages=["index"], **sections)
+        t0 = time.monotonic()
+        code = driver.main(["--config", str(cfg), "--ray.placement_timeout_s=5"])
+        waited = time.monotonic() - t0
+        assert cluster.pools_up() == {POOL_B: 1}  # the autoscaler kept to the node type's max
+    err = capsys.readouterr().err
+    assert code == UNAVAILABLE, err[-2000:]
+    assert waited >= 5
+    line = next(x for x in err.splitlines() if "failed: PlacementError" in x)
+    assert f"stage prepare: waited 5s for 1 x {{CPU: 1}} (SPREAD) on pool '{POOL_B}'" in line, line
+    assert "1 node(s) of it alive" in line and "maxReplicas" in line, line
+    assert not (shared / "runs" / "at-max" / "index").exists()
+    cluster.wait_idle(SCALE_S)
+
+
+def test_the_bench_measures_an_idle_cluster_to_first_stage_running(cluster, declared, tmp_path) -> None:
+    from bench import ray_from_zero
+
+    seconds = ray_from_zero.first_stage_s(cluster, tmp_path, run_id="bench-from-zero", pool=POOL_A)
+    # A node must be added first: more than the autoscaler's 1 s loop, far less than the bound.
+    assert 1.0 < seconds < SCALE_S, seconds
