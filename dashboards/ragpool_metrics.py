@@ -60,6 +60,17 @@ CONTRACT: tuple[ContractMetric, ...] = (
                    "then the worker exits HEALTH_CHECK_FAILED)"),
     ContractMetric("ragpool_worker_last_heartbeat_timestamp_seconds", "gauge", ("worker",), "queue",
                    "unix time of a worker's last heartbeat"),
+    # Per lane (training/scheduler/lanes.py), served by the keeper for every queue namespace it keeps.
+    ContractMetric("ragpool_lane_queued", "gauge", ("queue", "lane"), "queue",
+                   "runs waiting in a lane's ready lists, all priorities: the runs that need a worker of the lane"),
+    ContractMetric("ragpool_lane_running", "gauge", ("queue", "lane"), "queue", "runs of a lane under a lease"),
+    ContractMetric("ragpool_lane_workers", "gauge", ("queue", "lane", "state"), "queue",
+                   "live workers registered for a lane; state=waiting|running|exiting"),
+    ContractMetric("ragpool_gang_timeouts_total", "counter", ("queue", "lane"), "queue",
+                   "multi-node gangs whose pods did not all join within the gang deadline (run handed back, "
+                   "no attempt spent)"),
+    ContractMetric("ragpool_keeper_last_tick_timestamp_seconds", "gauge", (), "queue",
+                   "unix time of the keeper's last successful tick (reap + due retries)"),
 )
 
 _HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")

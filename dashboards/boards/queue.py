@@ -57,11 +57,30 @@ def build() -> Dashboard:
         timeseries("Redis memory used", [Query("max by (instance) (redis_memory_used_bytes)", "{{instance}}")],
                    unit="bytes", min_value=0, description="Memory used by each Redis instance."),
     ])
+    # Per lane (training/scheduler/lanes.py), from the keeper; Jobs and pods per lane come from
+    # kube-state-metrics where the KEDA ScaledJobs are deployed.
+    lanes = Row("Lanes", [
+        timeseries("Runs waiting per lane", [Query("max by (queue, lane) (ragpool_lane_queued)", "{{queue}} {{lane}}")],
+                   unit="short", min_value=0, description="Runs that need a worker of the lane (what KEDA's "
+                   "Redis triggers count)."),
+        timeseries("Runs running per lane", [Query("max by (queue, lane) (ragpool_lane_running)", "{{queue}} {{lane}}")],
+                   unit="short", min_value=0, description="Runs of the lane under a lease."),
+        timeseries("Workers per lane", [
+            Query("max by (queue, lane, state) (ragpool_lane_workers)", "{{queue}} {{lane}} {{state}}"),
+        ], unit="short", min_value=0, description="Live workers registered for the lane: waiting (started, no run "
+                   "yet), running, exiting."),
+        timeseries("Gang timeouts", [
+            Query("max by (queue, lane) (increase(ragpool_gang_timeouts_total[$__rate_interval]))", "{{queue}} {{lane}}"),
+        ], unit="short", min_value=0, description="Multi-node runs handed back because not all pods joined in time."),
+        stat("Keeper last tick", Query("time() - max(ragpool_keeper_last_tick_timestamp_seconds)"), unit="s",
+             description="Seconds since the keeper last reaped lapsed leases and requeued due retries.",
+             thresholds=((None, "green"), (60, "red"))),
+    ])
     return dashboard(
         UID,
         "ragpool / Queue",
         description="The Redis task queue: backlog, throughput, retries, dead letters, workers.",
         tags=("queue",),
         variables=[query_variable("priority", "Priority", "label_values(ragpool_queue_depth, priority)")],
-        rows=[overview, queue, workers],
+        rows=[overview, queue, lanes, workers],
     )

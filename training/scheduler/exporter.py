@@ -8,6 +8,11 @@ Metric names follow the shared contract (prefix ``ragpool_``):
 - ``ragpool_task_duration_seconds{outcome}`` (histogram of attempt durations)
 - ``ragpool_worker_last_heartbeat_timestamp_seconds{worker}``
 
+The keeper (``python -m training.scheduler.keeper``) serves these for its first namespace and,
+for every namespace it keeps (label ``queue``), the per-lane families of :class:`LaneCollector`
+(``ragpool_lane_queued``, ``ragpool_lane_running``, ``ragpool_lane_workers``,
+``ragpool_gang_timeouts_total``; names in dashboards/ragpool_metrics.py).
+
 The values are queue-wide (they live in Redis), so every worker exports the same
 numbers: dashboards and rules should aggregate with ``max`` (not ``sum``) across
 scrape targets. Counters are Redis-side cumulative counts, monotonic across worker
@@ -19,7 +24,7 @@ from __future__ import annotations
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from training.scheduler.run_queue import DURATION_BUCKETS, OUTCOMES, TaskQueue
+from training.scheduler.run_queue import DURATION_BUCKETS, OUTCOMES, TaskQueue, WorkerState
 from training.scheduler.spec import PRIORITIES
 
 STALE_WORKER_S = 86400.0
@@ -69,6 +74,33 @@ class QueueCollector(Collector):
             if stats.now - ts <= STALE_WORKER_S:
                 heartbeat.add_metric([worker], ts)
         yield heartbeat
+
+
+class LaneCollector(Collector):
+    """Per-lane gauges of several queues (namespace -> queue), read once per scrape."""
+
+    def __init__(self, queues: dict[str, TaskQueue]) -> None:
+        self.queues = queues
+
+    def collect(self):
+        queued = GaugeMetricFamily("ragpool_lane_queued", "Runs waiting in a lane's ready lists (all priorities): "
+                                   "the runs that need a worker of the lane.", labels=["queue", "lane"])
+        running = GaugeMetricFamily("ragpool_lane_running", "Runs of a lane under a lease.", labels=["queue", "lane"])
+        workers = GaugeMetricFamily("ragpool_lane_workers", "Live workers registered for a lane, by state.",
+                                    labels=["queue", "lane", "state"])
+        gangs = CounterMetricFamily("ragpool_gang_timeouts", "Multi-node gangs whose pods did not all join in time "
+                                    "(the run was handed back without spending an attempt).", labels=["queue", "lane"])
+        for namespace, queue in self.queues.items():
+            for lane, stats in sorted(queue.lane_stats().items(), key=lambda kv: kv[0].name):
+                queued.add_metric([namespace, lane.name], stats.queued)
+                running.add_metric([namespace, lane.name], stats.running)
+                gangs.add_metric([namespace, lane.name], stats.gang_timeouts)
+                for state in WorkerState:
+                    workers.add_metric([namespace, lane.name, state], stats.workers.get(state, 0))
+        yield queued
+        yield running
+        yield workers
+        yield gangs
 
 
 def queue_registry(queue: TaskQueue) -> CollectorRegistry:

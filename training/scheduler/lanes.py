@@ -222,6 +222,19 @@ def known_lanes(suffixes: Iterable[str]) -> list[Lane]:
     return sorted(out, key=lambda lane: (lane.executor, lane.pool or "", lane.nodes))
 
 
+def lane_of_ready_list(name: str) -> tuple[str, Lane] | None:
+    """``(priority, lane)`` of a ready-list name under the prefix (``ready:high:pool:a``), or None."""
+    if not name.startswith(READY_STEM):
+        return None
+    rest = name[len(READY_STEM):]
+    for prio in PRIORITIES:
+        if rest.startswith(prio):
+            lane = lane_from_suffix(rest[len(prio):])
+            if lane is not None:
+                return prio, lane
+    return None
+
+
 def lane_from_suffix(suffix: str) -> Lane | None:
     """The lane whose :attr:`Lane.suffix` is ``suffix``, or None when no lane has it."""
     if suffix == RAY_LANE:

@@ -21,6 +21,8 @@ e.g. an ElastiCache replication group with cluster mode off):
 ``P workers``          hash   worker id -> last heartbeat time
 ``P wake``             list   wake-up tokens for blocked claimers (BLPOP)
 ``P group:<name>``     str    multi-node: the task the index-0 pod claimed for its Job
+``P group:<name>:joined`` set  multi-node: the pods that joined the gang (``<task>-a<attempt>/<index>``)
+``P worker_state``     hash   worker id -> JSON: its lanes, state (:class:`WorkerState`), run, time
 ====================  =====  ===========================================================
 
 Task states: ``queued`` -> ``running`` -> ``succeeded``; a failed attempt goes
@@ -42,12 +44,14 @@ import json
 import os
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from training.scheduler.lanes import RAY_LANE, READY_STEM, Lane, lane_of, lanes_from_env, ready_list  # noqa: F401 (re-exported)
+from training.scheduler.lanes import (  # noqa: F401 (RAY_LANE, ready_list re-exported)
+    RAY_LANE, READY_STEM, Lane, known_lanes, lane_of, lane_of_ready_list, lanes_from_env, parse_lane, ready_list,
+)
 from training.scheduler.redis_conn import NotReplicatedError, reconnect, replica_count, single_attempt
 from training.scheduler.spec import PRIORITIES, RunSpec
 
@@ -97,6 +101,7 @@ class Key(StrEnum):
     WAKE = "wake"
     GROUP = "group:"
     LANES = "lanes"
+    WORKER_STATE = "worker_state"
 
 
 def lane(executor: str = "torchrun", nodes: int = 1, pool: str | None = None) -> str:
@@ -254,6 +259,51 @@ class QueueStats:
     counters: dict[str, int]
     durations: dict[str, dict[str, float]]
     workers: dict[str, float]
+
+
+TICK_LIMIT = 100_000
+"""Most lapsed leases, and most due retries, one keeper tick moves per namespace."""
+GANG_TIMEOUTS_STAT = "gang_timeouts:"
+"""Stats-hash field stem (then the run's ready list) counting gangs that never formed."""
+WORKER_LIVE_S = 180.0
+"""A registered worker not seen (registry, claim or heartbeat) for this long is gone."""
+
+
+class WorkerState(StrEnum):
+    """What a registered worker is doing (``worker_state`` hash; ``ragpool status``)."""
+
+    WAITING = "waiting"
+    """Started, looking for a run in its lanes (not Ready for Kubernetes)."""
+    RUNNING = "running"
+    """Holds a claim (or, for a gang, is gathering its pods)."""
+    EXITING = "exiting"
+    """Found its lanes empty, or was stopped: exiting."""
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """One registered worker (:meth:`TaskQueue.worker_states`)."""
+
+    worker_id: str
+    lanes: tuple[Lane, ...]
+    state: str
+    run_id: str
+    seen_at: float
+    host: str
+
+
+@dataclass
+class LaneStats:
+    """One lane of one queue (:meth:`TaskQueue.lane_stats`)."""
+
+    queued: int = 0
+    """Runs waiting in the lane's ready lists (all priorities): the runs that need a worker."""
+    running: int = 0
+    """Runs of the lane under a lease."""
+    gang_timeouts: int = 0
+    """Multi-node gangs of the lane that never formed (cumulative)."""
+    workers: dict[str, int] = field(default_factory=dict)
+    """Live registered workers claiming this lane, by :class:`WorkerState`."""
 
 
 class TaskQueue:
@@ -453,11 +503,15 @@ class TaskQueue:
                            self.backoff_base_s, self.backoff_max_s)
         return reply[0]
 
-    def release(self, claim: Claim, reason: str = "released by worker") -> str:
+    def release(self, claim: Claim, reason: str = "released by worker", *, gang_timeout: bool = False) -> str:
         """Give the task back without spending an attempt (graceful stop): ``released``,
         ``cancelled`` (a cancel was pending) or ``stale``. After ``FREE_RELEASES`` releases
-        each further one spends an attempt, ending ``dead`` once attempts run out."""
-        return self._call("release", claim.task_id, claim.token, reason[-MAX_ERROR_CHARS:], FREE_RELEASES)
+        each further one spends an attempt, ending ``dead`` once attempts run out.
+        ``gang_timeout``: a multi-node gang that never formed; never spends an attempt (the run
+        never started: waiting for capacity is not the run's fault) and counts
+        ``gang_timeouts:<ready list>`` in the stats hash (``ragpool_gang_timeouts_total``)."""
+        return self._call("release", claim.task_id, claim.token, reason[-MAX_ERROR_CHARS:], FREE_RELEASES,
+                          "1" if gang_timeout else "0")
 
     def cancelled(self, claim: Claim) -> str:
         """Confirm a cancel the heartbeat reported (same fencing as release)."""
@@ -466,6 +520,85 @@ class TaskQueue:
     def reap(self) -> int:
         """Return expired leases to the queue now (claims also do this); returns how many."""
         return int(self._call("reap"))
+
+    # -- keeper, lanes and workers (issue 22) ----------------------------------------------
+
+    def tick(self, namespaces: Sequence[str]) -> dict[str, tuple[int, int]]:
+        """One keeper tick (``lua/tick.lua``, one script for all ``namespaces``): reap lapsed
+        leases and move due retries back to their ready lists. Returns namespace -> (reaped,
+        promoted). Afterwards each lane's ready lists hold exactly its runs that need a worker
+        (up to ``TICK_LIMIT`` of each kind per namespace per tick)."""
+        reply = self._call("tick", TICK_LIMIT, *(f"{ns}:" for ns in namespaces))
+        return {ns: (int(r[0]), int(r[1])) for ns, r in zip(namespaces, reply)}
+
+    def lane_stats(self) -> dict[Lane, LaneStats]:
+        """Per-lane queued (LLEN summed over priorities: what KEDA's Redis scaler reads), running,
+        gang timeouts and live workers by state, for every lane the queue has seen."""
+        lanes = known_lanes(self.client.smembers(self.key(Key.LANES)))
+        pipe = self.client.pipeline(transaction=False)
+        for lane in lanes:
+            for name in lane.ready_lists():
+                pipe.llen(self.prefix + name)
+        pipe.zrange(self.key(Key.LEASES), 0, -1)
+        pipe.hgetall(self.key(Key.STATS))
+        res = pipe.execute()
+        n = len(PRIORITIES)
+        out = {lane: LaneStats(queued=sum(int(x) for x in res[i * n:(i + 1) * n])) for i, lane in enumerate(lanes)}
+        leased, counters = res[-2], res[-1]
+        pipe = self.client.pipeline(transaction=False)
+        for task_id in leased:
+            pipe.hget(self.key(Key.TASK, task_id), "ready")
+        for ready in pipe.execute() if leased else []:
+            found = lane_of_ready_list(ready or "")
+            if found:
+                out.setdefault(found[1], LaneStats()).running += 1
+        for field_name, value in counters.items():
+            if field_name.startswith(GANG_TIMEOUTS_STAT):
+                found = lane_of_ready_list(field_name[len(GANG_TIMEOUTS_STAT):])
+                if found:
+                    out.setdefault(found[1], LaneStats()).gang_timeouts += int(float(value))
+        for worker in self.worker_states().values():
+            for lane in worker.lanes:
+                stats = out.setdefault(lane, LaneStats())
+                stats.workers[worker.state] = stats.workers.get(worker.state, 0) + 1
+        return out
+
+    def register_worker(self, worker_id: str, lanes: Sequence[Lane], state: "WorkerState", run_id: str = "") -> None:
+        """Record what a worker claims and does (``ragpool status`` and the lane gauges read it)."""
+        info = {"lanes": [lane.name for lane in lanes], "state": str(state), "run": run_id, "at": time.time(),
+                "host": os.environ.get("HOSTNAME", "")}
+        self.client.hset(self.key(Key.WORKER_STATE), worker_id, json.dumps(info))
+
+    def unregister_worker(self, worker_id: str) -> None:
+        self.client.hdel(self.key(Key.WORKER_STATE), worker_id)
+
+    def worker_states(self, *, live_s: float = WORKER_LIVE_S) -> dict[str, WorkerInfo]:
+        """Registered workers seen within ``live_s`` (registry or heartbeat/claim time, Redis clock);
+        older entries (a worker SIGKILLed with its node) are dropped here and pruned."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.time()
+        pipe.hgetall(self.key(Key.WORKER_STATE))
+        pipe.hgetall(self.key(Key.WORKERS))
+        (sec, usec), raw, seen = pipe.execute()
+        now = sec + usec / 1e6
+        out: dict[str, WorkerInfo] = {}
+        stale = []
+        for worker_id, text in raw.items():
+            try:
+                info = json.loads(text)
+                lanes = tuple(parse_lane(name) for name in info["lanes"])
+                at = max(float(info["at"]), float(seen.get(worker_id) or 0))
+            except (ValueError, KeyError, TypeError):
+                stale.append(worker_id)
+                continue
+            if now - at > live_s:
+                stale.append(worker_id)
+                continue
+            out[worker_id] = WorkerInfo(worker_id, lanes, info.get("state", ""), info.get("run", ""), at,
+                                        info.get("host", ""))
+        if stale:
+            self.client.hdel(self.key(Key.WORKER_STATE), *stale)
+        return out
 
     # -- reads -----------------------------------------------------------------------------
 

@@ -9,9 +9,14 @@
 --   buckets       upper bounds (seconds) of the attempt-duration histogram; +Inf is implicit
 -- ARGV[2..] are the command's own arguments.
 local cfg = cjson.decode(ARGV[1])
-local p = cfg.prefix
-local K = {}
-for role, name in pairs(cfg.keys) do K[role] = p .. name end
+local p, K
+-- Point every key at the namespace prefix ``prefix`` (tick.lua walks several namespaces).
+local function use_prefix(prefix)
+  p = prefix
+  K = {}
+  for role, name in pairs(cfg.keys) do K[role] = p .. name end
+end
+use_prefix(cfg.prefix)
 local BUCKETS, PRIOS = cfg.buckets, cfg.priorities
 
 local t = redis.call('TIME')
@@ -100,16 +105,23 @@ local function reap(id)
   end
 end
 
--- Reap expired leases and promote retries whose backoff is over (any claimer does this).
-local function housekeeping()
-  for _, id in ipairs(redis.call('ZRANGEBYSCORE', K.leases, '-inf', nows, 'LIMIT', 0, 64)) do
+-- Reap expired leases and promote retries whose backoff is over (any claimer does this, at most
+-- 64 and 128 at a time; the keeper's tick.lua passes larger limits). Returns {reaped, promoted}.
+local function housekeeping(max_leases, max_delayed)
+  local reaped, promoted = 0, 0
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', K.leases, '-inf', nows, 'LIMIT', 0, max_leases or 64)) do
     reap(id)
+    reaped = reaped + 1
   end
-  for _, id in ipairs(redis.call('ZRANGEBYSCORE', K.delayed, '-inf', nows, 'LIMIT', 0, 128)) do
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', K.delayed, '-inf', nows, 'LIMIT', 0, max_delayed or 128)) do
     redis.call('ZREM', K.delayed, id)
     local tk = K.task .. id
-    if redis.call('HGET', tk, 'state') == 'failed' then requeue(id, tk) end
+    if redis.call('HGET', tk, 'state') == 'failed' then
+      requeue(id, tk)
+      promoted = promoted + 1
+    end
   end
+  return {reaped, promoted}
 end
 
 -- Lease one task to worker (highest priority first, then the worker's lanes in order, oldest

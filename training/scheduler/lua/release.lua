@@ -1,10 +1,20 @@
--- release(id, token, reason, free_releases) -> 'released' | 'cancelled' | 'dead' | 'stale'
+-- release(id, token, reason, free_releases[, gang '1']) -> 'released' | 'cancelled' | 'dead' | 'stale'
 local id, token, reason = ARGV[2], ARGV[3], ARGV[4]
 local tk = K.task .. id
 if not owns(tk, token) then return 'stale' end
 if redis.call('HGET', tk, 'cancel_requested') == '1' then
   finish(id, tk, 'cancelled', nil, true)
   return 'cancelled'
+end
+if ARGV[6] == '1' then
+  -- A multi-node gang that never formed (not all pods joined in time): the run never started, so
+  -- this never spends an attempt however often it happens; counted for the alert.
+  redis.call('HINCRBY', tk, 'gang_timeouts', 1)
+  bump(K.stats, 'gang_timeouts:' .. redis.call('HGET', tk, 'ready'), 1)
+  redis.call('HINCRBY', tk, 'attempts', -1)
+  redis.call('HSET', tk, 'last_error', reason)
+  requeue(id, tk)
+  return 'released'
 end
 local releases = redis.call('HINCRBY', tk, 'releases', 1)
 bump(K.stats, 'released_total', 1)

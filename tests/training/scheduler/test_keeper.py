@@ -1,0 +1,116 @@
+"""The keeper (python -m training.scheduler.keeper) on a real redis-server: with zero workers it reaps
+lapsed leases and moves due retries back into their ready lists in every namespace it keeps, and
+serves the per-lane gauges; bad settings exit 2 naming the variable; SIGTERM exits 0. A gang
+timeout hands a run back without spending an attempt however often it happens."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from tests.support.redis_fixtures import make_spec, subprocess_env
+
+from training import exit_codes
+from training.demo.redis_server import free_port
+from training.scheduler.keeper import DEFAULT_INTERVAL_S, NAMESPACES_ENV, namespaces_from_env
+from training.scheduler.lanes import Lane
+from training.scheduler.run_queue import FREE_RELEASES, TaskQueue
+
+
+def _scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        return resp.read().decode()
+
+
+def _wait(what: str, check, timeout_s: float = 20.0):
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+        except OSError as exc:  # the metrics server is not up yet
+            last = exc
+        if last is True:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"waited {timeout_s}s for {what}; last saw {last!r}")
+
+
+@pytest.mark.slow
+def test_the_keeper_moves_runs_back_with_zero_workers_and_serves_lane_gauges(redis_server, namespace):
+    client = redis_server.client()
+    main_q = TaskQueue(client, namespace=namespace, lease_seconds=0.3, backoff_base_s=0.3, backoff_max_s=0.3)
+    team_q = TaskQueue(client, namespace=namespace + "-t", lease_seconds=0.3)
+    main_q.submit(make_spec("lapsed", nodes=2))
+    main_q.submit(make_spec("retry-due", pool="gpu-b"))
+    team_q.submit(make_spec("team-lapsed"))
+    assert main_q.claim("dies", nodes=2, lanes=(Lane(nodes=2),)).task_id == "lapsed"
+    assert main_q.fail(main_q.claim("w", lanes=(Lane(pool="gpu-b"),)), "transient") == "retry"
+    assert team_q.claim("dies").task_id == "team-lapsed"
+    port = free_port()
+    keeper = subprocess.Popen([sys.executable, "-m", "training.scheduler.keeper", "--interval-seconds", "0.2",
+                               "--metrics-port", str(port)],
+                              env=subprocess_env(REDIS_URL=redis_server.url,
+                                                 **{NAMESPACES_ENV: f"{namespace},{namespace}-t"}),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        states = lambda: [q.get(r).state for q, r in ((main_q, "lapsed"), (main_q, "retry-due"),  # noqa: E731
+                                                      (team_q, "team-lapsed"))]
+        _wait("the keeper to requeue the lapsed and due runs", lambda: states() == ["queued"] * 3 or states())
+        assert client.llen(f"{namespace}:ready:normal:n2") == 1
+        assert client.llen(f"{namespace}:ready:normal:pool:gpu-b") == 1
+        assert client.llen(f"{namespace}-t:ready:normal") == 1
+        want = [f'ragpool_lane_queued{{lane="torchrun.n2",queue="{namespace}"}} 1.0',
+                f'ragpool_lane_queued{{lane="pool.gpu-b",queue="{namespace}"}} 1.0',
+                f'ragpool_lane_queued{{lane="torchrun",queue="{namespace}-t"}} 1.0',
+                f'ragpool_lane_queued{{lane="torchrun",queue="{namespace}"}} 0.0']
+        _wait("the lane gauges", lambda: all(w in _scrape(port) for w in want) or _scrape(port)[-2000:])
+        text = _scrape(port)
+        assert "ragpool_keeper_last_tick_timestamp_seconds" in text and "ragpool_queue_depth" in text
+        assert f'ragpool_gang_timeouts_total{{lane="torchrun.n2",queue="{namespace}"}} 0.0' in text
+        keeper.send_signal(signal.SIGTERM)
+        assert keeper.wait(timeout=20) == exit_codes.OK
+    finally:
+        if keeper.poll() is None:
+            keeper.kill()
+            keeper.wait()
+
+
+def test_bad_namespaces_exit_2_naming_the_variable(redis_server):
+    proc = subprocess.run([sys.executable, "-m", "training.scheduler.keeper"],
+                          env=subprocess_env(REDIS_URL=redis_server.url, **{NAMESPACES_ENV: "ok,bad name"}),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == exit_codes.BAD_INPUT, proc.stderr
+    assert NAMESPACES_ENV in proc.stderr and "Traceback" not in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "training.scheduler.keeper", "--interval-seconds", "0"],
+                          env=subprocess_env(REDIS_URL=redis_server.url), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == exit_codes.BAD_INPUT and "--interval-seconds" in proc.stderr
+
+
+def test_namespaces_default_to_the_workers_namespace():
+    assert namespaces_from_env({}) == ("ragpool",)
+    assert namespaces_from_env({"RAGPOOL_QUEUE_NAMESPACE": "x"}) == ("x",)
+    assert namespaces_from_env({NAMESPACES_ENV: " a, b ,a,"}) == ("a", "b")
+    assert DEFAULT_INTERVAL_S == 5.0
+
+
+def test_a_gang_timeout_never_spends_an_attempt(make_queue):
+    q = make_queue()
+    q.submit(make_spec("gang", nodes=2, max_attempts=1))
+    lanes = (Lane(nodes=2),)
+    for _ in range(FREE_RELEASES + 5):
+        claim = q.claim("pod-0", nodes=2, lanes=lanes)
+        assert claim.attempt == 1, "a gang that never formed spent no attempt"
+        assert q.release(claim, "gang did not form", gang_timeout=True) == "released"
+    info = q.get("gang")
+    assert info.state == "queued" and info.attempts == 0
+    assert q.lane_stats()[Lane(nodes=2)].gang_timeouts == FREE_RELEASES + 5
+    assert q.lane_stats()[Lane(nodes=2)].queued == 1
+    # an ordinary release still spends attempts past FREE_RELEASES (unchanged)
+    for _ in range(FREE_RELEASES):
+        assert q.release(q.claim("pod-0", nodes=2, lanes=lanes)) == "released"
+    assert q.release(q.claim("pod-0", nodes=2, lanes=lanes)) == "dead"

@@ -1,0 +1,179 @@
+"""The queue keeper: keeps every lane's ready lists true while no worker runs (torch-free).
+
+    python -m training.scheduler.keeper [--interval-seconds 5] [--metrics-port 9300]
+
+Claims do the queue's housekeeping (reap lapsed leases, move due retries back to their ready
+lists), but with zero workers nobody claims: a run whose worker died with its node, or a
+retry whose backoff is over, would sit outside the ready lists that KEDA counts, and no worker
+would ever start for it. The keeper runs ONE Lua script (``lua/tick.lua``, the prelude's own
+reap/promote code) every ``--interval-seconds`` for each namespace of
+``RAGPOOL_QUEUE_NAMESPACES``, so after each tick the LLEN of a lane's ready lists summed over
+priorities is exactly the number of runs that need a worker in that lane.
+
+It also serves, on ``--metrics-port`` (default ``$RAGPOOL_QUEUE_METRICS_PORT``; 0 = off), the
+queue metrics of its first namespace (``training.scheduler.exporter``), the per-lane gauges of
+every namespace (``ragpool_lane_*``, ``ragpool_gang_timeouts_total``, label ``queue``) and
+``ragpool_keeper_last_tick_timestamp_seconds``. It holds no lease and runs nothing; running two
+keepers is harmless (each tick is atomic and idempotent). SIGTERM/SIGINT stop it after the
+current tick (exit 0).
+
+Environment: the worker's Redis settings (``REDIS_URL``, ``REDIS_PASSWORD``/``REDIS_PASSWORD_FILE``,
+Sentinel..., see ``training.scheduler.redis_conn``) and ``RAGPOOL_QUEUE_NAMESPACES``
+(comma-separated key namespaces: the main queue's and each team's; default
+``$RAGPOOL_QUEUE_NAMESPACE``, else ``ragpool``). Exit 2 on bad settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import signal
+import sys
+import threading
+import time
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from training import exit_codes
+
+log = logging.getLogger("ragpool.keeper")
+
+DEFAULT_INTERVAL_S = 5.0
+"""Seconds between two ticks (``--interval-seconds``)."""
+NAMESPACES_ENV = "RAGPOOL_QUEUE_NAMESPACES"
+"""Comma-separated queue key namespaces the keeper keeps."""
+METRICS_PORT_ENV = "RAGPOOL_QUEUE_METRICS_PORT"
+"""The queue metrics port (the worker's too); infra sets it from its one home."""
+_NAMESPACE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+
+
+def namespaces_from_env(environ=None) -> tuple[str, ...]:
+    """``$RAGPOOL_QUEUE_NAMESPACES`` split on commas, else the single namespace of the worker's env."""
+    from training.scheduler.run_queue import DEFAULT_NAMESPACE, NAMESPACE_ENV
+
+    env = os.environ if environ is None else environ
+    raw = env.get(NAMESPACES_ENV, "")
+    names = tuple(dict.fromkeys(n.strip() for n in raw.split(",") if n.strip()))
+    if not names:
+        names = (env.get(NAMESPACE_ENV) or DEFAULT_NAMESPACE,)
+    bad = [n for n in names if not _NAMESPACE_RE.fullmatch(n)]
+    if bad:
+        raise ValueError(f"{NAMESPACES_ENV}: {bad[0][:80]!r} is not a key namespace ([A-Za-z0-9_.-], "
+                         "comma-separated, e.g. ragpool,ragpool-team-a)")
+    return names
+
+
+class Keeper:
+    """Ticks the queues of ``namespaces`` on one Redis client and exports their metrics."""
+
+    def __init__(self, client, namespaces: tuple[str, ...]) -> None:
+        from training.scheduler.run_queue import TaskQueue
+
+        if not namespaces:
+            raise ValueError("the keeper needs at least one namespace")
+        self.namespaces = namespaces
+        self.queues = {ns: TaskQueue(client, namespace=ns) for ns in namespaces}
+        self.last_tick: float = 0.0
+        self.stopping = threading.Event()
+
+    def tick(self) -> dict[str, tuple[int, int]]:
+        """One tick for every namespace (one script); returns namespace -> (reaped, promoted)."""
+        moved = self.queues[self.namespaces[0]].tick(self.namespaces)
+        self.last_tick = time.time()
+        for ns, (reaped, promoted) in moved.items():
+            if reaped or promoted:
+                log.info("keeper: %s: %d lapsed lease(s) reaped, %d due retr%s back in the queue", ns, reaped,
+                         promoted, "y" if promoted == 1 else "ies")
+        return moved
+
+    def registry(self) -> CollectorRegistry:
+        from training.scheduler.exporter import LaneCollector, QueueCollector
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(QueueCollector(self.queues[self.namespaces[0]]))
+        registry.register(LaneCollector(self.queues))
+        registry.register(_TickCollector(self))
+        return registry
+
+    def run(self, interval_s: float = DEFAULT_INTERVAL_S) -> int:
+        """Tick every ``interval_s`` until stopped; Redis outages are logged and waited out."""
+        from training.scheduler.redis_conn import is_temporary_error
+
+        failures = 0
+        while not self.stopping.is_set():
+            started = time.monotonic()
+            try:
+                self.tick()
+                failures = 0
+            except Exception as exc:
+                if not is_temporary_error(exc):
+                    raise
+                failures += 1
+                log.warning("keeper: tick failed (%s: %s); retry %d", type(exc).__name__, exc, failures)
+                for queue in self.queues.values():
+                    queue.reconnect()
+            self.stopping.wait(max(0.0, interval_s - (time.monotonic() - started)))
+        return exit_codes.OK
+
+
+class _TickCollector(Collector):
+    def __init__(self, keeper: Keeper) -> None:
+        self.keeper = keeper
+
+    def collect(self):
+        yield GaugeMetricFamily("ragpool_keeper_last_tick_timestamp_seconds",
+                                "Unix time of the keeper's last successful tick.", value=self.keeper.last_tick)
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m training.scheduler.keeper", description=__doc__.split("\n")[0])
+    parser.add_argument("--interval-seconds", type=float, default=DEFAULT_INTERVAL_S,
+                        help=f"seconds between two ticks (default {DEFAULT_INTERVAL_S:g})")
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help=f"serve metrics on this port (default ${METRICS_PORT_ENV}; 0 = off)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from training.scheduler.redis_conn import RedisConfigError, connect, is_temporary_error, settings_from_env
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    args = build_arg_parser().parse_args(argv)
+    try:
+        if not args.interval_seconds > 0:
+            raise ValueError(f"--interval-seconds must be > 0, got {args.interval_seconds:g}")
+        port = args.metrics_port if args.metrics_port is not None else int(os.environ.get(METRICS_PORT_ENV) or 0)
+        if not 0 <= port <= 65535:
+            raise ValueError(f"--metrics-port must be in [0, 65535], got {port}")
+        namespaces = namespaces_from_env()
+        settings = settings_from_env()
+    except (ValueError, RedisConfigError) as exc:
+        print(f"ragpool keeper: {exc}", file=sys.stderr)
+        return exit_codes.BAD_INPUT
+    keeper = Keeper(connect(settings), namespaces)
+    try:
+        keeper.queues[namespaces[0]].client.ping()
+    except Exception as exc:
+        if not is_temporary_error(exc):
+            raise
+        log.warning("keeper: Redis at %s not reachable yet (%s); ticking anyway", settings.endpoint, exc)
+    if port:
+        from prometheus_client import start_http_server
+
+        start_http_server(port, addr="0.0.0.0", registry=keeper.registry())
+
+    def stop(_signum, _frame) -> None:
+        keeper.stopping.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    log.info("keeper: ticking %s every %gs (metrics port %s)", ", ".join(namespaces), args.interval_seconds,
+             port or "off")
+    return keeper.run(args.interval_seconds)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
