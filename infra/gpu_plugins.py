@@ -3,6 +3,13 @@ exporter, both only on GPU pool nodes, tolerating their taint.
 
 The DCGM exporter reads ragpool's counters file (dashboards/dcgm-counters.csv): the
 single list of GPU fields our alerts and dashboards use.
+
+One DCGM host engine per GPU node: the profiling fields (``DCGM_FI_PROF_*``) need it. The node
+monitoring agent's ``dcgm-server`` DaemonSet (infra/cluster.py; its AcceleratedHardwareReady
+checks need it) already runs ``nv-hostengine`` on hostPort 5555, so ragpool's exporter connects to
+that one (``-r <node IP>:5555``) instead of starting its own embedded engine, and the CloudWatch
+add-on's exporter is off (infra/log_shipping.py). Facts: infra/reference/dcgm_host_engines.yaml,
+infra/reference/addon_daemonsets.yaml.
 """
 
 from __future__ import annotations
@@ -19,6 +26,29 @@ from infra.common import POOL_LABEL, child, deep_merge, k8s_labels, load_values
 
 DCGM_COUNTERS_FILE = Path(__file__).resolve().parent.parent / "dashboards" / "dcgm-counters.csv"
 DCGM_COUNTERS_CONFIGMAP = "ragpool-dcgm-counters"
+#: hostPort of the node monitoring agent's DCGM host engine (aws/eks-node-monitoring-agent
+#: charts/eks-node-monitoring-agent/templates/dcgm-daemonset.yaml, recorded in
+#: infra/reference/addon_daemonsets.yaml ``dcgm-server.dcgm.host_port``).
+DCGM_HOSTENGINE_PORT = 5555
+#: The exporter's env var holding its node's IP (downward API), referenced by its ``-r`` argument.
+NODE_IP_ENV = "NODE_IP"
+
+
+def dcgm_exporter_values(base: dict, affinity: dict) -> dict:
+    """ragpool's dcgm-exporter values: ``base`` (infra/values/dcgm-exporter.yaml) on GPU pool
+    nodes, reading ragpool's counters file, connected to the node's DCGM host engine
+    (NVIDIA/dcgm-exporter ``-r <HOST>:<PORT>``; the chart passes ``arguments`` as the container's
+    args and appends ``extraEnv`` to its env, so ``$(NODE_IP)`` expands to the node's IP)."""
+    return deep_merge(base, {
+        "affinity": affinity,
+        "arguments": [*base.get("arguments", []), "-r", f"$({NODE_IP_ENV}):{DCGM_HOSTENGINE_PORT}"],
+        "extraEnv": [*base.get("extraEnv", []),
+                     {"name": NODE_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}],
+        "extraConfigMapVolumes": [{"name": "ragpool-counters", "configMap": {
+            "name": DCGM_COUNTERS_CONFIGMAP, "items": [{"key": "metrics", "path": "default-counters.csv"}]}}],
+        "extraVolumeMounts": [{"name": "ragpool-counters", "mountPath": "/etc/dcgm-exporter/default-counters.csv",
+                               "subPath": "default-counters.csv"}],
+    })
 
 
 @dataclass(frozen=True)
@@ -52,13 +82,7 @@ class GpuPlugins(RagpoolComponent):
                       "labels": k8s_labels("gpu-monitoring", DCGM_COUNTERS_CONFIGMAP)},
             data={"metrics": DCGM_COUNTERS_FILE.read_text()},
             opts=child(self, depends_on=args.depends_on))
-        dcgm_values = deep_merge(load_values("dcgm-exporter.yaml"), {
-            "affinity": affinity,
-            "extraConfigMapVolumes": [{"name": "ragpool-counters", "configMap": {
-                "name": DCGM_COUNTERS_CONFIGMAP, "items": [{"key": "metrics", "path": "default-counters.csv"}]}}],
-            "extraVolumeMounts": [{"name": "ragpool-counters", "mountPath": "/etc/dcgm-exporter/default-counters.csv",
-                                   "subPath": "default-counters.csv"}],
-        })
+        dcgm_values = dcgm_exporter_values(load_values("dcgm-exporter.yaml"), affinity)
         self.dcgm_exporter = k8s.helm.v3.Release(
             f"{name}-dcgm-exporter", name="dcgm-exporter", namespace=args.monitoring_namespace,
             values=dcgm_values, atomic=True, cleanup_on_fail=True, **DCGM_EXPORTER.release_args(),

@@ -8,6 +8,7 @@ kube-proxy in ``.../dataplane``; the node journal in ``.../host``. Its upstream 
 configuration excludes only its own pods, aws-node and kube-proxy from ``application``
 (reference data: infra/reference/cloudwatch_observability.yaml).
 
+The CloudWatch agent's Container Insights metrics (on by default) go to ``.../performance``.
 ragpool pre-creates those log groups, so they carry the stack's retention
 (``logRetentionDays``) and a customer-managed KMS key whose policy lets CloudWatch Logs use it
 for exactly these groups (Fluent Bit's ``auto_create_group`` finds them existing). The add-on's
@@ -41,17 +42,35 @@ ADDON_POLICY = "CloudWatchAgentServerPolicy"
 #: The log group container logs go to (Fluent Bit's ``log_group_name`` in the add-on's chart):
 #: ``APPLICATION_LOG_GROUP_FORMAT.format(cluster=<EKS cluster name>)``.
 APPLICATION_LOG_GROUP_FORMAT = APPLICATION_LOG_GROUP  # one home: what ragpool logs reads
-#: Every log group the add-on's Fluent Bit writes (all pre-created with retention and KMS).
+#: Every log group the add-on writes with ADDON_CONFIGURATION (all pre-created with retention and
+#: KMS): Fluent Bit's three, and Container Insights' ``performance`` (the CloudWatch agent's EMF
+#: metrics; on by the chart's default). tests/infra/test_log_shipping.py derives the set the add-on
+#: writes from its recorded defaults plus ADDON_CONFIGURATION and requires each one here.
 LOG_GROUP_FORMATS = {
     "application": APPLICATION_LOG_GROUP_FORMAT,
     "dataplane": "/aws/containerinsights/{cluster}/dataplane",
     "host": "/aws/containerinsights/{cluster}/host",
+    "performance": "/aws/containerinsights/{cluster}/performance",
 }
-#: Add-on configuration values: container logs on (the default, stated so a default change
-#: upstream cannot switch them off silently). Tolerations stay the chart's default
-#: (``operator: Exists``, every taint), which tests/infra/test_gpu_node_scheduling.py checks
-#: lands Fluent Bit on every GPU node.
-ADDON_CONFIGURATION: dict = {"containerLogs": {"enabled": True}}
+#: Add-on configuration values (keys verified against the chart at the recorded commit,
+#: infra/reference/cloudwatch_observability.yaml ``configuration_keys``):
+#: - container logs on (the default, stated so a default change upstream cannot switch them off
+#:   silently). Tolerations stay the chart's default (``operator: Exists``, every taint), which
+#:   tests/infra/test_gpu_node_scheduling.py checks lands Fluent Bit on every GPU node;
+#: - Application Signals off, and its auto-monitoring with it: ragpool does not use it, and its
+#:   webhooks would give every Service-selected Deployment/StatefulSet/DaemonSet outside the
+#:   operator's excluded namespaces ADOT init containers without a securityContext, which the
+#:   training namespace's ``restricted`` Pod Security level rejects (tests/infra/test_admission.py);
+#:   ``monitorAllServices`` is stated too, so a chart that stops deriving it from the first key
+#:   cannot turn auto-monitoring back on. Its log group is then never written;
+#: - the add-on's own DCGM exporter off: ragpool's dcgm-exporter (infra/gpu_plugins.py) is the one
+#:   exporter per GPU node, on the node monitoring agent's host engine (one host engine per node).
+ADDON_CONFIGURATION: dict = {
+    "containerLogs": {"enabled": True},
+    "applicationSignals": {"enabled": False},
+    "manager": {"applicationSignals": {"autoMonitor": {"monitorAllServices": False}}},
+    "dcgmExporter": {"enabled": False},
+}
 
 
 def log_group_name(cluster: str, kind: str = "application") -> str:

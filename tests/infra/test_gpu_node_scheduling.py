@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from policy.k8s_scheduling import schedulable, untolerated_taints
 from tests.infra.harness import chart_defaults
 
 REFERENCE = Path(__file__).resolve().parents[2] / "infra" / "reference" / "addon_daemonsets.yaml"
+DCGM_REFERENCE = yaml.safe_load((REFERENCE.parent / "dcgm_host_engines.yaml").read_text())
 HELM = "kubernetes:helm.sh/v3:Release"
 ADDON = "aws:eks/addon:Addon"
 STACKS = ("dev", "prod")
@@ -114,6 +116,7 @@ class Workload:
     name: str
     pod: dict  # tolerations / nodeSelector / affinity
     daemonset: bool
+    dcgm: dict | None = None  # {exporter, host_engine (embedded/standalone/None), host_port, remote}
 
 
 def _scheduling(values: dict, fixed_selector: dict | None = None) -> dict:
@@ -151,14 +154,44 @@ def addon_daemonsets(plan: dict) -> list[Workload]:
     for addon, data in reference.items():
         config = addon_values(plan, addon)
         for name, ds in data["daemonsets"].items():
+            if "enabled_by" in ds:
+                enabled = config
+                for step in ds["enabled_by"]["key"].split("."):
+                    enabled = enabled.get(step, {}) if isinstance(enabled, dict) else {}
+                if (ds["enabled_by"]["default"] if enabled == {} else enabled) is not True:
+                    continue  # the add-on does not run it
             if "chart_defaults" in ds:
                 ref = ds["chart_defaults"]
                 defaults = _at(chart_defaults(ref["chart"], ref["version"]), ref["path"])
             else:
                 defaults = ds["defaults"]
             values = helm_merge(defaults, _at(config, ds["values_path"]))
-            out.append(Workload(f"{addon}/{name}", _scheduling(values, ds["template_node_selector"]), True))
+            out.append(Workload(f"{addon}/{name}", _scheduling(values, ds["template_node_selector"]), True, ds.get("dcgm")))
     return out
+
+
+def exporter_dcgm(values: dict) -> dict:
+    """What ragpool's dcgm-exporter release runs: its own embedded host engine, unless its args or
+    env name a remote one (NVIDIA/dcgm-exporter pkg/cmd/app.go; infra/reference/dcgm_host_engines.yaml)."""
+    ref = DCGM_REFERENCE["dcgm_exporter"]
+    args = [str(a) for a in values.get(ref["chart_args_value"]) or []]
+    env = {e["name"]: e for e in values.get(ref["chart_env_value"]) or []}
+    remote = None
+    for i, arg in enumerate(args):
+        if arg in ref["remote_flags"] and i + 1 < len(args):
+            remote = args[i + 1]
+        elif any(arg.startswith(f + "=") for f in ref["remote_flags"]):
+            remote = arg.split("=", 1)[1]
+    if remote is None and ref["remote_env"] in env:
+        remote = env[ref["remote_env"]].get("value")
+    if remote is not None:
+        # $(NAME) references to the container's env; a status.hostIP field is the node's own address.
+        def expand(match):
+            var = env.get(match.group(1), {})
+            field = ((var.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
+            return "<node-ip>" if field == "status.hostIP" else str(var.get("value", match.group(0)))
+        remote = re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", expand, remote)
+    return {"exporter": True, "host_engine": None if remote else "embedded", "remote": remote}
 
 
 def gpu_daemonsets(plan: dict) -> list[Workload]:
@@ -172,7 +205,8 @@ def gpu_daemonsets(plan: dict) -> list[Workload]:
         Workload("nvidia-device-plugin", _scheduling(device_plugin), True),
         Workload("gpu-feature-discovery", _scheduling(device_plugin), True),
         Workload("nfd-worker", _scheduling(nfd["worker"]), True),
-        Workload("dcgm-exporter", _scheduling(chart_values(plan, "dcgm-exporter")), True),
+        Workload("dcgm-exporter", _scheduling(chart_values(plan, "dcgm-exporter")), True,
+                 exporter_dcgm(chart_values(plan, "dcgm-exporter"))),
         Workload("prometheus-node-exporter",
                  _scheduling(chart_values(plan, "kube-prometheus-stack", "prometheus-node-exporter")), True),
     ]
@@ -323,3 +357,70 @@ def test_the_check_sees_a_chart_default_that_does_not_tolerate(plans, schemas_di
     parent_block = chart_defaults("nvidia-device-plugin", BY_SCHEMA_NAME["nvidia-device-plugin"].version)["nfd"]
     assert nfd.pod["tolerations"] == parent_block["worker"]["tolerations"]  # parent block over subchart default
     assert not any(schedulable(nfd.pod, n.labels, n.taints, daemonset=True) for n in gpu_nodes(plan))
+
+
+# ------------------------------------------------------------------ DCGM: one host engine, one exporter
+
+
+def dcgm_problems(plan: dict) -> list[str]:
+    """Per GPU node: exactly one DCGM exporter and one host engine land there, and an exporter
+    that uses a remote host engine points at one on its own node (node IP, that engine's hostPort)."""
+    problems = []
+    daemonsets = gpu_daemonsets(plan)
+    for node in gpu_nodes(plan):
+        where = f"{node.pool} ({node.labels['node.kubernetes.io/instance-type']})"
+        landing = [ds for ds in daemonsets if ds.dcgm and schedulable(ds.pod, node.labels, node.taints, daemonset=True)]
+        exporters = sorted(ds.name for ds in landing if ds.dcgm["exporter"])
+        engines = sorted(f"{ds.name} ({ds.dcgm['host_engine']})" for ds in landing if ds.dcgm.get("host_engine"))
+        if len(exporters) != 1:
+            problems.append(f"{where}: {len(exporters)} DCGM exporters {exporters}, want exactly one")
+        if len(engines) != 1:
+            problems.append(f"{where}: {len(engines)} DCGM host engines {engines}, want exactly one")
+        reachable = {f"<node-ip>:{ds.dcgm['host_port']}" for ds in landing
+                     if ds.dcgm.get("host_engine") == "standalone" and ds.dcgm.get("host_port")}
+        for ds in landing:
+            remote = ds.dcgm.get("remote")
+            if remote is not None and remote not in reachable:
+                problems.append(f"{where}: {ds.name} connects to {remote!r}, no host engine there "
+                                f"(engines on the node: {sorted(reachable) or 'none on a hostPort'})")
+    return problems
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_one_dcgm_host_engine_and_one_exporter_per_gpu_node(plans, schemas_dir, stack):
+    assert gpu_nodes(plans[stack])
+    assert dcgm_problems(plans[stack]) == []
+
+
+def test_the_check_sees_the_addon_exporter_and_an_embedded_host_engine(plans, schemas_dir):
+    """The CloudWatch add-on's own exporter at its default (on), and ragpool's exporter without -r:
+    two exporters and three host engines on every GPU node."""
+    plan = copy.deepcopy(plans["dev"])
+    for entry in plan["resources"]:
+        if entry["type"] == ADDON and entry["inputs"]["addonName"] == "amazon-cloudwatch-observability":
+            config = json.loads(entry["inputs"]["configurationValues"])
+            config.pop("dcgmExporter", None)
+            entry["inputs"]["configurationValues"] = json.dumps(config)
+    values = release(plan, "dcgm-exporter")
+    values["arguments"] = [a for a in values["arguments"] if "$(" not in a and a not in ("-r", "--remote-hostengine-info")]
+    problems = dcgm_problems(plan)
+    nodes = gpu_nodes(plan)
+    exporter_problems = [p for p in problems if "2 DCGM exporters" in p]
+    engine_problems = [p for p in problems if "3 DCGM host engines" in p]
+    assert len(exporter_problems) == len(engine_problems) == len(nodes), problems
+
+
+def test_the_check_sees_an_exporter_pointed_at_no_host_engine(plans, schemas_dir):
+    plan = copy.deepcopy(plans["prod"])
+    values = release(plan, "dcgm-exporter")
+    values["arguments"] = [*values["arguments"], "-r", "localhost:5555"]
+    assert any("connects to 'localhost:5555'" in p for p in dcgm_problems(plan))
+
+
+def test_exporter_dcgm_reads_flags_and_env():
+    env = [{"name": "NODE_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}]
+    assert exporter_dcgm({"arguments": ["-f", "x.csv"]}) == {"exporter": True, "host_engine": "embedded", "remote": None}
+    assert exporter_dcgm({"arguments": ["-r", "$(NODE_IP):5555"], "extraEnv": env})["remote"] == "<node-ip>:5555"
+    assert exporter_dcgm({"arguments": ["--remote-hostengine-info=h:1"]})["remote"] == "h:1"
+    env_only = {"extraEnv": [{"name": "DCGM_REMOTE_HOSTENGINE_INFO", "value": "h:2"}]}
+    assert exporter_dcgm(env_only) == {"exporter": True, "host_engine": None, "remote": "h:2"}

@@ -15,6 +15,7 @@ import yaml
 from infra import log_shipping as ls
 from infra.config import CLOUDWATCH_RETENTION_DAYS, ConfigError, parse
 from tests.infra.iam_eval import Request, evaluate
+from tests.infra.test_gpu_node_scheduling import helm_merge
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = yaml.safe_load((REPO / "infra" / "reference" / "cloudwatch_observability.yaml").read_text())
@@ -40,10 +41,13 @@ def _addon(plan: dict) -> dict:
 # ------------------------------------------------------------------ the constants are upstream's
 
 
-def test_log_group_formats_are_the_ones_fluent_bit_writes():
+def test_log_group_formats_are_the_ones_the_addon_writes():
+    upstream = written_log_groups({}, "${CLUSTER_NAME}")
     for kind, fmt in ls.LOG_GROUP_FORMATS.items():
-        upstream = REFERENCE["fluent_bit"][kind]["log_group"]
-        assert fmt.replace("{cluster}", "${CLUSTER_NAME}") == upstream, kind
+        assert fmt.format(cluster="${CLUSTER_NAME}") in upstream, kind
+    for kind in REFERENCE["fluent_bit"]:
+        if isinstance(REFERENCE["fluent_bit"][kind], dict) and "log_group" in REFERENCE["fluent_bit"][kind]:
+            assert ls.LOG_GROUP_FORMATS[kind].format(cluster="${CLUSTER_NAME}") == REFERENCE["fluent_bit"][kind]["log_group"]
     assert ls.APPLICATION_LOG_GROUP_FORMAT.format(cluster="c1") == "/aws/containerinsights/c1/application"
     assert ls.log_group_name("c1", "host") == "/aws/containerinsights/c1/host"
 
@@ -64,9 +68,57 @@ def _leaf_paths(values: dict, prefix: str = "") -> set[str]:
 
 
 def test_configuration_values_use_only_verified_keys():
-    """No add-on configuration schema offline: every key we set is a chart value AWS documents."""
-    assert _leaf_paths(ls.ADDON_CONFIGURATION) == {"containerLogs.enabled"}
+    """No add-on configuration schema offline: every key we set is a chart value whose consuming
+    template is recorded (infra/reference/cloudwatch_observability.yaml configuration_keys)."""
+    assert _leaf_paths(ls.ADDON_CONFIGURATION) <= set(REFERENCE["configuration_keys"])
     assert ls.ADDON_CONFIGURATION["containerLogs"]["enabled"] is True
+
+
+# ------------------------------------------------------------------ every log group the add-on writes
+
+
+def _value(values: dict, dotted: str):
+    for step in dotted.split("."):
+        values = values[step]
+    return values
+
+
+def written_log_groups(configuration: dict, cluster: str) -> set[str]:
+    """Log groups the add-on writes with these configuration values over its recorded chart defaults."""
+    values = helm_merge(REFERENCE["defaults"], configuration)
+    groups = set()
+    for writer in REFERENCE["log_group_writers"]:
+        if _value(values, writer["when"]) is not True:
+            continue
+        if "groups_from" in writer:
+            groups |= {v["log_group"] for v in REFERENCE[writer["groups_from"]].values()
+                       if isinstance(v, dict) and "log_group" in v}
+        groups |= set(writer.get("groups", []))
+    return {g.replace("${CLUSTER_NAME}", cluster) for g in groups}
+
+
+def test_the_log_group_check_sees_every_default_writer():
+    """The add-on's defaults write Container Insights performance and Application Signals groups too."""
+    assert written_log_groups({}, "c1") == {
+        "/aws/containerinsights/c1/application", "/aws/containerinsights/c1/dataplane",
+        "/aws/containerinsights/c1/host", "/aws/containerinsights/c1/performance", "/aws/application-signals/data"}
+    assert written_log_groups({"containerLogs": {"enabled": False}, "containerInsights": {"enabled": False},
+                               "applicationSignals": {"enabled": False}}, "c1") == set()
+
+
+@pytest.mark.parametrize("stack,days", [("dev", 7), ("prod", 90)])
+def test_every_log_group_the_addon_writes_is_precreated(plans, stack, days):
+    plan = plans[stack]
+    addon = _addon(plan)
+    written = written_log_groups(json.loads(addon["inputs"]["configurationValues"]), _cluster_name(plan))
+    groups = {r["inputs"]["name"]: r for r in _by_type(plan, "aws:cloudwatch/logGroup:LogGroup")}
+    missing = sorted(written - set(groups))
+    assert missing == [], f"the add-on writes {missing} but the plan creates no such log group"
+    for name in written:
+        group = groups[name]
+        assert group["inputs"]["retentionInDays"] == days, name
+        assert group["inputs"]["kmsKeyId"].endswith("/key-logs-key"), name
+        assert f"aws:cloudwatch/logGroup:LogGroup::{group['name']}" in addon["dependsOn"], name
 
 
 # ------------------------------------------------------------------ the plan
