@@ -52,7 +52,11 @@ def _client(port: int):
 
 
 def _queue(port: int, ns: str, wait_ms: int = 0) -> TaskQueue:
-    return TaskQueue(_client(port), namespace=ns, replica_wait_ms=wait_ms)
+    """The queue on ``port``; ``wait_ms`` > 0: every write confirmed by one replica within it
+    (``REDIS_REQUIRED_REPLICAS=1``), 0: none (``REDIS_REQUIRED_REPLICAS=0``)."""
+    if not wait_ms:
+        return TaskQueue(_client(port), namespace=ns)
+    return TaskQueue(_client(port), namespace=ns, required_replicas=1, replica_wait_ms=wait_ms)
 
 
 def fill(port: int, ns: str, n: int) -> None:
@@ -167,8 +171,8 @@ def measure_with_replica(args, wait_ms: int, prefix: str) -> dict:
             if time.monotonic() > deadline:
                 raise RuntimeError("the replica did not connect")
             time.sleep(0.05)
-        if wait_ms and _queue(port, "probe", wait_ms).replicas_to_wait_for() != 1:
-            raise RuntimeError("the queue does not see the replica")
+        if wait_ms and _queue(port, "probe", wait_ms).client.wait(1, wait_ms) != 1:
+            raise RuntimeError("the replica does not confirm writes")
         rate1 = claim_ack_rate(port, "b1", args.tasks, 1, args.batch, wait_ms)
         rate4 = claim_ack_rate(port, "b4", args.tasks, 4, args.batch, wait_ms)
         rate1_single = claim_ack_rate(port, "s1", args.tasks // 4, 1, 1, wait_ms)

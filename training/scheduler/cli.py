@@ -19,7 +19,14 @@ Exit codes scripts can rely on:
 - 2: bad input: invalid run spec (nothing enqueued) or bad connection settings
 - 3: not found: unknown run id
 - 4: Redis unavailable: unreachable, connection dropped mid-command, timed out, still
-  loading, read-only or without its primary after a failover, credentials refused (retry later)
+  loading, read-only or without its primary after a failover, credentials refused, or a
+  write fewer than ``REDIS_REQUIRED_REPLICAS`` replicas confirmed within
+  ``REDIS_REPLICA_WAIT_MS`` (retry later). A ``submit`` that exits 4 after sending says the
+  submission "could not be confirmed": it may or may not be queued, and submitting the same
+  spec again is safe (one run id is one run).
+
+Exit 0 of ``submit`` means acknowledged: on the primary and, when ``REDIS_REQUIRED_REPLICAS``
+is n > 0, confirmed by n replicas (``WAIT``), so a failover keeps it.
 """
 
 from __future__ import annotations
@@ -75,15 +82,26 @@ def _one_line(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+class Unconfirmed(Exception):
+    """A write was sent but its outcome is unknown: its reply was lost, or fewer replicas than
+    ``REDIS_REQUIRED_REPLICAS`` confirmed it in time. ``what`` names it and how to repeat it."""
+
+    def __init__(self, what: str, retry_hint: str, cause: Exception) -> None:
+        super().__init__(what)
+        self.what, self.retry_hint, self.cause = what, retry_hint, cause
+
+
 def _with_queue(command: str, fn):
     """Run ``fn(queue)`` on the queue from the environment. Bad connection settings are exit 2;
     every Redis-side failure (unreachable, dropped mid-command, timeout, ``LOADING``,
-    ``READONLY`` after a failover, refused credentials...) is exit 4 with one line that names
-    the endpoint, never the password."""
+    ``READONLY`` after a failover, refused credentials, a write the required replicas did not
+    confirm...) is exit 4 with one line that names the endpoint, never the password; when
+    ``fn`` raised :class:`Unconfirmed`, the line says the write could not be confirmed (it may
+    or may not exist) and how to repeat it."""
     import redis
 
-    from training.scheduler.redis_conn import RedisConfigError, connect, settings_from_env
-    from training.scheduler.run_queue import TaskQueue, namespace_from_env
+    from training.scheduler.redis_conn import NotReplicatedError, RedisConfigError, settings_from_env
+    from training.scheduler.run_queue import namespace_from_env, open_queue
 
     try:
         settings = settings_from_env()
@@ -91,12 +109,15 @@ def _with_queue(command: str, fn):
         print(f"ragpool {command}: {exc}", file=sys.stderr)
         return exit_codes.BAD_INPUT
     try:
-        queue = TaskQueue(connect(settings), namespace=namespace_from_env(),
-                          replica_wait_ms=settings.replica_wait_ms)
+        queue = open_queue(settings, namespace=namespace_from_env())
         queue.client.ping()
         return fn(queue)
-    except redis.RedisError as exc:
-        if isinstance(exc, redis.AuthenticationError):
+    except (redis.RedisError, Unconfirmed) as error:
+        exc = error.cause if isinstance(error, Unconfirmed) else error
+        if isinstance(exc, NotReplicatedError):
+            why = (f"{exc.confirmed} of the {exc.required} required replica(s) had it within "
+                   f"{exc.wait_ms} ms (REDIS_REQUIRED_REPLICAS, REDIS_REPLICA_WAIT_MS)")
+        elif isinstance(exc, redis.AuthenticationError):
             why = f"refused the credentials ({type(exc).__name__})"
         elif isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
             why = f"cannot reach Redis ({type(exc).__name__}: {exc})"
@@ -106,7 +127,11 @@ def _with_queue(command: str, fn):
         for secret in (settings.password, settings.sentinel_password):
             if secret:
                 why = why.replace(secret, "***")
-        print(f"ragpool {command}: {why} at {settings.endpoint}; try again later", file=sys.stderr)
+        if isinstance(error, Unconfirmed):
+            print(f"ragpool {command}: {error.what} could not be confirmed at {settings.endpoint}: {why}; "
+                  f"it may or may not have been recorded: {error.retry_hint}", file=sys.stderr)
+        else:
+            print(f"ragpool {command}: {why} at {settings.endpoint}; try again later", file=sys.stderr)
         return exit_codes.UNAVAILABLE
 
 
@@ -127,7 +152,14 @@ def cmd_submit(args) -> int:
         return exit_codes.BAD_INPUT
 
     def submit(queue) -> int:
-        result = queue.submit(spec)
+        import redis
+
+        try:
+            result = queue.submit(spec)
+        except redis.RedisError as exc:  # sent, outcome unknown (lost reply, replicas did not confirm)
+            raise Unconfirmed(f"the submission of {spec.run_id}",
+                              "submit the same spec again (one run id is one run: a resubmit is idempotent)",
+                              exc) from exc
         if result.created:
             print(f"submitted {spec.run_id} (priority {spec.priority}, {len(spec.stages)} stage(s): "
                   f"{', '.join(spec.stages)})")

@@ -23,9 +23,19 @@ Environment (read by :func:`connect` and :func:`settings_from_env`):
 - ``REDIS_USERNAME``: ACL user name (optional).
 - ``REDIS_CA_FILE``: CA bundle to verify the server certificate for ``rediss://``
   (default: the system trust store, which covers ElastiCache's Amazon certificates).
-- ``REDIS_REPLICA_WAIT_MS``: after a submission or a completion, wait up to this many
-  milliseconds for one replica to have it (``WAIT 1 <ms>``) when the primary has
-  replicas (prod ElastiCache: one per AZ). Default 1000; ``0`` turns it off.
+- ``REDIS_REQUIRED_REPLICAS``: how many replicas must confirm a submission, a claim or an
+  ack before it counts as done (``WAIT <n> <REDIS_REPLICA_WAIT_MS>`` after the write, on
+  the same connection). Configuration, never an observation: the stack declares it
+  (``infra/`` puts it in the queue's connection Secret and the ``redisRequiredReplicas``
+  stack output; prod's replication group and any Sentinel set have replicas: 1; the dev
+  single-node Valkey: 0). Default 0: no ``WAIT``. With it set, a write the replicas did not
+  confirm in time raises :class:`NotReplicatedError`: ``ragpool submit`` exits 4
+  (retriable; a resubmit of the same run id is idempotent), a worker hands its claim back
+  or repeats its fenced ack. The same rule in every process (the one-shot CLI included):
+  a primary that answers "no replicas" at connect time is exactly what a demoted primary
+  looks like during a failover, so what it says never turns the wait off.
+- ``REDIS_REPLICA_WAIT_MS``: how long that ``WAIT`` may take, in milliseconds (1 to
+  60000; default 1000). Only used when ``REDIS_REQUIRED_REPLICAS`` > 0.
 
 A password embedded in the URL also works (the URL comes from the environment, never
 from the command line); :func:`redact_url` keeps it out of messages.
@@ -58,6 +68,12 @@ DEFAULT_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_SENTINEL_PORT = 26379
 DEFAULT_REPLICA_WAIT_MS = 1000
 MAX_REPLICA_WAIT_MS = 60_000
+REQUIRED_REPLICAS_ENV = "REDIS_REQUIRED_REPLICAS"
+"""Environment variable: replicas that must confirm every acknowledged write (module docstring)."""
+REPLICA_WAIT_MS_ENV = "REDIS_REPLICA_WAIT_MS"
+"""Environment variable: how long a write waits for those replicas (module docstring)."""
+MAX_REQUIRED_REPLICAS = 16
+"""Most replicas a write may be required to reach (a replication group has at most a few)."""
 
 _HOST_PORT = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9_.-]+))(?::(?P<port>[0-9]{1,5}))?")
 _MASTER_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
@@ -93,8 +109,10 @@ class RedisSettings:
     """Name of the master the Sentinels monitor (required with ``sentinels``)."""
     sentinel_password: str | None = None
     """Password of the Sentinels (None: no AUTH towards them)."""
+    required_replicas: int = 0
+    """Replicas that must confirm each submission, claim and ack (``WAIT n``); 0: no ``WAIT``."""
     replica_wait_ms: int = DEFAULT_REPLICA_WAIT_MS
-    """``WAIT 1 <ms>`` after submissions and completions when the primary has replicas (0: off)."""
+    """How long that ``WAIT`` may take (milliseconds)."""
     retries: int = 6
     """Retries of an idempotent command on a temporary error (backoff below: about 7 s in all)."""
     retry_base_s: float = 0.2
@@ -117,9 +135,17 @@ class RedisSettings:
         if self.sentinel_master is not None and not _MASTER_NAME.fullmatch(self.sentinel_master):
             raise RedisConfigError(f"REDIS_SENTINEL_MASTER: {_shown(self.sentinel_master)} is not a master name "
                                    "(letters, digits, '_', '.', '-'; at most 128)")
+        if not 0 <= self.required_replicas <= MAX_REQUIRED_REPLICAS:
+            raise RedisConfigError(f"{REQUIRED_REPLICAS_ENV}: {self.required_replicas} is out of range; use 0 "
+                                   f"(no replicas, e.g. a single-node dev Redis) to {MAX_REQUIRED_REPLICAS}")
         if not 0 <= self.replica_wait_ms <= MAX_REPLICA_WAIT_MS:
-            raise RedisConfigError(f"REDIS_REPLICA_WAIT_MS: {self.replica_wait_ms} is out of range; "
-                                   f"use 0 (off) to {MAX_REPLICA_WAIT_MS} milliseconds")
+            raise RedisConfigError(f"{REPLICA_WAIT_MS_ENV}: {self.replica_wait_ms} is out of range; "
+                                   f"use 1 to {MAX_REPLICA_WAIT_MS} milliseconds")
+        if self.required_replicas and not self.replica_wait_ms:
+            # WAIT n 0 would block forever.
+            raise RedisConfigError(f"{REPLICA_WAIT_MS_ENV}: 0 cannot confirm a write while "
+                                   f"{REQUIRED_REPLICAS_ENV}={self.required_replicas}; use 1 to "
+                                   f"{MAX_REPLICA_WAIT_MS} milliseconds (default {DEFAULT_REPLICA_WAIT_MS})")
 
     @property
     def tls(self) -> bool:
@@ -168,12 +194,12 @@ def parse_sentinels(raw: str) -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
-def _int_env(env, name: str, default: int) -> int:
+def _int_env(env, name: str, default: int, unit: str) -> int:
     raw = env.get(name)
     if raw is None or raw == "":
         return default
     if not re.fullmatch(r"[0-9]{1,9}", raw.strip()):
-        raise RedisConfigError(f"{name}: {_shown(raw)} is not a whole number of milliseconds")
+        raise RedisConfigError(f"{name}: {_shown(raw)} is not a whole number of {unit}")
     return int(raw.strip())
 
 
@@ -196,7 +222,8 @@ def settings_from_env(env: dict[str, str] | None = None) -> RedisSettings:
         sentinels=parse_sentinels(raw_sentinels) if raw_sentinels.strip() else (),
         sentinel_master=env.get("REDIS_SENTINEL_MASTER") or None,
         sentinel_password=env.get("REDIS_SENTINEL_PASSWORD") or None,
-        replica_wait_ms=_int_env(env, "REDIS_REPLICA_WAIT_MS", DEFAULT_REPLICA_WAIT_MS),
+        required_replicas=_int_env(env, REQUIRED_REPLICAS_ENV, 0, "replicas"),
+        replica_wait_ms=_int_env(env, REPLICA_WAIT_MS_ENV, DEFAULT_REPLICA_WAIT_MS, "milliseconds"),
     )
 
 
@@ -247,16 +274,21 @@ class QueueRetry(Retry):
 
 
 class NotReplicatedError(redis.RedisError):
-    """A write reached the primary, but no replica confirmed it within ``REDIS_REPLICA_WAIT_MS``.
+    """A write reached the primary, but fewer than ``REDIS_REQUIRED_REPLICAS`` replicas confirmed
+    it within ``REDIS_REPLICA_WAIT_MS``.
 
     A failover now could lose it. Callers repeat the (idempotent or fenced) operation
-    later; ``reply`` is what the primary answered.
+    later; ``reply`` is what the primary answered, ``confirmed`` how many replicas had it.
     """
 
-    def __init__(self, what: str, reply=None, wait_ms: int = 0) -> None:
-        super().__init__(f"{what}: no replica confirmed the write within {wait_ms} ms "
-                         "(failover or replica down); it may be lost on a failover, repeat it")
+    def __init__(self, what: str, reply=None, wait_ms: int = 0, *, required: int = 1, confirmed: int = 0) -> None:
+        super().__init__(f"{what}: the write could not be confirmed: {confirmed} of the {required} required "
+                         f"replica(s) had it within {wait_ms} ms (failover or replica down); "
+                         "it may be lost on a failover, repeat it")
         self.reply = reply
+        self.wait_ms = wait_ms
+        self.required = required
+        self.confirmed = confirmed
 
 
 def make_retry(settings: RedisSettings):
@@ -344,9 +376,3 @@ def reconnect(*clients) -> None:
         reset = getattr(pool, "proxy", None)
         if reset is not None:  # Sentinel pool: forget the cached primary address
             reset.reset()
-
-
-def replica_count(client) -> int:
-    """Replicas connected to the primary ``client`` talks to (``INFO replication``)."""
-    info = client.info("replication")
-    return int(info.get("connected_slaves", 0) or 0)

@@ -52,7 +52,9 @@ from typing import Any, Iterable, Sequence
 from training.scheduler.lanes import (  # noqa: F401 (RAY_LANE, ready_list re-exported)
     RAY_LANE, READY_STEM, Lane, known_lanes, lane_of, lane_of_ready_list, lanes_from_env, parse_lane, ready_list,
 )
-from training.scheduler.redis_conn import NotReplicatedError, reconnect, replica_count, single_attempt
+from training.scheduler.redis_conn import (
+    DEFAULT_REPLICA_WAIT_MS, NotReplicatedError, RedisSettings, connect, reconnect, settings_from_env, single_attempt,
+)
 from training.scheduler.spec import PRIORITIES, RunSpec
 
 class State(StrEnum):
@@ -130,6 +132,16 @@ def namespace_from_env() -> str:
     """The queue's key namespace for this process: ``$RAGPOOL_QUEUE_NAMESPACE``, else the default."""
     return os.environ.get(NAMESPACE_ENV) or DEFAULT_NAMESPACE
 
+
+def open_queue(settings: RedisSettings | None = None, **kwargs: Any) -> "TaskQueue":
+    """The queue on ``settings``' Redis (default: the environment's), its writes confirmed as the
+    settings say (``REDIS_REQUIRED_REPLICAS`` within ``REDIS_REPLICA_WAIT_MS``): the one rule of
+    every process that writes, the worker loop and the one-shot ``ragpool`` CLI alike.
+    ``kwargs`` are :class:`TaskQueue`'s other arguments (namespace, lease...)."""
+    settings = settings or settings_from_env()
+    return TaskQueue(connect(settings), required_replicas=settings.required_replicas,
+                     replica_wait_ms=settings.replica_wait_ms, **kwargs)
+
 LUA_DIR = Path(__file__).with_name("lua")
 """The queue's Lua scripts: ``prelude.lua`` (shared helpers) and one file per command."""
 
@@ -160,9 +172,6 @@ def _lanes(executors: Sequence[str], nodes: int, lanes: Sequence[Lane] | None = 
     if not lanes:
         raise ValueError("a worker needs at least one lane")
     return json.dumps(list(dict.fromkeys(lane.suffix for lane in lanes)))
-
-REPLICA_RECHECK_S = 60.0
-"""How often a queue that found no replica looks again (see ``TaskQueue.replicas_to_wait_for``)."""
 
 SINGLE_ATTEMPT_SCRIPTS = frozenset({"claim", "ack", "ack_many", "fail", "release"})
 """Scripts sent at most once per call (``redis_conn.single_attempt``): resending a claim whose
@@ -267,6 +276,8 @@ GANG_TIMEOUTS_STAT = "gang_timeouts:"
 """Stats-hash field stem (then the run's ready list) counting gangs that never formed."""
 WORKER_LIVE_S = 180.0
 """A registered worker not seen (registry, claim or heartbeat) for this long is gone."""
+GROUP_JOINED = ":joined"
+"""Suffix of a gang's ``group:<name>`` key naming the set of pods that joined it."""
 
 
 class WorkerState(StrEnum):
@@ -310,9 +321,12 @@ class TaskQueue:
     """The queue API over one redis-py client (``decode_responses=True``)."""
 
     def __init__(self, client, *, namespace: str = DEFAULT_NAMESPACE, lease_seconds: float = 60.0,
-                 backoff_base_s: float = 30.0, backoff_max_s: float = 3600.0, replica_wait_ms: int = 0) -> None:
+                 backoff_base_s: float = 30.0, backoff_max_s: float = 3600.0, required_replicas: int = 0,
+                 replica_wait_ms: int = DEFAULT_REPLICA_WAIT_MS) -> None:
         if lease_seconds <= 0 or backoff_base_s < 0 or backoff_max_s < backoff_base_s:
             raise ValueError("lease_seconds > 0 and 0 <= backoff_base_s <= backoff_max_s required")
+        if required_replicas < 0 or (required_replicas and replica_wait_ms <= 0):
+            raise ValueError("required_replicas >= 0, and replica_wait_ms > 0 when it is > 0")
         self.client = client
         self.prefix = f"{namespace}:"
         self.lease_seconds = float(lease_seconds)
@@ -326,11 +340,12 @@ class TaskQueue:
         self._scripts = {name: client.register_script(text) for name, text in _SCRIPTS.items()}
         self.once = single_attempt(client)
         """Same server as ``client``, commands never resent (``SINGLE_ATTEMPT_SCRIPTS``)."""
+        self.required_replicas = int(required_replicas)
+        """Replicas that must confirm each submission, claim and ack (``WAIT n``; 0: none).
+        Configuration (``REDIS_REQUIRED_REPLICAS``, see :func:`open_queue`), never what the
+        primary happens to have right now: a failover cannot turn the confirmation off."""
         self.replica_wait_ms = int(replica_wait_ms)
-        """Submissions, claims and acks wait this long for one replica (``WAIT 1``) when the
-        primary has replicas; 0 turns it off (``REDIS_REPLICA_WAIT_MS`` for the CLI and workers)."""
-        self._wait_replicas: int | None = None
-        self._replicas_checked_at = 0.0
+        """How long each of those writes waits for its replicas (``REDIS_REPLICA_WAIT_MS``)."""
 
     def _call(self, script: str, *args, client=None):
         """Run the queue script ``script`` (a ``lua/<script>.lua`` command) with ``args``;
@@ -339,37 +354,25 @@ class TaskQueue:
             client = self.once
         return self._scripts[script](args=[self._layout, *args], client=client)
 
-    def replicas_to_wait_for(self) -> int:
-        """1 when writes wait for a replica: ``replica_wait_ms`` > 0 and the primary has had one
-        (``INFO replication``), else 0. Sticky once 1: a primary without replicas is what a
-        failover looks like (a demoted primary still taking writes, a new one whose replica
-        has not joined yet), and acknowledging then is how writes get lost, so writes fail
-        with :class:`NotReplicatedError` until a replica is back. While 0 (a single-node
-        dev Valkey) it is looked at again every ``REPLICA_RECHECK_S``."""
-        if self.replica_wait_ms <= 0:
-            return 0
-        if not self._wait_replicas and time.monotonic() - self._replicas_checked_at >= REPLICA_RECHECK_S:
-            self._replicas_checked_at = time.monotonic()
-            self._wait_replicas = min(1, replica_count(self.client))
-        return self._wait_replicas or 0
-
     def _call_replicated(self, script: str, *args):
-        """:meth:`_call`, then ``WAIT 1 <replica_wait_ms>`` on the same connection, one round trip.
+        """:meth:`_call`, then ``WAIT <required_replicas> <replica_wait_ms>`` on the same
+        connection, one round trip (no ``WAIT`` when ``required_replicas`` is 0).
 
         A counter bump between the two is a write of this connection after the script, so the
         WAIT covers the script's effects even when the script wrote nothing (an idempotent
         resubmit, a repeated ack): the replica then has whatever the primary said.
-        Raises :class:`NotReplicatedError` (its ``reply`` is the script's) when no replica
+        Raises :class:`NotReplicatedError` (its ``reply`` is the script's) when fewer replicas
         confirmed in time."""
-        if not self.replicas_to_wait_for():
+        if not self.required_replicas:
             return self._call(script, *args)
         pipe = (self.once if script in SINGLE_ATTEMPT_SCRIPTS else self.client).pipeline(transaction=False)
         self._call(script, *args, client=pipe)
         pipe.hincrby(self.key(Key.STATS), "replica_waits_total", 1)
-        pipe.wait(1, self.replica_wait_ms)
+        pipe.wait(self.required_replicas, self.replica_wait_ms)
         reply, _count, replicas = pipe.execute()
-        if int(replicas) < 1:
-            raise NotReplicatedError(f"{script} {args[0] if args else ''}".strip(), reply, self.replica_wait_ms)
+        if int(replicas) < self.required_replicas:
+            raise NotReplicatedError(f"{script} {args[0] if args else ''}".strip(), reply, self.replica_wait_ms,
+                                     required=self.required_replicas, confirmed=int(replicas))
         return reply
 
     def reconnect(self) -> None:
@@ -682,3 +685,18 @@ class TaskQueue:
 
     def clear_group(self, group: str) -> None:
         self.client.delete(self.key(Key.GROUP, group))
+
+    def join_group(self, group: str, member: str, ttl_s: int) -> None:
+        """A follower pod joins the gang its index-0 pod is gathering (``member``: run, attempt, index)."""
+        key = self.key(Key.GROUP, group + GROUP_JOINED)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.sadd(key, member)
+        pipe.expire(key, ttl_s)
+        pipe.execute()
+
+    def group_members(self, group: str) -> set[str]:
+        """The pods that joined the gang of ``group`` (see :meth:`join_group`)."""
+        return set(self.client.smembers(self.key(Key.GROUP, group + GROUP_JOINED)))
+
+    def reset_group_members(self, group: str) -> None:
+        self.client.delete(self.key(Key.GROUP, group + GROUP_JOINED))

@@ -654,8 +654,8 @@ def build_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.
 
 def worker_main(args: argparse.Namespace) -> int:
     """Shared by ``python -m training.worker`` and ``ragpool worker``."""
-    from training.scheduler.run_queue import TaskQueue
-    from training.scheduler.redis_conn import RedisConfigError, connect, settings_from_env
+    from training.scheduler.run_queue import open_queue
+    from training.scheduler.redis_conn import RedisConfigError, settings_from_env
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -664,9 +664,8 @@ def worker_main(args: argparse.Namespace) -> int:
     except (ValueError, RedisConfigError) as exc:
         print(f"ragpool worker: {exc}", file=sys.stderr)
         return exit_codes.BAD_INPUT
-    queue = TaskQueue(connect(settings), namespace=config.namespace, lease_seconds=config.lease_seconds,
-                      backoff_base_s=config.backoff_base_s, backoff_max_s=config.backoff_max_s,
-                      replica_wait_ms=settings.replica_wait_ms)
+    queue = open_queue(settings, namespace=config.namespace, lease_seconds=config.lease_seconds,
+                       backoff_base_s=config.backoff_base_s, backoff_max_s=config.backoff_max_s)
     try:
         queue.client.ping()
     except Exception as exc:

@@ -15,13 +15,15 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from tests.support.redis_fixtures import make_spec, requires_sentinel, subprocess_env
 
 from training.scheduler.redis_conn import NotReplicatedError, connect, is_temporary_error, settings_from_env
-from training.scheduler.run_queue import State, TaskQueue
+from training.exit_codes import OK, UNAVAILABLE
+from training.scheduler.run_queue import Key, State, TaskQueue, open_queue, ready_list
 
 
 def start_worker(env: dict[str, str], shared: Path, command: list[str], *, lease: float, idle: float,
@@ -135,7 +137,7 @@ def test_idle_worker_survives_a_demotion_and_continues(own_redis, tmp_path):
     assert stop_workers([worker]) == [0]
 
 
-# -- WAIT 1: acknowledged means a replica has it ----------------------------------------------
+# -- WAIT n: acknowledged means the required replicas have it ---------------------------------
 
 def _primary_with_stoppable_replica(own_redis):
     primary = own_redis(appendonly=True, extra_args=("--repl-diskless-sync-delay", "0"))
@@ -147,17 +149,17 @@ def _primary_with_stoppable_replica(own_redis):
 
 def test_submit_claim_ack_wait_for_a_replica(own_redis):
     primary, replica = _primary_with_stoppable_replica(own_redis)
-    q = TaskQueue(connect(settings_from_env({"REDIS_URL": primary.url})), namespace="wait",
-                  replica_wait_ms=1500, backoff_base_s=0, backoff_max_s=0)
-    assert q.replicas_to_wait_for() == 1
-    plain = TaskQueue(primary.client(), namespace="wait")  # replica_wait_ms=0: never waits
-    assert plain.replicas_to_wait_for() == 0
+    q = open_queue(settings_from_env({"REDIS_URL": primary.url, "REDIS_REQUIRED_REPLICAS": "1",
+                                      "REDIS_REPLICA_WAIT_MS": "1500"}),
+                   namespace="wait", backoff_base_s=0, backoff_max_s=0)
+    assert q.required_replicas == 1
+    plain = TaskQueue(primary.client(), namespace="wait")  # required_replicas=0: never waits
     q.submit(make_spec("w-1"))
     assert replica.client().hget("wait:task:w-1", "state") == "queued"  # on the replica when submit returned
 
     os.kill(replica.process.pid, signal.SIGSTOP)  # connected but silent: WAIT times out
     try:
-        with pytest.raises(NotReplicatedError, match="no replica confirmed"):
+        with pytest.raises(NotReplicatedError, match="could not be confirmed: 0 of the 1 required"):
             q.submit(make_spec("w-2"))
         with pytest.raises(NotReplicatedError):
             q.claim("w")
@@ -186,6 +188,7 @@ def test_ragpool_submit_is_acknowledged_only_once_a_replica_has_it(own_redis, mo
 
     primary, replica = _primary_with_stoppable_replica(own_redis)
     monkeypatch.setenv("REDIS_URL", primary.url)
+    monkeypatch.setenv("REDIS_REQUIRED_REPLICAS", "1")
     monkeypatch.setenv("REDIS_REPLICA_WAIT_MS", "1500")
     monkeypatch.setenv("RAGPOOL_QUEUE_NAMESPACE", "cliwait")
     monkeypatch.setenv("RAGPOOL_SHARED_ROOT", str(tmp_path / "shared"))
@@ -204,7 +207,8 @@ def test_ragpool_submit_is_acknowledged_only_once_a_replica_has_it(own_redis, mo
     finally:
         os.kill(replica.process.pid, signal.SIGCONT)
     err = capsys.readouterr().err
-    assert "no replica confirmed" in err and primary.url in err and err.count("\n") == 1, err
+    assert "submission of cli-wait could not be confirmed" in err and primary.url in err, err
+    assert "0 of the 1 required replica(s)" in err and "idempotent" in err and err.count("\n") == 1, err
     assert submit() == OK  # the same submission again (idempotent) is now confirmed
     assert replica.client().hget("cliwait:task:cli-wait", "state") == "queued"
 
@@ -221,7 +225,7 @@ starts measures the stall, not a backlog."""
 @pytest.mark.slow
 def test_sentinel_failover_and_primary_sigkill_run_every_acknowledged_submission_once(sentinel_group, tmp_path):
     group = sentinel_group(replicas=1, down_after_ms=1000, failover_timeout_ms=3000)
-    env = {**group.env(), "REDIS_REPLICA_WAIT_MS": "500"}
+    env = {**group.env(), "REDIS_REQUIRED_REPLICAS": "1", "REDIS_REPLICA_WAIT_MS": "500"}
     settings = settings_from_env(env)
     namespace = "fo"
     log = tmp_path / "runs.log"
@@ -234,7 +238,7 @@ def test_sentinel_failover_and_primary_sigkill_run_every_acknowledged_submission
     stop = threading.Event()
 
     def submitter() -> None:
-        q = TaskQueue(connect(settings), namespace=namespace, replica_wait_ms=settings.replica_wait_ms)
+        q = open_queue(settings, namespace=namespace)
         i = 0
         while i < SUBMISSIONS and not stop.is_set():
             run_id = f"fo-{i:03d}"
@@ -312,3 +316,141 @@ def test_sentinel_failover_and_primary_sigkill_run_every_acknowledged_submission
     # into the new one's replica only ~8 s after the switch and, until then, no write can be
     # confirmed by a replica. Heartbeats (not waited for) keep the leases meanwhile.
     assert all(s is not None and s < 30 for s in stalls.values()), report
+
+
+# -- one-shot `ragpool submit` processes across failovers -------------------------------------
+
+CLI_SUBMITTERS = 3
+"""Concurrent loops of `ragpool submit`, each submission its own process (as a user's script)."""
+CLI_ROUNDS = 3
+"""Rounds of SENTINEL FAILOVER then SIGKILL of the new primary, in one test."""
+
+
+@dataclass(frozen=True)
+class CliSubmission:
+    run_id: str
+    code: int
+    err: str
+    started: float
+    ended: float
+
+
+def cli_submit(env: dict[str, str], spec_dir: Path, run_id: str) -> CliSubmission:
+    """``ragpool submit`` of a fresh run in its own process (the real console entry point)."""
+    spec = spec_dir / f"{run_id}.yaml"
+    spec.write_text(f"run_id: {run_id}\nstages: [retriever]\n")
+    started = time.time()
+    proc = subprocess.run([sys.executable, "-m", "infra.cli", "submit", str(spec)], env=subprocess_env(**env),
+                          capture_output=True, text=True, timeout=120)
+    return CliSubmission(run_id, proc.returncode, proc.stderr, started, time.time())
+
+
+def force_failover(group, timeout: float = 30.0) -> None:
+    """``SENTINEL FAILOVER``, repeated while the Sentinels refuse it for now (a failover still in
+    progress, or the restarted replica not yet rediscovered: ``NOGOODSLAVE``)."""
+    import redis
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            group.failover()
+            return
+        except redis.ResponseError as exc:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the Sentinels refused SENTINEL FAILOVER for {timeout}s: {exc}") from None
+            time.sleep(0.2)
+
+
+@requires_sentinel
+@pytest.mark.slow
+def test_cli_submissions_across_failovers_exit_0_only_once_kept(sentinel_group, tmp_path):
+    """Every exit 0 of a one-shot `ragpool submit` survives a forced failover and a SIGKILL of the
+    new primary (exactly once); every exit 4 says the submission could not be confirmed (it may
+    or may not exist) or that Redis was unreachable (then it does not exist)."""
+    group = sentinel_group(replicas=1, down_after_ms=1000, failover_timeout_ms=3000)
+    namespace = "clifo"
+    env = {**group.env(), "REDIS_REQUIRED_REPLICAS": "1", "REDIS_REPLICA_WAIT_MS": "500",
+           "RAGPOOL_QUEUE_NAMESPACE": namespace, "RAGPOOL_SHARED_ROOT": str(tmp_path / "shared")}
+    settings = settings_from_env(env)
+    spec_dir = tmp_path / "specs"
+    spec_dir.mkdir()
+    results: list[CliSubmission] = []
+    stop = threading.Event()
+
+    def submitter(k: int) -> None:
+        i = 0
+        while not stop.is_set():
+            results.append(cli_submit(env, spec_dir, f"cli-{k}-{i:04d}"))
+            i += 1
+
+    def acknowledged_since(at: float) -> int:
+        return sum(1 for r in list(results) if r.code == 0 and r.started >= at)
+
+    def wait_acknowledged(at: float, what: str) -> None:
+        try:
+            wait_for(lambda: acknowledged_since(at) >= 2, 60, what)
+        except AssertionError as exc:
+            last = [(r.run_id, r.code, r.err.strip()[-200:]) for r in results[-5:]]
+            raise AssertionError(f"{exc}; the last submissions: {last}") from None
+
+    events: list[tuple[str, float]] = []
+    threads = [threading.Thread(target=submitter, args=(k,), daemon=True) for k in range(CLI_SUBMITTERS)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_acknowledged(0, "acknowledged submissions before the first failover")
+        for _round in range(CLI_ROUNDS):
+            old = group.primary_port()
+            events.append(("failover", time.time()))
+            force_failover(group)
+            group.wait_primary_change(old)
+            group.wait_replicas_online(1)
+            wait_acknowledged(time.time(), "acknowledged submissions after the failover")
+            old = group.primary_port()
+            events.append(("sigkill", time.time()))
+            killed = group.kill_primary()
+            group.wait_primary_change(old)
+            group.restart_as_replica(killed)
+            group.wait_replicas_online(1)
+            wait_acknowledged(time.time(), "acknowledged submissions after the SIGKILL")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=150)
+    assert not any(t.is_alive() for t in threads)
+
+    client = connect(settings)
+    q = TaskQueue(client, namespace=namespace)
+    queued = client.lrange(q.prefix + ready_list("normal"), 0, -1)
+    in_list = {run_id: queued.count(run_id) for run_id in set(queued)}
+    known = set(client.zrange(q.key(Key.TASKS), 0, -1))
+    codes = {r.code for r in results}
+    assert codes <= {OK, UNAVAILABLE}, [(r.run_id, r.code, r.err) for r in results if r.code not in (OK, UNAVAILABLE)]
+    acknowledged = [r for r in results if r.code == OK]
+    lost = [r.run_id for r in acknowledged if q.get(r.run_id) is None or r.run_id not in known]
+    twice = {run_id: n for run_id, n in in_list.items() if n != 1}
+    unconfirmed = [r for r in results if r.code == UNAVAILABLE]
+    report = {"submissions": len(results), "acknowledged": len(acknowledged), "lost": lost,
+              "exit_4": len(unconfirmed), "exit_4_but_there": sum(1 for r in unconfirmed if r.run_id in known)}
+    print("cli failover:", json.dumps(report))
+    assert not lost, report  # every exit 0 survived both failovers of every round ...
+    assert not twice, twice  # ... exactly once
+    assert all(in_list.get(r.run_id) == 1 for r in acknowledged), report
+    for r in unconfirmed:
+        line = r.err.strip()
+        assert settings.endpoint in line and "Traceback" not in r.err and line.count("\n") == 0, r
+        if "could not be confirmed" in line:  # sent: it may be there or not, and the user is told how to repeat it
+            assert f"the submission of {r.run_id} could not be confirmed" in line and "idempotent" in line, r
+        else:  # nothing was sent (Redis unreachable before the submission): it must not be there
+            assert "try again later" in line and r.run_id not in known, r
+    # The submitters were running when each event happened: the windows were exercised.
+    for name, at in events:
+        assert any(r.started <= at <= r.ended or at <= r.started <= at + 1.0 for r in results), (name, at)
+    # What exit 4 tells the user to do: submit again (as often as it takes); one run either way.
+    retried = [r.run_id for r in unconfirmed[-5:]]
+    deadline = time.monotonic() + 30
+    while retried and time.monotonic() < deadline:
+        retried = [run_id for run_id in retried if cli_submit(env, spec_dir, run_id).code != OK]
+    assert not retried, f"resubmits not acknowledged within 30 s: {retried}"
+    queued = client.lrange(q.prefix + ready_list("normal"), 0, -1)
+    assert all(queued.count(r.run_id) == 1 for r in unconfirmed[-5:]), queued

@@ -17,7 +17,6 @@ from training.scheduler.redis_conn import (
     connect,
     is_temporary_error,
     reconnect,
-    replica_count,
     settings_from_env,
     single_attempt,
 )
@@ -48,6 +47,11 @@ def test_sentinel_settings_from_env():
     ({"REDIS_REPLICA_WAIT_MS": "-1"}, "REDIS_REPLICA_WAIT_MS"),
     ({"REDIS_REPLICA_WAIT_MS": "1e3"}, "REDIS_REPLICA_WAIT_MS"),
     ({"REDIS_REPLICA_WAIT_MS": "600000"}, "REDIS_REPLICA_WAIT_MS"),
+    ({"REDIS_REQUIRED_REPLICAS": "-1"}, "REDIS_REQUIRED_REPLICAS"),
+    ({"REDIS_REQUIRED_REPLICAS": "one"}, "REDIS_REQUIRED_REPLICAS"),
+    ({"REDIS_REQUIRED_REPLICAS": "17"}, "REDIS_REQUIRED_REPLICAS"),
+    # WAIT 1 0 would block forever: a required replica needs a bounded wait.
+    ({"REDIS_REQUIRED_REPLICAS": "1", "REDIS_REPLICA_WAIT_MS": "0"}, "REDIS_REPLICA_WAIT_MS"),
 ])
 def test_bad_sentinel_and_wait_settings_name_the_variable(env, variable):
     if variable is None:
@@ -60,6 +64,8 @@ def test_bad_sentinel_and_wait_settings_name_the_variable(env, variable):
 def test_replica_wait_setting():
     assert settings_from_env({"REDIS_REPLICA_WAIT_MS": "0"}).replica_wait_ms == 0
     assert settings_from_env({"REDIS_REPLICA_WAIT_MS": "250"}).replica_wait_ms == 250
+    assert settings_from_env({}).required_replicas == 0  # unset: no WAIT (single-node dev Redis)
+    assert settings_from_env({"REDIS_REQUIRED_REPLICAS": " 2 "}).required_replicas == 2
 
 
 # -- which errors are temporary ---------------------------------------------------------------
@@ -168,11 +174,35 @@ def test_reconnect_drops_pooled_connections(own_redis):
     assert before and not before & after  # every old connection is gone; the next command opened a new one
 
 
-def test_replica_count(own_redis):
+def test_required_replicas_is_configuration_never_what_the_primary_reports(own_redis):
+    """A primary without replicas (a demoted primary in a failover looks like this) does not
+    turn the wait off: the write is refused as unconfirmed; and a primary with replicas is not
+    waited for when none are required (the dev single node)."""
+    from tests.support.redis_fixtures import make_spec
+
+    from training.scheduler.run_queue import TaskQueue, open_queue
+
+    alone = own_redis()
+    env = {"REDIS_URL": alone.url, "REDIS_REQUIRED_REPLICAS": "1", "REDIS_REPLICA_WAIT_MS": "100"}
+    q = open_queue(settings_from_env(env), namespace="req")
+    assert (q.required_replicas, q.replica_wait_ms) == (1, 100)
+    with pytest.raises(NotReplicatedError) as err:
+        q.submit(make_spec("r-1"))
+    assert (err.value.required, err.value.confirmed) == (1, 0)
+    assert "0 of the 1 required replica(s) had it within 100 ms" in str(err.value)
+    assert q.get("r-1").state == "queued"  # on the primary, just not confirmed
+    with pytest.raises(NotReplicatedError):  # a fresh queue (a new process) follows the same rule
+        open_queue(settings_from_env(env), namespace="req").submit(make_spec("r-1"))
+
     primary = own_redis(extra_args=("--repl-diskless-sync-delay", "0"))
-    assert replica_count(primary.client()) == 0
     own_redis(replica_of=primary.port)
     deadline = time.monotonic() + 10
-    while replica_count(primary.client()) < 1 and time.monotonic() < deadline:
+    while primary.client().info("replication").get("connected_slaves", 0) < 1:
+        assert time.monotonic() < deadline, "the replica did not connect within 10 s"
         time.sleep(0.05)
-    assert replica_count(primary.client()) == 1
+    plain = open_queue(settings_from_env({"REDIS_URL": primary.url}), namespace="req")
+    assert plain.required_replicas == 0
+    plain.submit(make_spec("r-2"))
+    assert "replica_waits_total" not in primary.client().hgetall("req:stats")  # no WAIT was sent
+    with pytest.raises(ValueError, match="replica_wait_ms"):
+        TaskQueue(primary.client(), required_replicas=1, replica_wait_ms=0)
