@@ -26,6 +26,9 @@ _RUN_ID = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 MAX_PATH_CHARS = 1024
 """Longest path a spec or config may name."""
 
+_URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
+"""A URI scheme (RFC 3986: ``file:``, ``s3:``, ``https:``, ``hf:``...) at the start of a path."""
+
 
 PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 """The directory that holds this ``training`` package (the repository in a checkout)."""
@@ -62,7 +65,9 @@ def confine(value: object, *, root: str | os.PathLike[str] | None = None) -> str
 
     Accepts a relative path, or (when ``root`` is given) an absolute path inside ``root``.
     Refuses non-strings, empty or over-long paths, NUL, backslashes, control characters,
-    any ``..`` component, absolute paths outside ``root`` and the root itself. Purely
+    URLs and anything else that starts with a scheme (``file:///etc/passwd``, ``s3://b/x``:
+    normalising would turn them into odd relative paths such as ``s3:/b/x``), any ``..``
+    component, absolute paths outside ``root`` and the root itself. Purely
     lexical (submit time, no filesystem); :func:`resolve_confined` adds the symlink check
     where the files are.
     """
@@ -72,6 +77,11 @@ def confine(value: object, *, root: str | os.PathLike[str] | None = None) -> str
         raise PathError(f"is longer than {MAX_PATH_CHARS} characters")
     if "\\" in value or any(ord(c) < 32 or ord(c) == 127 for c in value):
         raise PathError("must not contain backslashes or control characters")
+    scheme = _URL_SCHEME.match(value)
+    if scheme:
+        raise PathError(f"is a URL or starts with a scheme ({scheme.group(0)!r}), which is not accepted: "
+                        "paths are relative to the shared root (copy the file there and name its path, "
+                        "e.g. datasets/demo/corpus.jsonl)")
     if value.startswith("/"):
         if root is None:
             raise PathError("must be relative to the shared root, not absolute")
@@ -85,6 +95,9 @@ def confine(value: object, *, root: str | os.PathLike[str] | None = None) -> str
     norm = posixpath.normpath(value)
     if norm in (".", ""):
         raise PathError("names the shared root itself, not a file or directory in it")
+    if _URL_SCHEME.match(norm):  # ./s3://b/x, /<root>/file:/x: a scheme once normalised
+        raise PathError(f"would be stored as {norm!r}, which starts with a scheme; paths are relative to the "
+                        "shared root and must not look like a URL")
     return norm
 
 

@@ -101,6 +101,21 @@ def test_bad_spec_is_exit_2_and_enqueues_nothing(cli, make_queue, tmp_path, caps
     assert q.list() == [] and q.stats().depth == {"high": 0, "normal": 0, "low": 0}
 
 
+@pytest.mark.parametrize("key, value", [
+    ("data: {corpus: 'file:///etc/passwd'}", "data.corpus"),
+    ("data: {qa_train: 's3://bucket/qa_train.jsonl'}", "data.qa_train"),
+    ("models: {tokenizer: 'hf://org/tok'}", "models.tokenizer"),
+    ("hyperparameters: {retriever: {model: 'https://example.com/m'}}", "hyperparameters.retriever.model"),
+])
+def test_a_url_as_a_path_is_exit_2_naming_the_key(cli, make_queue, tmp_path, capsys, key, value):
+    text = f"run_id: ok\nstages: [retriever, generator]\n{key}\n"
+    assert cli("submit", write(tmp_path, "url.yaml", text)) == 2
+    err = capsys.readouterr().err
+    assert f"{value}:" in err and "relative to the shared root" in err and "nothing was submitted" in err, err
+    assert "Traceback" not in err
+    assert make_queue().list() == []
+
+
 def test_unreachable_redis_is_exit_4_and_bad_url_exit_2(cli, monkeypatch, tmp_path, capsys):
     from training.demo.redis_server import free_port
 

@@ -268,3 +268,51 @@ def test_messages_show_bounded_values():
         parse_spec(_with(hyperparameters={"retriever": {"max_steps": 10**40, "temperature": 10**300}}),
                    shared_root=ROOT)
     assert "hyperparameters.retriever.max_steps" in dict(info.value.problems)
+
+
+# -- a URL is not a path (issue 25) -------------------------------------------------------------
+
+def _path_fields() -> dict[str, dict]:
+    """Every path field of a spec -> a spec that sets it to ``{url}``: each data key, each model
+    slot, each model/tokenizer key of the hyper-parameters."""
+    import dataclasses
+
+    from training.config import MODEL_PATH_KEYS, DataConfig
+    from training.scheduler.spec import MODEL_FIELDS
+
+    both = ["retriever", "generator"]
+    fields = {f"data.{f.name}": {"data": {f.name: "{url}"}} for f in dataclasses.fields(DataConfig)}
+    fields |= {f"models.{slot}": {"stages": both, "models": {slot: "{url}"}} for slot in MODEL_FIELDS}
+    for key in MODEL_PATH_KEYS:
+        section, name = key.split(".")
+        fields[f"hyperparameters.{key}"] = {"stages": both, "models": {}, "hyperparameters": {section: {name: "{url}"}}}
+    return fields
+
+
+PATH_FIELDS = _path_fields()
+URLS = ["file:///etc/passwd", "s3://bucket/corpus.jsonl", "https://example.com/c.jsonl", "hf:org/model",
+        "S3:bucket", "./s3://bucket/x", "/mnt/shared/file:/x", "c:/data"]
+
+
+def _fill(value, url: str):
+    if isinstance(value, dict):
+        return {k: _fill(v, url) for k, v in value.items()}
+    return url if value == "{url}" else value
+
+
+@pytest.mark.parametrize("field", sorted(PATH_FIELDS))
+@pytest.mark.parametrize("url", URLS)
+def test_a_url_is_refused_in_every_path_field(field, url):
+    assert len(PATH_FIELDS) == 9  # 3 data keys, 3 model slots, 3 hyper-parameter model keys
+    with pytest.raises(SpecError) as info:
+        parse_spec(_with(**_fill(PATH_FIELDS[field], url)), shared_root=ROOT)
+    problems = dict(info.value.problems)
+    assert field in problems, info.value.problems
+    assert "relative to the shared root" in problems[field] and "scheme" in problems[field], problems[field]
+
+
+@pytest.mark.parametrize("path", ["datasets/v2:final/corpus.jsonl", "datasets/a.b+c-d/x", "2024:data/x"])
+def test_a_colon_after_the_first_component_or_a_leading_digit_is_still_a_path(path):
+    spec = parse_spec(_with(data={"corpus": path}), shared_root=ROOT)
+    assert spec.data["corpus"] == path
+
