@@ -29,7 +29,8 @@ failed=0
   echo "base \`${base_sha:0:7}\` → head \`${head_label:0:7}\` (merged into base), from \`ragpool plan\` under Pulumi mocks: no cloud credentials involved."
 } > "$out/comment.md"
 for stack in dev prod; do
-  # Each side runs its own program: python -m imports infra/ from the working directory.
+  # Each side runs its own program: python -m imports infra/ from the working directory, and the
+  # plan's language-host child (infra/langhost/mock_exec.py) imports that same infra/.
   if ! (cd "$root" && "$py" -m infra.cli plan --stack "$stack" --format json --out "$out/head-$stack.json" \
       > /dev/null 2> "$out/head-$stack.err"); then
     failed=1

@@ -24,7 +24,7 @@ from infra.network import Network, NetworkArgs  # noqa: E402
 from infra.ray_cluster import Ray, RayArgs, RayNamespace, ray_endpoint  # noqa: E402
 from infra.registry import Registry, RegistryArgs  # noqa: E402
 from infra.storage import SharedStorage, StorageArgs  # noqa: E402
-from infra.redis import Redis, RedisArgs  # noqa: E402
+from infra.queue_redis import Redis, RedisArgs  # noqa: E402
 from infra.training_namespace import TRAINING_NAMESPACE, TrainingNamespace, TrainingNamespaceArgs  # noqa: E402
 from infra.worker_jobs import WorkerJobs, WorkerJobsArgs  # noqa: E402
 

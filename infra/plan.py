@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import runpy
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,13 +20,13 @@ from typing import Any
 import yaml
 
 from infra.config import PROJECT, ConfigError, StackConfig, parse, shown
+from infra.langhost.mock_exec import PLACEHOLDER_SECRET, Recorded, make_mocks, make_monitor, run_under_mocks, unwrap
+from infra.langhost.mock_exec import MOCK_ACCOUNT, mock_outputs  # noqa: F401  (tests read them here)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 INFRA_DIR = Path(__file__).resolve().parent
 SECRET_MASK = "[secret]"
-# Stands in for a `secure:` value the offline plan cannot decrypt; always masked.
-PLACEHOLDER_SECRET = "offline-plan-placeholder-secret"
-MOCK_ACCOUNT = "123456789012"
+DEFAULT_REGION = "us-west-2"
 
 # What a stack or project file may cost to read. Real ones are a few kilobytes; these
 # bound a hostile or broken one (a huge file, /dev/zero behind a symlink, a YAML alias
@@ -254,60 +253,18 @@ def validate_stack(settings: StackSettings) -> StackConfig:
     return parse(settings.raw, stack=settings.stack, region=settings.region, source=settings.stack_file.name)
 
 
-# ------------------------------------------------------------------ mocks
+# ------------------------------------------------------------------ running the program
+
+# The mocks live with the language-host stand-in, which may import nothing but pulumi.
+_make_mocks, _make_monitor = make_mocks, make_monitor
+_unwrap = unwrap
+MOCK_EXEC = INFRA_DIR / "langhost" / "mock_exec.py"
+# A plan takes a few seconds; this bounds a program that hangs (an apply waiting forever).
+PROGRAM_TIMEOUT_S = 300
 
 
-def _arn(service: str, region: str, resource: str) -> str:
-    return f"arn:aws:{service}:{region}:{MOCK_ACCOUNT}:{resource}"
-
-
-def mock_outputs(typ: str, name: str, inputs: dict[str, Any], region: str) -> dict[str, Any]:
-    """Plausible provider-computed outputs, so dependent resources see real-looking values."""
-    out = dict(inputs)
-    physical = inputs.get("name") or name
-    service = typ.split(":")[1].split("/")[0] if typ.startswith("aws:") else ""
-    out.setdefault("arn", _arn(service, region, f"{physical}"))
-    if typ == "aws:eks/cluster:Cluster":
-        out["endpoint"] = f"https://{physical.upper()}.gr7.{region}.eks.amazonaws.com"
-        out["certificateAuthority"] = {"data": "LS0tLS1CRUdJTi1NT0NLLUNBLS0tLS0="}
-        out["vpcConfig"] = {**inputs.get("vpcConfig", {}), "clusterSecurityGroupId": f"sg-{physical}-cluster"}
-    elif typ == "aws:kms/key:Key":
-        out["keyId"] = f"key-{name}"
-        out["arn"] = _arn("kms", region, f"key/key-{name}")
-    elif typ == "aws:ecr/repository:Repository":
-        out["repositoryUrl"] = f"{MOCK_ACCOUNT}.dkr.ecr.{region}.amazonaws.com/{physical}"
-        out["registryId"] = MOCK_ACCOUNT
-    elif typ == "aws:ec2/launchTemplate:LaunchTemplate":
-        out["latestVersion"] = 1
-    elif typ == "aws:sqs/queue:Queue":
-        out["name"] = physical
-        out["url"] = f"https://sqs.{region}.amazonaws.com/{MOCK_ACCOUNT}/{physical}"
-    elif typ == "aws:iam/role:Role":
-        out["name"] = physical
-        out["arn"] = f"arn:aws:iam::{MOCK_ACCOUNT}:role/{physical}"
-    elif typ == "aws:efs/fileSystem:FileSystem":
-        out["arn"] = _arn("elasticfilesystem", region, f"file-system/fs-{name}")
-    elif typ == "aws:backup/vault:Vault":
-        out["name"] = physical
-    elif typ == "random:index/randomPassword:RandomPassword":
-        out["result"] = PLACEHOLDER_SECRET
-        out["bcryptHash"] = PLACEHOLDER_SECRET
-    elif typ == "docker-build:index:Image":
-        out["ref"] = f"{(inputs.get('tags') or ['image'])[0]}@sha256:{'0' * 64}"
-    return out
-
-
-@dataclass
-class Recorded:
-    type: str
-    name: str
-    parent_urn: str
-    custom: bool
-    inputs: dict[str, Any]
-    protect: bool
-    retain_on_delete: bool
-    aliases: list[str]
-    dependencies: list[str]  # URNs this resource waits for (and outlives on destroy)
+class ProgramError(Exception):
+    """The program failed (not a config error): its traceback, as the Pulumi CLI would show it."""
 
 
 def _mask(value: Any, secret_values: tuple[str, ...]) -> Any:
@@ -337,86 +294,56 @@ def _mask_leaves(value: Any) -> Any:
     return SECRET_MASK
 
 
-def _unwrap(value: Any) -> Any:
-    from pulumi.runtime import rpc
-
-    if rpc.is_rpc_secret(value):
-        return _unwrap(rpc.unwrap_rpc_secret(value))
-    if isinstance(value, dict):
-        return {k: _unwrap(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_unwrap(v) for v in value]
-    return value
-
-
-def _make_mocks(region: str):
-    import pulumi
-
-    class PlanMocks(pulumi.runtime.Mocks):
-        def new_resource(self, args: pulumi.runtime.MockResourceArgs):
-            state = mock_outputs(args.typ, args.name, _unwrap(args.inputs), region)
-            return f"{args.name}-id", state
-
-        def call(self, args: pulumi.runtime.MockCallArgs):
-            if args.token == "aws:index/getPartition:getPartition":
-                return {"partition": "aws", "dnsSuffix": "amazonaws.com", "id": "aws",
-                        "reverseDnsPrefix": "com.amazonaws"}
-            if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
-                return {"accountId": MOCK_ACCOUNT, "arn": f"arn:aws:iam::{MOCK_ACCOUNT}:user/offline-plan",
-                        "userId": "AIDAOFFLINEPLAN", "id": MOCK_ACCOUNT}
-            if args.token == "aws:ecr/getAuthorizationToken:getAuthorizationToken":
-                return {"userName": "AWS", "password": PLACEHOLDER_SECRET, "authorizationToken": PLACEHOLDER_SECRET,
-                        "proxyEndpoint": f"https://{MOCK_ACCOUNT}.dkr.ecr.{region}.amazonaws.com",
-                        "expiresAt": "2099-01-01T00:00:00Z", "id": region}
-            raise NotImplementedError(f"offline plan has no mock for invoke {args.token}")
-
-    return PlanMocks()
-
-
-def _alias_text(spec, current_type: str) -> str:
-    text = spec.name
-    if spec.type and spec.type != current_type:
-        text += f" ({spec.type})"
-    return text
-
-
-def _make_monitor(mocks, recorded: list[Recorded]):
-    from pulumi.runtime import rpc
-    from pulumi.runtime.mocks import MockMonitor
-
-    class RecordingMonitor(MockMonitor):
-        """Keeps what the mock API drops: parent, protect, retainOnDelete, aliases."""
-
-        def RegisterResource(self, request):
-            if request.type != "pulumi:pulumi:Stack":
-                recorded.append(Recorded(
-                    type=request.type, name=request.name, parent_urn=request.parent, custom=request.custom,
-                    inputs=rpc.deserialize_properties(request.object), protect=bool(request.protect),
-                    retain_on_delete=bool(request.retainOnDelete),
-                    aliases=[a.urn or _alias_text(a.spec, request.type) for a in request.aliases],
-                    dependencies=list(request.dependencies)))
-            return super().RegisterResource(request)
-
-    return RecordingMonitor(mocks)
-
-
 def run_program(settings: StackSettings, program: Path = INFRA_DIR) -> list[Recorded]:
-    """Run ``program`` (a directory with __main__.py, as `main:` in Pulumi.yaml) under mocks."""
-    import pulumi
-    from pulumi.runtime.settings import SETTINGS
-    from pulumi.runtime.stack import run_pulumi_func
-    from pulumi.runtime.sync_await import _sync_await
+    """Run ``program`` (a directory with __main__.py, as `main:` in Pulumi.yaml) under mocks, in this
+    interpreter: for tests that patch the mocks or the program's modules. Whatever this process
+    imported before stays imported, which can hide what the language host would hit: ``plan``
+    uses :func:`run_program_as_host`."""
+    return run_under_mocks(str(program), project=PROJECT, stack=settings.stack, region=settings.region or DEFAULT_REGION,
+                           config=dict(settings.engine_config), secret_keys=list(settings.secret_keys),
+                           monitor_factory=_make_monitor)
 
-    recorded: list[Recorded] = []
-    region = settings.region or "us-west-2"
-    mocks = _make_mocks(region)
-    pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=settings.stack, preview=False,
-                             monitor=_make_monitor(mocks, recorded))
-    pulumi.runtime.set_all_config(dict(settings.engine_config), list(settings.secret_keys))
-    SETTINGS.rpc_manager.clear()
-    SETTINGS.outputs.clear()
-    _sync_await(run_pulumi_func(lambda: runpy.run_path(str(program), run_name="__main__")))
-    return recorded
+
+@dataclass(frozen=True)
+class HostRun:
+    recorded: list[Recorded]
+    preloaded: tuple[str, ...]  # modules imported before run_path
+
+
+def run_program_as_host(settings: StackSettings, program: Path = INFRA_DIR,
+                        env: dict[str, str] | None = None) -> HostRun:
+    """Run ``program`` under mocks the way Pulumi's Python language host runs it: a fresh interpreter
+    running infra/langhost/mock_exec.py by path, which imports only pulumi, chdirs to the program
+    directory and calls ``runpy.run_path(".", run_name="__main__")``.
+
+    ``pulumi.RunError`` from the program (bad config) raises ConfigError; any other failure
+    raises ProgramError with the program's traceback."""
+    import subprocess
+    import tempfile
+
+    request = {"program": str(Path(program).resolve()), "package_root": str(INFRA_DIR.parent),
+               "project": PROJECT, "stack": settings.stack,
+               "region": settings.region or DEFAULT_REGION, "config": dict(settings.engine_config),
+               "secret_keys": list(settings.secret_keys)}
+    with tempfile.TemporaryDirectory(prefix="ragpool-plan-") as tmp:
+        result_path = Path(tmp) / "result.json"
+        try:
+            proc = subprocess.run([sys.executable, str(MOCK_EXEC), str(result_path)], input=json.dumps(request),
+                                  capture_output=True, text=True, cwd=tmp, env=env, timeout=PROGRAM_TIMEOUT_S)
+        except subprocess.TimeoutExpired as exc:
+            seen = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or ""
+            raise ProgramError(f"the program did not finish within {PROGRAM_TIMEOUT_S} s; its last output:\n"
+                               f"{seen[-4000:]}") from None
+        if proc.returncode != 0 or not result_path.is_file():
+            raise ProgramError(f"the program failed (exit {proc.returncode}) as the Pulumi language host runs it:\n"
+                               f"{proc.stderr[-8000:]}")
+        result = json.loads(result_path.read_text())
+    sys.stderr.write(proc.stderr)  # the program's warnings, as `pulumi up` would show them
+    if "run_error" in result:
+        # The program refuses the config (infra/__main__.py turns ConfigError into RunError
+        # so `pulumi up` prints no traceback); here it is bad input like any other.
+        raise ConfigError([result["run_error"]], source=settings.stack_file.name)
+    return HostRun(recorded=[Recorded(**r) for r in result["recorded"]], preloaded=tuple(result["preloaded"]))
 
 
 def urn_key(urn: str) -> str:
@@ -452,18 +379,11 @@ def render_plan(settings: StackSettings, recorded: list[Recorded]) -> dict[str, 
 
 
 def plan(stack: str, root: Path = REPO_ROOT, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Validate the stack's config, run the program under mocks, return the plan document."""
-    import pulumi
-
+    """Validate the stack's config, run the program under mocks as the language host does, return the
+    plan document."""
     settings = load_stack(stack, root, overrides)
     validate_stack(settings)
-    try:
-        recorded = run_program(settings)
-    except pulumi.RunError as exc:
-        # The program refuses the config (infra/__main__.py turns ConfigError into RunError
-        # so `pulumi up` prints no traceback); here it is bad input like any other.
-        raise ConfigError([str(exc)], source=settings.stack_file.name) from None
-    return render_plan(settings, recorded)
+    return render_plan(settings, run_program_as_host(settings).recorded)
 
 
 # ------------------------------------------------------------------ rendering
@@ -615,6 +535,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         doc = plan(args.stack, Path(args.root))
     except ConfigError as exc:
         return _fail("ragpool plan", exc)
+    except ProgramError as exc:
+        print(f"ragpool plan: {exc}", file=sys.stderr)
+        return 1
     if args.out:
         try:
             Path(args.out).write_text(_dump_json(doc))

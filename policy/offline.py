@@ -10,7 +10,7 @@ values only the cloud knows). ``--config`` takes the same JSON file as
 ``pulumi preview --policy-pack-config``: ``{"all": "advisory", "<policy>": "disabled" |
 {"enforcementLevel": "...", "<property>": value}}``.
 
-Exit codes: 0 no mandatory violation, 1 mandatory violations, 2 bad input or config,
+Exit codes: 0 no mandatory violation, 1 mandatory violations or the program failed, 2 bad input or config,
 3 plan or config file not found.
 """
 
@@ -178,13 +178,16 @@ def run(args: argparse.Namespace) -> int:
         config = load_config(args.config) if args.config else None
         if args.stack:
             from infra.config import ConfigError  # the program's own loader; heavy, so imported here
-            from infra.plan import plan
+            from infra.plan import ProgramError, plan
 
             try:
-                doc = plan(args.stack)
+                doc = plan(args.stack)  # the program as the Pulumi language host runs it
             except ConfigError as exc:
                 print(f"{prog}: {exc}", file=sys.stderr)
                 return 2
+            except ProgramError as exc:
+                print(f"{prog}: {exc}", file=sys.stderr)
+                return 1
         elif args.plan == "-":
             doc = json.load(sys.stdin)
         else:

@@ -231,7 +231,7 @@ def test_every_kubernetes_resource_uses_the_clusters_provider(monkeypatch):
         return monitor
 
     monkeypatch.setattr(plan_module, "_make_monitor", monitor_that_records_providers)
-    plan_module.plan("dev")
+    plan_module.run_program(plan_module.load_stack("dev"))  # in-process: plan() runs a fresh interpreter
     kubernetes = [(typ, name, provider) for typ, name, provider in registered if typ.startswith("kubernetes:")]
     assert len(kubernetes) > 40
     elsewhere = [(typ, name, provider) for typ, name, provider in kubernetes
