@@ -6,8 +6,11 @@ array, each value of a map). A rule that is false, or errors at run time, reject
 CEL implementation: cel-python (``celpy``, PyPI ``cel-python``), with the two Kubernetes CEL
 library functions the pinned CRDs use and celpy lacks: ``<string>.split(<sep>)`` (Kubernetes
 strings extension) and ``<string>.find(<regex>)`` (Kubernetes regex library: the first match, or
-""). Not evaluated, each listed by name by ``rule_inventory``: transition rules (they read
-``oldSelf``: only an update has one) and rules calling a function this evaluator does not provide.
+""). ``validate`` evaluates every rule but the transition rules (they read ``oldSelf``: only an
+update has one); ``validate_update`` evaluates those between an object's old and new version, at
+every value present in both (list items only in ``x-kubernetes-list-type: map`` lists, matched by
+their keys), as the API server does on update. Rules calling a function this evaluator does not
+provide are listed by name by ``rule_inventory``, never skipped silently.
 
 Pinned CRDs: the CRDs the repository vendors and applies itself (infra/crds/**, e.g. KEDA's),
 else the upstream originals in ../shared/schemas/crds/*/original/ (README there). The karpenter.sh
@@ -158,9 +161,12 @@ def _program(rule: str) -> celpy.Runner:
     return env.program(env.compile(rule), functions=KUBERNETES_FUNCTIONS)
 
 
-def _evaluate(rule: str, value: Any) -> tuple[bool, str | None]:
+def _evaluate(rule: str, value: Any, old: Any = None) -> tuple[bool, str | None]:
+    activation = {"self": celpy.json_to_cel(value)}
+    if old is not None:
+        activation["oldSelf"] = celpy.json_to_cel(old)
     try:
-        result = _program(rule).evaluate({"self": celpy.json_to_cel(value)})
+        result = _program(rule).evaluate(activation)
     except celpy.CELEvalError as err:
         return False, f"evaluation error: {err.args[0] if err.args else err}"
     if isinstance(result, celpy.CELEvalError):
@@ -216,3 +222,46 @@ def validate(obj: dict) -> Result:
 def has_crd(obj: dict) -> bool:
     api = obj.get("apiVersion", "")
     return "/" in api and (api.split("/")[0], obj.get("kind")) in crd_documents()
+
+
+def _transition_violations(old: Any, new: Any, schema: dict, crd: str, version: str, path: str, where: str,
+                           evaluated: list[str]) -> Iterator[str]:
+    if old is None or new is None:
+        return
+    for r in schema.get("x-kubernetes-validations") or []:
+        rule = Rule(crd, version, path, r["rule"], r.get("message") or r["rule"])
+        if not rule.transition:
+            continue
+        evaluated.append(rule.name)
+        ok, error = _evaluate(rule.rule, new, old)
+        if not ok:
+            yield f"{where or '.'}: {error or rule.message} (rule: {rule.rule})"
+    props = schema.get("properties") or {}
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key, sub in props.items():
+            yield from _transition_violations(old.get(key), new.get(key), sub, crd, version, f"{path}.{key}",
+                                              f"{where}.{key}", evaluated)
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):
+            for key in new.keys() - props.keys():
+                yield from _transition_violations(old.get(key), new[key], extra, crd, version, path + "{}",
+                                                  f"{where}[{key!r}]", evaluated)
+    elif isinstance(old, list) and isinstance(new, list) and isinstance(schema.get("items"), dict) \
+            and schema.get("x-kubernetes-list-type") == "map":
+        keys = schema.get("x-kubernetes-list-map-keys") or []
+        before = {tuple(item.get(k) for k in keys): item for item in old if isinstance(item, dict)}
+        for i, item in enumerate(new):
+            match = before.get(tuple(item.get(k) for k in keys)) if isinstance(item, dict) else None
+            yield from _transition_violations(match, item, schema["items"], crd, version, f"{path}[]",
+                                              f"{where}[{i}]", evaluated)
+
+
+def validate_update(old: dict, new: dict) -> Result:
+    """The transition rules of the object's CRD on an update from ``old`` to ``new`` (both defaulted)."""
+    group, version = new["apiVersion"].split("/")
+    schema = crd_schema(group, new["kind"], version)
+    evaluated: list[str] = []
+    old_d, new_d = (apply_defaults(copy.deepcopy(o), schema) for o in (old, new))
+    violations = list(_transition_violations(old_d, new_d, schema, f"{group}/{new['kind']}", version, "", "",
+                                             evaluated))
+    return Result(violations, evaluated, set())

@@ -3,9 +3,9 @@ evaluated with cel-python as the API server evaluates them at ``pulumi up`` (tes
 
 kubernetes-validate/jsonschema (tests/infra/test_validation.py) check the OpenAPI schema only;
 these rules (about 80 in the pinned Karpenter, KubeRay and KEDA CRDs) were not checked before.
-Transition rules (``oldSelf``) need the object's previous version: they are listed by name here
-and not evaluated (the plan-diff job, which has a base and a head plan, is where they belong; not
-done yet).
+Transition rules (``oldSelf``) need the object's previous version: ``validate_update`` evaluates
+them between two plans of a stack (tested here between the committed plan and a changed copy);
+running them in the plan-diff job between the PR's base and head plans is not wired yet.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import copy
 
 import pytest
 
-from tests.infra.cel_eval import apply_defaults, crd_schema, has_crd, rule_inventory, validate
+from tests.infra.cel_eval import apply_defaults, crd_schema, has_crd, rule_inventory, validate, validate_update
 from tests.infra.harness import is_core, kubernetes_objects
 
 STACKS = ("dev", "prod")
@@ -131,3 +131,37 @@ def test_a_rule_that_errors_at_run_time_rejects(schemas_dir):
 
     ok, error = _evaluate("self.missing == 1", {})
     assert not ok and error.startswith("evaluation error")
+
+
+# ------------------------------------------------------------------ transition rules (base -> head)
+
+
+def transition_failures(base: dict, head: dict) -> list[str]:
+    """Transition rules on every custom resource present in both plans (matched by type and name)."""
+    before = {(r["type"], r["name"]): obj for r, obj in custom_resources(base)}
+    failures = []
+    for r, obj in custom_resources(head):
+        old = before.get((r["type"], r["name"]))
+        if old is not None and has_crd(obj):
+            failures += [f"{obj['kind']} {r['name']}{v}" for v in validate_update(old, obj).violations]
+    return failures
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_transition_rules_hold_from_the_plan_to_itself(plans, schemas_dir, stack):
+    assert transition_failures(plans[stack], plans[stack]) == []
+    pool = _nodepool(plans[stack])
+    # .spec (replicas), .spec.template.spec.nodeClassRef (group, kind): every NodePool transition rule.
+    assert len(validate_update(pool, pool).evaluated) == 3
+
+
+def test_a_nodepool_whose_node_class_kind_changes_is_refused_on_update(plans, schemas_dir):
+    base = plans["dev"]
+    head = copy.deepcopy(base)
+    for r in head["resources"]:
+        if r["type"].endswith(":NodePool"):
+            r["inputs"]["spec"]["template"]["spec"]["nodeClassRef"]["kind"] = "OtherNodeClass"
+            r["inputs"]["spec"]["replicas"] = 2
+    failures = transition_failures(base, head)
+    assert any("nodeClassRef" in f and "self.kind == oldSelf.kind" in f for f in failures), failures
+    assert any("has(self.replicas) == has(oldSelf.replicas)" in f for f in failures), failures
