@@ -34,6 +34,11 @@ from infra.config import StackConfig
 from training.reports.logs import APPLICATION_LOG_GROUP
 
 ADDON = "amazon-cloudwatch-observability"
+#: Pinned, unlike the other managed add-ons (infra/cluster.py): the configuration keys below are
+#: version-specific (``applicationSignals``/``containerInsights`` exist from chart 6.2.0) and the
+#: add-on's configuration schema refuses unknown keys. v6.4.0 is the chart whose facts
+#: infra/reference/cloudwatch_observability.yaml records (``addon_version`` there).
+ADDON_VERSION = "v6.4.0-eksbuild.1"
 ADDON_NAMESPACE = "amazon-cloudwatch"
 #: The add-on's service account; Fluent Bit's DaemonSet runs as it too (chart helper
 #: ``cloudwatch-agent.serviceAccountName``), so one Pod Identity association covers both.
@@ -140,7 +145,7 @@ class LogShipping(RagpoolComponent):
         policy = aws.iam.RolePolicyAttachment(f"{name}-agent-policy", role=role.name,
                                               policy_arn=iam.managed_policy(ADDON_POLICY), opts=child(self))
         self.addon = aws.eks.Addon(
-            f"{name}-addon", cluster_name=args.eks_cluster_name, addon_name=ADDON,
+            f"{name}-addon", cluster_name=args.eks_cluster_name, addon_name=ADDON, addon_version=ADDON_VERSION,
             configuration_values=json.dumps(ADDON_CONFIGURATION),
             pod_identity_associations=[{"role_arn": role.arn, "service_account": ADDON_SERVICE_ACCOUNT}],
             resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="OVERWRITE",

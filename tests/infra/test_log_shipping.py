@@ -145,6 +145,10 @@ def test_the_addon_gets_cloudwatch_credentials_through_pod_identity(plans, stack
     plan = plans[stack]
     addon = _addon(plan)
     assert addon["inputs"]["clusterName"] == _cluster_name(plan)
+    # The configuration keys are the pinned chart's: the add-on's build is that chart's.
+    assert addon["inputs"]["addonVersion"] == ls.ADDON_VERSION == REFERENCE["addon_version"]["version"]
+    assert ls.ADDON_VERSION.startswith(f"v{REFERENCE['chart']['version']}-eksbuild.")
+    assert REFERENCE["addon_version"]["chart_version"] == REFERENCE["chart"]["version"]
     assert json.loads(addon["inputs"]["configurationValues"]) == ls.ADDON_CONFIGURATION
     [assoc] = addon["inputs"]["podIdentityAssociations"]
     assert assoc["serviceAccount"] == REFERENCE["identity"]["service_account"]
