@@ -80,15 +80,23 @@ def first_stage_s(cluster: Any, tmp_dir: Path, run_id: str = RUN_ID, pool: str =
 
 
 def measure(tmp_dir: Path) -> float:
-    """``ray_from_zero_s``: start a local autoscaling cluster in ``tmp_dir``, measure, stop it."""
+    """``ray_from_zero_s``: start a local autoscaling cluster in ``tmp_dir``, measure, stop it (this process's
+    environment is as it was afterwards)."""
     from training.demo.ray_autoscaling import LocalAutoscalingCluster, connected
     from training.paths import child_env
 
-    os.environ.update(child_env())  # the driver's tasks import this checkout's training package
-    os.environ["RAY_AUTH_MODE"] = "disabled"  # the cluster runs without token auth (ray_autoscaling)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    with connected(LocalAutoscalingCluster(node_types=node_types())) as cluster:
-        return first_stage_s(cluster, Path(tmp_dir))
+    tmp_dir = Path(tmp_dir)
+    tmp_dir.mkdir(parents=True, exist_ok=True)
+    saved = dict(os.environ)
+    try:
+        os.environ.update(child_env())  # the driver's tasks import this checkout's training package
+        os.environ["RAY_AUTH_MODE"] = "disabled"  # the cluster runs without token auth (ray_autoscaling)
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        with connected(LocalAutoscalingCluster(node_types=node_types())) as cluster:
+            return first_stage_s(cluster, tmp_dir)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def main(argv: list[str] | None = None) -> int:
