@@ -21,6 +21,9 @@ restarts. Workers silent for a day are dropped from the heartbeat gauge.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
@@ -110,8 +113,38 @@ def queue_registry(queue: TaskQueue) -> CollectorRegistry:
     return registry
 
 
-def start_queue_metrics_server(queue: TaskQueue, port: int, addr: str = "0.0.0.0"):
-    """Serve ``/metrics`` for the queue on ``port``; returns (server, thread)."""
-    from prometheus_client import start_http_server
+READY_PATH = "/ready"
+"""The worker's Kubernetes readiness path on its metrics port (see training/scheduler/supervisor.py)."""
 
-    return start_http_server(port, addr=addr, registry=queue_registry(queue))
+
+def start_queue_metrics_server(queue: TaskQueue, port: int, addr: str = "0.0.0.0",
+                               ready: Callable[[], bool] | None = None):
+    """Serve ``/metrics`` for the queue on ``port``; returns (server, thread). With ``ready``,
+    ``GET /ready`` (:data:`READY_PATH`) answers 200 when ``ready()`` is true, else 503."""
+    from prometheus_client import make_wsgi_app, start_http_server
+
+    if ready is None:
+        return start_http_server(port, addr=addr, registry=queue_registry(queue))
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    metrics = make_wsgi_app(queue_registry(queue))
+
+    def app(environ, start_response):
+        if environ.get("PATH_INFO") != READY_PATH:
+            return metrics(environ, start_response)
+        ok = bool(ready())
+        start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
+        return [b"ready: holds a run or is exiting\n" if ok else b"not ready: no run claimed\n"]
+
+    class _Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+
+    class _Quiet(WSGIRequestHandler):
+        def log_message(self, *_args) -> None:  # probes every few seconds: no access log
+            pass
+
+    server = make_server(addr, port, app, server_class=_Server, handler_class=_Quiet)
+    thread = threading.Thread(target=server.serve_forever, name="queue-metrics", daemon=True)
+    thread.start()
+    return server, thread

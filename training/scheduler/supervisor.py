@@ -32,11 +32,31 @@ lease; the other indices read that key and join with the same torchrun c10d rend
 --rdzv-conf is_host=<index == 0>``).
 Single-pod workers never claim multi-node runs.
 
+Gang deadline: index 0 publishes the run as *gathering*; each other index joins
+(``<ns>:group:<group>:joined``) and waits; only when all N-1 have joined does index 0 say *go*
+and every pod start torchrun. If they have not all joined within ``--gang-deadline-seconds``
+(env ``RAGPOOL_GANG_DEADLINE_SECONDS``, default 900: longer than a GPU node takes to come up)
+index 0 marks the gang aborted, hands the run back WITHOUT spending an attempt, however often
+it happens (``TaskQueue.release(gang_timeout=True)``, counted in ``ragpool_gang_timeouts_total``
+for an alert), and exits 0; a follower that sees the abort, or no run within the deadline,
+exits 0 too. So a gang that cannot get N nodes holds no GPU longer than the deadline, and the
+run waits in its lane for the next Job.
+
+Readiness (Kubernetes): with a metrics port the worker also serves ``GET /ready``
+(``exporter.READY_PATH``): 200 while it holds a claim (index 0 from its claim on; another
+index once it has joined a gang) or when it has found its lanes empty and is exiting, 503
+before (starting, health check, looking for a run) and between runs. A readiness probe on it
+lets KEDA's ScaledJob ``pendingPodConditions: ["Ready"]`` count a started worker that has
+not taken a run as pending, not as a Job that took one. Each worker also registers its lanes
+and state (``TaskQueue.register_worker``; ``ragpool status`` reads them).
+
 Environment: ``REDIS_URL``/``REDIS_PASSWORD``/``REDIS_PASSWORD_FILE`` (see
 ``training.scheduler.redis_conn``), ``RAGPOOL_SHARED_ROOT`` (default /mnt/shared),
 ``RAGPOOL_QUEUE_NAMESPACE`` (default ``ragpool``), ``RAGPOOL_WORKER_ID`` (default
-``<hostname>-<pid>``), ``RAGPOOL_RUN_ID``, ``RAGPOOL_EXECUTORS`` (which runs it claims:
-``torchrun``, the default, and/or ``ray``; a ray run is followed as a Ray job,
+``<hostname>-<pid>``), ``RAGPOOL_RUN_ID``, ``RAGPOOL_LANES`` (the lanes it claims, exactly:
+lane names, comma-separated, see ``training/scheduler/lanes.py``; ``lanes.worker_env`` builds
+it), else ``RAGPOOL_EXECUTORS`` (which runs it claims: ``torchrun``, the default, and/or
+``ray``, from the unpinned lanes; a ray run is followed as a Ray job,
 ``python -m training.ray.job``, on the Ray cluster at ``RAY_ADDRESS``).
 
 Test hooks (used only by tests; never set them in a Job): ``RAGPOOL_WORKER_TEST_COMMAND``
@@ -67,7 +87,7 @@ from typing import NamedTuple
 from training import exit_codes
 from training.paths import child_env, shared_root_from_env
 from training.scheduler.lanes import Lane, format_lanes, lanes_from_env
-from training.scheduler.run_queue import Claim, Heartbeat, Key, namespace_from_env
+from training.scheduler.run_queue import Claim, Heartbeat, Key, WorkerState, namespace_from_env
 from training.scheduler.spec import EXECUTORS, RunSpec, ray_problems
 
 log = logging.getLogger("ragpool.worker")
@@ -98,6 +118,8 @@ class Outcome(StrEnum):
     """The lease was no longer ours (reaped or taken over): nothing recorded."""
     STALE = "stale"
     """The queue refused the record: the lease had changed hands meanwhile."""
+    GANG_TIMEOUT = "gang_timeout"
+    """Multi-node: not all pods joined within the gang deadline; handed back, no attempt spent."""
 
 
 class StopReason(StrEnum):
@@ -124,6 +146,26 @@ class ChildExit(NamedTuple):
     """Why we stopped it, or None when it exited on its own."""
 
 
+class Gang(StrEnum):
+    """The ``state`` of a published multi-node group (a group without one is ``GO``: older workers)."""
+
+    GATHERING = "gathering"
+    """Index 0 holds the run and waits for the other indices to join."""
+    GO = "go"
+    """Every index joined: start torchrun."""
+    ABORTED = "aborted"
+    """Not all joined within the deadline: the run was handed back; every pod exits."""
+
+
+GANG_DEADLINE_ENV = "RAGPOOL_GANG_DEADLINE_SECONDS"
+"""Environment variable of ``WorkerConfig.gang_deadline_seconds``."""
+DEFAULT_GANG_DEADLINE_S = 900.0
+"""Default gang deadline: longer than Karpenter takes to bring up a GPU node."""
+GANG_POLL_S = 0.2
+"""How often a gathering index 0, or a joined follower, looks at the gang."""
+GANG_GO_MEMBER = "go"
+"""Index 0 adds ``<task>-a<attempt>/go`` to the joined set when the gang forms (a follower that
+polls after a short run already ended still knows it went)."""
 EXECUTORS_ENV = "RAGPOOL_EXECUTORS"
 """Environment variable listing the executors a worker claims (see ``WorkerConfig.executors``)."""
 
@@ -189,6 +231,10 @@ class WorkerConfig:
     lanes: tuple[Lane, ...] = ()
     """The lanes it claims, exactly (``RAGPOOL_LANES``, lane names, see training/scheduler/lanes.py);
     empty = from the environment, else the unpinned lanes of ``executors`` and ``nnodes``."""
+    gang_deadline_seconds: float = field(
+        default_factory=lambda: float(os.environ.get(GANG_DEADLINE_ENV) or DEFAULT_GANG_DEADLINE_S))
+    """Multi-node: how long all pods of the gang get to join before it is given up (the run handed
+    back without spending an attempt, every pod exits; env RAGPOOL_GANG_DEADLINE_SECONDS)."""
     test_command: list[str] | None = field(default_factory=lambda: _json_list_env("RAGPOOL_WORKER_TEST_COMMAND"))
     """TEST ONLY: replaces the whole torchrun command."""
     test_entrypoint: str | None = field(default_factory=lambda: os.environ.get("RAGPOOL_WORKER_TEST_ENTRYPOINT") or None)
@@ -203,6 +249,8 @@ class WorkerConfig:
             raise ValueError(f"heartbeat_seconds must be in (0, lease_seconds), got {self.heartbeat_seconds}")
         if self.nnodes < 1 or not 0 <= self.node_index < self.nnodes:
             raise ValueError(f"JOB_COMPLETION_INDEX={self.node_index} must be in [0, RAGPOOL_NNODES={self.nnodes})")
+        if not self.gang_deadline_seconds > 0:
+            raise ValueError(f"gang_deadline_seconds must be > 0, got {self.gang_deadline_seconds}")
         if self.nnodes > 1 and not self.group:
             raise ValueError("RAGPOOL_NNODES > 1 needs RAGPOOL_WORKER_GROUP (the Indexed Job's name)")
         unknown = [e for e in self.executors if e not in EXECUTORS]
@@ -293,6 +341,8 @@ class Worker:
         self._child_lock = threading.RLock()
         self._sigterm_sent_to: int | None = None
         self.tasks_done = 0
+        self.ready = threading.Event()
+        """Kubernetes readiness (``/ready``): set while it holds a claim or joined a gang, and when exiting."""
 
     # -- signals ---------------------------------------------------------------------------
 
@@ -322,9 +372,28 @@ class Worker:
         if self.config.metrics_port:
             from training.scheduler.exporter import start_queue_metrics_server
 
-            start_queue_metrics_server(self.queue, self.config.metrics_port)
-        if self.config.nnodes > 1 and self.config.node_index > 0:
-            return self._run_follower()
+            start_queue_metrics_server(self.queue, self.config.metrics_port, ready=self.ready.is_set)
+        try:
+            if self.config.nnodes > 1 and self.config.node_index > 0:
+                return self._run_follower()
+            return self._run_claimer()
+        finally:
+            self.ready.set()  # exiting: never counted as a pending worker
+            self._register(WorkerState.EXITING)
+
+    def _register(self, state: WorkerState, run_id: str = "") -> None:
+        """Best effort: record this worker's lanes and state (``ragpool status``, lane gauges)."""
+        try:
+            if state == WorkerState.EXITING:
+                self.queue.unregister_worker(self.config.worker_id)
+            else:
+                self.queue.register_worker(self.config.worker_id, self.config.lanes, state, run_id)
+        except Exception as exc:
+            if not _is_redis_error(exc):
+                raise
+
+    def _run_claimer(self) -> int:
+        self._register(WorkerState.WAITING)
         interrupted = False
         idle_since = time.monotonic()
         outage = 0
@@ -350,7 +419,16 @@ class Worker:
                              self.config.idle_exit_seconds)
                     break
                 continue
-            interrupted = self.run_task(claim) == Outcome.INTERRUPTED or interrupted
+            self.ready.set()
+            self._register(WorkerState.RUNNING, claim.task_id)
+            outcome = self.run_task(claim)
+            interrupted = outcome == Outcome.INTERRUPTED or interrupted
+            if outcome == Outcome.GANG_TIMEOUT:
+                log.warning("worker %s: the gang of %s did not form within %.0fs; exiting", self.config.worker_id,
+                            claim.task_id, self.config.gang_deadline_seconds)
+                break
+            self.ready.clear()
+            self._register(WorkerState.WAITING)
             self.tasks_done += 1
             idle_since = time.monotonic()
         return self.retriable_code if interrupted else 0
@@ -373,6 +451,12 @@ class Worker:
             key = (group["task_id"], group["attempt"]) if group else None
             if group and key != seen:
                 seen = key
+                state = group.get("state", Gang.GO)
+                if state == Gang.ABORTED or (state == Gang.GATHERING and not self._join_gang(key)):
+                    log.warning("worker %s (index %d): the gang of run %s did not form; exiting", self.config.worker_id,
+                                self.config.node_index, key[0])
+                    break
+                self.ready.set()
                 spec = RunSpec.from_json(group["spec_json"])
                 cmd, env = self._command(spec, Path(group["config"]), group["attempt"])
                 # Index 0 holds the lease and heartbeats it: this pod only runs its share.
@@ -381,14 +465,98 @@ class Worker:
                 log.info("worker %s (index %d): run %s exited %s", self.config.worker_id,
                          self.config.node_index, spec.run_id, ended.code)
                 self.tasks_done += 1
+                self.ready.clear()
                 idle_since = time.monotonic()
                 if self.config.max_tasks and self.tasks_done >= self.config.max_tasks:
                     break
                 continue
-            if time.monotonic() - idle_since >= self.config.idle_exit_seconds:
+            # Before its first run a follower waits no longer than the gang deadline: index 0 may
+            # never come (its node could not be had), and this pod must not hold its GPUs forever.
+            wait_limit = self.config.idle_exit_seconds
+            if not self.tasks_done:
+                wait_limit = min(wait_limit, self.config.gang_deadline_seconds)
+            if time.monotonic() - idle_since >= wait_limit:
                 break
             self.stopping.wait(min(self.config.poll_seconds, 0.5))
         return 0
+
+    def _join_gang(self, key: tuple) -> bool:
+        """Follower: join the gang index 0 is gathering for run ``key`` (task, attempt) and wait for
+        its go; False when it aborts, disappears or the deadline passes (then this pod exits)."""
+        cfg, q = self.config, self.queue
+        ttl = int(cfg.lease_seconds * 2) + 1
+        deadline = time.monotonic() + cfg.gang_deadline_seconds
+        joined = False
+        while not self.stopping.is_set() and time.monotonic() < deadline:
+            try:
+                if not joined:
+                    q.join_group(cfg.group, _gang_member(key, cfg.node_index), ttl)
+                    joined = True
+                group = q.read_group(cfg.group)
+            except Exception as exc:
+                if not _is_redis_error(exc):
+                    raise
+                self.stopping.wait(GANG_POLL_S)
+                continue
+            if group and (group["task_id"], group["attempt"]) == key and group.get("state", Gang.GO) == Gang.GO:
+                return True
+            if not group or (group["task_id"], group["attempt"]) != key or group.get("state") == Gang.ABORTED:
+                # Gone or replaced: it went (and maybe finished already) only if index 0 marked it so.
+                try:
+                    return _gang_member(key, GANG_GO_MEMBER) in q.group_members(cfg.group)
+                except Exception as exc:
+                    if not _is_redis_error(exc):
+                        raise
+                    return False
+            self.stopping.wait(GANG_POLL_S)
+        return False
+
+    def _gather(self, claim: Claim, info: dict) -> Outcome | None:
+        """Index 0: publish the run as gathering and wait until every other index joined (then
+        publish go and return None), heartbeating the lease meanwhile. Otherwise record and return
+        the outcome: GANG_TIMEOUT (handed back, no attempt spent), INTERRUPTED, CANCELLED or LOST."""
+        cfg, q = self.config, self.queue
+        ttl = int(cfg.lease_seconds * 2) + 1
+        key = (claim.task_id, claim.attempt)
+        wanted = {_gang_member(key, i) for i in range(1, cfg.nnodes)}
+        q.reset_group_members(cfg.group)
+        q.publish_group(cfg.group, claim, {**info, "state": Gang.GATHERING}, ttl_s=ttl)
+        stop_heartbeat = threading.Event()
+        verdict: dict[str, Heartbeat] = {}
+        threading.Thread(target=self._heartbeat_loop, args=(claim, stop_heartbeat, verdict), daemon=True).start()
+        deadline = time.monotonic() + cfg.gang_deadline_seconds
+        try:
+            while True:
+                try:
+                    if wanted <= q.group_members(cfg.group):
+                        q.join_group(cfg.group, _gang_member(key, GANG_GO_MEMBER), ttl)
+                        q.publish_group(cfg.group, claim, {**info, "state": Gang.GO}, ttl_s=ttl)
+                        return None
+                except Exception as exc:
+                    if not _is_redis_error(exc):
+                        raise
+                if verdict.get("state") in (Heartbeat.CANCEL, Heartbeat.LOST) or self.stopping.is_set() \
+                        or time.monotonic() > deadline:
+                    break
+                self.stopping.wait(GANG_POLL_S)
+        finally:
+            stop_heartbeat.set()
+        q.publish_group(cfg.group, claim, {**info, "state": Gang.ABORTED}, ttl_s=ttl)
+        if verdict.get("state") == Heartbeat.LOST:
+            return Outcome.LOST
+        if verdict.get("state") == Heartbeat.CANCEL:
+            return self._keep_trying(claim, lambda again: Outcome(q.cancelled(claim)))
+        if self.stopping.is_set():
+            self._keep_trying(claim, lambda again: q.release(claim, "interrupted by worker shutdown (SIGTERM) "
+                                                                     "while its gang gathered"))
+            return Outcome.INTERRUPTED
+        missing = sorted(wanted - q.group_members(cfg.group))
+        reason = (f"gang timeout: {len(missing)} of {cfg.nnodes} pods did not join within "
+                  f"{cfg.gang_deadline_seconds:.0f}s ({', '.join(m.rsplit('/', 1)[1] for m in missing)}); "
+                  "handed back without spending an attempt")
+        log.warning("run %s: %s", claim.task_id, reason)
+        self._keep_trying(claim, lambda again: q.release(claim, reason, gang_timeout=True))
+        return Outcome.GANG_TIMEOUT
 
     # -- one task --------------------------------------------------------------------------
 
@@ -444,8 +612,9 @@ class Worker:
             return self._keep_trying(claim, lambda again: Outcome(q.fail(claim, problem, retriable=False)))
         cmd, env = self._command(spec, config_path, claim.attempt)
         if cfg.nnodes > 1:
-            q.publish_group(cfg.group, claim, {"spec_json": claim.spec_json, "config": str(config_path)},
-                            ttl_s=int(cfg.lease_seconds * 2) + 1)
+            gathered = self._gather(claim, {"spec_json": claim.spec_json, "config": str(config_path)})
+            if gathered is not None:
+                return gathered
         try:
             ended = self._supervise(cmd, env, run_id=spec.run_id, attempt=claim.attempt,
                                     timeout_s=claim.timeout_s, lease=claim)
@@ -601,6 +770,11 @@ class Worker:
                 return
 
 
+def _gang_member(key: tuple, index: int | str) -> str:
+    """A pod's entry in its gang's joined set: ``<task>-a<attempt>/<index>``."""
+    return f"{key[0]}-a{key[1]}/{index}"
+
+
 def _pump(child: subprocess.Popen, log_path: Path, tail: collections.deque) -> None:
     """Copy the child's output to our stdout (pod logs), a per-attempt log file and a tail buffer."""
     with open(log_path, "a", encoding="utf-8", errors="replace") as log_file:
@@ -633,6 +807,7 @@ _FLAGS: tuple[tuple[str, str], ...] = (
     ("--max-tasks", "max_tasks"),
     ("--metrics-port", "metrics_port"),
     ("--health-check-timeout-seconds", "health_check_timeout_seconds"),
+    ("--gang-deadline-seconds", "gang_deadline_seconds"),
 )
 
 

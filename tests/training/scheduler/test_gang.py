@@ -1,0 +1,128 @@
+"""Multi-node gangs and worker readiness with real local workers (python -m training.worker) and a
+real redis-server: a gang whose pods do not all join within the deadline releases every pod and
+hands the run back without spending an attempt (counted for the alert); a worker is Ready for
+Kubernetes only while it holds a run (or is exiting), and registers its lanes and state."""
+
+from __future__ import annotations
+
+import signal
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from tests.support.redis_fixtures import make_spec
+from tests.training.scheduler.test_supervisor import finish, sh, start_worker, wait_for
+
+from training.demo.redis_server import free_port
+from training.scheduler.exporter import READY_PATH
+from training.scheduler.lanes import LANES_ENV, Lane, worker_env, worker_lanes
+from training.scheduler.supervisor import GANG_DEADLINE_ENV, WorkerConfig
+
+
+def _gang(n: int, group: str, index: int) -> dict[str, str]:
+    return {**worker_env((Lane(nodes=n),)), "RAGPOOL_WORKER_GROUP": group, "RAGPOOL_RDZV_HOST": "127.0.0.1",
+            "JOB_COMPLETION_INDEX": str(index)}
+
+
+@pytest.mark.slow
+def test_a_partial_gang_times_out_every_pod_exits_and_the_run_keeps_its_attempts(redis_server, namespace,
+                                                                                  make_queue, tmp_path):
+    q = make_queue()
+    q.submit(make_spec("three-node", nodes=3, max_attempts=1))
+    ran = tmp_path / "ran"
+    cmd = sh(f"touch {ran}-{{node_index}}")
+    for round_ in range(1, 3):  # index 2's node never comes, twice
+        started = time.monotonic()
+        leader = start_worker(redis_server, namespace, tmp_path, cmd, idle=30, lease=1.0,
+                              **_gang(3, f"job-{round_}", 0), **{GANG_DEADLINE_ENV: "1.5"})
+        follower = start_worker(redis_server, namespace, tmp_path, cmd, idle=30, lease=1.0,
+                                **_gang(3, f"job-{round_}", 1), **{GANG_DEADLINE_ENV: "1.5"})
+        code, out = finish(leader, timeout=30)
+        assert code == 0 and "did not form" in out, out
+        code, fout = finish(follower, timeout=30)
+        assert code == 0 and "did not form" in fout, fout
+        assert time.monotonic() - started < 20, "both pods exit soon after the deadline (idle exit is 30 s)"
+        info = q.get("three-node")
+        assert info.state == "queued" and info.attempts == 0, "a gang timeout spends no attempt"
+        assert "gang timeout: 1 of 3 pods did not join within 2s (2)" in info.last_error
+        assert q.lane_stats()[Lane(nodes=3)].gang_timeouts == round_
+        assert q.lane_stats()[Lane(nodes=3)].queued == 1, "the run waits in its lane for the next Job"
+    assert not list(tmp_path.glob("ran-*")), "no pod of a partial gang started the run"
+
+
+@pytest.mark.slow
+def test_a_follower_whose_index_0_never_comes_exits_at_the_gang_deadline(redis_server, namespace, tmp_path):
+    started = time.monotonic()
+    follower = start_worker(redis_server, namespace, tmp_path, sh("true"), idle=60,
+                            **_gang(2, "job-alone", 1), **{GANG_DEADLINE_ENV: "1"})
+    code, out = finish(follower, timeout=30)
+    assert code == 0, out
+    assert time.monotonic() - started < 20, "the gang deadline (1 s), not the idle exit (60 s), bounds the wait"
+
+
+@pytest.mark.slow
+def test_a_full_gang_runs_on_every_index_after_all_joined(redis_server, namespace, make_queue, tmp_path):
+    q = make_queue()
+    q.submit(make_spec("two-node", nodes=2))
+    out_dir = tmp_path / "nodes"
+    out_dir.mkdir()
+    cmd = sh(f"touch {out_dir}/{{run_id}}-{{node_index}}")
+    leader = start_worker(redis_server, namespace, tmp_path, cmd, idle=1, **_gang(2, "job-ok", 0))
+    time.sleep(1.0)  # index 0 claims and gathers first; its follower's node comes a second later
+    assert q.get("two-node").state == "running" and not list(out_dir.iterdir()), "nothing runs before all joined"
+    follower = start_worker(redis_server, namespace, tmp_path, cmd, idle=3, **_gang(2, "job-ok", 1))
+    assert finish(leader)[0] == 0 and finish(follower)[0] == 0
+    assert sorted(p.name for p in out_dir.iterdir()) == ["two-node-0", "two-node-1"]
+    info = q.get("two-node")
+    assert info.state == "succeeded" and info.attempts == 1 and q.lane_stats()[Lane(nodes=2)].gang_timeouts == 0
+
+
+def _ready(port: int) -> int | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{READY_PATH}", timeout=2) as resp:
+            return resp.status
+    except urllib.error.HTTPError as err:
+        return err.code
+    except OSError:
+        return None
+
+
+@pytest.mark.slow
+def test_a_worker_is_ready_only_while_it_holds_a_run(redis_server, namespace, make_queue, tmp_path):
+    q = make_queue()
+    port = free_port()
+    lanes = worker_lanes("gpu-a", is_default_pool=False)
+    release = tmp_path / "release"
+    worker = start_worker(redis_server, namespace, tmp_path, sh(f"while [ ! -f {release} ]; do sleep 0.05; done"),
+                          idle=30, extra_args=("--metrics-port", str(port)), **worker_env(lanes))
+    try:
+        wait_for(lambda: _ready(port) is not None, 30, "the metrics server")
+        wait_for(lambda: len(q.worker_states()) == 1, 10, "the worker to register")
+        [info] = q.worker_states().values()
+        assert info.lanes == lanes and info.state == "waiting"
+        assert _ready(port) == 503, "started, no run: pending for KEDA"
+        q.submit(make_spec("unpinned"))  # not its lane: stays unready
+        time.sleep(0.5)
+        assert _ready(port) == 503 and q.get("unpinned").state == "queued"
+        q.submit(make_spec("pinned", pool="gpu-a"))
+        wait_for(lambda: _ready(port) == 200, 10, "ready once it holds a run")
+        [info] = q.worker_states().values()
+        assert info.state == "running" and info.run_id == "pinned"
+        release.touch()
+        wait_for(lambda: q.get("pinned").state == "succeeded", 10, "the run to finish")
+        wait_for(lambda: _ready(port) == 503, 10, "unready again between runs")
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        code, out = finish(worker)
+    assert code == 0, out
+    assert q.worker_states() == {}, "an exiting worker unregisters"
+
+
+def test_gang_deadline_setting(monkeypatch):
+    monkeypatch.delenv(LANES_ENV, raising=False)
+    monkeypatch.setenv(GANG_DEADLINE_ENV, "42")
+    assert WorkerConfig(worker_id="w").gang_deadline_seconds == 42.0
+    monkeypatch.setenv(GANG_DEADLINE_ENV, "0")
+    with pytest.raises(ValueError, match="gang_deadline_seconds"):
+        WorkerConfig(worker_id="w")
