@@ -22,8 +22,9 @@ templates, and the Helm charts' workloads a Service of the chart selects (record
 their pod spec is not rendered here, so they may only live in a namespace at level privileged).
 Pod Security: the namespace's ``pod-security.kubernetes.io/enforce`` label, ``privileged`` when
 unlabelled (Kubernetes' default without an AdmissionConfiguration, as on EKS); ``restricted`` is
-checked with infra/pod_security.py's restricted context plus the pod-level rules of the
-Kubernetes Pod Security Standards.
+checked with infra/pod_security.py's restricted context (ragpool's, stricter than the standard by
+a read-only root filesystem) plus the pod-level rules of the Kubernetes Pod Security Standards;
+``baseline`` is not modelled and fails loudly if a namespace asks for it.
 """
 
 from __future__ import annotations
