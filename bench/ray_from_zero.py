@@ -72,7 +72,11 @@ def first_stage_s(cluster: Any, tmp_dir: Path, run_id: str = RUN_ID, pool: str =
     ref = driver.submit(cfg)
     wait_placement_group(f"{run_id}-{driver.PREPARE}", SCALE_TIMEOUT_S)
     elapsed = time.monotonic() - t0
-    summaries = ray.get(ref, timeout=RUN_TIMEOUT_S)
+    try:
+        summaries = ray.get(ref, timeout=RUN_TIMEOUT_S)
+    except ray.exceptions.GetTimeoutError:
+        raise RuntimeError(f"waited {RUN_TIMEOUT_S:g}s for run {run_id} to complete after its first stage started; "
+                           f"worker nodes by pool: {cluster.pools_up() or 'none'}") from None
     if "passages" not in summaries.get("index", {}):
         raise RuntimeError(f"the run did not index the corpus: {summaries}")
     cluster.wait_idle(SCALE_TIMEOUT_S)

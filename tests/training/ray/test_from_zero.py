@@ -30,13 +30,15 @@ POOL_B = "pool-b"
 """A pool at its max once one node of it is up (max_workers 1)."""
 SCALE_S = 120
 """Bound on a scale-up (seconds; ~3 s measured) and on the scale-down (idle timeout 6 s)."""
+RUN_S = 600
+"""Bound on the from-zero run (retriever and index with tiny models: about a minute here)."""
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("shared")
-    synthetic.write(root / "datasets" / "synthetic", seed=5, n_entities=12)
-    return root
+@pytest.fixture
+def shared(tmp_path) -> Path:
+    """A shared root with the synthetic data (each test its own)."""
+    synthetic.write(tmp_path / "datasets" / "synthetic", seed=5, n_entities=12)
+    return tmp_path
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +85,9 @@ class PoolWatcher:
 
 def test_a_ray_run_on_an_idle_cluster_scales_up_its_pool_completes_and_scales_down(
         cluster, declared, shared, tiny_encoder_dir) -> None:
+    import ray
+    from ray.exceptions import GetTimeoutError
+
     from training.config import load_run_config
     from training.ray import driver
 
@@ -94,7 +99,10 @@ def test_a_ray_run_on_an_idle_cluster_scales_up_its_pool_completes_and_scales_do
                        **{stage: on_a for stage in ("prepare", "retriever", "index")}}
     ray_cfg = write_run(shared, "from-zero", stages=stages, **sections)
     with PoolWatcher(cluster) as watch:
-        summaries = driver.run(load_run_config(ray_cfg))
+        try:
+            summaries = ray.get(driver.submit(load_run_config(ray_cfg)), timeout=RUN_S)
+        except GetTimeoutError:
+            pytest.fail(f"waited {RUN_S}s for the ray run to complete; worker nodes seen by pool: {watch.seen}")
     # A node of the run's pool came up for it, and nothing of another pool; its pool's max held.
     assert watch.seen == {POOL_A: 1}, watch.seen
     for stage in ("prepare", *stages):
