@@ -1,7 +1,7 @@
 """``ragpool`` run commands: submit, status, list, cancel, retry, worker.
 
     ragpool submit run.yaml            # validate, enqueue (idempotent per run_id)
-    ragpool status [RUN_ID] [--json]   # one run in detail, or the queue and recent runs
+    ragpool status [RUN_ID] [--json] [--cluster]   # one run (and what it waits on), or the queue
     ragpool list [--state S] [--limit N] [--json]
     ragpool cancel RUN_ID              # waiting: cancelled now; running: stopped at the next heartbeat
     ragpool retry RUN_ID               # dead-letter -> queue, attempts reset
@@ -49,6 +49,10 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("status", help="show one run, or the queue and recent runs")
     p.add_argument("run_id", nargs="?", help="run id (omit for the queue overview)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--cluster", action="store_true", default=None,
+                   help="also ask Kubernetes (kubectl on PATH) about the run's lane's worker Jobs and pods "
+                        "(default: $RAGPOOL_STATUS_CLUSTER=1)")
+    p.add_argument("--kube-namespace", help="Kubernetes namespace of the worker Jobs (default: kubectl's)")
     p.set_defaults(handler=cmd_status)
 
     p = subparsers.add_parser("list", help="list runs, newest first")
@@ -217,10 +221,15 @@ def cmd_status(args) -> int:
             if info is None:
                 print(f"ragpool status: no run {shown(args.run_id)}", file=sys.stderr)
                 return exit_codes.NOT_FOUND
+            from training.scheduler.waiting import cluster_from_env, explain
+
+            waiting = explain(queue, info, cluster=args.cluster if args.cluster is not None else cluster_from_env(),
+                              kube_namespace=args.kube_namespace)
             if args.json:
-                print(json.dumps(_task_dict(info), indent=2))
+                print(json.dumps({**_task_dict(info), "waiting": waiting.to_dict()}, indent=2))
                 return exit_codes.OK
             print(_table(_task_rows([info], now), _TASK_HEADER))
+            print(f"waiting on: {waiting.on} (lane {waiting.lane}): {waiting.detail}")
             if info.state == "failed" and info.next_attempt_at:
                 print(f"next attempt in {max(0.0, info.next_attempt_at - now):.0f}s")
             if info.last_error:
