@@ -84,6 +84,8 @@ pulumi.export("trainingNamespace", training.name)
 pulumi.export("gpuPools", [p.name for p in cfg.gpu_pools])
 pulumi.export("grafanaAdminPassword", monitoring.grafana_admin_password)
 pulumi.export("redisUrl", redis.url)
+# REDIS_REQUIRED_REPLICAS for `ragpool submit` (README); the worker templates read it from the Secret.
+pulumi.export("redisRequiredReplicas", redis.required_replicas)
 pulumi.export("workerJobTemplates", workers.templates)
 pulumi.export("applicationLogGroup", log_shipping.application_log_group)
 # RAGPOOL_RAY_POOLS per training namespace, for `ragpool submit` of executor: ray runs (README).

@@ -6,8 +6,10 @@ replication group, Multi-AZ with automatic failover, TLS in transit, KMS encrypt
 rest and a generated auth token, reachable only from cluster nodes.
 
 Either way clients get the same Secret in the training namespace: ``url`` (redis:// or
-rediss://, no credentials) and ``password``; workers read them as REDIS_URL and
-REDIS_PASSWORD_FILE (training/redis_conn.py), never from the command line.
+rediss://, no credentials), ``password`` and ``required_replicas`` (:func:`required_replicas`);
+workers read them as REDIS_URL, REDIS_PASSWORD_FILE and REDIS_REQUIRED_REPLICAS
+(training/scheduler/redis_conn.py), never from the command line. The ``redisRequiredReplicas``
+stack output gives the last to ``ragpool submit`` (README).
 """
 
 from __future__ import annotations
@@ -31,12 +33,29 @@ REDIS_EXPORTER_IMAGE = "oliver006/redis_exporter:v1.87.0"
 VALKEY_UID = 999  # the `valkey` user of the official image
 EXPORTER_UID = 59000  # the redis_exporter image's user
 CONNECTION_SECRET = "ragpool-redis"
+REQUIRED_REPLICAS_KEY = "required_replicas"
+"""Key of the connection Secret that holds :func:`required_replicas` (REDIS_REQUIRED_REPLICAS)."""
 SERVICE_NAME = "ragpool-redis"
 # Pods carrying this label may talk to Redis (workers, the submit/status Job).
 CLIENT_LABEL = {"ragpool.io/redis-client": "true"}
 ELASTICACHE_ENGINE_VERSION = "8.0"
 EXPORTER_PORT = 9121
 EXPORTER_NAME = "ragpool-redis-exporter"
+
+
+def required_replicas(cfg: StackConfig) -> int:
+    """Replicas that must confirm every acknowledged submission, claim and ack of this stack's
+    queue (``REDIS_REQUIRED_REPLICAS``; training/scheduler/redis_conn.py): what the topology
+    below declares, never what a client sees at connect time (issue 25).
+
+    prod: 1. The replication group has a replica in each other AZ (``num_cache_clusters`` =
+    the AZs, at least 3); a write one replica confirmed survives a failover because ElastiCache
+    promotes the replica with the least replication lag ("When selecting the replica to promote
+    to primary, ElastiCache selects the replica with the least replication lag",
+    https://docs.aws.amazon.com/AmazonElastiCache/latest/UserGuide/AutoFailover.html), which
+    has every write any replica has. Requiring all of them would stop the queue whenever one
+    replica or AZ is down. dev: 0, the single-node Valkey has no replica to wait for."""
+    return 1 if cfg.is_prod else 0
 
 
 @dataclass(frozen=True)
@@ -167,16 +186,17 @@ class Redis(RagpoolComponent):
                 lambda ns: f"redis://{SERVICE_NAME}.{ns}.svc.cluster.local:6379/0")
             deps = []
 
+        connection = {"url": url, "password": password.result, REQUIRED_REPLICAS_KEY: str(required_replicas(cfg))}
         self.secret = k8s.core.v1.Secret(
             f"{name}-connection",
             metadata={"name": CONNECTION_SECRET, "namespace": args.namespace, "labels": k8s_labels("queue", CONNECTION_SECRET)},
-            string_data={"url": url, "password": password.result},
+            string_data=connection,
             opts=child(self, depends_on=[*args.depends_on, *deps]))
         for i, client_ns in enumerate(args.client_namespaces):
             k8s.core.v1.Secret(
                 f"{name}-connection-{i}",
                 metadata={"name": CONNECTION_SECRET, "namespace": client_ns, "labels": k8s_labels("queue", CONNECTION_SECRET)},
-                string_data={"url": url, "password": password.result},
+                string_data=connection,
                 opts=child(self, depends_on=[*args.depends_on, *deps]))
 
         if not cfg.is_prod:
@@ -214,8 +234,9 @@ class Redis(RagpoolComponent):
             self._elasticache_exporter(name, args)
 
         self.secret_name = CONNECTION_SECRET
+        self.required_replicas = required_replicas(cfg)
         self.url = pulumi.Output.secret(url)
-        self.register_outputs({"url": self.url})
+        self.register_outputs({"url": self.url, "required_replicas": self.required_replicas})
 
     def _elasticache_exporter(self, name: str, args: RedisArgs) -> None:
         ns = args.namespace

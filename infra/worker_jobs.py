@@ -27,6 +27,7 @@ from infra.aliases import RagpoolComponent
 from infra.common import GPU_TOLERATION, POOL_LABEL, SHARED_MOUNT_PATH, SYSTEM_NODE_SELECTOR, TRAINING_UID, child, k8s_labels
 from infra.config import GpuPoolConfig, StackConfig
 from infra.pod_security import container_security_context, pod_security_context
+from infra.queue_redis import REQUIRED_REPLICAS_KEY
 from infra.ray_cluster import RayEndpoint
 from infra.training_namespace import (
     MAX_RANKS_PER_POD, QUEUE_METRICS_PORT, RANK_METRICS_PORT, RDZV_PORT, WORKER_SERVICE_ACCOUNT, WORKERS_SERVICE,
@@ -34,6 +35,7 @@ from infra.training_namespace import (
 from training import exit_codes
 from training.components.health import EXPECTED_GPUS_ENV
 from training.scheduler.preflight import NODE_NAME_ENV
+from training.scheduler.redis_conn import REQUIRED_REPLICAS_ENV
 from training.ray.pools import POOLS_ENV
 from training.scheduler.supervisor import EXECUTORS_ENV, WorkerConfig
 
@@ -118,6 +120,9 @@ def _worker_pod(*, image: str, redis_secret: str, shared_claim: str, queue_names
             "env": [
                 {"name": "REDIS_URL", "valueFrom": {"secretKeyRef": {"name": redis_secret, "key": "url"}}},
                 {"name": "REDIS_PASSWORD_FILE", "value": f"{REDIS_SECRET_DIR}/password"},
+                # The replicas every write must reach: the stack's (queue_redis.required_replicas).
+                {"name": REQUIRED_REPLICAS_ENV, "valueFrom": {"secretKeyRef": {"name": redis_secret,
+                                                                               "key": REQUIRED_REPLICAS_KEY}}},
                 {"name": "RAGPOOL_SHARED_ROOT", "value": SHARED_MOUNT_PATH},
                 {"name": "RAGPOOL_QUEUE_NAMESPACE", "value": queue_namespace},
                 {"name": "RAGPOOL_WORKER_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},

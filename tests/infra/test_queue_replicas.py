@@ -1,0 +1,74 @@
+"""Every queue client of a stack declares the replicas its writes must reach (issue 25).
+
+Whether a submission, claim or ack must be confirmed by replicas is configuration the stack
+owns (``infra.queue_redis.required_replicas``), carried by the queue's connection Secret to
+every container that talks to Redis, never what a client observes at connect time.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import pytest
+
+from infra.plan import load_stack, validate_stack
+from infra.queue_redis import CONNECTION_SECRET, REQUIRED_REPLICAS_KEY, required_replicas
+from tests.infra.harness import kubernetes_objects
+from training.scheduler.redis_conn import REQUIRED_REPLICAS_ENV, settings_from_env
+
+
+def _env_lists(node: Any) -> Iterator[list[dict]]:
+    """Every container ``env`` list anywhere in a Kubernetes object (Pods, Jobs, CronJobs, ScaledJobs)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "env" and isinstance(value, list) and all(isinstance(e, dict) and "name" in e for e in value):
+                yield value
+            else:
+                yield from _env_lists(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _env_lists(item)
+
+
+@pytest.mark.parametrize("stack, replicas", [("dev", 0), ("prod", 1)])
+def test_every_queue_client_declares_the_stacks_required_replicas(plans, stack, replicas):
+    plan = plans[stack]
+    secrets = {r["inputs"]["metadata"]["namespace"]: r["inputs"]["stringData"] for r in plan["resources"]
+               if r["type"] == "kubernetes:core/v1:Secret" and r["inputs"]["metadata"]["name"] == CONNECTION_SECRET}
+    assert secrets, "no queue connection Secret in the plan"
+    # Every namespace's copy carries it (the plan masks the Secret's values: the password is in
+    # it), derived from the stack's config, and it is a value the clients accept.
+    assert all(REQUIRED_REPLICAS_KEY in data for data in secrets.values()), secrets
+    assert required_replicas(validate_stack(load_stack(stack))) == replicas
+    assert settings_from_env({REQUIRED_REPLICAS_ENV: str(replicas)}).required_replicas == replicas
+
+    clients = 0
+    for _resource, obj in kubernetes_objects(plan):
+        namespace = obj.get("metadata", {}).get("namespace")
+        for env in _env_lists(obj):
+            names = {e["name"]: e for e in env}
+            if "REDIS_URL" not in names:
+                continue
+            clients += 1
+            where = f"{obj['kind']} {obj['metadata']['name']} in {namespace}"
+            assert REQUIRED_REPLICAS_ENV in names, f"{where} talks to the queue without {REQUIRED_REPLICAS_ENV}"
+            ref = names[REQUIRED_REPLICAS_ENV]["valueFrom"]["secretKeyRef"]
+            url_ref = names["REDIS_URL"]["valueFrom"]["secretKeyRef"]
+            assert ref == {"name": url_ref["name"], "key": REQUIRED_REPLICAS_KEY}, where
+            assert ref["name"] == CONNECTION_SECRET and namespace in secrets, where
+    assert clients >= 2, "expected the worker templates (and the keeper) to talk to the queue"
+
+
+def _required(stack: str) -> int:
+    return required_replicas(validate_stack(load_stack(stack)))
+
+
+def test_the_required_replicas_fit_each_stacks_topology(plans):
+    """prod waits for at least one replica but fewer than the group has (one per other AZ), so a
+    replica or an AZ down does not stop the queue; dev's single Valkey has none to wait for."""
+    [group] = [r["inputs"] for r in plans["prod"]["resources"]
+               if r["type"] == "aws:elasticache/replicationGroup:ReplicationGroup"]
+    assert 1 <= _required("prod") < group["numCacheClusters"] - 1
+    [valkey] = [r["inputs"]["spec"] for r in plans["dev"]["resources"] if r["type"] == "kubernetes:apps/v1:StatefulSet"
+                and r["inputs"]["metadata"]["name"] == "ragpool-redis"]
+    assert valkey["replicas"] == 1 and _required("dev") == 0
