@@ -16,8 +16,8 @@ Measures, on one fresh ``redis-server`` on 127.0.0.1:
 - ``ack_claim_rtt_p50_ms`` / ``ack_claim_rtt_p99_ms``: client-side round trip of one
   unbatched ack+claim call on that server.
 
-Then the cost of ``WAIT 1`` (``REDIS_REPLICA_WAIT_MS``: submissions, claims and acks wait
-for one replica), on a fresh primary with one local replica (127.0.0.1), the same
+Then the cost of ``WAIT 1`` (``REDIS_REQUIRED_REPLICAS=1``: submissions, claims and acks wait
+up to ``REDIS_REPLICA_WAIT_MS`` for one replica), on a fresh primary with one local replica (127.0.0.1), the same
 measurements with the queue waiting (``wait1_*``) and, on the same pair, without waiting
 (``replica_nowait_*``, so the difference is WAIT's alone): ``*_claim_ack_per_s_1``,
 ``*_claim_ack_per_s_4``, ``*_claim_ack_per_s_1_unbatched``, ``*_p50_ms``/``*_p99_ms``
