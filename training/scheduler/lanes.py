@@ -38,7 +38,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from training.scheduler.spec import EXECUTORS, PRIORITIES
+from training.scheduler.spec import EXECUTORS, MAX_NODES, PRIORITIES
 
 READY_STEM = "ready:"
 """Stem of every ready list under the namespace prefix (``run_queue.Key.READY`` is this)."""
@@ -56,8 +56,6 @@ output, first = default pool). When set, ``ragpool submit`` refuses a ``pool:`` 
 LANE_LABEL = "ragpool.io/lane"
 """Kubernetes label a lane's worker Jobs and pods carry (value: :attr:`Lane.name`);
 ``ragpool status --cluster`` lists ``kubectl get jobs,pods -l ragpool.io/lane=<name>``."""
-MAX_NODES = 64
-"""Largest ``nodes`` of a run (spec.py checks the spec against it)."""
 
 _POOL_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 _NAME_RE = re.compile(r"(?:(torchrun)|pool\.([a-z0-9-]+))(?:\.n([0-9]+))?|(ray)")

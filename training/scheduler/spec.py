@@ -22,6 +22,7 @@ Example (YAML; JSON works too)::
       run: {seed: 7, checkpoint.every_steps: 100}   # run-wide keys (not run_id/shared_root/stages/data
                                                     # and not a stage's section)
     nodes: 1                         # > 1 runs as an Indexed Job with torchrun c10d rendezvous
+    pool: gpu-spot                   # optional: the GPU pool to run on (default: the stack's first)
     gpus_per_node: null              # processes per node; null = all GPUs of the pod (1 on CPU)
     priority: normal                 # high | normal | low
     max_attempts: 3                  # failures before the dead-letter list
@@ -75,6 +76,8 @@ MAX_SPEC_DEPTH = 32
 """Deepest nesting of mappings and lists a spec file may have (a real spec needs 5)."""
 MAX_INT = 2**63 - 1
 """Largest magnitude of an integer hyper-parameter."""
+MAX_NODES = 64
+"""Largest ``nodes`` of a run (pods of its Indexed Job)."""
 _MAX_MESSAGE_CHARS = 300
 
 _NAME_RE = re.compile(r"[a-z_][a-z0-9_]{0,63}")
@@ -354,7 +357,7 @@ def parse_spec(raw: Any, *, source: str = "run spec", shared_root: str | None = 
         section, key = MODEL_FIELDS[name]
         if key in hyper.get(section, {}):
             problems.append((f"models.{name}", f"also set as hyperparameters.{section}.{key}; set it in one place"))
-    nodes = _int_field(raw, "nodes", 1, 1, 64, problems)
+    nodes = _int_field(raw, "nodes", 1, 1, MAX_NODES, problems)
     gpus = raw.get("gpus_per_node")
     if gpus is not None:
         gpus = _int_field(raw, "gpus_per_node", 1, 1, 16, problems)

@@ -1,6 +1,8 @@
 """The trigger counts right: against a real redis-server holding a real queue in every state, the
-exact command KEDA's Redis scaler runs (tests/support/keda_redis_scaler.py, transcribed from
-kedacore/keda v2.20.2 pkg/scalers/redis_scaler.go) on each lane's ready lists returns the runs that
+exact command KEDA's Redis scaler runs (bench/keda_scaledjob.py ``REDIS_SCALER_LUA``, transcribed from
+kedacore/keda v2.20.2 pkg/scalers/redis_scaler.go: ``EVAL <script> 1 <listName>``, which is LLEN
+for a list) on each lane's ready lists, one trigger per list summed over the active ones
+(``multipleScalersCalculation: sum``, pkg/scaling/scaledjob/metrics.go), returns the runs that
 need a worker in that lane, and nothing from another lane or another team's namespace. The
 keeper's tick (lua/tick.lua) is what makes a lapsed lease and a due retry count again with zero
 workers."""
@@ -10,8 +12,10 @@ from __future__ import annotations
 import json
 import time
 
-from tests.support.keda_redis_scaler import lane_metric, list_length
 from tests.support.redis_fixtures import make_spec
+
+from bench.keda_scaledjob import redis_list_length as list_length
+from bench.keda_scaledjob import redis_trigger_is_active
 
 from training.scheduler.lanes import Lane, lane_of, worker_lanes
 from training.scheduler.run_queue import TaskQueue
@@ -29,6 +33,12 @@ def _needing_a_worker(q: TaskQueue) -> dict[Lane, int]:
             lane = lane_of(spec.get("executor", "torchrun"), spec.get("nodes", 1), spec.get("pool"))
             out[lane] += 1
     return out
+
+
+def lane_metric(client, list_names: list[str]) -> int:
+    """A ScaledJob's queue length over one Redis trigger per list, ``sum`` of the active ones."""
+    lengths = [list_length(client, name) for name in list_names]
+    return sum(n for n in lengths if redis_trigger_is_active(n))
 
 
 def _keda(q: TaskQueue) -> dict[Lane, int]:
