@@ -168,20 +168,40 @@ def unrecorded_charts_outside_excluded_namespaces(plan: dict) -> list[str]:
 # ------------------------------------------------------------------ the webhooks
 
 
-def workload_webhook(template: PodTemplate, values: dict, region: str) -> PodTemplate:
-    """mworkload.kb.io: the inject annotations auto-monitoring puts on a selected workload."""
+SELECTOR_KINDS = ("deployments", "daemonsets", "statefulsets")
+
+
+def _selectors(values: dict) -> dict[str, dict]:
     auto = values["manager"]["applicationSignals"]["autoMonitor"]
-    languages: set[str] = set()
+    return {"customSelector": auto.get("customSelector") or {}, "exclude": auto.get("exclude") or {},
+            "autoAnnotateAutoInstrumentation": values["manager"].get("autoAnnotateAutoInstrumentation") or {}}
+
+
+def unmodelled_selectors(values: dict) -> list[str]:
+    """Per-workload selector entries (namespace/name lists), which this simulation does not model."""
+    return [f"{where}.{language}.{kind}: {(selector or {}).get(kind)}"
+            for where, languages in _selectors(values).items() for language, selector in languages.items()
+            for kind in SELECTOR_KINDS if (selector or {}).get(kind)]
+
+
+def _languages_for_namespace(selectors: dict, namespace: str) -> set[str]:
+    return {language for language, selector in selectors.items() if namespace in (selector or {}).get("namespaces", [])}
+
+
+def workload_webhook(template: PodTemplate, values: dict, region: str) -> PodTemplate:
+    """The inject annotations the operator's webhooks give a pod template: its namespace's, when
+    the namespace is selected (mnamespace.kb.io: customSelector, autoAnnotateAutoInstrumentation;
+    every pod of the namespace), and a selected workload's own (mworkload.kb.io: auto-monitoring,
+    minus `exclude`)."""
+    auto = values["manager"]["applicationSignals"]["autoMonitor"]
+    selectors = _selectors(values)
+    languages = (_languages_for_namespace(selectors["customSelector"], template.namespace)
+                 | _languages_for_namespace(selectors["autoAnnotateAutoInstrumentation"], template.namespace))
     if template.kind in WORKLOAD_KINDS:
-        for language, selector in (auto.get("customSelector") or {}).items():
-            if template.namespace in (selector or {}).get("namespaces", []):
-                languages.add(language)
         if (monitor_all_services(values, region) and template.selected_by_service
                 and template.namespace not in WEBHOOKS["workload"]["excluded_namespaces"]):
             languages |= set(auto["languages"])
-        for language, selector in (auto.get("exclude") or {}).items():
-            if template.namespace in (selector or {}).get("namespaces", []):
-                languages.discard(language)
+        languages -= _languages_for_namespace(selectors["exclude"], template.namespace)
     annotations = dict(template.annotations)
     for language in sorted(languages):
         for key, value in WEBHOOKS["workload"]["annotations"].items():
@@ -309,6 +329,33 @@ def test_no_webhook_injects_containers_into_ragpool_pods(plans, stack):
 @pytest.mark.parametrize("stack", STACKS)
 def test_every_chart_whose_workloads_are_not_recorded_runs_in_an_excluded_namespace(plans, stack):
     assert unrecorded_charts_outside_excluded_namespaces(plans[stack]) == []
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_addon_configuration_uses_only_modelled_selectors(plans, stack):
+    assert unmodelled_selectors(addon_values(plans[stack])) == []
+
+
+MUTATING = yaml.safe_load((Path(__file__).resolve().parents[2] / "infra" / "reference" / "mutating_webhooks.yaml").read_text())
+POD_RESOURCES = {"pods", "deployments", "daemonsets", "statefulsets", "replicasets", "jobs", "cronjobs", "namespaces"}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_chart_and_addon_is_assessed_for_mutating_webhooks(plans, stack):
+    """A chart or add-on added to the plan must be looked at (infra/reference/mutating_webhooks.yaml)
+    before this simulation can say its pods are admitted."""
+    plan = plans[stack]
+    charts = {r["inputs"]["chart"].rsplit("/", 1)[-1] for r in plan["resources"] if r["type"] == HELM}
+    addons = {r["inputs"]["addonName"] for r in plan["resources"] if r["type"] == ADDON_TYPE}
+    assert sorted(charts - set(MUTATING["charts"])) == []
+    assert sorted(addons - set(MUTATING["addons"])) == []
+
+
+def test_only_modelled_webhooks_mutate_pods():
+    entries = {**MUTATING["charts"], **MUTATING["addons"]}
+    touching = {name for name, entry in entries.items()
+                if any(set(w["resources"]) & POD_RESOURCES for w in entry["mutating"])}
+    assert touching == {name for name, entry in entries.items() if entry.get("modelled")} == {ADDON}
 
 
 def _with_addon_configuration(plan: dict, config: dict) -> dict:
