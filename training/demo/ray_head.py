@@ -3,6 +3,7 @@
     head = LocalRayHead(num_cpus=2, pool="gpu-spot").start()
     head.address       # http://127.0.0.1:<dashboard port>: RAY_ADDRESS of a queue worker (Jobs API)
     head.gcs_address   # 127.0.0.1:<gcs port>: RAY_ADDRESS of a Ray driver (ray.init), e.g. ragpool tune
+    head.client_env()  # RAY_AUTH_MODE=token, RAY_AUTH_TOKEN_PATH=<its token file>: what a client needs
     head.stop()
 
 It runs ``ray start --head --block`` in its own session on free ports (GCS, dashboard, dashboard
@@ -10,8 +11,12 @@ agent, Ray client server), with ``--num-cpus`` logical CPUs, a small object stor
 label ``ragpool.io/pool=<pool>`` (:data:`training.ray.placement.POOL_LABEL`): the local node stands
 in for a GPU pool of a real cluster (its GPUs are logical too: ``num_gpus``, 0 by default), so a ray
 run's stages name that pool as they would on KubeRay. Its temp dir is short and under /tmp (Ray's AF_UNIX socket paths must
-stay under 108 bytes). Every Ray process it starts (raylet, workers, the Ray jobs' drivers) inherits
-``RAY_AUTH_MODE=disabled``, the repository on ``PYTHONPATH``, this interpreter's directory first on
+stay under 108 bytes). It runs with Ray's token authentication, as every ragpool RayCluster does
+(:mod:`training.ray.auth`): a fresh random token in a file of its temp dir (mode 0600), which
+:meth:`LocalRayHead.client_env` hands to its clients, so the authenticated path is the one the demo
+and the tests exercise (``auth=False`` runs it without). Every Ray process it starts (raylet, workers,
+the Ray jobs' drivers) inherits ``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN_PATH``, the repository on
+``PYTHONPATH``, this interpreter's directory first on
 ``PATH`` (a Ray job's ``python -m ...`` entrypoint runs this virtualenv's Python), Ray Train's
 PreemptionWatcher turned off (one local node is never preempted) and a marker
 variable naming the temp dir, by which :meth:`LocalRayHead.stop` finds and ends exactly this head's
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -38,6 +44,9 @@ from pathlib import Path
 MARKER_ENV = "RAGPOOL_LOCAL_RAY_HEAD"
 """Set to the head's temp dir in every process of the head (how :meth:`LocalRayHead.stop` finds them)."""
 
+
+TOKEN_FILE = "auth_token"
+"""The head's token file in its temp dir (``RAY_AUTH_TOKEN_PATH`` of the head and its clients)."""
 
 PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 """Ray Train's switch for its per-run PreemptionWatcher actor (ray.train.v2 constants; on by default)."""
@@ -84,6 +93,8 @@ class LocalRayHead:
     """Object store size: the Ray executor passes small results and paths, bulk data stays on disk."""
     env: dict[str, str] = field(default_factory=dict)
     """More variables for every process of the head."""
+    auth: bool = True
+    """Ray token authentication (``RAY_AUTH_MODE=token``, a random token); False: ``disabled``."""
     temp_dir: Path | None = None
     """Ray's temp dir; a fresh short one under /tmp when None (removed by ``stop()``)."""
     process: subprocess.Popen | None = field(default=None, init=False, repr=False)
@@ -108,14 +119,35 @@ class LocalRayHead:
         assert self.temp_dir is not None
         return self.temp_dir / "ray-start.log"
 
+    @property
+    def token_path(self) -> Path:
+        """The file holding the head's token, in its temp dir (written by :meth:`launch`)."""
+        return Path(str(self.temp_dir)) / TOKEN_FILE
+
+    def client_env(self) -> dict[str, str]:
+        """What a client of this head (a queue worker, ``ray.init``, the ray CLI) needs in its environment."""
+        from training.ray.auth import AUTH_MODE_ENV, client_env
+
+        return client_env(self.token_path) if self.auth else {AUTH_MODE_ENV: "disabled"}
+
+    def auth_headers(self) -> dict[str, str]:
+        """The HTTP header that authenticates a request to this head's dashboard / Jobs API."""
+        from training.ray.auth import auth_headers
+
+        return auth_headers(self.client_env())
+
     def process_env(self) -> dict[str, str]:
         """The environment ``ray start`` and so every Ray process of this head runs with."""
         from training.paths import child_env
 
+        from training.ray.auth import TOKEN_ENV
+
         env = child_env()
         env.pop("RAY_ADDRESS", None)  # this is a new cluster, not a client of another one
-        env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", HF_HUB_OFFLINE="1",
+        env.pop(TOKEN_ENV, None)  # its token is its own file's
+        env.update(RAY_USAGE_STATS_ENABLED="0", HF_HUB_OFFLINE="1",
                    TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore")
+        env.update(self.client_env())
         # Ray Train starts a PreemptionWatcher actor per training run to report which node a spot
         # interruption took (observability only); one local node is never preempted, and on 2 cores
         # each such process costs ~3.5 CPU-seconds of Ray imports per training run or Tune trial.
@@ -152,6 +184,11 @@ class LocalRayHead:
             self.temp_dir = Path(tempfile.mkdtemp(prefix="rgd", dir="/tmp"))
             self._owns_dir = True
         self.temp_dir.mkdir(parents=True, exist_ok=True)
+        if self.auth:
+            # Ray's own generator's size (256 bits); the file only its owner can read.
+            fd = os.open(self.token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(secrets.token_hex(32))
         self.gcs_port, self.dashboard_port, self._agent_port, self._client_port = free_ports(4)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(self.command(ray), env=self.process_env(), stdin=subprocess.DEVNULL,
@@ -182,9 +219,12 @@ class LocalRayHead:
             if self.process is not None and self.process.poll() is not None:
                 raise RayHeadError(f"ray start exited with {self.process.returncode}:\n{self.log_tail()}")
             try:
-                with urllib.request.urlopen(f"{self.address}/api/jobs/", timeout=5) as reply:
+                headers = self.auth_headers()
+                with urllib.request.urlopen(urllib.request.Request(f"{self.address}/api/jobs/", headers=headers),
+                                            timeout=5) as reply:
                     json.loads(reply.read() or b"[]")
-                with urllib.request.urlopen(f"{self.address}/nodes?view=summary", timeout=5) as reply:
+                with urllib.request.urlopen(urllib.request.Request(f"{self.address}/nodes?view=summary",
+                                                                   headers=headers), timeout=5) as reply:
                     nodes = json.loads(reply.read()).get("data", {}).get("summary", [])
                 if nodes:
                     return

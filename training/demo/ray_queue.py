@@ -4,14 +4,15 @@
 local redis-server runs, after the torchrun run:
 
 1. starts a local Ray head (:class:`training.demo.ray_head.LocalRayHead`: ``ray start --head`` on free
-   ports with the Jobs API, 2 logical CPUs, node label ``ragpool.io/pool=gpu-spot`` standing in for the
+   ports with the Jobs API and Ray token authentication, 2 logical CPUs, node label ``ragpool.io/pool=gpu-spot`` standing in for the
    GPU pool of a real cluster), or waits for the one :func:`launch_head` began (``make demo`` launches
    it before its torchrun run, so the head's ~15 s start-up overlaps that run);
 2. ``ragpool submit`` of the demo run as ``executor: ray`` (run id ``demo-ray``: the same data and
    stages, fewer steps; every stage placed on pool ``gpu-spot``, two Ray Train workers per training
    stage, two index tasks);
-3. one worker with ``RAGPOOL_EXECUTORS=ray`` and ``RAY_ADDRESS=<the head's Jobs API>`` claims it and
-   runs ``python -m training.ray.job``, which submits the Ray driver as a Ray job and follows it;
+3. one worker with ``RAGPOOL_EXECUTORS=ray``, ``RAY_ADDRESS=<the head's Jobs API>`` and the head's token
+   (``RAY_AUTH_MODE=token``, ``RAY_AUTH_TOKEN_PATH``) claims it and runs ``python -m training.ray.job``,
+   which submits the Ray driver as a Ray job and follows it, sending the token on every call;
 4. ``ragpool tune`` of a retriever search (run id ``demo-tune``: 4 trials, ASHA over learning rate,
    temperature and batch size, two trials at once), which prints the trial table and writes it with the
    best configuration under ``runs/demo-tune/tune/``;
@@ -114,12 +115,14 @@ def run(out: Path, shared: Path, env: dict[str, str], run_worker, tune_trials: i
     try:
         print(f"== Ray Jobs API on {head.address} (cluster {head.gcs_address}; waited {time.monotonic() - t0:.0f}s for it)",
               flush=True)
-        ray_env = {**env, POOLS_ENV: pools, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+        # The head runs with token authentication: its clients (the worker's Ray job, ragpool tune) get its token file.
+        ray_env = {**env, POOLS_ENV: pools, **head.client_env(), "RAY_USAGE_STATS_ENABLED": "0"}
         print(f"== ragpool submit {ray_spec}  (executor: ray)", flush=True)
         code = runs_cli.main(["submit", str(ray_spec)])
         if code != 0:
             return code
         print("== one Ray worker: RAGPOOL_EXECUTORS=ray RAY_ADDRESS=" + head.address
+              + " " + " ".join(f"{k}={v}" for k, v in head.client_env().items())
               + " python -m training.worker --idle-exit-seconds 0", flush=True)
         worker_code = run_worker({**ray_env, "RAGPOOL_EXECUTORS": "ray", "RAY_ADDRESS": head.address})
         print(f"== Ray worker exited {worker_code}", flush=True)

@@ -4,7 +4,9 @@
 
 Submits ``python -m training.ray.driver --config RUN.yaml`` through the Ray Jobs API
 (:class:`ray.job_submission.JobSubmissionClient`) to the Ray cluster at ``--address`` (default
-``RAY_ADDRESS``: the head's dashboard port, ``http://<head-svc>:8265``), copies the job's log to
+``RAY_ADDRESS``: the head's dashboard port, ``http://<head-svc>:8265``) with the cluster's token on
+every call (submit, status, logs, stop: ``Authorization: Bearer``, from ``RAY_AUTH_TOKEN_PATH``, the
+Ray worker template's secret volume, or ``RAY_AUTH_TOKEN``; :mod:`training.ray.auth`), copies the job's log to
 stdout as it grows, and exits when the job ends. The run config must be on the shared storage the
 Ray cluster mounts too (the worker writes it under the shared root). The submission id is
 ``<run_id>-a<attempt>`` (``RAGPOOL_RUN_ID`` / ``RAGPOOL_ATTEMPT`` from the worker): a worker that
@@ -13,7 +15,9 @@ comes back to the same attempt attaches to the job instead of submitting a secon
 The worker supervises this process like torchrun: it heartbeats the lease meanwhile, and on
 cancel, lease loss, timeout or shutdown sends SIGTERM, on which this stops the Ray job
 (``stop_job``) and waits for it to stop. Exit codes (:mod:`training.exit_codes`): 0 the job
-succeeded; 2 the driver refused its input; 4 the Ray cluster cannot be reached (for CONNECT_WAIT_S); 75 stopped by
+succeeded; 2 the driver refused its input; 4 the Ray cluster cannot be reached (for CONNECT_WAIT_S) or
+refuses the token (at once, naming the Secret it comes from; the worker hands the run back without
+spending an attempt); 75 stopped by
 SIGTERM; 1 any other failure. A failed job's error (``JobInfo.message``) is the last line printed,
 so the worker records the run's failure with it.
 """
@@ -127,13 +131,24 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    from ray.exceptions import AuthenticationError
     from ray.job_submission import JobSubmissionClient
 
+    from training.ray.auth import RayAuthError, auth_headers, refusal
+
+    try:
+        headers = auth_headers()
+    except RayAuthError as exc:
+        print(f"ragpool ray job: {exc}", file=sys.stderr)
+        return UNAVAILABLE
     deadline = time.monotonic() + CONNECT_WAIT_S
     while True:
         try:
-            client = JobSubmissionClient(args.address)
+            client = JobSubmissionClient(args.address, headers=headers)
             break
+        except AuthenticationError:  # HTTP 401/403: waiting does not change the token
+            print(f"ragpool ray job: {refusal(args.address)}", file=sys.stderr)
+            return UNAVAILABLE
         except Exception as exc:  # the SDK raises ConnectionError / RuntimeError for an unreachable head
             if stop.is_set() or time.monotonic() >= deadline:
                 print(f"ragpool ray job: cannot reach the Ray cluster at {args.address} "
@@ -141,7 +156,11 @@ def main(argv: list[str] | None = None) -> int:
                 return UNAVAILABLE
             stop.wait(2.0)
     env = {k: os.environ[k] for k in ("RAGPOOL_SHARED_ROOT", "RAGPOOL_RUN_ID", "RAGPOOL_ATTEMPT") if k in os.environ}
-    return run_job(client, args.config, submission_id, stop, runtime_env={"env_vars": env})
+    try:
+        return run_job(client, args.config, submission_id, stop, runtime_env={"env_vars": env})
+    except AuthenticationError:  # the token changed under a running job (a rotation)
+        print(f"ragpool ray job: {refusal(args.address)}", file=sys.stderr)
+        return UNAVAILABLE
 
 
 if __name__ == "__main__":

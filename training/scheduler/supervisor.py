@@ -111,7 +111,8 @@ class Outcome(StrEnum):
     CANCELLED = "cancelled"
     """Stopped by ``ragpool cancel``."""
     RELEASED = "released"
-    """Handed back without spending an attempt (the child exited with the retriable code)."""
+    """Handed back without spending an attempt (the child exited with the retriable code, or a ray
+    run's child could not reach or authenticate to the Ray cluster: exit 4, the worker then stops)."""
     INTERRUPTED = "interrupted"
     """Handed back because this worker is shutting down (SIGTERM)."""
     LOST = "lost"
@@ -343,6 +344,8 @@ class Worker:
         self.tasks_done = 0
         self.ready = threading.Event()
         """Kubernetes readiness (``/ready``): set while it holds a claim or joined a gang, and when exiting."""
+        self.ray_unavailable = False
+        """A ray run's child exited UNAVAILABLE (Ray cluster unreachable or token refused): stop claiming."""
 
     # -- signals ---------------------------------------------------------------------------
 
@@ -429,6 +432,10 @@ class Worker:
                 break
             self.ready.clear()
             self._register(WorkerState.WAITING)
+            if self.ray_unavailable:  # every ray run would fail the same way: leave them queued
+                log.error("worker %s: the Ray cluster is unreachable or refuses this worker's token; "
+                          "stopping", self.config.worker_id)
+                return exit_codes.UNAVAILABLE
             self.tasks_done += 1
             idle_since = time.monotonic()
         return self.retriable_code if interrupted else 0
@@ -689,6 +696,12 @@ class Worker:
             return Outcome(q.fail(claim, f"timed out after {claim.timeout_s:.0f}s\n{tail}"))
         if code == self.retriable_code:
             released = q.release(claim, f"child exited with the retriable code {code}")
+            return Outcome.DEAD if released == Outcome.DEAD else Outcome.RELEASED
+        if code == exit_codes.UNAVAILABLE and claim.spec.executor == "ray":
+            # training/ray/job.py: the Ray cluster is unreachable or refuses the token, not the run's
+            # fault. Hand it back unspent; run() stops claiming.
+            self.ray_unavailable = True
+            released = q.release(claim, f"exit code {code}\n{tail}")
             return Outcome.DEAD if released == Outcome.DEAD else Outcome.RELEASED
         retriable = code != exit_codes.BAD_INPUT
         return Outcome(q.fail(claim, f"exit code {code}\n{tail}", retriable=retriable))

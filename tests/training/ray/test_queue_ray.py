@@ -3,7 +3,10 @@
 A run is submitted with ``ragpool submit``, a worker with ``RAGPOOL_EXECUTORS=ray`` claims it and
 follows its Ray job (``python -m training.ray.job``): a cancel stops the Ray job and ends the run
 ``cancelled``; a driver that fails at run time is recorded once with the Ray job's error. One Ray head
-for the module (:class:`training.demo.ray_head.LocalRayHead`, as ``make demo`` starts it).
+for the module (:class:`training.demo.ray_head.LocalRayHead`, as ``make demo`` starts it), in token
+mode as every ragpool RayCluster: the worker sends the token on every Jobs API call; a client without
+it is refused on the Jobs API and by the GCS; a wrong token is a clear error naming the Secret, exit 4,
+and the run is handed back with its attempt unspent.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ needs_ray()
 
 POOL = "gpu-spot"
 LEASE_S = 3.0
+SECRET = "ragpool-training/ragpool-ray-auth"
+"""What the Ray worker template says the token comes from (RAGPOOL_RAY_AUTH_SECRET)."""
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +38,7 @@ def ray_head():
     from training.demo.ray_head import LocalRayHead
 
     ray_env()
-    head = LocalRayHead(num_cpus=2, pool=POOL).start()
+    head = LocalRayHead(num_cpus=2, pool=POOL, auth=True).start()
     yield head
     head.stop()
     assert not head.pids(), "processes of the stopped Ray head are still running"
@@ -50,13 +55,14 @@ def shared(tmp_path, tiny_encoder_dir) -> Path:
 @pytest.fixture
 def ray_queue(redis_server, namespace, make_queue, monkeypatch, ray_head, shared):
     """The queue, and ``submit(run_id, **spec)`` / ``work()`` as ``ragpool submit`` and a Ray worker do them."""
+    from training.ray.auth import SECRET_ENV
     from training.ray.pools import POOLS_ENV
     from training.scheduler import cli as runs_cli
     from training.scheduler.supervisor import Worker, WorkerConfig
 
     for name, value in {"REDIS_URL": redis_server.url, "RAGPOOL_QUEUE_NAMESPACE": namespace,
                         "RAGPOOL_SHARED_ROOT": str(shared), POOLS_ENV: f"{POOL}=0", "RAGPOOL_EXECUTORS": "ray",
-                        "RAY_ADDRESS": ray_head.address}.items():
+                        "RAY_ADDRESS": ray_head.address, SECRET_ENV: SECRET, **ray_head.client_env()}.items():
         monkeypatch.setenv(name, value)
     queue = make_queue(lease_seconds=LEASE_S)
 
@@ -77,11 +83,13 @@ def ray_queue(redis_server, namespace, make_queue, monkeypatch, ray_head, shared
         path.write_text(yaml.safe_dump(spec))
         assert runs_cli.main(["submit", str(path)]) == exit_codes.OK
 
-    def work() -> threading.Thread:
-        """One worker (RAGPOOL_EXECUTORS=ray) in a thread; it exits once the queue is empty."""
+    def work(exit_codes_out: list[int] | None = None) -> threading.Thread:
+        """One worker (RAGPOOL_EXECUTORS=ray) in a thread; it exits once the queue is empty (its exit
+        code appended to ``exit_codes_out``)."""
         worker = Worker(queue, WorkerConfig(worker_id="ray-worker", shared_root=str(shared), lease_seconds=LEASE_S,
                                             idle_exit_seconds=0.5, poll_seconds=0.2, stop_grace_seconds=60))
-        thread = threading.Thread(target=worker.run, daemon=True)
+        thread = threading.Thread(target=lambda: (exit_codes_out if exit_codes_out is not None else []).append(
+            worker.run()), daemon=True)
         thread.start()
         return thread
 
@@ -117,7 +125,8 @@ def _attempt_log(shared: Path, run_id: str) -> str:
 
 def test_cancel_through_the_queue_stops_the_ray_job(ray_queue, ray_head, shared) -> None:
     from ray.job_submission import JobStatus, JobSubmissionClient
-    from ray.util.state import list_actors, list_placement_groups
+    from ray.util.state import StateApiClient
+    from ray.util.state.common import ListApiOptions, StateResource
 
     queue, submit, work = ray_queue
     submit("ray-cancel", {"max_steps": 5000})
@@ -125,7 +134,7 @@ def test_cancel_through_the_queue_stops_the_ray_job(ray_queue, ray_head, shared)
     # Cancel mid-training: the Ray Train workers are past their first steps.
     _wait(lambda: _steps_logged(shared / "runs" / "ray-cancel" / "retriever" / "log.jsonl") >= 2, 180,
           "the retriever's first steps under Ray Train", worker)
-    jobs = JobSubmissionClient(ray_head.address)
+    jobs = JobSubmissionClient(ray_head.address, headers=ray_head.auth_headers())
     assert jobs.get_job_status("ray-cancel-a1") == JobStatus.RUNNING
     assert queue.cancel("ray-cancel") == "cancelling"
     worker.join(timeout=120)
@@ -136,14 +145,18 @@ def test_cancel_through_the_queue_stops_the_ray_job(ray_queue, ray_head, shared)
     assert (info.state, info.attempts, info.completions) == ("cancelled", 1, 0), info
     assert _outcomes(queue) == {"cancelled": 1}  # recorded once
     assert "ragpool ray job: stopping ray-cancel-a1" in _attempt_log(shared, "ray-cancel")
+    assert ray_head.token_path.read_text() not in _attempt_log(shared, "ray-cancel")  # never logged
     assert not (shared / "runs" / "ray-cancel" / "retriever" / "_COMPLETE").exists()
     # Stopping the job released what it held: none of its actors (Ray Train's controller and workers)
     # is alive and no placement group is left reserved on the cluster.
+    state = StateApiClient(ray_head.address, headers={"Content-Type": "application/json", **ray_head.auth_headers()})
+
     def held() -> list[str]:
         # Detached actors outlive jobs by design (Ray Train's autoscaling coordinator is one, holding nothing).
-        actors = [a for a in list_actors(address=ray_head.address, filters=[("state", "=", "ALIVE")], detail=True)
+        actors = [a for a in state.list(StateResource.ACTORS, ListApiOptions(filters=[("state", "=", "ALIVE")],
+                                                                             detail=True), True)
                   if not a.is_detached]
-        groups = list_placement_groups(address=ray_head.address, filters=[("state", "=", "CREATED")])
+        groups = state.list(StateResource.PLACEMENT_GROUPS, ListApiOptions(filters=[("state", "=", "CREATED")]), True)
         return [f"actor {a.class_name}" for a in actors] + [f"placement group {g.name!r}" for g in groups]
 
     deadline = time.monotonic() + 60
@@ -164,7 +177,7 @@ def test_a_failed_ray_driver_is_recorded_once_with_the_ray_jobs_error(ray_queue,
     worker.join(timeout=180)
     assert not worker.is_alive(), _attempt_log(shared, "ray-bad-data")[-3000:]
 
-    job = JobSubmissionClient(ray_head.address).get_job_info("ray-bad-data-a1")
+    job = JobSubmissionClient(ray_head.address, headers=ray_head.auth_headers()).get_job_info("ray-bad-data-a1")
     assert job.status == JobStatus.FAILED and job.driver_exit_code == exit_codes.BAD_INPUT, job
     info = queue.get("ray-bad-data")
     # Bad input is not retried: one attempt of two, dead at once, its outcome recorded once.
@@ -178,3 +191,124 @@ def test_a_failed_ray_driver_is_recorded_once_with_the_ray_jobs_error(ray_queue,
     assert last.startswith("ragpool ray job ray-bad-data-a1 FAILED: ragpool ray driver: "), last
     assert last.endswith(f"DataError: {missing}: file not found"), "the driver's one line, not Ray's last words"
     assert f"{missing}: file not found" in job.message  # the Ray job's own error, not only an exit code
+
+
+# ------------------------------------------------------------------ token authentication
+
+
+def _bare_env(home: Path, **extra: str) -> dict[str, str]:
+    """A client's environment with none of the head's token settings, and a HOME without
+    ~/.ray/auth_token (Ray's last place to look for a token)."""
+    import os
+
+    from training.paths import child_env
+
+    env = {k: v for k, v in child_env().items() if not k.startswith("RAY_AUTH") and k != "RAGPOOL_RAY_AUTH_SECRET"}
+    return {**env, "HOME": str(home), "RAY_USAGE_STATS_ENABLED": "0", "PATH": os.environ["PATH"], **extra}
+
+
+def _http_status(url: str, headers: dict[str, str]) -> int:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as reply:
+            return reply.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+RAY_INIT = """
+import sys, ray
+try:
+    ray.init(address=sys.argv[1], log_to_driver=False)
+except Exception as exc:
+    print(f"REFUSED {type(exc).__name__}: {exc!r} {exc.__cause__!r}", flush=True)
+    sys.exit(3)
+print("CONNECTED", ray.cluster_resources().get("CPU"), flush=True)
+ray.shutdown()
+"""
+
+
+def test_a_client_without_the_token_is_refused_on_the_jobs_api_and_by_the_gcs(ray_head, tmp_path) -> None:
+    import subprocess
+    import sys
+
+    jobs = f"{ray_head.address}/api/jobs/"
+    assert _http_status(jobs, {}) == 401
+    assert _http_status(jobs, {"Authorization": "Bearer not-the-token"}) == 403
+    assert _http_status(jobs, ray_head.auth_headers()) == 200  # the same request with the token
+    # ray.init to the GCS in fresh processes (Ray reads its auth mode once per process): a client that
+    # sends no token (auth disabled on its side) is refused by the GCS; the head's client settings connect.
+    timeout_s = 90
+    procs = {
+        "none": subprocess.Popen([sys.executable, "-c", RAY_INIT, ray_head.gcs_address],
+                                 # Ray retries the GCS once a second for 20 s (node.py _init_gcs_client): 3 tries here.
+                                 env=_bare_env(tmp_path, RAY_AUTH_MODE="disabled", RAY_gcs_server_port_wait_time_s="3"),
+                                 text=True,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT),
+        "token": subprocess.Popen([sys.executable, "-c", RAY_INIT, ray_head.gcs_address],
+                                  env=_bare_env(tmp_path, **ray_head.client_env()), text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT),
+    }
+    out = {}
+    for name, proc in procs.items():
+        try:
+            out[name] = (proc.communicate(timeout=timeout_s)[0], proc.returncode)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise AssertionError(f"ray.init ({name} token) neither connected nor failed within {timeout_s}s: "
+                                 f"{proc.communicate()[0][-2000:]}")
+    text, code = out["none"]
+    assert code == 3 and "REFUSED ConnectionError" in text, text[-2000:]
+    assert "InvalidAuthToken" in text or "Unauthenticated" in text, text[-2000:]  # the GCS said why
+    text, code = out["token"]
+    assert code == 0 and "CONNECTED 2.0" in text, text[-2000:]
+
+
+def test_the_ray_job_without_a_token_exits_4_naming_the_secret(ray_head, tmp_path) -> None:
+    import subprocess
+    import sys
+
+    from training.ray.auth import SECRET_ENV
+
+    config = tmp_path / "runs" / "no-token" / "run.yaml"
+    cmd = [sys.executable, "-m", "training.ray.job", "--config", str(config), "--address", ray_head.address]
+    done = subprocess.run(cmd, env=_bare_env(tmp_path, **{SECRET_ENV: SECRET}), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == exit_codes.UNAVAILABLE, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"ragpool ray job: the Ray cluster at {ray_head.address} requires a token and none was sent: the token "
+        f"comes from Secret {SECRET} (key auth_token); here: neither RAY_AUTH_TOKEN nor RAY_AUTH_TOKEN_PATH is "
+        "set; check that the pod mounts that Secret and the RayCluster's authOptions.secretName names it")
+    assert "Traceback" not in done.stderr
+
+
+def test_a_wrong_token_is_a_clear_error_naming_the_secret_and_spends_no_attempt(
+        ray_queue, ray_head, shared, tmp_path, monkeypatch) -> None:
+    from ray.job_submission import JobSubmissionClient
+
+    queue, submit, work = ray_queue
+    wrong = tmp_path / "wrong" / "auth_token"
+    wrong.parent.mkdir()
+    wrong.write_text("not-the-clusters-token\n")
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(wrong))
+    submit("ray-wrong-token", {"max_steps": 2})
+    codes: list[int] = []
+    worker = work(codes)
+    worker.join(timeout=120)
+    assert not worker.is_alive(), "the worker kept going against a cluster that refuses its token"
+    # The worker hands the run back and stops claiming: every ray run would be refused the same way.
+    assert codes == [exit_codes.UNAVAILABLE]
+    info = queue.get("ray-wrong-token")
+    assert (info.state, info.attempts, info.completions) == ("queued", 0, 0), info
+    assert _outcomes(queue) == {}  # nothing recorded as an outcome: the attempt is not spent
+    last = info.last_error.rstrip().splitlines()[-1]
+    assert last == (
+        f"ragpool ray job: the Ray cluster at {ray_head.address} refused this client's token: the token comes "
+        f"from Secret {SECRET} (key auth_token); here: RAY_AUTH_TOKEN_PATH={wrong}; check that the pod mounts "
+        "that Secret and the RayCluster's authOptions.secretName names it"), last
+    for token in ("not-the-clusters-token", ray_head.token_path.read_text()):
+        assert token not in info.last_error and token not in _attempt_log(shared, "ray-wrong-token")
+    jobs = JobSubmissionClient(ray_head.address, headers=ray_head.auth_headers()).list_jobs()
+    assert "ray-wrong-token-a1" not in [j.submission_id for j in jobs]  # nothing reached the cluster
