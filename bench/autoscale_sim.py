@@ -1,0 +1,968 @@
+"""A from-zero simulation of the worker pool: KEDA's ScaledJob loop drives a small fake Job
+controller whose pods are real local ``python -m training.worker`` processes on a real
+``redis-server``, with the real keeper (``python -m training.scheduler.keeper``).
+
+What is real: the ScaledJob objects (built by infra, the same dicts ``pulumi up`` applies),
+KEDA's job-count algorithm (:mod:`bench.keda_scaledjob`, transcribed from KEDA v2.20.2),
+the exact command KEDA's Redis scaler sends for each trigger (``EVAL`` of its Lua script on the
+trigger's ``listName``), the worker processes with the job template's command, args and
+environment (``value``, ``fieldRef``, ``secretKeyRef``, ``$(VAR)`` expansion as the kubelet does),
+their ``/ready`` endpoint as the readiness probe the template declares, the queue and the keeper.
+
+What stands in for the cluster (:class:`Cluster`):
+
+- Nodes: a pod starts at once (a node is there) unless its pool (the pod's
+  ``ragpool.io/pool`` node selector) would then run more GPUs than ``gpu_capacity`` (the
+  NodePool's ``limits``, or less to make nodes scarce); then it stays Pending, as when
+  Karpenter cannot get a node.
+- ResourceQuota: a pod whose GPU request would take its namespace's non-terminal pods past
+  ``requests.nvidia.com/gpu`` is not created; the Job controller tries again (1 s).
+- Deployments (the keeper): one pod, restarted when it exits.
+- Mounts and ports: no mount or network namespace, so an env value or arg that starts with a
+  volume's ``mountPath`` is rewritten to a local directory (the PVC: the simulation's shared
+  root; a secret volume: its keys written as files; an emptyDir: a fresh directory), and a
+  value equal to a declared ``containerPort`` becomes a free local port of that pod.
+- The Job controller (:class:`Job`): Indexed Jobs of ``parallelism`` pods, restartPolicy Never,
+  ``podFailurePolicy`` (FailJob / Ignore / Count on exit codes; a lost node is a
+  ``DisruptionTarget``), ``backoffLimit`` with the kubelet's 10 s doubling pod back-off,
+  ``activeDeadlineSeconds``; a Job whose every index succeeded is Complete.
+- The run itself: the worker's test hook ``RAGPOOL_WORKER_TEST_COMMAND`` runs
+  :data:`WORKLOAD` in place of torchrun: ``max_steps`` steps of ``step_s``, a checkpoint file
+  after each step, resumed from on the next attempt, each finished execution appended to
+  ``runs/<id>/sim-done-<node>`` (so a run done twice is seen).
+- The worker's settings KEDA's timing depends on (``--lease-seconds``, ``--idle-exit-seconds``,
+  ``--poll-seconds``, ``--gang-deadline-seconds``), the ScaledJob's ``pollingInterval`` and the
+  keeper's ``--interval-seconds`` are set from :class:`Settings`;
+  the health check is off (no GPU here).
+
+Every wait has a bound and says what it saw (:meth:`Simulation.wait_for`).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import string
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from bench import keda_scaledjob as keda
+from bench.recovery import lose_node
+from training.demo.redis_server import LocalRedisServer, free_port
+from training.paths import child_env
+
+POOL_LABEL = "ragpool.io/pool"
+GPU_RESOURCE = "nvidia.com/gpu"
+POD_BACKOFF_S = 10.0
+"""The Job controller's pod back-off after a counted failure (doubles per failure, k8s default)."""
+
+WORKLOAD = r"""
+set -e
+d="$RAGPOOL_SHARED_ROOT/runs/{run_id}"
+steps=$(sed -n 's/^  max_steps: //p' "{config}" | head -n 1)
+ck="$d/sim-ckpt-{node_index}"
+s=$(cat "$ck" 2>/dev/null || echo 0)
+echo "attempt {attempt} node {node_index} worker $RAGPOOL_WORKER_ID from step $s" >> "$d/sim-log"
+while [ "$s" -lt "${steps:-1}" ]; do
+  sleep "$SIM_STEP_S"
+  s=$((s + 1))
+  echo "$s" > "$ck.tmp" && mv "$ck.tmp" "$ck"
+done
+echo "{attempt}" >> "$d/sim-done-{node_index}"
+"""
+"""The run's stand-in (see the module docstring): ``{...}`` are the worker's test-hook substitutions."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the simulation runs under."""
+
+    polling_interval_s: float = 2.0
+    """The ScaledJobs' ``pollingInterval`` (KEDA's default is 30 s; whole seconds in the CRD)."""
+    idle_exit_s: float = 3.0
+    """The workers' ``--idle-exit-seconds``."""
+    lease_s: float = 4.0
+    """The workers' ``--lease-seconds`` (a lost worker's run is requeued this long after its last heartbeat)."""
+    keeper_interval_s: float = 1.0
+    """The keeper's ``--interval-seconds``."""
+    worker_poll_s: float = 0.5
+    """The workers' ``--poll-seconds``."""
+    gang_deadline_s: float = 6.0
+    """The workers' ``--gang-deadline-seconds`` (all pods of a multi-node Job join by then, or none runs)."""
+    step_s: float = 0.25
+    """One workload step."""
+    stop_grace_s: float = 10.0
+    """Longest SIGTERM grace when the Job controller deletes a pod (the template's, capped)."""
+    reconcile_s: float = 0.1
+    """How often the fake Job controller looks at its pods."""
+
+
+# -- Kubernetes bits the kubelet would do -------------------------------------------------
+
+_VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+
+
+def expand(value: str, env: dict[str, str]) -> str:
+    """The kubelet's ``$(VAR)`` expansion of a container env value or arg: a reference to a
+    variable defined before it is replaced, an unknown one kept, ``$$`` is one ``$``."""
+    def sub(m: re.Match) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        return env.get(m.group(1), m.group(0))
+    return _VAR_REF.sub(sub, value)
+
+
+def field_ref(path: str, pod: "Pod") -> str:
+    """A ``fieldRef.fieldPath`` of the downward API for ``pod``."""
+    if path == "metadata.name":
+        return pod.name
+    if path == "metadata.namespace":
+        return pod.job.namespace
+    if path == "spec.nodeName":
+        return pod.node
+    if path in ("status.podIP", "status.hostIP"):
+        return "127.0.0.1"
+    m = re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", path)
+    if m:
+        return (pod.labels if m.group(1) == "labels" else pod.annotations).get(m.group(2), "")
+    raise ValueError(f"fieldRef {path!r} is not simulated")
+
+
+# -- pods and Jobs -------------------------------------------------------------------------
+
+@dataclass
+class Pod:
+    job: "Job"
+    index: int
+    name: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    created_at: float
+    pool: str | None
+    gpus: int
+    node: str = ""
+    phase: str = "Pending"
+    proc: subprocess.Popen | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    ready: bool = False
+    ready_at: float | None = None
+    disrupted: bool = False
+    """Lost with its node (the pod gets a DisruptionTarget condition)."""
+    probe_url: str | None = None
+    next_probe_at: float = 0.0
+    deleting_since: float | None = None
+    log_path: Path | None = None
+
+    def view(self) -> keda.PodView:
+        conditions = {"PodScheduled"} if self.node else set()
+        if self.ready:
+            conditions.add("Ready")
+        if self.disrupted:
+            conditions.add("DisruptionTarget")
+        return keda.PodView(self.phase, frozenset(conditions))
+
+
+@dataclass
+class Job:
+    scaled_job: "ScaledJob"
+    name: str
+    created_at: float
+    spec: dict
+    pods: list[Pod] = field(default_factory=list)
+    succeeded: set[int] = field(default_factory=set)
+    failures: int = 0
+    condition: str | None = None
+    """``Complete`` or ``Failed`` once finished."""
+    finished_at: float | None = None
+    retry_at: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def namespace(self) -> str:
+        return self.scaled_job.namespace
+
+    @property
+    def finished(self) -> bool:
+        return self.condition is not None
+
+    def active_pods(self) -> list[Pod]:
+        return [p for p in self.pods if p.phase in ("Pending", "Running")]
+
+
+@dataclass
+class ScaledJob:
+    """One ScaledJob object (``keda.sh/v1alpha1``) as infra declares it."""
+
+    manifest: dict
+    jobs: list[Job] = field(default_factory=list)
+    next_poll_at: float = 0.0
+    polls: int = 0
+    errors: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.manifest["metadata"]["name"]
+
+    @property
+    def namespace(self) -> str:
+        return self.manifest["metadata"].get("namespace", "default")
+
+    @property
+    def spec(self) -> dict:
+        return self.manifest["spec"]
+
+    def unfinished(self) -> list[Job]:
+        return [j for j in self.jobs if not j.finished]
+
+
+@dataclass
+class Event:
+    at: float
+    kind: str
+    """``job-created``, ``job-finished``, ``pod-started``, ``pod-ready``, ``pod-exited``, ``pod-lost``."""
+    scaled_job: str
+    job: str
+    detail: dict = field(default_factory=dict)
+
+
+def _suffix(n: int = 5) -> str:
+    return "".join(random.choices(string.ascii_lowercase + string.digits, k=n))
+
+
+class Cluster:
+    """KEDA's scale loop and the Job controller over local processes (see the module docstring)."""
+
+    def __init__(self, scaled_jobs: Iterable[dict], *, redis_client, secrets: dict[str, dict[str, str]],
+                 shared_root: Path, work_dir: Path, settings: Settings, gpu_capacity: dict[str, int] | None = None,
+                 gpu_quotas: dict[str, int] | None = None, extra_env: dict[str, str] | None = None) -> None:
+        self.scaled_jobs = [ScaledJob(m) for m in scaled_jobs]
+        self.redis = redis_client
+        self.secrets = secrets
+        self.shared_root = shared_root
+        self.work_dir = work_dir
+        self.settings = settings
+        self.gpu_capacity = dict(gpu_capacity or {})
+        """Most GPUs running at once per pool (absent: unlimited)."""
+        self.gpu_quotas = dict(gpu_quotas or {})
+        """Namespace -> its ResourceQuota's ``requests.nvidia.com/gpu``."""
+        self.deployments: list[ScaledJob] = []
+        """Deployments' stand-ins: a never-polled ScaledJob shell holding one always-restarted Job."""
+        self.extra_env = dict(extra_env or {})
+        self.events: list[Event] = []
+        self.lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.max_unfinished: dict[str, int] = {sj.name: 0 for sj in self.scaled_jobs}
+        self.max_gpus: dict[str, int] = {}
+        self.errors: list[str] = []
+        self._nodes = 0
+
+    # -- the loop -----------------------------------------------------------------------
+
+    def start(self) -> "Cluster":
+        now = time.time()
+        for sj in self.scaled_jobs:
+            sj.next_poll_at = now
+        self._thread = threading.Thread(target=self._loop, name="fake-cluster", daemon=True)
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with self.lock:
+                    now = time.time()
+                    self.reconcile_jobs(now)
+                    self.reap_deleted(now)
+                    for sj in self.scaled_jobs:
+                        if now >= sj.next_poll_at:
+                            # startScaleLoop: the next check is due one interval after this one starts.
+                            sj.next_poll_at = now + keda.polling_interval_s(sj.spec)
+                            self.check_scaled_job(sj, now)
+                    self._record_bounds()
+            except Exception as exc:  # reported by the waits (Simulation.wait_for fails at once)
+                import traceback
+
+                self.errors.append(f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-3)}")
+            self._stop.wait(self.settings.reconcile_s)
+
+    def stop(self) -> None:
+        """Stop the loops, then every pod (SIGKILL with everything under it)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        with self.lock:
+            for sj in [*self.scaled_jobs, *self.deployments]:
+                for job in sj.jobs:
+                    for pod in job.pods:
+                        if pod.proc is not None and pod.proc.poll() is None:
+                            lose_node(pod.proc)
+
+    # -- KEDA (scale_handler.checkScalers -> RequestJobScale) ----------------------------
+
+    def trigger_readings(self, sj: ScaledJob) -> tuple[list[tuple[float, float | None, bool]], bool]:
+        """Per trigger: (length, listLength target, active) as KEDA's Redis scaler reads it; and
+        whether any trigger failed (isError)."""
+        readings, error = [], False
+        for trigger in sj.spec.get("triggers", []):
+            if trigger.get("type") != "redis":
+                raise ValueError(f"ScaledJob {sj.name}: trigger type {trigger.get('type')!r} is not simulated")
+            meta = trigger.get("metadata", {})
+            try:
+                length = keda.redis_list_length(self.redis, meta["listName"])
+            except Exception as exc:
+                if "redis" not in type(exc).__module__:
+                    raise
+                error = True
+                continue
+            target = float(meta.get("listLength", keda.REDIS_DEFAULT_LIST_LENGTH))
+            activation = int(meta.get("activationListLength", keda.REDIS_DEFAULT_ACTIVATION_LIST_LENGTH))
+            readings.append((float(length), target, keda.redis_trigger_is_active(length, activation)))
+        return readings, error
+
+    def check_scaled_job(self, sj: ScaledJob, now: float) -> int:
+        readings, error = self.trigger_readings(sj)
+        sj.polls += 1
+        sj.errors += int(error)
+        is_active, scale_to, max_scale = keda.scaled_job_state(sj.spec, readings)
+        unfinished = sj.unfinished()
+        conditions = (sj.spec.get("scalingStrategy") or {}).get("pendingPodConditions") or []
+        pending = sum(keda.job_is_pending([p.view() for p in j.pods], conditions) for j in unfinished)
+        n = keda.jobs_to_create(sj.spec, is_active=is_active, scale_to=scale_to, max_scale=max_scale,
+                                running=len(unfinished), pending=pending)
+        for _ in range(n):
+            self.create_job(sj, now)
+        self._clean_up(sj)
+        return n
+
+    def _clean_up(self, sj: ScaledJob) -> None:
+        """``cleanUp``: keep the newest ``successfulJobsHistoryLimit`` / ``failedJobsHistoryLimit``
+        finished Jobs (default 100 each)."""
+        for condition, key in (("Complete", "successfulJobsHistoryLimit"), ("Failed", "failedJobsHistoryLimit")):
+            limit = sj.spec.get(key, 100)
+            done = sorted((j for j in sj.jobs if j.condition == condition), key=lambda j: j.finished_at or 0)
+            for job in done[:max(0, len(done) - limit)]:
+                sj.jobs.remove(job)
+
+    # -- the Job controller --------------------------------------------------------------
+
+    def create_job(self, sj: ScaledJob, now: float) -> Job:
+        spec = json.loads(json.dumps(sj.spec["jobTargetRef"]))
+        job = Job(scaled_job=sj, name=f"{sj.name}-{_suffix()}", created_at=now, spec=spec)
+        sj.jobs.append(job)
+        self.events.append(Event(now, "job-created", sj.name, job.name))
+        for index in range(int(spec.get("parallelism", 1))):
+            self._new_pod(job, index, now)
+        return job
+
+    def _new_pod(self, job: Job, index: int, now: float) -> Pod | None:
+        template = job.spec["template"]
+        meta, pod_spec = template.get("metadata", {}), template["spec"]
+        container = pod_spec["containers"][0]
+        gpus = int(container.get("resources", {}).get("requests", {}).get(GPU_RESOURCE, 0))
+        quota = self.gpu_quotas.get(job.namespace)
+        if gpus and quota is not None and self.requested_gpus(job.namespace) + gpus > quota:
+            job.retry_at[index] = now + 1.0  # "exceeded quota": the Job controller tries again
+            return None
+        labels = {**meta.get("labels", {}), "job-name": job.name, "batch.kubernetes.io/job-name": job.name,
+                  "scaledjob.keda.sh/name": job.scaled_job.name}
+        if job.spec.get("completionMode") == "Indexed":
+            labels["batch.kubernetes.io/job-completion-index"] = str(index)
+        pod = Pod(job=job, index=index, name=f"{job.name}-{index}-{_suffix()}", labels=labels,
+                  annotations=dict(meta.get("annotations", {})), created_at=now,
+                  pool=(pod_spec.get("nodeSelector") or {}).get(POOL_LABEL), gpus=gpus)
+        job.pods.append(pod)
+        return pod
+
+    def running_gpus_in_pool(self, pool: str | None) -> int:
+        return sum(p.gpus for sj in self.scaled_jobs for j in sj.jobs for p in j.pods
+                   if p.pool == pool and p.phase == "Running")
+
+    def requested_gpus(self, namespace: str) -> int:
+        """GPUs requested by the namespace's non-terminal pods (what ResourceQuota counts)."""
+        return sum(p.gpus for sj in self.scaled_jobs if sj.namespace == namespace for j in sj.jobs for p in j.pods
+                   if p.phase in ("Pending", "Running"))
+
+    def reconcile_jobs(self, now: float) -> None:
+        for sj in [*self.scaled_jobs, *self.deployments]:
+            for job in sj.unfinished():
+                self._reconcile_job(job, now)
+
+    def run_deployment(self, manifest: dict, args: dict[str, str] | None = None) -> Job:
+        """Run a Deployment's pod (one replica) with ``args`` flags set; it is restarted when it exits."""
+        template = json.loads(json.dumps(manifest["spec"]["template"]))
+        container = template["spec"]["containers"][0]
+        for flag, value in (args or {}).items():
+            container["args"] = set_flag(container.get("args", []), flag, value)
+        shell = ScaledJob({"metadata": manifest["metadata"], "spec": {"jobTargetRef": {
+            "parallelism": 1, "completions": 1, "backoffLimit": 1_000_000, "template": template,
+            "podFailurePolicy": {"rules": [{"action": "Ignore", "onExitCodes": {"operator": "NotIn", "values": []}}]}}}})
+        with self.lock:
+            self.deployments.append(shell)
+            return self.create_job(shell, time.time())
+
+    def _reconcile_job(self, job: Job, now: float) -> None:
+        deadline = job.spec.get("activeDeadlineSeconds")
+        if deadline is not None and now - job.created_at > float(deadline):
+            self._finish(job, "Failed", now, "DeadlineExceeded")
+            return
+        for pod in list(job.pods):
+            if pod.phase == "Pending" and pod.deleting_since is None:
+                limit = self.gpu_capacity.get(pod.pool) if pod.pool is not None else None
+                if limit is None or self.running_gpus_in_pool(pod.pool) + pod.gpus <= limit:
+                    self._start_pod(pod, now)
+            elif pod.phase == "Running":
+                code = pod.proc.poll()
+                if code is not None:
+                    self._pod_exited(job, pod, code, now)
+                    if job.finished:
+                        return
+                elif pod.deleting_since is not None:
+                    if now - pod.deleting_since > self._grace(job):
+                        lose_node(pod.proc)
+                else:
+                    self._probe(pod, now)
+        for index, at in list(job.retry_at.items()):
+            if now >= at:
+                del job.retry_at[index]
+                self._new_pod(job, index, now)
+
+    def _grace(self, job: Job) -> float:
+        grace = job.spec["template"]["spec"].get("terminationGracePeriodSeconds", 30)
+        return min(float(grace), self.settings.stop_grace_s)
+
+    def _pod_exited(self, job: Job, pod: Pod, code: int, now: float) -> None:
+        pod.exit_code, pod.ended_at, pod.ready = code, now, False
+        pod.phase = "Succeeded" if code == 0 else "Failed"
+        self.events.append(Event(now, "pod-exited", job.scaled_job.name, job.name,
+                                 {"pod": pod.name, "code": code, "disrupted": pod.disrupted}))
+        if pod.deleting_since is not None:
+            return
+        if code == 0:
+            job.succeeded.add(pod.index)
+            if len(job.succeeded) >= int(job.spec.get("completions", 1)):
+                self._finish(job, "Complete", now, "Completed")
+            return
+        action = self._failure_action(job, pod, code)
+        if action == "FailJob":
+            self._finish(job, "Failed", now, "PodFailurePolicy")
+            return
+        delay = 0.0
+        if action == "Count":
+            job.failures += 1
+            if job.failures > int(job.spec.get("backoffLimit", 6)):
+                self._finish(job, "Failed", now, "BackoffLimitExceeded")
+                return
+            delay = POD_BACKOFF_S * 2 ** (job.failures - 1)
+        job.retry_at[pod.index] = now + delay
+
+    def _failure_action(self, job: Job, pod: Pod, code: int) -> str:
+        """The first ``podFailurePolicy`` rule that matches (``Count`` when none does)."""
+        for rule in (job.spec.get("podFailurePolicy") or {}).get("rules", []):
+            on_codes = rule.get("onExitCodes")
+            if on_codes is not None:
+                values = set(on_codes.get("values", []))
+                hit = (code in values) if on_codes.get("operator", "In") == "In" else (code not in values)
+                if hit:
+                    return rule["action"]
+            for cond in rule.get("onPodConditions", []):
+                if cond.get("type") == "DisruptionTarget" and pod.disrupted:
+                    return rule["action"]
+        return "Count"
+
+    def _finish(self, job: Job, condition: str, now: float, reason: str) -> None:
+        job.condition, job.finished_at = condition, now
+        job.retry_at.clear()
+        for pod in job.pods:  # the Job controller deletes what is still active
+            if pod.phase == "Pending":
+                pod.phase = "Failed"
+                pod.ended_at = now
+            elif pod.phase == "Running" and pod.proc is not None and pod.deleting_since is None:
+                pod.deleting_since = now
+                pod.proc.send_signal(signal.SIGTERM)
+        self.events.append(Event(now, "job-finished", job.scaled_job.name, job.name,
+                                 {"condition": condition, "reason": reason}))
+
+    def reap_deleted(self, now: float) -> None:
+        """Pods of finished Jobs that were sent SIGTERM: SIGKILL after the grace, then forget them."""
+        for sj in self.scaled_jobs:
+            for job in sj.jobs:
+                if not job.finished:
+                    continue
+                for pod in job.pods:
+                    if pod.phase == "Running" and pod.proc is not None:
+                        code = pod.proc.poll()
+                        if code is None and now - (pod.deleting_since or now) > self._grace(job):
+                            lose_node(pod.proc)
+                            code = pod.proc.returncode
+                        if code is not None:
+                            pod.phase, pod.exit_code, pod.ended_at, pod.ready = "Failed", code, now, False
+
+    def _probe(self, pod: Pod, now: float) -> None:
+        """The kubelet's readiness probe (the template's ``readinessProbe.httpGet``, its
+        ``periodSeconds``); without a probe a started container is Ready."""
+        if pod.probe_url is None:
+            if not pod.ready:
+                pod.ready, pod.ready_at = True, now
+            return
+        if now < pod.next_probe_at:
+            return
+        probe = pod.job.spec["template"]["spec"]["containers"][0]["readinessProbe"]
+        pod.next_probe_at = now + float(probe.get("periodSeconds", 10))
+        try:
+            with urllib.request.urlopen(pod.probe_url, timeout=float(probe.get("timeoutSeconds", 1))) as reply:
+                ok = 200 <= reply.status < 400
+        except Exception:
+            ok = False
+        if ok and not pod.ready:
+            pod.ready_at = now
+            self.events.append(Event(now, "pod-ready", pod.job.scaled_job.name, pod.job.name, {"pod": pod.name}))
+        pod.ready = ok
+
+    # -- starting a pod: the container as the kubelet would run it -----------------------
+
+    def _start_pod(self, pod: Pod, now: float) -> None:
+        job = pod.job
+        pod_spec = job.spec["template"]["spec"]
+        container = pod_spec["containers"][0]
+        self._nodes += 1
+        pod.node = f"sim-node-{pod.pool or 'system'}-{self._nodes}"
+        pod_dir = self.work_dir / "pods" / pod.name
+        pod_dir.mkdir(parents=True)
+        mounts = self._mounts(pod_spec, container, pod_dir)
+        ports = {int(p["containerPort"]): free_port() for p in container.get("ports", [])}
+        port_names = {p["name"]: int(p["containerPort"]) for p in container.get("ports", []) if "name" in p}
+
+        def local(value: str) -> str:
+            for mount_path, local_dir in mounts:
+                if value == mount_path or value.startswith(mount_path.rstrip("/") + "/"):
+                    return str(local_dir) + value[len(mount_path.rstrip("/")):]
+            if value.isdigit() and int(value) in ports:
+                return str(ports[int(value)])
+            return value
+
+        env: dict[str, str] = {}
+        if job.spec.get("completionMode") == "Indexed":
+            env["JOB_COMPLETION_INDEX"] = str(pod.index)
+        for var in container.get("env", []):
+            if "value" in var:
+                value = expand(var["value"], env)
+            elif "fieldRef" in var.get("valueFrom", {}):
+                value = field_ref(var["valueFrom"]["fieldRef"]["fieldPath"], pod)
+            elif "secretKeyRef" in var.get("valueFrom", {}):
+                ref = var["valueFrom"]["secretKeyRef"]
+                value = self.secrets[ref["name"]][ref["key"]]
+            else:
+                raise ValueError(f"env {var['name']}: {var.get('valueFrom')} is not simulated")
+            env[var["name"]] = local(value)
+        env.update(self.extra_env)
+        command = [sys.executable if part == "python" else part for part in container["command"]]
+        args = [local(expand(a, env)) for a in container.get("args", [])]
+        base = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(pod_dir), "LANG": "C.UTF-8",
+                "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+        probe = container.get("readinessProbe", {}).get("httpGet")
+        if probe:
+            port = probe["port"]
+            port = port_names[port] if isinstance(port, str) else int(port)
+            pod.probe_url = f"http://127.0.0.1:{ports[port]}{probe.get('path', '/')}"
+            pod.next_probe_at = now + float(container["readinessProbe"].get("initialDelaySeconds", 0))
+        pod.log_path = pod_dir / "log.txt"
+        with open(pod.log_path, "wb") as log:
+            pod.proc = subprocess.Popen(command + args, env=child_env({**base, **env}), stdout=log,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=pod_dir,
+                                        start_new_session=True)
+        pod.phase, pod.started_at = "Running", now
+        self.events.append(Event(now, "pod-started", job.scaled_job.name, job.name,
+                                 {"pod": pod.name, "index": pod.index, "pool": pod.pool, "gpus": pod.gpus}))
+
+    def _mounts(self, pod_spec: dict, container: dict, pod_dir: Path) -> list[tuple[str, Path]]:
+        volumes = {v["name"]: v for v in pod_spec.get("volumes", [])}
+        out = []
+        for mount in container.get("volumeMounts", []):
+            volume = volumes[mount["name"]]
+            if "persistentVolumeClaim" in volume:
+                local = self.shared_root
+            elif "secret" in volume:
+                local = pod_dir / "volumes" / mount["name"]
+                local.mkdir(parents=True)
+                data = self.secrets[volume["secret"]["secretName"]]
+                items = volume["secret"].get("items") or [{"key": k, "path": k} for k in data]
+                for item in items:
+                    (local / item["path"]).write_text(data[item["key"]])
+            else:  # emptyDir
+                local = pod_dir / "volumes" / mount["name"]
+                local.mkdir(parents=True)
+            out.append((mount["mountPath"], local))
+        return sorted(out, key=lambda m: -len(m[0]))  # the deepest mount wins
+
+    # -- what the tests look at ---------------------------------------------------------
+
+    def _record_bounds(self) -> None:
+        gpus: dict[str, int] = {}
+        for sj in self.scaled_jobs:
+            self.max_unfinished[sj.name] = max(self.max_unfinished[sj.name], len(sj.unfinished()))
+            for job in sj.jobs:
+                for pod in job.pods:
+                    if pod.phase == "Running":
+                        gpus[sj.namespace] = gpus.get(sj.namespace, 0) + pod.gpus
+        for ns, n in gpus.items():
+            self.max_gpus[ns] = max(self.max_gpus.get(ns, 0), n)
+
+    def unfinished_jobs(self) -> int:
+        with self.lock:
+            return sum(len(sj.unfinished()) for sj in self.scaled_jobs)
+
+    def live_pods(self) -> list[Pod]:
+        with self.lock:
+            return [p for sj in self.scaled_jobs for j in sj.jobs for p in j.pods if p.phase in ("Pending", "Running")]
+
+    def all_pods(self) -> list[Pod]:
+        with self.lock:
+            return [p for sj in self.scaled_jobs for j in sj.jobs for p in j.pods]
+
+    def pod_named(self, name: str) -> Pod | None:
+        return next((p for p in self.all_pods() if p.name == name), None)
+
+    def lose_node_of(self, pod: Pod) -> float:
+        """The pod's node is lost: SIGKILL the worker and everything under it; the pod gets a
+        DisruptionTarget condition (podFailurePolicy's Ignore rule). Returns the time of the kill."""
+        with self.lock:
+            pod.disrupted = True
+            at = lose_node(pod.proc)
+            self.events.append(Event(at, "pod-lost", pod.job.scaled_job.name, pod.job.name, {"pod": pod.name}))
+            return at
+
+    def describe(self) -> str:
+        """One line per ScaledJob: its Jobs and pods, for timeout messages."""
+        with self.lock:
+            lines = []
+            for sj in self.scaled_jobs:
+                jobs = ", ".join(f"{j.name}[{j.condition or 'active'}: " +
+                                 " ".join(f"{p.index}:{p.phase}{'/R' if p.ready else ''}" for p in j.pods) + "]"
+                                 for j in sj.jobs[-6:])
+                lines.append(f"{sj.name}: {len(sj.unfinished())} unfinished; {jobs or 'no Jobs'}")
+            if self.errors:
+                lines.append(f"loop errors ({len(self.errors)}), the first: {self.errors[0]}")
+            return "\n".join(lines)
+
+
+def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str, seen: Callable[[], str],
+             poll_s: float = 0.1) -> Any:
+    """``predicate()`` until truthy, at most ``timeout_s``; on timeout raise naming ``what`` and ``seen()``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}; saw:\n{seen()}")
+
+
+
+
+# -- the harness: Redis, the keeper, the cluster, the runs -----------------------------------
+
+def set_flag(args: list[str], flag: str, value: str) -> list[str]:
+    """``args`` with ``flag``'s value set to ``value`` (appended when absent)."""
+    out = list(args)
+    if flag in out:
+        out[out.index(flag) + 1] = value
+    else:
+        out += [flag, value]
+    return out
+
+
+def localize(manifest: dict, settings: Settings) -> dict:
+    """A ScaledJob as the simulation runs it: its ``pollingInterval`` and the worker's timing flags
+    from ``settings`` (:class:`Settings`), the GPU health check off (no GPU here). Nothing else changes."""
+    out = json.loads(json.dumps(manifest))
+    out["spec"]["pollingInterval"] = int(settings.polling_interval_s)
+    container = out["spec"]["jobTargetRef"]["template"]["spec"]["containers"][0]
+    args = container.get("args", [])
+    for flag, value in (("--lease-seconds", settings.lease_s), ("--idle-exit-seconds", settings.idle_exit_s),
+                        ("--poll-seconds", settings.worker_poll_s), ("--health-check-timeout-seconds", 0),
+                        ("--gang-deadline-seconds", settings.gang_deadline_s)):
+        args = set_flag(args, flag, f"{value:g}")
+    container["args"] = args
+    return out
+
+
+@dataclass
+class Submitted:
+    run_id: str
+    namespace: str
+    """The queue namespace (Redis key prefix) it went to."""
+    submitted_at: float
+    nodes: int = 1
+
+
+@dataclass
+class Stack:
+    """What the simulation takes from a plan (:func:`stack_from_plan`)."""
+
+    scaled_jobs: list[dict]
+    keeper: dict | None
+    """The keeper Deployment (None: the plan has none)."""
+    gpu_capacity: dict[str, int]
+    """Pool -> its NodePool's ``limits`` of GPUs (what Karpenter may bring up)."""
+    gpu_quotas: dict[str, int]
+    """Namespace -> its ResourceQuota's ``requests.nvidia.com/gpu``."""
+    redis_secret: str
+    """The Secret the workers' ``REDIS_URL`` comes from."""
+
+    def queue_namespaces(self) -> list[str]:
+        return sorted({queue_namespace(m) for m in self.scaled_jobs})
+
+
+class Simulation:
+    """Redis (with a password, as the connection Secret gives it), the keeper Deployment and a
+    :class:`Cluster` running the stack's ScaledJobs. A context manager."""
+
+    def __init__(self, work_dir: Path, stack: Stack, settings: Settings = Settings()) -> None:
+        self.work_dir = work_dir
+        self.settings = settings
+        self.stack = stack
+        self.manifests = [localize(m, settings) for m in stack.scaled_jobs]
+        self.shared_root = work_dir / "shared"
+        self.server: LocalRedisServer | None = None
+        self.cluster: Cluster | None = None
+        self.keeper: Job | None = None
+        self.client = None
+        self.submitted: dict[str, Submitted] = {}
+        self._queues: dict[str, Any] = {}
+
+    def __enter__(self) -> "Simulation":
+        shutil.rmtree(self.work_dir, ignore_errors=True)
+        (self.shared_root / "runs").mkdir(parents=True)
+        password = _suffix(24)
+        self.server = LocalRedisServer(data_dir=self.work_dir / "redis", password=password).start()
+        self.client = self.server.client()
+        try:
+            self.cluster = Cluster(
+                self.manifests, redis_client=self.client, secrets=self._secrets(password),
+                shared_root=self.shared_root, work_dir=self.work_dir, settings=self.settings,
+                gpu_capacity=self.stack.gpu_capacity, gpu_quotas=self.stack.gpu_quotas,
+                extra_env={"RAGPOOL_WORKER_TEST_COMMAND": json.dumps(["sh", "-c", WORKLOAD]),
+                           "SIM_STEP_S": f"{self.settings.step_s:g}"})
+            if self.stack.keeper is not None:
+                self.keeper = self.cluster.run_deployment(
+                    self.stack.keeper, {"--interval-seconds": f"{self.settings.keeper_interval_s:g}"})
+            self.cluster.start()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _secrets(self, password: str) -> dict[str, dict[str, str]]:
+        """The queue's connection Secret as infra's holds it (``url``, ``password``, required replicas:
+        0, this Redis has none) for this Redis; any other Secret a template names (the Ray token)
+        gets random values."""
+        from infra.queue_redis import REQUIRED_REPLICAS_KEY
+
+        secrets: dict[str, dict[str, str]] = collections.defaultdict(lambda: collections.defaultdict(lambda: _suffix(24)))
+        secrets[self.stack.redis_secret] = {"url": self.server.url, "password": password, REQUIRED_REPLICAS_KEY: "0"}
+        return secrets
+
+    def __exit__(self, *exc) -> None:
+        if self.cluster is not None:
+            self.cluster.stop()
+        if self.client is not None:
+            self.client.close()
+        for queue in self._queues.values():
+            queue.client.close()
+        if self.server is not None:
+            self.server.stop()
+
+    # -- runs --------------------------------------------------------------------------
+
+    def queue(self, namespace: str):
+        from training.scheduler.run_queue import TaskQueue
+
+        if namespace not in self._queues:
+            self._queues[namespace] = TaskQueue(self.server.client(), namespace=namespace,
+                                                lease_seconds=self.settings.lease_s)
+        return self._queues[namespace]
+
+    def submit(self, namespace: str, run_id: str, *, max_steps: int = 4, **fields: Any) -> Submitted:
+        """Submit a run (validated like ``ragpool submit``) whose workload takes ``max_steps`` steps."""
+        from training.scheduler.spec import parse_spec
+
+        raw = {"run_id": run_id, "stages": ["retriever"], "hyperparameters": {"retriever": {"max_steps": max_steps}},
+               **fields}
+        spec = parse_spec(raw, shared_root=str(self.shared_root))
+        at = time.time()
+        result = self.queue(namespace).submit(spec)
+        if not result.created:
+            raise ValueError(f"run {run_id} already existed in {namespace}")
+        self.submitted[run_id] = Submitted(run_id, namespace, at, spec.nodes)
+        return self.submitted[run_id]
+
+    def info(self, run_id: str):
+        return self.queue(self.submitted[run_id].namespace).get(run_id)
+
+    def states(self) -> dict[str, str]:
+        return {run_id: (self.info(run_id).state if self.info(run_id) else "missing") for run_id in self.submitted}
+
+    def run_log(self, run_id: str) -> list[str]:
+        path = self.shared_root / "runs" / run_id / "sim-log"
+        return path.read_text().splitlines() if path.is_file() else []
+
+    def executions(self, run_id: str, node: int = 0) -> int:
+        """How many times the run's workload ran to its end on ``node``."""
+        path = self.shared_root / "runs" / run_id / f"sim-done-{node}"
+        return len(path.read_text().splitlines()) if path.is_file() else 0
+
+    def checkpoint(self, run_id: str, node: int = 0) -> int:
+        path = self.shared_root / "runs" / run_id / f"sim-ckpt-{node}"
+        try:
+            return int(path.read_text().strip() or 0)
+        except (OSError, ValueError):
+            return 0
+
+    def seen(self) -> str:
+        """What the cluster and the runs look like now (for timeout messages)."""
+        states: dict[str, list[str]] = {}
+        for run_id, state in self.states().items():
+            states.setdefault(state, []).append(run_id)
+        summary = "; ".join(f"{state}: {len(ids)} ({', '.join(sorted(ids)[:5])})" for state, ids in sorted(states.items()))
+        keeper = self.keeper.pods[-1] if self.keeper and self.keeper.pods else None
+        keeper_state = f"{keeper.phase} (exits: {len(self.keeper.pods) - 1})" if keeper else "none"
+        return f"runs: {summary}\nkeeper: {keeper_state}\n{self.cluster.describe()}"
+
+    def wait_for(self, predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
+        """:func:`wait_for`, failing at once when the cluster's loop has failed."""
+        def check():
+            if self.cluster.errors:
+                raise RuntimeError(f"the simulated cluster failed while waiting for {what}:\n{self.seen()}")
+            return predicate()
+        return wait_for(check, timeout_s, what, self.seen)
+
+    def all_done(self) -> bool:
+        return all(state == "succeeded" for state in self.states().values())
+
+    def settle(self, timeout_s: float) -> None:
+        """Wait until every submitted run succeeded and no Job is left unfinished."""
+        self.wait_for(self.all_done, timeout_s, "every run to succeed")
+        self.wait_for(lambda: self.cluster.unfinished_jobs() == 0, timeout_s,
+                      "every Job to finish (workers exit after idle-exit)")
+
+    # -- figures -----------------------------------------------------------------------
+
+    def claimer_pods(self, run_id: str) -> list[str]:
+        """Pods (worker ids) that ran the run's workload, in order."""
+        return [line.split(" worker ", 1)[1].split()[0] for line in self.run_log(run_id) if " worker " in line]
+
+    def figures(self, run_ids: Iterable[str] | None = None) -> dict[str, Any]:
+        """The bench's figures over ``run_ids`` (default every run) and every Job so far."""
+        run_ids = list(run_ids or self.submitted)
+        pods = {p.name: p for p in self.cluster.all_pods()}
+        first_job_delay, busy_by_job = [], {}
+        lost = double = 0
+        for run_id in run_ids:
+            info = self.info(run_id)
+            if info is None or info.state != "succeeded":
+                lost += 1
+            nodes = self.submitted[run_id].nodes
+            if info is not None and (info.completions > 1 or any(self.executions(run_id, n) > 1 for n in range(nodes))):
+                double += 1
+            claimers = self.claimer_pods(run_id)
+            if claimers and claimers[0] in pods:
+                job = pods[claimers[0]].job
+                first_job_delay.append(max(0.0, job.created_at - self.submitted[run_id].submitted_at))
+            if info is not None and info.claimed_at and info.finished_at and claimers and claimers[-1] in pods:
+                job = pods[claimers[-1]].job
+                busy_by_job[job.name] = busy_by_job.get(job.name, 0.0) + (info.finished_at - info.claimed_at)
+        jobs = [j for sj in self.cluster.scaled_jobs for j in sj.jobs]
+        claimed_jobs = {pods[c].job.name for r in self.submitted for c in self.claimer_pods(r) if c in pods}
+        now = time.time()
+        worker_s = sum(((p.ended_at or now) - p.started_at) for p in pods.values() if p.started_at is not None)
+        busy_s = sum(busy * len([p for p in pods.values() if p.job.name == name and p.started_at is not None])
+                     for name, busy in busy_by_job.items())
+        return {
+            "submit_to_job_p95_s": round(_percentile(first_job_delay, 95), 2) if first_job_delay else None,
+            "idle_worker_s_per_run": round(max(0.0, worker_s - busy_s) / max(1, len(run_ids)), 2),
+            "surplus_jobs": sum(1 for j in jobs if j.name not in claimed_jobs),
+            "jobs_created": len(jobs),
+            "lost_runs": lost,
+            "double_runs": double,
+        }
+
+
+def _percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile."""
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * q // 100))
+    return ordered[int(rank) - 1]
+
+
+SCALED_JOB_TYPE = "kubernetes:keda.sh/v1alpha1:ScaledJob"
+"""The Pulumi type of a ScaledJob in ``ragpool plan``'s output."""
+
+
+def stack_from_plan(plan: dict, namespace: str | None = None) -> Stack:
+    """The ScaledJobs (of Kubernetes namespace ``namespace`` only, when given), the keeper, the
+    NodePools' GPU limits and the namespaces' GPU quotas of an offline plan."""
+    def objects(kind: str) -> list[dict]:
+        return [r["inputs"] for r in plan["resources"] if r["type"].endswith(kind)]
+
+    scaled_jobs = scaled_jobs_from_plan(plan, namespace)
+    keepers = [d for d in objects(":apps/v1:Deployment")
+               if d["spec"]["template"]["spec"]["containers"][0].get("command", [])[-1:] == ["training.scheduler.keeper"]]
+    capacity = {}
+    for pool in objects(":karpenter.sh/v1:NodePool"):
+        label = pool["spec"]["template"]["metadata"].get("labels", {}).get(POOL_LABEL)
+        limit = (pool["spec"].get("limits") or {}).get(GPU_RESOURCE)
+        if label and limit is not None:
+            capacity[label] = int(limit)
+    quotas = {q["metadata"]["namespace"]: int(q["spec"]["hard"][f"requests.{GPU_RESOURCE}"])
+              for q in objects(":core/v1:ResourceQuota") if f"requests.{GPU_RESOURCE}" in q["spec"].get("hard", {})}
+    container = scaled_jobs[0]["spec"]["jobTargetRef"]["template"]["spec"]["containers"][0]
+    [secret] = [e["valueFrom"]["secretKeyRef"]["name"] for e in container["env"] if e["name"] == "REDIS_URL"]
+    return Stack(scaled_jobs=scaled_jobs, keeper=keepers[0] if keepers else None, gpu_capacity=capacity,
+                 gpu_quotas=quotas, redis_secret=secret)
+
+
+def scaled_jobs_from_plan(plan: dict, namespace: str | None = None) -> list[dict]:
+    """The ScaledJob objects of an offline plan (``infra.plan.plan``: what ``pulumi up`` would
+    apply), those of Kubernetes namespace ``namespace`` only when given."""
+    out = [r["inputs"] for r in plan["resources"] if r["type"] == SCALED_JOB_TYPE]
+    if namespace is not None:
+        out = [m for m in out if m["metadata"].get("namespace") == namespace]
+    if not out:
+        raise ValueError(f"the plan declares no ScaledJob{' in ' + namespace if namespace else ''}")
+    return out
+
+
+def container_env(manifest: dict, name: str) -> str | None:
+    """The literal value of env ``name`` in a ScaledJob's worker container, or None."""
+    container = manifest["spec"]["jobTargetRef"]["template"]["spec"]["containers"][0]
+    return next((e.get("value") for e in container.get("env", []) if e["name"] == name), None)
+
+
+def queue_namespace(manifest: dict) -> str:
+    """The queue key namespace a ScaledJob's workers claim from (their ``RAGPOOL_QUEUE_NAMESPACE``)."""
+    from training.scheduler.run_queue import NAMESPACE_ENV
+
+    value = container_env(manifest, NAMESPACE_ENV)
+    if not value:
+        raise ValueError(f"ScaledJob {manifest['metadata']['name']}: no {NAMESPACE_ENV} in its worker")
+    return value
+
+
+def lanes_of(manifest: dict):
+    """The lanes a ScaledJob's workers claim (their ``RAGPOOL_LANES``)."""
+    from training.scheduler.lanes import LANES_ENV, parse_lanes
+
+    return parse_lanes(container_env(manifest, LANES_ENV) or "")

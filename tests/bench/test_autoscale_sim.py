@@ -1,0 +1,158 @@
+"""The pool from zero (issue 22), simulated: the dev stack's ScaledJobs from the offline plan,
+KEDA's job-count algorithm (bench/keda_scaledjob.py), a fake Job controller whose pods are real
+``python -m training.worker`` processes, a real redis-server and the real keeper Deployment
+(bench/autoscale_sim.py). Each scenario starts from 0 Jobs and ends at 0."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from bench.autoscale import burst_runs, lose_a_node
+from bench.autoscale_sim import (
+    Settings, Simulation, lanes_of, localize, queue_namespace, set_flag, stack_from_plan,
+)
+from tests.support.redis_fixtures import requires_redis
+from training.scheduler.run_queue import GANG_TIMEOUTS_STAT, Key
+
+pytestmark = [pytest.mark.slow, requires_redis]
+
+TEAM, TEAM_QUOTA = "a", 2
+TEAM_NAMESPACE = f"ragpool-team-{TEAM}"
+MAIN_NAMESPACE = "ragpool-training"
+SETTINGS = Settings()
+SETTLE_S = 240.0
+
+
+@pytest.fixture(scope="module")
+def plan():
+    from infra.plan import plan as make_plan
+
+    return make_plan("dev", overrides={"trainingTeams": [{"name": TEAM, "gpuQuota": TEAM_QUOTA}]})
+
+
+def the_scaled_job(stack, *, nodes: int) -> dict:
+    """The GPU ScaledJob of the default pool whose Jobs have ``nodes`` pods."""
+    return next(m for m in stack.scaled_jobs
+                if all(lane.executor == "torchrun" and lane.nodes == nodes for lane in lanes_of(m)))
+
+
+def assert_within_bounds(sim: Simulation) -> None:
+    for sj in sim.cluster.scaled_jobs:
+        assert sim.cluster.max_unfinished[sj.name] <= sj.spec["maxReplicaCount"], (
+            f"{sj.name}: {sim.cluster.max_unfinished[sj.name]} Jobs at once, maxReplicaCount {sj.spec['maxReplicaCount']}")
+    for namespace, gpus in sim.cluster.max_gpus.items():
+        assert gpus <= sim.stack.gpu_quotas[namespace], f"{namespace}: {gpus} GPUs at once"
+
+
+def assert_each_run_once(sim: Simulation, run_ids) -> None:
+    for run_id in run_ids:
+        info = sim.info(run_id)
+        assert info.state == "succeeded" and info.completions == 1, (run_id, info)
+        for node in range(sim.submitted[run_id].nodes):
+            assert sim.executions(run_id, node) == 1, (run_id, node, sim.run_log(run_id))
+
+
+def test_localize_changes_only_the_timing_settings(plan):
+    stack = stack_from_plan(plan, MAIN_NAMESPACE)
+    manifest = the_scaled_job(stack, nodes=1)
+    local = localize(manifest, SETTINGS)
+    args = local["spec"]["jobTargetRef"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--lease-seconds") + 1] == f"{SETTINGS.lease_s:g}"
+    assert args[args.index("--health-check-timeout-seconds") + 1] == "0"
+    assert local["spec"]["pollingInterval"] == SETTINGS.polling_interval_s
+    local["spec"]["jobTargetRef"]["template"]["spec"]["containers"][0]["args"] = \
+        manifest["spec"]["jobTargetRef"]["template"]["spec"]["containers"][0]["args"]
+    local["spec"]["pollingInterval"] = manifest["spec"]["pollingInterval"]
+    assert local == manifest
+    assert set_flag(["--a", "1"], "--a", "2") == ["--a", "2"] and set_flag([], "--b", "3") == ["--b", "3"]
+
+
+def test_a_burst_from_zero_runs_every_run_once_within_bounds_and_ends_at_zero(plan, tmp_path):
+    stack = stack_from_plan(plan, MAIN_NAMESPACE)
+    assert stack.keeper is not None, "the plan declares no keeper Deployment"
+    with Simulation(tmp_path / "sim", stack, SETTINGS) as sim:
+        assert sim.cluster.unfinished_jobs() == 0
+        run_ids = burst_runs(sim, stack.scaled_jobs, 20)
+        assert {sim.submitted[r].nodes for r in run_ids} == {1, 2}
+        assert len({sim.queue(queue_namespace(stack.scaled_jobs[0])).get(r).priority for r in run_ids}) == 3
+        sim.settle(SETTLE_S)
+        assert_each_run_once(sim, run_ids)
+        assert_within_bounds(sim)
+        # Mixed lanes really went through different ScaledJobs, and more than one Job ran at once.
+        created = [e for e in sim.cluster.events if e.kind == "job-created"]
+        assert len({e.scaled_job for e in created}) >= 2, [e.scaled_job for e in created]
+        assert max(sim.cluster.max_unfinished.values()) >= 2
+        assert sim.cluster.unfinished_jobs() == 0 and not sim.cluster.live_pods()
+        assert not sim.cluster.errors
+
+
+def test_a_lost_worker_is_replaced_and_the_run_resumes_from_its_checkpoint(plan, tmp_path):
+    stack = stack_from_plan(plan, MAIN_NAMESPACE)
+    with Simulation(tmp_path / "sim", stack, SETTINGS) as sim:
+        lost = lose_a_node(sim, stack.scaled_jobs)
+        info = sim.info("lost-node")
+        assert info.state == "succeeded" and info.attempts == 2 and info.completions == 1, info
+        assert lost["checkpoint_at_kill"] >= 3
+        assert lost["resumed_from_step"] >= lost["checkpoint_at_kill"], sim.run_log("lost-node")
+        assert sim.executions("lost-node") == 1
+        pods = sim.claimer_pods("lost-node")
+        assert len(pods) == 2 and pods[0] != pods[1]
+        # The goal is lease + interval + 5 s; on these shared cores allow 10 s more.
+        assert lost["replacement_s"] <= SETTINGS.lease_s + SETTINGS.polling_interval_s + 15, lost
+        assert sim.cluster.unfinished_jobs() == 0
+
+
+def test_a_team_lane_never_starts_more_gpu_workers_than_its_quota(plan, tmp_path):
+    stack = stack_from_plan(plan, TEAM_NAMESPACE)
+    assert stack.gpu_quotas[TEAM_NAMESPACE] == TEAM_QUOTA
+    single = the_scaled_job(stack, nodes=1)
+    assert single["spec"]["maxReplicaCount"] == TEAM_QUOTA  # 1 GPU per worker in dev
+    with Simulation(tmp_path / "sim", stack, SETTINGS) as sim:
+        namespace = queue_namespace(single)
+        run_ids = [sim.submit(namespace, f"team-{i}", max_steps=6).run_id for i in range(6)]
+        run_ids.append(sim.submit(namespace, "team-gang", nodes=2, max_steps=4).run_id)
+        sim.settle(SETTLE_S)
+        assert_each_run_once(sim, run_ids)
+        assert_within_bounds(sim)
+        # The bound was reached (six runs queued for two workers), never passed.
+        assert sim.cluster.max_unfinished[single["metadata"]["name"]] == TEAM_QUOTA
+        assert sim.cluster.max_gpus[TEAM_NAMESPACE] <= TEAM_QUOTA
+
+
+def gang_timeouts(sim: Simulation, namespace: str) -> int:
+    queue = sim.queue(namespace)
+    stats = queue.client.hgetall(queue.key(Key.STATS))
+    return sum(int(v) for k, v in stats.items() if k.startswith(GANG_TIMEOUTS_STAT))
+
+
+def test_a_two_node_run_gets_both_pods_or_none(plan, tmp_path):
+    """Only one GPU node can be had: pod 0 claims, pod 1 stays Pending; at the gang deadline the run
+    is handed back (no attempt spent) without ever starting. With a second node, both pods run it."""
+    full = stack_from_plan(plan, MAIN_NAMESPACE)
+    two = the_scaled_job(full, nodes=2)
+    pool = two["spec"]["jobTargetRef"]["template"]["spec"]["nodeSelector"]["ragpool.io/pool"]
+    stack = dataclasses.replace(full, scaled_jobs=[two], gpu_capacity={pool: 1})
+    with Simulation(tmp_path / "sim", stack, SETTINGS) as sim:
+        namespace = queue_namespace(two)
+        sim.submit(namespace, "gang", nodes=2, max_steps=4)
+        sim.wait_for(lambda: gang_timeouts(sim, namespace) >= 1, SETTINGS.gang_deadline_s + 60,
+                     "the gang deadline to hand the run back")
+        info = sim.info("gang")
+        assert sim.run_log("gang") == [], "the run started with part of its gang"
+        sim.wait_for(lambda: sim.info("gang").state == "queued", 30, "the run back in its lane")
+        assert info.attempts <= 1
+        started = [e for e in sim.cluster.events if e.kind == "pod-started"]
+        assert {e.detail["index"] for e in started} == {0}, "pod 1 cannot have started: no second node"
+        with sim.cluster.lock:
+            sim.cluster.gpu_capacity[pool] = 2  # Karpenter gets the second node
+        sim.settle(SETTLE_S)
+        assert_each_run_once(sim, ["gang"])
+        assert sim.info("gang").attempts == 1, "a gang timeout must not spend an attempt"
+        attempts = {}
+        for line in sim.run_log("gang"):
+            words = line.split()
+            attempts.setdefault(words[1], set()).add(words[3])
+        assert attempts == {"1": {"0", "1"}}, sim.run_log("gang")
+        assert sim.cluster.unfinished_jobs() == 0
