@@ -38,17 +38,23 @@ RAY_VERSION = "2.58.0"
 
 # Helm installs a chart's crds/ only on first install and never upgrades them, so the
 # kuberay-operator release skips them and infra/ray_cluster.py applies the same files
-# (server-side: they are too large for client-side apply) from the commit of the chart's
-# tag, ray-project/kuberay v1.7.0 (../shared/schemas/README.md, source KR).
+# (server-side: they are too large for client-side apply), vendored byte for byte in
+# infra/crds/kuberay/ from helm-chart/kuberay-operator/crds/ at the commit of the chart's tag,
+# ray-project/kuberay v1.7.0 (../shared/schemas/README.md, source KR): nothing is fetched at deploy time.
 KUBERAY_COMMIT = "59d663aeec13760646da3db9c1cf8cfe883e30b7"
-KUBERAY_CRD_FILES = ("ray.io_rayclusters.yaml", "ray.io_raycronjobs.yaml", "ray.io_rayjobs.yaml",
-                     "ray.io_rayservices.yaml")
-
-
-def kuberay_crd_urls() -> dict[str, str]:
-    """CRD file -> URL of helm-chart/kuberay-operator/crds/<file> at KUBERAY_COMMIT."""
-    base = f"https://raw.githubusercontent.com/ray-project/kuberay/{KUBERAY_COMMIT}/helm-chart/kuberay-operator/crds"
-    return {name: f"{base}/{name}" for name in KUBERAY_CRD_FILES}
+# CRD file -> its git blob SHA at KUBERAY_COMMIT (`git rev-parse <commit>:helm-chart/kuberay-operator/crds/<file>`;
+# ray-operator/config/crd/bases/ holds the same blobs); tests/infra/test_kuberay_operator.py hashes the copies.
+KUBERAY_CRD_BLOBS = {
+    "ray.io_rayclusters.yaml": "ff0be58ada3bd457605eff1f258c16df21e61e21",
+    "ray.io_raycronjobs.yaml": "bc8375d655b433333d8be5848e9caf28e0576b7b",
+    "ray.io_rayjobs.yaml": "c7d3f081af8cf08c256a8c33a0c3b6ea28b816a0",
+    "ray.io_rayservices.yaml": "7ee63d6ddd11237a5649e04b3a8db3c52074c867",
+}
+KUBERAY_CRD_FILES = tuple(sorted(KUBERAY_CRD_BLOBS))
+# Relative to infra/: under `main: infra/` the working directory of the program and of the Kubernetes
+# provider, which reads a ConfigFile's `file` (infra/reference/pulumi_language_host.yaml), so the plan
+# names the same path on every checkout.
+KUBERAY_CRD_DIR = "crds/kuberay"
 
 
 # chart key in ../shared/schemas/helm -> Chart

@@ -104,10 +104,11 @@ class Cluster(RagpoolComponent):
         self.kubeconfig = pulumi.Output.secret(pulumi.Output.all(
             self.cluster.name, self.cluster.endpoint, self.cluster.certificate_authority.data,
         ).apply(lambda a: kubeconfig_for(a[0], a[1], a[2], cfg.region)))
-        # The provider waits for the deploy role's cluster-admin association: without it the
-        # first Kubernetes call races the access entry and fails with Unauthorized.
+        # The provider waits for the deploy role's cluster-admin association (without it the
+        # first Kubernetes call races the access entry and fails with Unauthorized) and for the
+        # apiAccessCidrs rules (without them a private endpoint is unreachable from the runner).
         self.provider = k8s.Provider(f"{name}-k8s", kubeconfig=self.kubeconfig, enable_server_side_apply=True,
-                                     opts=child(self, depends_on=list(self.admin_associations)))
+                                     opts=child(self, depends_on=[*self.admin_associations, *self.api_access_rules]))
         self.name = self.cluster.name
         self.endpoint = self.cluster.endpoint
         self.register_outputs({"name": self.name, "endpoint": self.endpoint, "kubeconfig": self.kubeconfig})

@@ -4,7 +4,7 @@ training namespace (``ragpool-training`` and each team's), scraped and on Grafan
 - **Operator**: Helm chart kuberay-operator (infra/charts.py) on the system nodes, with
   ``skipCrds``: Helm installs a chart's crds/ only on first install and never upgrades
   them, so the CRDs are applied by Pulumi (server-side) from the chart's crds/ at the
-  commit of its tag, and a chart bump upgrades them too.
+  commit of its tag, vendored in infra/crds/kuberay/, and a chart bump upgrades them too.
 - **RayCluster** ``ragpool-ray`` per namespace: the head on the system nodes with
   ``num-cpus: 0`` (it schedules, it does not compute); one worker group per GPU pool,
   minReplicas 0, maxReplicas from the pool (config ``rayMaxWorkers``, else
@@ -35,7 +35,7 @@ import pulumi_kubernetes as k8s
 
 from dashboards.boards.ray import committed as ray_dashboards
 from infra.aliases import RagpoolComponent
-from infra.charts import KUBERAY_OPERATOR, RAY_VERSION, kuberay_crd_urls
+from infra.charts import KUBERAY_CRD_DIR, KUBERAY_CRD_FILES, KUBERAY_OPERATOR, RAY_VERSION
 from infra.common import GPU_TOLERATION, POOL_LABEL, SHARED_MOUNT_PATH, SYSTEM_NODE_SELECTOR, TRAINING_UID, child, k8s_labels, load_values
 from infra.config import GpuPoolConfig, StackConfig
 from infra.pod_security import container_security_context, pod_security_context
@@ -317,11 +317,11 @@ class Ray(RagpoolComponent):
         operator_ns = k8s.core.v1.Namespace(
             f"{name}-operator-ns", metadata={"name": KUBERAY_NAMESPACE, "labels": k8s_labels("ray-operator")},
             opts=child(self, depends_on=args.depends_on))
-        # The chart's CRDs, applied by Pulumi so every chart bump reaches them.
+        # The chart's CRDs, vendored (infra/crds/kuberay/) and applied by Pulumi so every chart bump reaches them.
         crds = [k8s.yaml.v2.ConfigFile(
-            f"{name}-crd-{file.removesuffix('.yaml').removeprefix('ray.io_')}", file=url,
+            f"{name}-crd-{file.removesuffix('.yaml').removeprefix('ray.io_')}", file=f"{KUBERAY_CRD_DIR}/{file}",
             opts=child(self, depends_on=args.depends_on))
-            for file, url in sorted(kuberay_crd_urls().items())]
+            for file in KUBERAY_CRD_FILES]
         self.operator = k8s.helm.v3.Release(
             f"{name}-operator", name="kuberay-operator", namespace=KUBERAY_NAMESPACE,
             values=load_values("kuberay-operator.yaml"), skip_crds=True,

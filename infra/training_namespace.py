@@ -184,7 +184,9 @@ class TrainingNamespace(RagpoolComponent):
         gpu_total = args.gpu_quota or sum(p.gpu_limit for p in cfg.gpu_pools)
         k8s.core.v1.ResourceQuota(
             f"{name}-quota", metadata={"name": "ragpool-training", "namespace": self.name, "labels": k8s_labels("training")},
-            spec={"hard": {"requests.nvidia.com/gpu": str(gpu_total), "limits.nvidia.com/gpu": str(gpu_total),
+            # requests.<extended resource> only: the API server's pod quota evaluator counts no limits.*
+            # of an extended resource (infra/reference/kubernetes_quota.yaml), so such a key caps nothing.
+            spec={"hard": {"requests.nvidia.com/gpu": str(gpu_total),
                            "count/jobs.batch": "200", "pods": "300", "persistentvolumeclaims": "10"}},
             opts=ns_opts)
         k8s.core.v1.LimitRange(
