@@ -34,6 +34,7 @@ import time
 from typing import Any
 
 from training.exit_codes import BAD_INPUT, FAILED, OK, RETRIABLE, UNAVAILABLE
+from training.ray.pools import POOLS_ENV
 
 POLL_S = 1.0
 STOP_WAIT_S = 60.0
@@ -155,7 +156,9 @@ def main(argv: list[str] | None = None) -> int:
                       f"(tried for {CONNECT_WAIT_S:.0f}s): {exc}", file=sys.stderr)
                 return UNAVAILABLE
             stop.wait(2.0)
-    env = {k: os.environ[k] for k in ("RAGPOOL_SHARED_ROOT", "RAGPOOL_RUN_ID", "RAGPOOL_ATTEMPT") if k in os.environ}
+    # The driver plans each stage against this namespace's declared pools (training/ray/placement.py).
+    env = {k: os.environ[k] for k in ("RAGPOOL_SHARED_ROOT", "RAGPOOL_RUN_ID", "RAGPOOL_ATTEMPT", POOLS_ENV)
+           if k in os.environ}
     try:
         return run_job(client, args.config, submission_id, stop, runtime_env={"env_vars": env})
     except AuthenticationError:  # the token changed under a running job (a rotation)
