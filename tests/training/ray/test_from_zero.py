@@ -1,7 +1,8 @@
 """Ray runs from zero: on an idle autoscaling Ray cluster (a 0-CPU head, worker node types at 0 nodes),
 a ray run's placement groups make Ray's autoscaler (v2) add a node of the right pool, the run completes
 with the same outputs as under torchrun, and the cluster scales back to zero; a pool at its max waits,
-then fails naming the stage, the pool and the resources.
+then fails naming the stage, the pool and the resources. The namespace's declared pools reach the
+driver's stage tasks, which plan against them.
 
 One cluster for the module (:mod:`training.demo.ray_autoscaling`: Ray's fake multi-node provider, the
 node types carrying the pool label and logical GPUs, ``min_workers: 0``, idle nodes removed after 6 s).
@@ -156,3 +157,33 @@ def test_the_bench_measures_an_idle_cluster_to_first_stage_running(cluster, decl
     seconds = ray_from_zero.first_stage_s(cluster, tmp_path, run_id="bench-from-zero", pool=POOL_A)
     # A node must be added first: more than the autoscaler's 1 s loop, far less than the bound.
     assert 1.0 < seconds < SCALE_S, seconds
+
+
+def test_the_declaration_reaches_the_driver_and_its_stage_tasks(monkeypatch) -> None:
+    """The Ray worker's RAGPOOL_RAY_POOLS goes into the Ray job's environment (python -m training.ray.job), and
+    from the driver into its stage tasks' (which plan): else an idle cluster's run fails at once again."""
+    import ray.job_submission
+
+    from training.ray import driver, job
+    from training.ray.pools import POOLS_ENV
+
+    sent = {}
+
+    class Client:
+        def __init__(self, address, headers=None) -> None:
+            self.address = address
+
+    def run_job(client, config, submission_id, stop, runtime_env=None) -> int:
+        sent.update(runtime_env["env_vars"])
+        return 0
+
+    monkeypatch.setattr(ray.job_submission, "JobSubmissionClient", Client)
+    monkeypatch.setattr(job, "run_job", run_job)
+    monkeypatch.setattr(job.signal, "signal", lambda *_: None)  # not this test process's handlers
+    for name in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(POOLS_ENV, "gpu-spot=1,gpu-ondemand=8")
+    monkeypatch.setenv("RAGPOOL_RUN_ID", "r1")
+    assert job.main(["--config", "/shared/runs/r1/run.yaml", "--address", "http://head:8265"]) == 0
+    assert sent[POOLS_ENV] == "gpu-spot=1,gpu-ondemand=8" and sent["RAGPOOL_RUN_ID"] == "r1"
+    assert driver._worker_env()[POOLS_ENV] == "gpu-spot=1,gpu-ondemand=8"
