@@ -576,7 +576,8 @@ class TaskQueue:
         self.client.hdel(self.key(Key.WORKER_STATE), worker_id)
 
     def worker_states(self, *, live_s: float = WORKER_LIVE_S) -> dict[str, WorkerInfo]:
-        """Registered workers seen within ``live_s`` (registry or heartbeat/claim time, Redis clock);
+        """Registered workers seen within ``live_s`` of the Redis clock (the later of their registry
+        time, written with the worker's clock, and their last claim or heartbeat, Redis's clock);
         older entries (a worker SIGKILLed with its node) are dropped here and pruned."""
         pipe = self.client.pipeline(transaction=False)
         pipe.time()
