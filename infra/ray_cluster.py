@@ -17,6 +17,11 @@ training namespace (``ragpool-training`` and each team's), scraped and on Grafan
   EFS claim is mounted at the training mount path, Ray logs go to stderr
   (``--no-redirect-output``). Every Ray port is pinned (infra/training_namespace.py), so
   the namespace's NetworkPolicies open exactly those. Services stay ClusterIP.
+- **Token authentication** (Ray 2.58 ``RAY_AUTH_MODE=token``): every RayCluster's ``authOptions``
+  names its namespace's Secret ``ragpool-ray-auth`` (key ``auth_token``), a Pulumi RandomPassword
+  per namespace (never shared between teams); KubeRay hands it to every Ray container
+  (:func:`auth_options`). The Ray worker template mounts the same Secret (infra/worker_jobs.py);
+  nothing else does. The dashboard, the Jobs API, the GCS and the client port all ask for it.
 - **Metrics**: PodMonitors in KubeRay's shape (config/prometheus/podMonitor.yaml: head
   ``metrics``/``as-metrics``/``dash-metrics``, workers ``metrics``, label ``ray_io_cluster``)
   and Ray's Grafana dashboards generated from the pinned Ray (dashboards/boards/ray.py).
@@ -32,6 +37,7 @@ from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
+import pulumi_random as random
 
 from dashboards.boards.ray import committed as ray_dashboards
 from infra.aliases import RagpoolComponent
@@ -39,6 +45,7 @@ from infra.charts import KUBERAY_CRD_DIR, KUBERAY_CRD_FILES, KUBERAY_OPERATOR, R
 from infra.common import GPU_TOLERATION, POOL_LABEL, SHARED_MOUNT_PATH, SYSTEM_NODE_SELECTOR, TRAINING_UID, child, k8s_labels, load_values
 from infra.config import GpuPoolConfig, StackConfig
 from infra.pod_security import container_security_context, pod_security_context
+from training.ray.auth import TOKEN_MODE, TOKEN_SECRET_KEY
 from training.ray.pools import format_pools
 from infra.training_namespace import (
     RAY_AUTOSCALER_METRICS_PORT, RAY_CLIENT_PORT, RAY_DASHBOARD_AGENT_GRPC_PORT, RAY_DASHBOARD_AGENT_LISTEN_PORT,
@@ -50,6 +57,10 @@ KUBERAY_NAMESPACE = "kuberay-system"
 RAY_CLUSTER_NAME = "ragpool-ray"
 # KubeRay names the head Service <cluster>-head-svc (utils.GenerateHeadServiceName).
 RAY_HEAD_SERVICE = f"{RAY_CLUSTER_NAME}-head-svc"
+# The namespace's Ray token (key TOKEN_SECRET_KEY), one per namespace, never shared between teams:
+# referenced by the RayCluster's authOptions and mounted by the Ray worker template (worker_jobs.py).
+RAY_AUTH_SECRET = f"{RAY_CLUSTER_NAME}-auth"
+RAY_TOKEN_LENGTH = 64  # alphanumeric: ~380 bits (Ray's own generator makes 256)
 HEAD_CONTAINER = "ray-head"
 WORKER_CONTAINER = "ray-worker"
 # KubeRay's names for the volumes it would otherwise add unsized (pod.go): declaring them
@@ -75,6 +86,10 @@ class RayEndpoint:
     """The Jobs API (``RAY_ADDRESS``)."""
     pools: str
     """``RAGPOOL_RAY_POOLS``: the pools the cluster offers (:func:`ray_pools`, training/ray/pools.py format)."""
+    namespace: str
+    """The namespace of the cluster (and of its token Secret)."""
+    auth_secret: str
+    """The Secret holding the cluster's token (key ``auth_token``): :data:`RAY_AUTH_SECRET`."""
 
 
 def pool_resource(pool: str) -> str:
@@ -162,7 +177,20 @@ def ray_pools(cfg: StackConfig, gpu_quota: int | None = None) -> dict[str, int]:
 
 def ray_endpoint(cfg: StackConfig, namespace: str, gpu_quota: int | None = None) -> RayEndpoint:
     """The Ray cluster of ``namespace`` as its worker template and ``ragpool submit`` see it."""
-    return RayEndpoint(ray_address(namespace), format_pools(ray_pools(cfg, gpu_quota)))
+    return RayEndpoint(ray_address(namespace), format_pools(ray_pools(cfg, gpu_quota)), namespace, RAY_AUTH_SECRET)
+
+
+def auth_options() -> dict[str, Any]:
+    """``spec.authOptions`` of every RayCluster: Ray token authentication with the namespace's own token.
+
+    KubeRay 1.7 (ray-project/kuberay v1.7.0, ray-operator/controllers/ray/common/pod.go
+    ``configureTokenAuth``/``SetContainerTokenAuthEnvVars``) then gives the head, every worker, the
+    autoscaler sidecar and the ``wait-gcs-ready`` init container ``RAY_AUTH_MODE=token`` and
+    ``RAY_AUTH_TOKEN`` from key ``auth_token`` of ``secretName``, and with ``secretName`` set skips
+    generating its own Secret (raycluster_controller.go ``reconcileAuthSecret``). ``mode`` is explicit:
+    KubeRay enables token auth only for ``mode: token`` (utils.IsAuthEnabled), never for an empty one.
+    """
+    return {"mode": TOKEN_MODE, "secretName": RAY_AUTH_SECRET}
 
 
 def ray_cluster_spec(cfg: StackConfig, namespace: str, image: str, shared_claim: str,
@@ -261,6 +289,7 @@ def ray_cluster_spec(cfg: StackConfig, namespace: str, image: str, shared_claim:
             "securityContext": container_security_context(TRAINING_UID),
             "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
         },
+        "authOptions": auth_options(),
         "headGroupSpec": head,
         "workerGroupSpecs": groups,
     }
@@ -333,13 +362,22 @@ class Ray(RagpoolComponent):
         """Namespace -> ``RAGPOOL_RAY_POOLS`` of its cluster (the ``rayPools`` stack output)."""
         for target in args.namespaces:
             ns = target.namespace
+            # The namespace's own token: a Pulumi secret, in a Secret only its Ray pods and its Ray
+            # worker template read. `pulumi up --replace` of the RandomPassword rotates it (README).
+            token = random.RandomPassword(f"{name}-token-{ns}", length=RAY_TOKEN_LENGTH, special=False,
+                                          opts=child(self))
+            token_secret = k8s.core.v1.Secret(
+                f"{name}-token-secret-{ns}",
+                metadata={"name": RAY_AUTH_SECRET, "namespace": ns, "labels": k8s_labels("ray", RAY_AUTH_SECRET)},
+                type="Opaque", string_data={TOKEN_SECRET_KEY: pulumi.Output.secret(token.result)},
+                opts=child(self, depends_on=args.depends_on))
             k8s.apiextensions.CustomResource(
                 f"{name}-cluster-{ns}", api_version="ray.io/v1", kind="RayCluster",
                 metadata={"name": RAY_CLUSTER_NAME, "namespace": ns, "labels": k8s_labels("ray", RAY_CLUSTER_NAME)},
                 spec=pulumi.Output.from_input(args.image).apply(
                     lambda image, ns=ns, quota=target.gpu_quota: ray_cluster_spec(
                         cfg, ns, image, args.shared_claim, quota)),
-                opts=child(self, depends_on=[self.operator, *crds, *args.depends_on]))
+                opts=child(self, depends_on=[self.operator, *crds, token_secret, *args.depends_on]))
             endpoint = ray_endpoint(cfg, ns, target.gpu_quota)
             self.addresses[ns], self.pools[ns] = endpoint.address, endpoint.pools
 

@@ -36,6 +36,7 @@ from training import exit_codes
 from training.components.health import EXPECTED_GPUS_ENV
 from training.scheduler.preflight import NODE_NAME_ENV
 from training.scheduler.redis_conn import REQUIRED_REPLICAS_ENV
+from training.ray.auth import SECRET_ENV, TOKEN_SECRET_KEY, client_env
 from training.ray.pools import POOLS_ENV
 from training.scheduler.supervisor import EXECUTORS_ENV, WorkerConfig
 
@@ -73,16 +74,28 @@ class WorkerJobsArgs:
 
 
 REDIS_SECRET_DIR = "/var/run/secrets/ragpool/redis"
+RAY_TOKEN_DIR = "/var/run/secrets/ragpool/ray"
+
+
+def ray_token_volume(ray: RayEndpoint) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The namespace's Ray token Secret as a read-only volume (the file ``RAY_AUTH_TOKEN_PATH`` names).
+    Not a subPath mount: the kubelet refreshes the file in place after a rotation."""
+    volume = {"name": "ray-token", "secret": {"secretName": ray.auth_secret,
+                                              "items": [{"key": TOKEN_SECRET_KEY, "path": TOKEN_SECRET_KEY}],
+                                              "defaultMode": 0o440}}
+    return volume, {"name": "ray-token", "mountPath": RAY_TOKEN_DIR, "readOnly": True}
 
 
 def _worker_pod(*, image: str, redis_secret: str, shared_claim: str, queue_namespace: str,
                 node_selector: dict[str, str], args: list[str], env: list[dict[str, Any]],
                 ports: list[dict[str, Any]], resources: dict[str, Any], tmp_size: str,
-                shm_size: str | None = None, **pod_fields: Any) -> dict[str, Any]:
+                shm_size: str | None = None, secret_volumes: tuple[tuple[dict[str, Any], dict[str, Any]], ...] = (),
+                **pod_fields: Any) -> dict[str, Any]:
     """The pod of a queue worker (``python -m training.worker``), what every worker template shares:
     the worker identity, the restricted security context, the queue's Redis (URL and password file),
     the shared storage, a sized /tmp (and /dev/shm when ``shm_size``). ``args`` and ``env`` follow
-    the common ones; ``pod_fields`` add pod-level fields (tolerations, subdomain)."""
+    the common ones; ``secret_volumes`` are (volume, mount) pairs of this template alone (the Ray
+    token); ``pod_fields`` add pod-level fields (tolerations, subdomain)."""
     volumes = [{"name": "shared", "persistentVolumeClaim": {"claimName": shared_claim}}]
     mounts = [{"name": "shared", "mountPath": SHARED_MOUNT_PATH}]
     if shm_size:
@@ -96,6 +109,8 @@ def _worker_pod(*, image: str, redis_secret: str, shared_claim: str, queue_names
     ]
     mounts += [{"name": "tmp", "mountPath": "/tmp"},
                {"name": "redis", "mountPath": REDIS_SECRET_DIR, "readOnly": True}]
+    volumes += [volume for volume, _ in secret_volumes]
+    mounts += [mount for _, mount in secret_volumes]
     return {
         "restartPolicy": "Never",
         "serviceAccountName": WORKER_SERVICE_ACCOUNT,
@@ -223,7 +238,12 @@ def ray_worker_cronjob_spec(image: str, redis_secret: str, shared_claim: str, ra
             {"name": "RAY_ADDRESS", "value": ray.address},
             # The worker re-checks each ray run's stages against the pools it can reach.
             {"name": POOLS_ENV, "value": ray.pools},
+            # The cluster's token, sent on every Jobs API call (training/ray/auth.py), and the Secret
+            # a refusal names.
+            *[{"name": k, "value": v} for k, v in client_env(f"{RAY_TOKEN_DIR}/{TOKEN_SECRET_KEY}").items()],
+            {"name": SECRET_ENV, "value": f"{ray.namespace}/{ray.auth_secret}"},
         ],
+        secret_volumes=(ray_token_volume(ray),),
         ports=[{"name": "queue-metrics", "containerPort": QUEUE_METRICS_PORT}],
         resources={"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
         tmp_size="1Gi")

@@ -801,6 +801,56 @@ def check_efs_policy_allows_mounts(resources: Sequence[Resource], ctx: Context
                       "every pod mount fails with \"access denied by server\"; add an Allow of "
                       "ClientMount/ClientWrite with Condition Bool elasticfilesystem:AccessedViaMountTarget true")
 
+# ------------------------------------------------------------------ Ray
+
+# Where each KubeRay kind keeps the spec of the RayCluster it runs (ray-project/kuberay v1.7.0
+# ray-operator/apis/ray/v1: RayJob ``rayClusterSpec``, RayService ``rayClusterConfig``). ray.io/v1alpha1
+# has no authOptions (the CRD schema): such a cluster cannot run with token authentication.
+RAY_CLUSTER_SPEC_PATHS: dict[str, tuple[str, ...]] = {
+    "kubernetes:ray.io/v1:RayCluster": ("spec",),
+    "kubernetes:ray.io/v1alpha1:RayCluster": ("spec",),
+    "kubernetes:ray.io/v1:RayJob": ("spec", "rayClusterSpec"),
+    "kubernetes:ray.io/v1alpha1:RayJob": ("spec", "rayClusterSpec"),
+    "kubernetes:ray.io/v1:RayService": ("spec", "rayClusterConfig"),
+}
+_RAY_AUTH_MODE_ENV = "RAY_AUTH_MODE"
+_RAY_AUTH_TOKEN_ENV = "RAY_AUTH_TOKEN"
+
+
+def check_ray_token_auth(resource: Resource, ctx: Context) -> Iterator[str]:
+    """A RayCluster (or the cluster a RayJob/RayService makes) runs with Ray's token authentication:
+    ``authOptions.mode: token`` (KubeRay enables it for exactly that value, utils.IsAuthEnabled), no
+    container overriding the ``RAY_AUTH_MODE`` KubeRay sets (KubeRay keeps a container's own value,
+    common/pod.go SetContainerTokenAuthEnvVars), and the token never written into the spec."""
+    path = RAY_CLUSTER_SPEC_PATHS.get(resource.type)
+    if path is None:
+        return
+    spec = _get(resource.inputs, *path)
+    if spec is None:  # a RayJob on an existing cluster (clusterSelector): that cluster is checked itself
+        return
+    where = ".".join(path)
+    mode = _get(spec, "authOptions", "mode")
+    if mode != "token":
+        yield (f"{where}.authOptions.mode is {mode!r}: the Ray dashboard, Jobs API and GCS take anyone who "
+               "reaches them; set authOptions {mode: token, secretName: <the namespace's token Secret>} "
+               "(infra/ray_cluster.py auth_options)")
+    containers = [(f"headGroupSpec container {_get(c, 'name')!r}", c)
+                  for c in _containers(_get(spec, "headGroupSpec", "template", "spec"))]
+    for group in _as_list(_get(spec, "workerGroupSpecs")):
+        containers += [(f"worker group {_get(group, 'groupName')!r} container {_get(c, 'name')!r}", c)
+                       for c in _containers(_get(group, "template", "spec"))]
+    containers.append(("autoscalerOptions", _get(spec, "autoscalerOptions")))
+    for label, container in containers:
+        for env in _as_list(_get(container, "env")):
+            name, value = _get(env, "name"), _get(env, "value")
+            if name == _RAY_AUTH_MODE_ENV and value is not None and value != "token":
+                yield (f"{where} {label} sets {name}={value!r}: KubeRay keeps it instead of token; "
+                       f"remove it (authOptions sets {name})")
+            if name == _RAY_AUTH_TOKEN_ENV and not _is_blank(value):
+                yield (f"{where} {label} carries {name} as a plain value: the token would sit in the spec; "
+                       "remove it (authOptions.secretName hands it over from the Secret)")
+
+
 # ------------------------------------------------------------------ the rule list
 
 _ENVIRONMENT_SCHEMA = {"environment": {
@@ -863,6 +913,10 @@ RULES: tuple[Rule, ...] = (
          "With GPU NodePools, the eks-node-monitoring-agent's DCGM server tolerates their taints.", MANDATORY,
          "Give the add-on configurationValues {dcgmAgent: {tolerations: [nvidia.com/gpu Exists NoSchedule]}}.",
          check_node_monitoring_agent_tolerates_gpu, scope="stack"),
+    Rule("ray-token-auth",
+         "Every RayCluster (also a RayJob's or RayService's) runs with Ray token authentication.", MANDATORY,
+         "Set spec.authOptions {mode: token, secretName: <the namespace's token Secret>}; never set "
+         "RAY_AUTH_MODE or a literal RAY_AUTH_TOKEN in its containers.", check_ray_token_auth),
     Rule("required-cost-tags",
          "Taggable AWS resources and Karpenter node classes carry the cost tags.", ADVISORY,
          "Tag with infra/common.py aws_tags(): project, stack, environment, owner, cost-center.",

@@ -422,3 +422,94 @@ def test_bad_ray_config_is_named(override, fragment):
     with pytest.raises(ConfigError) as err:
         parse(raw, stack="dev", region="us-west-2")
     assert fragment in str(err.value)
+
+
+# ------------------------------------------------------------------ token authentication
+
+SECRET = "kubernetes:core/v1:Secret"
+
+
+def _env(container: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def test_every_raycluster_runs_with_token_auth_from_its_namespaces_own_secret(plans, team_plan):
+    from infra.ray_cluster import RAY_AUTH_SECRET
+    from infra.worker_jobs import RAY_WORKER_TEMPLATE
+    from training.ray.auth import SECRET_ENV, TOKEN_PATH_ENV, TOKEN_SECRET_KEY
+
+    for doc in (plans["dev"], plans["prod"], team_plan):
+        namespaces = set(clusters(doc))
+        assert namespaces
+        for ns, cluster in clusters(doc).items():
+            # KubeRay enables token auth for mode "token" exactly, and then reads secretName's auth_token.
+            assert cluster["spec"]["authOptions"] == {"mode": "token", "secretName": RAY_AUTH_SECRET}
+            # The reference resolves: that Secret, in the cluster's namespace, with that key, created first.
+            (secret,) = [s for s in inputs_of(doc, SECRET, ns) if s["metadata"]["name"] == RAY_AUTH_SECRET]
+            assert set(secret["stringData"]) == {TOKEN_SECRET_KEY}
+            entry = next(r for r in doc["resources"] if r["type"] == RAYCLUSTER
+                         and r["inputs"]["metadata"]["namespace"] == ns)
+            assert f"{SECRET}::ray-token-secret-{ns}" in entry["dependsOn"]
+            # The Ray worker template of the namespace mounts the same Secret and points Ray at the file.
+            (cron,) = [c for c in inputs_of(doc, CRONJOB, ns) if c["metadata"]["name"] == "ragpool-worker-ray"]
+            pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+            (container,) = pod["containers"]
+            env = _env(container)
+            assert env["RAY_AUTH_MODE"]["value"] == "token"
+            assert env[SECRET_ENV]["value"] == f"{ns}/{RAY_AUTH_SECRET}"
+            volumes = {v["name"]: v for v in pod["volumes"]}
+            (mount,) = [m for m in container["volumeMounts"]
+                        if volumes[m["name"]].get("secret", {}).get("secretName") == RAY_AUTH_SECRET]
+            volume = volumes[mount["name"]]["secret"]
+            assert mount["readOnly"] is True and "subPath" not in mount  # refreshed in place after a rotation
+            (item,) = volume["items"]
+            assert item["key"] == TOKEN_SECRET_KEY
+            assert env[TOKEN_PATH_ENV]["value"] == f"{mount['mountPath']}/{item['path']}"
+            assert volume["defaultMode"] & 0o007 == 0  # not world-readable
+        # One token per namespace, never shared: a RandomPassword and a Secret each.
+        tokens = [r["name"] for r in doc["resources"] if r["type"] == "random:index/randomPassword:RandomPassword"
+                  and r["name"].startswith("ray-token-")]
+        assert sorted(tokens) == sorted(f"ray-token-{ns}" for ns in namespaces)
+        # Nothing else mounts the token or names its Secret: only the Ray pods and the Ray worker template.
+        for r, obj in kubernetes_objects(doc):
+            if RAY_AUTH_SECRET in json.dumps(obj):
+                assert ((r["type"], obj["metadata"]["name"]) in {(SECRET, RAY_AUTH_SECRET), (RAYCLUSTER, RAY_CLUSTER_NAME)}
+                        or obj["metadata"]["name"] == RAY_WORKER_TEMPLATE), r["name"]
+
+
+def test_the_ray_token_is_a_pulumi_secret_only_in_secrets_and_never_in_the_plan_or_its_diff(plans, team_plan):
+    from pulumi.runtime import rpc
+
+    from infra.plan import PLACEHOLDER_SECRET, SECRET_MASK, _unwrap, load_stack, plan_diff, run_program
+    from infra.ray_cluster import RAY_AUTH_SECRET
+    from training.ray.auth import TOKEN_ENV, TOKEN_SECRET_KEY
+
+    recorded = run_program(load_stack("prod", overrides={"ragpool:trainingTeams": TEAMS}))
+    secrets = [r for r in recorded if r.type == SECRET and r.inputs["metadata"]["name"] == RAY_AUTH_SECRET]
+    assert len(secrets) == 3
+    for r in secrets:
+        # What the engine receives is marked secret: Pulumi encrypts it in state and masks it in previews.
+        data = r.inputs["stringData"]
+        assert rpc.is_rpc_secret(data) or rpc.is_rpc_secret(data[TOKEN_SECRET_KEY]), r.name
+    # The token (the mock's placeholder) sits in the Ray Secrets and nowhere else of Ray's.
+    for r in recorded:
+        if r.type in (RAYCLUSTER, CRONJOB) or r.name.startswith("ray-"):
+            assert (PLACEHOLDER_SECRET in json.dumps(_unwrap(r.inputs), default=str)) == (r in secrets), r.name
+    for doc in (plans["dev"], plans["prod"], team_plan):
+        assert PLACEHOLDER_SECRET not in json.dumps(doc)
+        for s in inputs_of(doc, SECRET):
+            if s["metadata"]["name"] == RAY_AUTH_SECRET:
+                assert s["stringData"] == {TOKEN_SECRET_KEY: SECRET_MASK}
+        for _, obj in kubernetes_objects(doc):  # never a literal token in a container's environment
+            assert not [e for e in _dicts(obj) if e.get("name") == TOKEN_ENV and "value" in e], obj["metadata"]
+    diff = plan_diff(plans["prod"], team_plan)
+    assert "ray-token-secret-ragpool-team-search" in diff and PLACEHOLDER_SECRET not in diff
+
+
+def _dicts(value):
+    if isinstance(value, dict):
+        yield value
+        value = list(value.values())
+    if isinstance(value, list):
+        for v in value:
+            yield from _dicts(v)
