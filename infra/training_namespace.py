@@ -6,7 +6,8 @@ default-deny NetworkPolicies that open only the flows training needs: DNS, Redis
 EFS, rendezvous/NCCL between workers, HTTPS to AWS APIs, and metrics scrapes from the
 monitoring namespace. With Ray enabled, Ray's pods (the namespace's RayCluster) reach each
 other on exactly Ray's ports, the Ray worker template reaches the head's Jobs API, and
-monitoring scrapes Ray's metrics.
+monitoring scrapes Ray's metrics. Ray's worker pods also reach each other on every port: Ray Train's
+rendezvous port and the collectives' (gloo, NCCL) connections are ephemeral, outside Ray's range.
 
 The worker Job templates live in infra/worker_jobs.py.
 """
@@ -57,6 +58,8 @@ RAY_DASHBOARD_METRICS_PORT = 44227  # DASHBOARD_METRIC_PORT (head)
 # Labels of the pods of ragpool's RayClusters (infra/ray_cluster.py sets them on both groups).
 RAY_POD_LABELS = {"app.kubernetes.io/component": "ray"}
 RAY_HEAD_POD_LABELS = {**RAY_POD_LABELS, "ray.io/node-type": "head"}  # ray.io/node-type: set by KubeRay
+# (ray-project/kuberay v1.7.0 ray-operator/apis/ray/v1/raycluster_types.go: HeadNode "head", WorkerNode "worker")
+RAY_WORKER_POD_LABELS = {**RAY_POD_LABELS, "ray.io/node-type": "worker"}
 
 
 def ray_internal_ports() -> list[dict[str, Any]]:
@@ -97,6 +100,7 @@ def ray_network_policies(cfg: StackConfig) -> dict[str, dict[str, Any]]:
 
     ray = {"podSelector": {"matchLabels": dict(RAY_POD_LABELS)}}
     head = {"podSelector": {"matchLabels": dict(RAY_HEAD_POD_LABELS)}}
+    ray_workers = {"podSelector": {"matchLabels": dict(RAY_WORKER_POD_LABELS)}}
     clients = {"podSelector": {"matchLabels": dict(RAY_CLIENT_LABEL)}}
     monitoring = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
     jobs_api = [{"protocol": "TCP", "port": RAY_DASHBOARD_PORT}]
@@ -123,6 +127,19 @@ def ray_network_policies(cfg: StackConfig) -> dict[str, dict[str, Any]]:
         "ray-clients-egress": {
             "podSelector": clients["podSelector"], "policyTypes": ["Egress"],
             "egress": [{"to": [head], "ports": jobs_api}],
+        },
+        # Ray Train between the worker pods of this namespace's cluster, every port (as workers-ingress
+        # for torchrun): rank 0 hosts the process group's store on `find_free_port()` (ray 2.58
+        # train/torch/config.py get_address_and_port -> ray/_common/network_utils.py: bind to port 0,
+        # a kernel ephemeral port), and gloo/NCCL connect on ephemeral ports too. The head runs no
+        # training worker (num-cpus 0) and keeps Ray's pinned ports only.
+        "ray-train-ingress": {
+            "podSelector": ray_workers["podSelector"], "policyTypes": ["Ingress"],
+            "ingress": [{"from": [ray_workers]}],
+        },
+        "ray-train-egress": {
+            "podSelector": ray_workers["podSelector"], "policyTypes": ["Egress"],
+            "egress": [{"to": [ray_workers]}],
         },
     }
 

@@ -385,3 +385,61 @@ def test_private_endpoint_without_api_access_rule_is_unreachable(plans):
     plan["resources"] = [r for r in plan["resources"]
                          if r["type"] != "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"]
     assert not _api_reachable_from(plan, "10.0.0.5")
+
+
+# ------------------------------------------------------------------ Ray Train between Ray pods
+
+RAY_CLUSTER = "kubernetes:ray.io/v1:RayCluster"
+# Ray Train's rendezvous port is find_free_port() on rank 0's node (ray 2.58 train/torch/config.py
+# get_address_and_port -> ray/_common/network_utils.py: bind to port 0), a kernel ephemeral port
+# (Linux ip_local_port_range 32768-60999); gloo and NCCL connect on ephemeral ports as well.
+RAY_TRAIN_EPHEMERAL_PORT = 45123
+
+
+def _ray_pods(plan: dict) -> dict[str, dict[str, list[Endpoint]]]:
+    """namespace -> {"head": [pod], "workers": [two pods per worker group]}, labelled as KubeRay labels them."""
+    from tests.infra.test_ray_cluster import _pod_labels
+
+    private = [ipaddress.ip_network(r["inputs"]["cidrBlock"]) for r in plan["resources"]
+               if r["type"] == "aws:ec2/subnet:Subnet" and "-private-" in r["name"]]
+    addresses = (str(host) for net in private for host in list(net.hosts())[100:160])
+    pods: dict[str, dict[str, list[Endpoint]]] = {}
+    for r in plan["resources"]:
+        if r["type"] != RAY_CLUSTER:
+            continue
+        cluster, ns = r["inputs"], r["inputs"]["metadata"]["namespace"]
+        spec = cluster["spec"]
+        head = Endpoint(f"{ns}-ray-head", next(addresses), ns, _pod_labels(cluster, "head", spec["headGroupSpec"]))
+        workers = [Endpoint(f"{ns}-ray-{group['groupName']}-{i}", next(addresses), ns,
+                            _pod_labels(cluster, "worker", group))
+                   for group in spec["workerGroupSpecs"] for i in range(2)]
+        pods[ns] = {"head": [head], "workers": workers}
+    return pods
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_ray_train_workers_reach_each_other_on_an_ephemeral_port(plans, stack):
+    """Ray Train worker <-> Ray Train worker on an ephemeral port, within one namespace's cluster;
+    nothing else gets those ports (the head keeps Ray's pinned ones)."""
+    from infra.training_namespace import RAY_MAX_WORKER_PORT
+
+    assert RAY_TRAIN_EPHEMERAL_PORT > RAY_MAX_WORKER_PORT  # outside the range ray-ingress opens
+    w, ray = world(plans[stack]), _ray_pods(plans[stack])
+    assert ray, f"{stack}: no RayCluster in the plan"
+    for ns, pods in ray.items():
+        workers, (head,) = pods["workers"], pods["head"]
+        for a in workers:
+            for b in workers:
+                if a is not b:
+                    assert w.cluster.allows(a, b, RAY_TRAIN_EPHEMERAL_PORT), (a.name, b.name)
+        torchrun_workers = [p for p in _workers(w) if p.namespace == ns]
+        for worker in workers:
+            assert not w.cluster.allows(worker, head, RAY_TRAIN_EPHEMERAL_PORT), worker.name
+            assert not w.cluster.allows(head, worker, RAY_TRAIN_EPHEMERAL_PORT), worker.name
+            assert not w.cluster.allows(w.stranger, worker, RAY_TRAIN_EPHEMERAL_PORT), worker.name
+            for other in torchrun_workers:
+                assert not w.cluster.allows(other, worker, RAY_TRAIN_EPHEMERAL_PORT), (other.name, worker.name)
+                assert not w.cluster.allows(worker, other, RAY_TRAIN_EPHEMERAL_PORT), (worker.name, other.name)
+        for other_ns, other in ray.items():
+            if other_ns != ns:
+                assert not w.cluster.allows(other["workers"][0], workers[0], RAY_TRAIN_EPHEMERAL_PORT)
