@@ -41,7 +41,7 @@ def schemas_available() -> bool:
 
 
 # Kubernetes resources that are not one object: a Helm release (values checked against the
-# chart) and a manifest file applied from a URL (infra/ray_cluster.py: the KubeRay CRDs).
+# chart) and a manifest file (infra/ray_cluster.py and infra/keda.py: the vendored CRDs in infra/crds/).
 NON_OBJECT_TYPES = {"kubernetes:helm.sh/v3:Release", "kubernetes:yaml/v2:ConfigFile"}
 
 
