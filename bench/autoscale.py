@@ -23,13 +23,19 @@ Prints one JSON line last: the settings (``polling_interval_s``, ``idle_exit_s``
   worker already waiting took it), p95 over the burst; goal <= interval + 2 s;
 - ``idle_worker_s_per_run``: worker-seconds (pod start to exit, every pod) not holding a run,
   per run, over the burst; goal <= idle-exit + interval;
-- ``surplus_jobs``: Jobs of the burst none of whose pods ran anything; goal 0;
+- ``surplus_jobs``: Jobs of the burst none of whose pods ran anything; goal 0
+  (``surplus_jobs_that_waited_for_a_node``: those whose pod waited for GPU capacity first);
 - ``replacement_s``: SIGKILL -> the run claimed again; goal <= lease + interval + 5 s;
 - ``lost_runs``, ``double_runs``: runs not succeeded / done more than once (either phase); goal 0;
 - ``ray_from_zero_s`` (null when not measured; ``ray_from_zero_note`` says why);
 - ``goals``: each goal true/false. Exit 0 when all hold, 1 otherwise, 2 on bad arguments.
 
-``--smoke``: 8 runs, no Ray, for tests/bench/test_autoscale.py.
+A burst run takes ``--run-steps`` (+0..2) workload steps of 0.25 s: longer than a worker's start,
+as a training run is. With runs shorter than that (``--run-steps 4``), workers that already run
+take the queued runs before Jobs that wait for a node start, and those Jobs find nothing
+(``surplus_jobs``).
+
+``--smoke``: 8 runs of 4 steps, no Ray, for tests/bench/test_autoscale.py.
 """
 
 from __future__ import annotations
@@ -50,8 +56,8 @@ PHASE_TIMEOUT_S = 300.0
 """Bound of each wait of a phase."""
 
 
-def burst_runs(sim, manifests: list, n: int) -> list[str]:
-    """Submit ``n`` mixed runs: priorities in turn, one 2-node run when a ScaledJob takes 2-node
+def burst_runs(sim, manifests: list, n: int, steps: int = 4) -> list[str]:
+    """Submit ``n`` mixed runs of ``steps`` to ``steps + 2`` workload steps: priorities in turn, one 2-node run when a ScaledJob takes 2-node
     runs, ray runs when one takes those, runs pinned to the default pool's name, the rest unpinned."""
     from bench.autoscale_sim import lanes_of, queue_namespace
     from training.scheduler.spec import PRIORITIES
@@ -70,7 +76,8 @@ def burst_runs(sim, manifests: list, n: int) -> list[str]:
     run_ids = []
     for i, fields in enumerate(kinds[:n]):
         run_id = f"burst-{i:02d}"
-        sim.submit(namespace, run_id, priority=PRIORITIES[i % len(PRIORITIES)], max_steps=4 + i % 3, **fields)
+        sim.submit(namespace, run_id, priority=PRIORITIES[i % len(PRIORITIES)], max_steps=steps + i % 3,
+                   **fields)
         run_ids.append(run_id)
     return run_ids
 
@@ -117,7 +124,7 @@ def measure(args: argparse.Namespace) -> dict:
     load_start = round(os.getloadavg()[0], 2)
     started = time.monotonic()
     with Simulation(out / "sim", stack, settings) as sim:
-        run_ids = burst_runs(sim, manifests, args.runs)
+        run_ids = burst_runs(sim, manifests, args.runs, args.run_steps)
         sim.settle(PHASE_TIMEOUT_S)
         burst = sim.figures(run_ids)
         bounds = {sj.name: (sj.spec.get("maxReplicaCount"), sim.cluster.max_unfinished[sj.name])
@@ -128,9 +135,11 @@ def measure(args: argparse.Namespace) -> dict:
     result = {
         "polling_interval_s": args.polling_interval_s, "idle_exit_s": args.idle_exit_s, "lease_s": args.lease_s,
         "runs": len(run_ids) + 1,
+        "run_steps": args.run_steps, "step_s": settings.step_s,
         "submit_to_job_p95_s": burst["submit_to_job_p95_s"],
         "idle_worker_s_per_run": burst["idle_worker_s_per_run"],
         "surplus_jobs": burst["surplus_jobs"],
+        "surplus_jobs_that_waited_for_a_node": burst["surplus_jobs_that_waited_for_a_node"],
         "jobs_created": burst["jobs_created"],
         "max_jobs_vs_max_replica_count": {name: {"max_replica_count": hi, "max_unfinished_jobs": seen}
                                           for name, (hi, seen) in bounds.items()},
@@ -163,6 +172,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--idle-exit-s", type=float, default=3.0, help="the workers' --idle-exit-seconds (default 3)")
     p.add_argument("--lease-s", type=float, default=4.0, help="the workers' --lease-seconds (default 4)")
     p.add_argument("--runs", type=int, default=20, help="runs in the burst (default 20)")
+    p.add_argument("--run-steps", type=int, default=16,
+                   help="workload steps of a burst run (0.25 s each, +0..2; default 16: a run outlasts a worker's "
+                        "start, as a training run does)")
     p.add_argument("--out", default=".local/bench-autoscale", help="work directory (default .local/bench-autoscale)")
     p.add_argument("--no-ray", action="store_true", help="do not measure ray_from_zero_s")
     p.add_argument("--smoke", action="store_true", help="8 runs, no Ray: for tests")
@@ -172,7 +184,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_arg_parser().parse_args(argv)
     if args.smoke:
-        args.runs = min(args.runs, 8)
+        args.runs, args.run_steps = min(args.runs, 8), min(args.run_steps, 4)
     problems = []
     if args.polling_interval_s < 1:
         problems.append("--polling-interval-s must be a whole number of seconds >= 1")
@@ -180,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         problems.append("--idle-exit-s and --lease-s must be > 0")
     if args.runs < 3:
         problems.append("--runs must be at least 3 (a mix of lanes and priorities)")
+    if args.run_steps < 1:
+        problems.append("--run-steps must be at least 1")
     if problems:
         print("bench.autoscale: " + "; ".join(problems), file=sys.stderr)
         return 2

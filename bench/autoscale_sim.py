@@ -64,6 +64,8 @@ from training.paths import child_env
 
 POOL_LABEL = "ragpool.io/pool"
 GPU_RESOURCE = "nvidia.com/gpu"
+NODE_WAIT_S = 1.0
+"""A Job whose first pod started later than this after the Job was created waited for a node."""
 POD_BACKOFF_S = 10.0
 """The Job controller's pod back-off after a counted failure (doubles per failure, k8s default)."""
 
@@ -261,6 +263,8 @@ class Cluster:
         """Deployments' stand-ins: a never-polled ScaledJob shell holding one always-restarted Job."""
         self.extra_env = dict(extra_env or {})
         self.events: list[Event] = []
+        self.created: list[Job] = []
+        """Every Job the ScaledJobs created, also those KEDA's clean-up removed since."""
         self.lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -362,6 +366,8 @@ class Cluster:
         spec = json.loads(json.dumps(sj.spec["jobTargetRef"]))
         job = Job(scaled_job=sj, name=f"{sj.name}-{_suffix()}", created_at=now, spec=spec)
         sj.jobs.append(job)
+        if sj in self.scaled_jobs:
+            self.created.append(job)
         self.events.append(Event(now, "job-created", sj.name, job.name))
         for index in range(int(spec.get("parallelism", 1))):
             self._new_pod(job, index, now)
@@ -629,8 +635,9 @@ class Cluster:
             return [p for sj in self.scaled_jobs for j in sj.jobs for p in j.pods if p.phase in ("Pending", "Running")]
 
     def all_pods(self) -> list[Pod]:
+        """Every pod of every Job the ScaledJobs ever created (history-limit clean-up included)."""
         with self.lock:
-            return [p for sj in self.scaled_jobs for j in sj.jobs for p in j.pods]
+            return [p for j in self.created for p in j.pods]
 
     def pod_named(self, name: str) -> Pod | None:
         return next((p for p in self.all_pods() if p.name == name), None)
@@ -778,6 +785,10 @@ class Simulation:
     def __exit__(self, *exc) -> None:
         if self.cluster is not None:
             self.cluster.stop()
+            with open(self.work_dir / "events.jsonl", "w") as fh:  # the timeline, for a look afterwards
+                for e in self.cluster.events:
+                    fh.write(json.dumps({"at": e.at, "kind": e.kind, "scaled_job": e.scaled_job, "job": e.job,
+                                         **e.detail}) + "\n")
         if self.client is not None:
             self.client.close()
         for queue in self._queues.values():
@@ -884,8 +895,9 @@ class Simulation:
             if info is not None and info.claimed_at and info.finished_at and claimers and claimers[-1] in pods:
                 job = pods[claimers[-1]].job
                 busy_by_job[job.name] = busy_by_job.get(job.name, 0.0) + (info.finished_at - info.claimed_at)
-        jobs = [j for sj in self.cluster.scaled_jobs for j in sj.jobs]
+        jobs = list(self.cluster.created)
         claimed_jobs = {pods[c].job.name for r in self.submitted for c in self.claimer_pods(r) if c in pods}
+        surplus = [j for j in jobs if j.name not in claimed_jobs]
         now = time.time()
         worker_s = sum(((p.ended_at or now) - p.started_at) for p in pods.values() if p.started_at is not None)
         busy_s = sum(busy * len([p for p in pods.values() if p.job.name == name and p.started_at is not None])
@@ -893,7 +905,12 @@ class Simulation:
         return {
             "submit_to_job_p95_s": round(_percentile(first_job_delay, 95), 2) if first_job_delay else None,
             "idle_worker_s_per_run": round(max(0.0, worker_s - busy_s) / max(1, len(run_ids)), 2),
-            "surplus_jobs": sum(1 for j in jobs if j.name not in claimed_jobs),
+            "surplus_jobs": len(surplus),
+            # Of which: Jobs whose pods waited for a node (NodePool limit, quota) while running workers
+            # took the runs they were created for.
+            "surplus_jobs_that_waited_for_a_node": sum(
+                1 for j in surplus if not j.pods or j.pods[0].started_at is None
+                or j.pods[0].started_at - j.created_at > NODE_WAIT_S),
             "jobs_created": len(jobs),
             "lost_runs": lost,
             "double_runs": double,

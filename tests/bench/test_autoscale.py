@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("argv", [["--polling-interval-s", "0"], ["--lease-s", "0"], ["--idle-exit-s", "-1"],
-                                  ["--runs", "2"]])
+                                  ["--runs", "2"], ["--run-steps", "0"]])
 def test_bad_arguments_exit_2(argv, capsys):
     assert autoscale.main(argv) == 2
     assert "bench.autoscale:" in capsys.readouterr().err
