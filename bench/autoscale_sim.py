@@ -35,7 +35,7 @@ What stands in for the cluster (:class:`Cluster`):
   keeper's ``--interval-seconds`` are set from :class:`Settings`;
   the health check is off (no GPU here).
 
-Every wait has a bound and says what it saw (:meth:`Simulation.wait_for`).
+Every wait has a bound and says what it saw (:meth:`Simulation.wait_for`, ``bench.recovery.wait_until``).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from bench import keda_scaledjob as keda
-from bench.recovery import lose_node
+from bench.recovery import lose_node, wait_until
 from training.demo.redis_server import LocalRedisServer, free_port
 from training.paths import child_env
 
@@ -665,20 +665,6 @@ class Cluster:
             return "\n".join(lines)
 
 
-def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str, seen: Callable[[], str],
-             poll_s: float = 0.1) -> Any:
-    """``predicate()`` until truthy, at most ``timeout_s``; on timeout raise naming ``what`` and ``seen()``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll_s)
-    raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}; saw:\n{seen()}")
-
-
-
-
 # -- the harness: Redis, the keeper, the cluster, the runs -----------------------------------
 
 def set_flag(args: list[str], flag: str, value: str) -> list[str]:
@@ -853,12 +839,12 @@ class Simulation:
         return f"runs: {summary}\nkeeper: {keeper_state}\n{self.cluster.describe()}"
 
     def wait_for(self, predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
-        """:func:`wait_for`, failing at once when the cluster's loop has failed."""
+        """``bench.recovery.wait_until``, failing at once when the cluster's loop has failed."""
         def check():
             if self.cluster.errors:
                 raise RuntimeError(f"the simulated cluster failed while waiting for {what}:\n{self.seen()}")
             return predicate()
-        return wait_for(check, timeout_s, what, self.seen)
+        return wait_until(check, timeout_s, what, poll_s=0.1, seen=self.seen)
 
     def all_done(self) -> bool:
         return all(state == "succeeded" for state in self.states().values())
