@@ -16,6 +16,8 @@ BAD_INPUT = 2
 #: ``ragpool`` commands: unknown run id.
 NOT_FOUND = 3
 #: ``ragpool`` commands: Redis unreachable or unusable right now (retry later).
+#: ``python -m training.ray.job``: the Ray cluster unreachable, or refusing the token (the
+#: message names its Secret); the worker hands the run back without spending an attempt.
 UNAVAILABLE = 4
 #: Worker pre-flight node health check failed (``python -m training.components.health``:
 #: GPUs missing or not as requested, a wrong or slow matmul, a failed all-reduce). Nothing
