@@ -5,6 +5,9 @@
 not additive, so ours is the complete list: every row of the upstream default (so no
 dashboard loses a metric) plus the health fields the default leaves commented out.
 
+The pinned upstream default is ``vendor/upstream/dcgm/default-counters.csv`` (README there);
+the tests check ours keeps every row of it.
+
 CSV format (upstream): ``#`` starts a comment; a row is
 ``DCGM field, Prometheus type, help`` with spaces around fields; the Prometheus metric
 name is the field name.
@@ -12,7 +15,6 @@ name is the field name.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,19 +58,6 @@ def parse_counters(path: Path) -> dict[str, DcgmCounter]:
             raise CountersFileError(f"{path}:{lineno}: {field} listed twice")
         rows[field] = DcgmCounter(field, prom_type, help_text)
     return rows
-
-
-def schemas_dir() -> Path:
-    """Upstream reference data: ``$RAGPOOL_SCHEMAS_DIR`` or ``<repo>/../shared/schemas``."""
-    env = os.environ.get("RAGPOOL_SCHEMAS_DIR")
-    if env:
-        return Path(env)
-    return PACKAGE_DIR.parent.parent / "shared" / "schemas"
-
-
-def default_counters_csv() -> Path:
-    """The pinned upstream ``default-counters.csv`` (may be absent outside the dev setup)."""
-    return schemas_dir() / "dcgm" / "default-counters.csv"
 
 
 def emitted_metric_names() -> set[str]:

@@ -208,12 +208,11 @@ def test_budget_comes_from_config_for_deployment():
 
 
 def test_deployment_groups_are_valid_prometheusrule_specs():
-    jsonschema = pytest.importorskip("jsonschema")
-    from dashboards.dcgm import schemas_dir
+    import jsonschema
 
-    schema_path = schemas_dir() / "crds" / "monitoring.coreos.com" / "prometheusrule_v1.json"
-    if not schema_path.is_file():
-        pytest.skip(f"PrometheusRule schema not found at {schema_path} (set RAGPOOL_SCHEMAS_DIR)")
+    from scripts.vendor_schemas import VENDOR_DIR
+
+    schema_path = VENDOR_DIR / "crds" / "monitoring.coreos.com" / "prometheusrule_v1.json"
     schema = json.loads(schema_path.read_text())
     groups_by_file = rulefiles.deployment_rule_groups("https://example.org/ragpool/blob/main", 5000)
     assert set(groups_by_file) == {p.stem for p in rulefiles.rule_files()}

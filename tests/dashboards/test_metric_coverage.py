@@ -10,6 +10,10 @@ import pytest
 
 from dashboards import dcgm, external_metrics, inventory, ragpool_metrics, rulefiles
 from dashboards.promql import metric_names
+from scripts.vendor_schemas import VENDOR_DIR
+
+# The exporter's pinned default collectors list (vendor/upstream/README.md, source DE).
+DEFAULT_COUNTERS_CSV = VENDOR_DIR / "dcgm" / "default-counters.csv"
 
 
 @pytest.fixture(scope="module")
@@ -75,10 +79,7 @@ def test_counters_file_parses_and_enables_the_health_fields():
 
 
 def _default_counters():
-    path = dcgm.default_counters_csv()
-    if not path.is_file():
-        pytest.skip(f"upstream DCGM default counters not found at {path} (set RAGPOOL_SCHEMAS_DIR)")
-    return dcgm.parse_counters(path)
+    return dcgm.parse_counters(DEFAULT_COUNTERS_CSV)
 
 
 def test_counters_file_keeps_every_upstream_default_row():
@@ -101,11 +102,8 @@ def test_the_default_exporter_lacks_what_we_enable(used):
 
 def test_violation_counters_are_nanoseconds_as_the_rules_assume():
     # GpuThermalThrottling / GpuPowerThrottling divide the per-second rate by 1e9.
-    default_text = dcgm.default_counters_csv()
-    if not default_text.is_file():
-        pytest.skip(f"upstream DCGM default counters not found at {default_text}")
     for field in ("DCGM_FI_DEV_THERMAL_VIOLATION", "DCGM_FI_DEV_POWER_VIOLATION"):
-        line = next(x for x in default_text.read_text().splitlines() if field in x)
+        line = next(x for x in DEFAULT_COUNTERS_CSV.read_text().splitlines() if field in x)
         assert "(in ns)" in line, line
     gpu_rules = (rulefiles.RULES_DIR / "gpu.yaml").read_text()
     assert gpu_rules.count("/ 1e9") == 2
@@ -126,12 +124,6 @@ def test_bad_counters_rows_are_reported_with_file_and_line(tmp_path, text, messa
     with pytest.raises(dcgm.CountersFileError, match=message):
         dcgm.parse_counters(path)
 
-
-def test_schemas_dir_honours_the_environment(monkeypatch, tmp_path):
-    monkeypatch.setenv("RAGPOOL_SCHEMAS_DIR", str(tmp_path))
-    assert dcgm.default_counters_csv() == tmp_path / "dcgm" / "default-counters.csv"
-    monkeypatch.delenv("RAGPOOL_SCHEMAS_DIR")
-    assert dcgm.schemas_dir().parts[-2:] == ("shared", "schemas")
 
 
 def test_yace_names_follow_from_the_yace_job():

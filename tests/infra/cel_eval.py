@@ -12,8 +12,8 @@ every value present in both (list items only in ``x-kubernetes-list-type: map`` 
 their keys), as the API server does on update. Rules calling a function this evaluator does not
 provide are listed by name by ``rule_inventory``, never skipped silently.
 
-Pinned CRDs: the CRDs the repository vendors and applies itself (infra/crds/**, e.g. KEDA's),
-else the upstream originals in ../shared/schemas/crds/*/original/ (README there). The karpenter.sh
+Pinned CRDs: the CRDs the repository vendors and applies itself (infra/crds/**: KubeRay's, KEDA's),
+else the upstream originals in vendor/upstream/crds/*/original/ (README there). The karpenter.sh
 NodePool is the copy the AWS chart installs (karpenter-provider-aws), which adds two rules on
 ``karpenter.k8s.aws/*`` keys.
 """
@@ -39,8 +39,6 @@ VENDORED_CRDS = REPO_ROOT / "infra" / "crds"
 CRD_FILES = {
     ("karpenter.sh", "NodePool"): "karpenter.sh/original/karpenter.sh_nodepools.karpenter-provider-aws.yaml",
     ("karpenter.k8s.aws", "EC2NodeClass"): "karpenter.k8s.aws/original/karpenter.k8s.aws_ec2nodeclasses.yaml",
-    ("ray.io", "RayCluster"): "ray.io/original/ray.io_rayclusters.yaml",
-    ("ray.io", "RayJob"): "ray.io/original/ray.io_rayjobs.yaml",
     ("monitoring.coreos.com", "PrometheusRule"): "monitoring.coreos.com/original/monitoring.coreos.com_prometheusrules.yaml",
     ("monitoring.coreos.com", "ServiceMonitor"): "monitoring.coreos.com/original/monitoring.coreos.com_servicemonitors.yaml",
     ("monitoring.coreos.com", "PodMonitor"): "monitoring.coreos.com/original/monitoring.coreos.com_podmonitors.yaml",
@@ -51,7 +49,8 @@ MACROS = {"has", "all", "exists", "exists_one", "map", "filter"}
 @lru_cache(maxsize=None)
 def crd_documents() -> dict[tuple[str, str], tuple[str, dict]]:
     """(group, kind) -> (source file, CRD document)."""
-    out = {key: (f"shared/schemas/crds/{file}", yaml.safe_load((SCHEMAS_DIR / "crds" / file).read_text()))
+    out = {key: (str((SCHEMAS_DIR / "crds" / file).relative_to(REPO_ROOT)),
+                 yaml.safe_load((SCHEMAS_DIR / "crds" / file).read_text()))
            for key, file in CRD_FILES.items()}
     for path in sorted(VENDORED_CRDS.rglob("*.yaml")) if VENDORED_CRDS.is_dir() else []:
         for doc in yaml.safe_load_all(path.read_text()):

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.infra.harness import SCHEMAS_DIR, schemas_available
+from tests.infra.harness import SCHEMAS_DIR
 
 
 @pytest.fixture(scope="session")
@@ -15,8 +15,7 @@ def plans() -> dict[str, dict]:
 
 @pytest.fixture(scope="session")
 def schemas_dir():
-    if not schemas_available():
-        pytest.skip(f"upstream schemas not found at {SCHEMAS_DIR} (set RAGPOOL_SCHEMAS_DIR to ../shared/schemas)")
+    """The vendored upstream schemas and chart defaults (vendor/upstream/, always in the repo)."""
     return SCHEMAS_DIR
 
 

@@ -3,14 +3,13 @@
 Every Kubernetes object in a plan is validated: core kinds with kubernetes-validate
 (strict) at the cluster's version, custom resources against the strict upstream CRD
 JSON schemas, and Helm values against the pinned chart's default values.yaml (key
-paths must exist, with the exceptions documented in ../shared/schemas/README.md).
+paths must exist, with the exceptions documented in vendor/upstream/README.md).
 Later issues add objects; this module stays the one place that checks them.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
@@ -19,8 +18,11 @@ import jsonschema
 import kubernetes_validate
 import yaml
 
+from scripts.vendor_schemas import VENDOR_DIR
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SCHEMAS_DIR = Path(os.environ.get("RAGPOOL_SCHEMAS_DIR", REPO_ROOT.parent / "shared" / "schemas"))
+# The vendored upstream CRD schemas and chart defaults (vendor/upstream/README.md).
+SCHEMAS_DIR = VENDOR_DIR
 
 # Free-form maps whose keys need not appear in a chart's defaults.
 FREE_FORM_KEYS = {"nodeSelector", "tolerations", "affinity", "labels", "annotations", "podAnnotations",
@@ -34,10 +36,6 @@ COMMENTED_KEYS = {("kuberay-operator", "watchNamespace"), ("grafana", "adminPass
 
 CORE_GROUPS = {"core", "storage.k8s.io", "apps", "batch", "networking.k8s.io", "rbac.authorization.k8s.io",
                "policy", "scheduling.k8s.io"}
-
-
-def schemas_available() -> bool:
-    return (SCHEMAS_DIR / "crds").is_dir() and (SCHEMAS_DIR / "helm").is_dir()
 
 
 # Kubernetes resources that are not one object: a Helm release (values checked against the

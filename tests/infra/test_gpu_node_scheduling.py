@@ -4,7 +4,7 @@ For every GPU NodePool in each plan, one node per instance type is built from wh
 puts on it (the template's labels and taints, the requirement values, the well-known
 labels). Each workload's effective tolerations, nodeSelector and node affinity come from:
 
-- Helm releases: the pinned chart's default values (../shared/schemas/helm) with the
+- Helm releases: the pinned chart's default values (vendor/upstream/helm) with the
   plan's release values merged over them as Helm merges (subcharts: the subchart's defaults,
   then the parent's block for it, then ours);
 - EKS managed add-ons: their recorded chart defaults (infra/reference/addon_daemonsets.yaml)
