@@ -136,6 +136,49 @@ def _require_schedule(stage: Any) -> None:
     _require(stage.max_steps >= 1, "max_steps", stage.max_steps, "must be >= 1")
 
 
+ParallelStrategy = Literal["ddp", "fsdp", "hsdp"]
+#: ``generator.parallelism.strategy`` when the run does not set it: DDP, the faster strategy while the
+#: model's full training state (about 16 bytes per parameter) fits one GPU; set ``fsdp`` beyond that.
+GENERATOR_DEFAULT_STRATEGY: ParallelStrategy = "ddp"
+
+
+@dataclass
+class ParallelismConfig:
+    """How a training stage spreads its model over the ranks (README "Training a large generator")."""
+
+    strategy: ParallelStrategy = "ddp"
+    """``ddp``: a full replica of model, gradients and AdamW state per rank; ``fsdp``: FSDP2 ``fully_shard`` per
+    decoder block, then the root, over all ranks (about 1/world of that state per rank); ``hsdp``: shard within a
+    node, replicate across nodes (a 2-D device mesh). With one rank ``fsdp``/``hsdp`` train unsharded (a warning
+    is logged) and still write sharded DCP checkpoints, so the run resumes at any world size."""
+    reshard_after_forward: bool = True
+    """fsdp/hsdp: free each block's gathered parameters after its forward and gather them again in backward
+    (less memory, one more all-gather per block); false keeps them until backward."""
+    mixed_precision: bool = True
+    """fsdp/hsdp on GPU: compute with bf16 parameters and reduce gradients in fp32 (FSDP2's
+    ``MixedPrecisionPolicy``); the sharded master weights and AdamW state stay fp32. No effect on CPU."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder block's activations in backward instead of keeping them (about a third more
+    compute, activations drop to one block's inputs per block). Any strategy."""
+
+    @property
+    def sharded(self) -> bool:
+        """fsdp or hsdp: parameters, gradients and optimizer state are sharded; checkpoints are DCP."""
+        return self.strategy != "ddp"
+
+
+@dataclass
+class EncoderParallelismConfig(ParallelismConfig):
+    """The retriever's: its encoder has no decoder blocks, so it is never sharded nor checkpointed per block."""
+
+    strategy: Literal["ddp"] = "ddp"
+    """Only ``ddp``: the encoder has no decoder blocks to shard (an all-MiniLM-sized encoder fits any GPU)."""
+
+    def __post_init__(self) -> None:
+        _require(not self.activation_checkpointing, "activation_checkpointing", self.activation_checkpointing,
+                 "the retriever's encoder has no decoder blocks to checkpoint; set false")
+
+
 @dataclass
 class RetrieverConfig:
     model: str = ""
@@ -156,6 +199,8 @@ class RetrieverConfig:
     """Use passages from all ranks as negatives (gradient-preserving all-gather)."""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=5e-5, warmup_steps=3))
     """Optimizer and schedule."""
+    parallelism: EncoderParallelismConfig = field(default_factory=EncoderParallelismConfig)
+    """How the ranks share the encoder: ``ddp`` only (an all-MiniLM-sized encoder fits any GPU)."""
 
     def __post_init__(self) -> None:
         _require(8 <= self.max_length <= 8192, "max_length", self.max_length, "must be in [8, 8192]")
@@ -238,6 +283,9 @@ class GeneratorConfig:
     """Optimizer steps to train."""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-3, weight_decay=0.0, warmup_steps=10))
     """Optimizer and schedule."""
+    parallelism: ParallelismConfig = field(
+        default_factory=lambda: ParallelismConfig(strategy=GENERATOR_DEFAULT_STRATEGY))
+    """How the ranks share the causal LM: ddp, fsdp or hsdp (see :data:`GENERATOR_DEFAULT_STRATEGY`)."""
 
     def __post_init__(self) -> None:
         _require(1 <= self.top_k <= 50, "top_k", self.top_k, "must be in [1, 50]")
@@ -712,15 +760,16 @@ def describe_fields(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, 
     import inspect
 
     docs: dict[str, str] = {}
-    try:
-        tree = ast.parse(inspect.getsource(cls))
+    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):  # a subclass's own win
+        try:
+            tree = ast.parse(inspect.getsource(klass))
+        except (OSError, TypeError):
+            continue
         body = tree.body[0].body  # type: ignore[attr-defined]
         for a, b in zip(body, body[1:]):
             if isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name) and isinstance(b, ast.Expr) \
                     and isinstance(getattr(b, "value", None), ast.Constant) and isinstance(b.value.value, str):
                 docs[a.target.id] = b.value.value
-    except (OSError, TypeError):
-        pass
     out: list[tuple[str, str]] = []
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):

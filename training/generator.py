@@ -2,6 +2,7 @@
 
     torchrun --nnodes=N --nproc-per-node=G -m training.generator --config RUN.yaml [--key=value ...]
     python -m training.generator --config RUN.yaml
+    torchrun --nproc-per-node=8 -m training.generator --config RUN.yaml --generator.parallelism.strategy=fsdp
 
 Prompt: ``question: Q context: P1 | P2 ... answer:`` with the top ``generator.top_k``
 passages retrieved by the index stage's encoder and index, then the answer and an end
@@ -20,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from training.components import distributed as D
+from training.components import sharding as S
 from training.components.data import Datasets, QAExample, load_datasets
 from training.components.logs import get_logger
 from training.components.loop import TrainTask, seed_everything, train
@@ -150,7 +152,7 @@ def make_task(cfg: RunConfig, model: torch.nn.Module, tok: Any, encoded: list[tu
         grad_accum=g.grad_accum, max_steps=g.max_steps, optim=g.optim,
         make_batch=lambda idx: pad_batch([encoded[i] for i in idx], pad),
         count=lambda b: int((b["labels"][:, 1:] != IGNORE).sum()),
-        loss_sum=answer_loss_sum, tokens=lambda b: int(b["attention_mask"].sum()))
+        loss_sum=answer_loss_sum, tokens=lambda b: int(b["attention_mask"].sum()), parallelism=g.parallelism)
 
 
 def _train(cfg: RunConfig, env: D.DistEnv) -> int:
@@ -167,12 +169,21 @@ def _train(cfg: RunConfig, env: D.DistEnv) -> int:
     n_params = sum(p.numel() for p in model.parameters())
     log.info("generator: %d examples, %.2fM params, top_k=%d, world_size=%d", len(encoded), n_params / 1e6,
              g.top_k, env.world_size)
-    result = train(make_task(cfg, model, tok, encoded), cfg, env, out)
+    task = make_task(cfg, model, tok, encoded)
+    result = train(task, cfg, env, out)
     if result.exit_code != OK:
         return result.exit_code
+    # Sharded: gathered tensor by tensor into rank 0's CPU memory (a collective), never whole on a GPU.
+    full = S.full_model_state(task.model) if S.is_sharded(task.model) else None
     if env.is_main:
         (out / "model").mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(out / "model")
+        if full is None:
+            model.save_pretrained(out / "model")
+        else:  # the HF model's own names (no "lm." of the AnswerLoss wrapper), tied copies left out as HF does
+            tied = {n for n, _ in model.named_parameters(remove_duplicate=False)} - \
+                {n for n, _ in model.named_parameters()}
+            model.save_pretrained(out / "model", state_dict={
+                name: v for k, v in full.items() if (name := k.removeprefix("lm.")) not in tied})
         tok.save_pretrained(out / "model")
         log.info("generator model saved to %s", out / "model")
         complete_stage(cfg, STAGE, {**result.summary(prefix="answer_"), "params": n_params,

@@ -71,7 +71,8 @@ def make_task(cfg: RunConfig, env: D.DistEnv, data: Datasets, model: DualEncoder
     return TrainTask(
         stage=STAGE, model=model, n_examples=len(data.train), global_batch_size=rc.global_batch_size,
         grad_accum=rc.grad_accum, max_steps=rc.max_steps, optim=rc.optim, make_batch=make_batch,
-        count=lambda b: int(b["n"]), loss_sum=loss_sum, tokens=lambda b: int(b["attention_mask"].sum()))
+        count=lambda b: int(b["n"]), loss_sum=loss_sum, tokens=lambda b: int(b["attention_mask"].sum()),
+        parallelism=rc.parallelism)
 
 
 def _train(cfg: RunConfig, env: D.DistEnv) -> int:

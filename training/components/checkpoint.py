@@ -12,6 +12,11 @@ a complete checkpoint or a temp dir that is ignored and cleaned. Loading picks t
 checkpoint whose manifest matches its files and that deserialises; truncated or corrupt
 ones are skipped with a warning. Only rank 0 writes (DDP state is replicated).
 
+Under ``fsdp``/``hsdp`` the model and optimizer are sharded: :func:`save_dcp_checkpoint` has every
+rank write its shards with ``torch.distributed.checkpoint`` into ``dcp/`` of the same temp dir
+(manifest ``"format": "dcp"``), and :func:`load_dcp_state` reshards them on load, so a run saved by
+N ranks resumes on M. These saves are blocking (``async_save`` applies to ``.pt`` saves).
+
 Background saves copy the state to CPU memory on a writer thread while the next
 forward/backward runs (the training loop waits for the copy before ``optimizer.step()``
 changes the weights), then serialise and fsync there; the next save waits for the
@@ -167,33 +172,39 @@ def write_checkpoint_dir(root: Path, step: int, state: dict[str, Any]) -> Path:
     tmp = root / f".tmp-{step_dir_name(step)}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        files: dict[str, dict[str, int]] = {}
-        for name, value in state.items():
-            path = tmp / f"{name}.pt"
-            # 1 MiB buffer: zip headers are coalesced, tensor payloads bigger than it go
-            # straight from the tensor's memory to the kernel (no copy through the buffer).
-            with path.open("wb", buffering=1 << 20) as fh, _without_torch_zip_crc():
-                writer = _CrcWriter(fh)
-                torch.save(value, writer)
-                fh.flush()
-                os.fsync(fh.fileno())
-            files[path.name] = {"bytes": writer.n, _WRITE_CHECKSUM: writer.crc}
-        manifest = {"step": step, "files": files, "written_at": time.time()}
-        mpath = tmp / "manifest.json"
-        with mpath.open("w") as fh:
-            json.dump(manifest, fh, sort_keys=True)
-            fh.flush()
-            os.fsync(fh.fileno())
-        _fsync_dir(tmp)
-        if final.exists():
-            # Same step saved twice (e.g. a resumed run re-saving): replace the old copy.
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-        _fsync_dir(root)
+        files = {f"{name}.pt": _write_pt(tmp / f"{name}.pt", value) for name, value in state.items()}
+        _commit(root, tmp, final, {"step": step, "files": files})
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
+
+
+def _write_pt(path: Path, value: Any) -> dict[str, int]:
+    """``torch.save`` ``value`` to ``path``, fsynced; its manifest entry (size and checksum)."""
+    # 1 MiB buffer: zip headers are coalesced, tensor payloads bigger than it go
+    # straight from the tensor's memory to the kernel (no copy through the buffer).
+    with path.open("wb", buffering=1 << 20) as fh, _without_torch_zip_crc():
+        writer = _CrcWriter(fh)
+        torch.save(value, writer)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return {"bytes": writer.n, _WRITE_CHECKSUM: writer.crc}
+
+
+def _commit(root: Path, tmp: Path, final: Path, manifest: dict[str, Any]) -> None:
+    """Write ``manifest.json`` last into ``tmp``, fsync it and the dir, rename ``tmp`` to ``final``."""
+    mpath = tmp / "manifest.json"
+    with mpath.open("w") as fh:
+        json.dump({**manifest, "written_at": time.time()}, fh, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    _fsync_dir(tmp)
+    if final.exists():
+        # Same step saved twice (e.g. a resumed run re-saving): replace the old copy.
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    _fsync_dir(root)
 
 
 def verify_checkpoint_dir(path: Path, check_crc: bool = True) -> str | None:
@@ -235,10 +246,96 @@ def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
 
 
 def load_checkpoint_dir(path: Path) -> dict[str, Any]:
-    """Every ``*.pt`` state in a verified checkpoint dir, by name."""
+    """Every ``*.pt`` state in a verified checkpoint dir, by name (a DCP checkpoint's sharded model and
+    optimizer are not among them: :func:`load_dcp_state` loads those)."""
     manifest = json.loads((path / "manifest.json").read_text())
     return {name[:-3]: torch.load(path / name, map_location="cpu", weights_only=True)
-            for name in manifest["files"]}
+            for name in manifest["files"] if name.endswith(".pt") and "/" not in name}
+
+
+def checkpoint_format(path: Path) -> str:
+    """``pt`` (one ``.pt`` per state, written by rank 0) or ``dcp`` (model and optimizer sharded by
+    ``torch.distributed.checkpoint`` under ``dcp/``), from a verified checkpoint's manifest."""
+    return str(json.loads((path / "manifest.json").read_text()).get("format", "pt"))
+
+
+# --------------------------------------------------------------------------- DCP (fsdp / hsdp)
+#: Sub-directory of a DCP checkpoint holding ``torch.distributed.checkpoint``'s files.
+DCP_DIR = "dcp"
+
+
+def _files_under(path: Path) -> list[Path]:
+    return sorted(p for p in path.rglob("*") if p.is_file())
+
+
+def save_dcp_checkpoint(root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                        extra: dict[str, Any], env: Any, keep_latest_k: int) -> Path:
+    """A collective: every rank writes its shards of the model and optimizer state with DCP
+    (``get_state_dict``, any world size can load them back), rank 0 the ``extra`` states as ``.pt``.
+
+    The same scheme as :func:`write_checkpoint_dir`: all of it goes into one temp dir; each rank then
+    checksums a share of the files (its own, fresh in its page cache), rank 0 writes the manifest
+    with every file's size and CRC32C last, renames the dir into place and prunes to
+    ``keep_latest_k``. A rank killed mid-save leaves only the temp dir (ignored, cleaned on resume).
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from training.components import distributed as D
+
+    final = root / step_dir_name(step)
+    tmp_name = None
+    if env.is_main:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp_name = f".tmp-{step_dir_name(step)}-{uuid.uuid4().hex[:8]}"
+        (root / tmp_name / DCP_DIR).mkdir(parents=True)
+    tmp = root / D.broadcast_object(env, tmp_name)
+    try:
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp / DCP_DIR))
+        files: dict[str, dict[str, int]] = {}
+        if env.is_main:
+            files.update({f"{name}.pt": _write_pt(tmp / f"{name}.pt", value) for name, value in extra.items()})
+        D.barrier(env)  # every rank's shards are fsynced: share out the checksums
+        mine = _files_under(tmp / DCP_DIR)[env.rank::env.world_size]
+        files.update({str(p.relative_to(tmp)): {"bytes": p.stat().st_size,
+                                                 _WRITE_CHECKSUM: _checksum(p, _WRITE_CHECKSUM)} for p in mine})
+        everyone = D.all_gather_object(env, files)
+        if env.is_main:
+            merged = {k: v for part in everyone for k, v in part.items()}
+            _commit(root, tmp, final, {"step": step, "format": "dcp", "world_size": env.world_size,
+                                       "files": merged})
+            _prune(root, keep_latest_k)
+        D.barrier(env)
+    except BaseException:
+        if env.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def load_dcp_state(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Load a DCP checkpoint's model and optimizer state into ``model``/``optimizer`` as they are
+    sharded now (any world size, sharded or not): DCP reads each rank's slices of every tensor."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optimizer": optim_sd}
+    dcp.load(state, checkpoint_id=str(path / DCP_DIR))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def _prune(root: Path, keep_latest_k: int) -> None:
+    """Keep the newest ``keep_latest_k`` complete checkpoints; drop incomplete ones older than the newest."""
+    complete = [(s, p) for s, p in list_checkpoints(root) if verify_checkpoint_dir(p, check_crc=False) is None]
+    for _, path in complete[:-keep_latest_k]:
+        shutil.rmtree(path, ignore_errors=True)
+    newest = complete[-1][0] if complete else -1
+    # Incomplete dirs older than the newest complete one are garbage from crashes.
+    for step, path in list_checkpoints(root):
+        if step < newest and verify_checkpoint_dir(path, check_crc=False) is not None:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 class Checkpointer:
@@ -331,14 +428,7 @@ class Checkpointer:
             raise CheckpointError(f"checkpoint write under {self.root} failed: {err}") from err
 
     def _prune(self) -> None:
-        complete = [(s, p) for s, p in list_checkpoints(self.root) if verify_checkpoint_dir(p, check_crc=False) is None]
-        for _, path in complete[:-self.keep_latest_k]:
-            shutil.rmtree(path, ignore_errors=True)
-        newest = complete[-1][0] if complete else -1
-        # Incomplete dirs older than the newest complete one are garbage from crashes.
-        for step, path in list_checkpoints(self.root):
-            if step < newest and verify_checkpoint_dir(path, check_crc=False) is not None:
-                shutil.rmtree(path, ignore_errors=True)
+        _prune(self.root, self.keep_latest_k)
 
     def clean_temp(self) -> None:
         """Remove temp dirs left by crashed writers (rank 0, before training starts)."""

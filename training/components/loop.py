@@ -29,13 +29,15 @@ import numpy as np
 import torch
 
 from training.components import distributed as D
-from training.components.checkpoint import Checkpointer, load_checkpoint_dir, step_dir_name
+from training.components import sharding as S
+from training.components.checkpoint import (Checkpointer, checkpoint_format, load_checkpoint_dir, load_dcp_state,
+                                            save_dcp_checkpoint, step_dir_name)
 from training.components.data import ResumableOrder
 from training.components.logs import Progress, get_logger
 from training.components.metrics import process_metrics
 from training.components.optim import build_optimizer, build_scheduler
 from training.components.stage import PREEMPTED_MARKER, write_json_atomic
-from training.config import OptimConfig, RunConfig
+from training.config import ConfigError, OptimConfig, ParallelismConfig, RunConfig
 from training.exit_codes import OK, RETRIABLE
 
 #: Comma-separated importable modules, each with ``step_hooks() -> list[StepHook]``, whose
@@ -72,6 +74,9 @@ class TrainTask:
     """(wrapped model, micro-batch, device) -> summed (not averaged) loss of this rank's micro-batch."""
     tokens: Callable[[Any], int] = lambda batch: 0
     """Input tokens in a micro-batch (for tokens/s)."""
+    parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
+    """DDP, or FSDP2/HSDP sharding per decoder block (:mod:`training.components.sharding`), and
+    activation checkpointing; sharded runs checkpoint with DCP."""
 
 
 @dataclass
@@ -181,7 +186,10 @@ class Trainer:
         metrics = process_metrics()
         metrics.serve(cfg.metrics.port, cfg.metrics.addr, env.local_rank)
         self.metrics = metrics.for_stage(cfg.run_id, task.stage, env.rank)
-        self.model = task.model.to(env.device)
+        self.par = task.parallelism
+        # Sharding comes before the optimizer: AdamW must hold (and size its state by) the shards.
+        self.model = S.shard_model(task.model.to(env.device), self.par, env, task.stage)
+        self.sharded = S.is_sharded(self.model)
         self.model.train()
         self.wrapped: torch.nn.Module = self.model
         self.optimizer = build_optimizer(self.model, task.optim)
@@ -213,8 +221,10 @@ class Trainer:
         if self.step >= task.max_steps:
             self.log.info("already at step %d of %d", self.step, task.max_steps)
             return self._result(OK)
-        dc = self.cfg.distributed
-        self.wrapped = D.wrap_ddp(self.model, env, dc.grad_compression, dc.bucket_cap_mb, dc.sparse_embedding_grads)
+        if not self.par.sharded:
+            dc = self.cfg.distributed
+            self.wrapped = D.wrap_ddp(self.model, env, dc.grad_compression, dc.bucket_cap_mb,
+                                      dc.sparse_embedding_grads)
         self.progress = Progress(self.log, task.max_steps, self.cfg.metrics.log_every, env.is_main, start=self.step)
         self.stop.install()
         try:
@@ -243,13 +253,21 @@ class Trainer:
         if env.is_main:
             self.ckpt.clean_temp()
             found = self.ckpt.latest()
-        chosen = D.broadcast_object(env, found[0] if found else None)
+        chosen = D.broadcast_object(env, (found[0], checkpoint_format(self.ckpt.root / step_dir_name(found[0])))
+                                    if found else None)
         if chosen is None:
             return
-        path = self.ckpt.root / step_dir_name(chosen)
+        path = self.ckpt.root / step_dir_name(chosen[0])
         states = found[1] if found else load_checkpoint_dir(path)
-        self.model.load_state_dict(states["model"])
-        self.optimizer.load_state_dict(states["optimizer"])
+        if chosen[1] == "dcp":  # sharded: each rank reads its slices, whatever world size wrote them
+            load_dcp_state(path, self.model, self.optimizer)
+        elif self.sharded:
+            raise ConfigError(f"parallelism.strategy={self.par.strategy!r}: checkpoint {path} was written "
+                              "unsharded (ddp); finish the stage with ddp or delete its checkpoints",
+                              "parallelism.strategy")
+        else:
+            self.model.load_state_dict(states["model"])
+            self.optimizer.load_state_dict(states["optimizer"])
         self.scheduler.load_state_dict(states["scheduler"])
         trainer = states["trainer"]
         self.step = self.resumed_from = int(trainer["step"])
@@ -273,13 +291,17 @@ class Trainer:
         n_tokens = 0
         for i, batch in enumerate(micro):
             last = i == len(micro) - 1
-            with self.wrapped.no_sync() if (env.distributed and not last) else contextlib.nullcontext():
+            if self.sharded:  # FSDP2 reduce-scatters on the last micro-step only, as DDP all-reduces
+                S.set_gradient_sync(self.model, last)
+            with self.wrapped.no_sync() if (env.distributed and not last and not self.sharded) \
+                    else contextlib.nullcontext():
                 with self._autocast:
                     loss = task.loss_sum(self.wrapped, batch, env.device) * scale
                 loss.backward()
             loss_acc += loss.detach().double()
             n_tokens += task.tokens(batch)
         if task.optim.grad_clip > 0:
+            # On DTensor shards the norm is reduced over the ranks: the same global norm as DDP's.
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), task.optim.grad_clip)
         if env.is_main:
             self.ckpt.wait_snapshot()  # a background save must have copied the weights first
@@ -299,8 +321,8 @@ class Trainer:
         return summary[1].item() > 0
 
     def _periodic_save(self) -> None:
-        """Every ``checkpoint.every_steps`` (in the background with ``async_save``); the last step
-        is saved by :meth:`train` itself."""
+        """Every ``checkpoint.every_steps`` (in the background with ``async_save``, unsharded only);
+        the last step is saved by :meth:`train` itself."""
         every = self.cfg.checkpoint.every_steps
         if every and self.step % every == 0 and self.step < self.task.max_steps:
             self.save(blocking=not self.cfg.checkpoint.async_save)
@@ -325,11 +347,19 @@ class Trainer:
     def save(self, blocking: bool) -> None:
         """Checkpoint the current step (a collective: every rank calls it; rank 0 writes)."""
         rngs = D.all_gather_object(self.env, rng_state())
-        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                 "scheduler": self.scheduler.state_dict(),
+        state = {"scheduler": self.scheduler.state_dict(),
                  "trainer": {"step": self.step, "data_position": self.order.position(self.step), "rng": rngs,
                              "world_size": self.env.world_size,
                              "global_batch_size": self.task.global_batch_size}}
+        if self.par.sharded:  # every rank writes its shards (blocking), rank 0 the rest
+            t0 = time.monotonic()
+            save_dcp_checkpoint(self.ckpt.root, self.step, self.model, self.optimizer, state, self.env,
+                                self.cfg.checkpoint.keep_latest_k)
+            if self.env.is_main:
+                self.ckpt.last_saved_step = self.step
+                self.metrics.checkpoint(time.monotonic() - t0)
+            return
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), **state}
         if self.env.is_main:
             self.ckpt.save(self.step, state, blocking=blocking)
 

@@ -54,8 +54,11 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 def stage_fingerprint(cfg: RunConfig, stage: str) -> str:
     """Hash of what shapes ``stage``'s output: data, seed, its and its upstream sections."""
     upstream = STAGES[: STAGES.index(stage) + 1]
+    # ``parallelism`` is how the ranks share the work, not what is learnt (the same math): a stage
+    # may finish with another strategy than it started with, and old markers keep their fingerprint.
     shaping = {"seed": cfg.seed, "data": dataclasses.asdict(cfg.data),
-               **{s: dataclasses.asdict(getattr(cfg, s)) for s in upstream}}
+               **{s: {k: v for k, v in dataclasses.asdict(getattr(cfg, s)).items() if k != "parallelism"}
+                  for s in upstream}}
     return hashlib.sha256(json.dumps(shaping, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

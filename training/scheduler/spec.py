@@ -387,6 +387,9 @@ def parse_spec(raw: Any, *, source: str = "run spec", shared_root: str | None = 
     problem = _training_config_problem(spec, shared_root)
     if problem:
         raise SpecError([problem], source)
+    problems = parallelism_problems(spec, shared_root)
+    if problems:
+        raise SpecError(problems, source)
     if spec.executor == "ray":
         problems = ray_problems(spec, shared_root)
         if problems:
@@ -448,6 +451,26 @@ def _spec_field(spec: RunSpec, key: str | None) -> str:
     if head in _SPEC_OWN_KEYS:
         return key
     return f"hyperparameters.{RUN_SECTION}.{key}"
+
+
+def parallelism_problems(spec: RunSpec, shared_root: str) -> list[tuple[str, str]]:
+    """``hsdp`` replicates across nodes and shards within one: it needs a torchrun run of ``nodes`` >= 2
+    (the world is nodes x gpus_per_node, so it divides into nodes). Which stage may shard at all is the
+    run config's own check (its ``parallelism`` types); ``fsdp`` on one rank is allowed (it warns)."""
+    cfg = load_run_config(spec.to_training_config(shared_root))
+    out = []
+    for stage in spec.stages:
+        if getattr(getattr(cfg, stage), "parallelism", None) is None \
+                or getattr(cfg, stage).parallelism.strategy != "hsdp":
+            continue
+        key = _spec_field(spec, f"{stage}.parallelism.strategy")
+        if spec.executor != "torchrun":
+            out.append((key, f"hsdp needs torchrun's fixed GPUs per node to build its node x GPU mesh; "
+                             f"executor: {spec.executor} places workers freely: use fsdp"))
+        elif spec.nodes < 2:
+            out.append((key, f"hsdp shards within a node and replicates across nodes, but nodes: {spec.nodes} "
+                             "gives one node: use fsdp, or nodes >= 2"))
+    return out
 
 
 def _training_config_problem(spec: RunSpec, shared_root: str) -> tuple[str, str] | None:

@@ -1,0 +1,115 @@
+"""training.generator under ``parallelism.strategy: fsdp`` (FSDP2 on CPU with gloo, 2 processes, the tiny Llama).
+
+- FSDP takes the same steps as DDP: per-step global loss within 1e-4 relative, final weights
+  within 1e-4 absolute (same math; only the reduction order of the sharded collectives differs).
+- SIGKILL mid-stage, then resume from the DCP checkpoint: final weights bit-exact.
+- A DCP checkpoint written by 2 ranks resumes on 1 rank and back on 2 (see
+  tests/training/components/test_dcp.py for the tensor-by-tensor equality of model and optimizer).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.support.training import RESUME_FAULT_ENV, load_params, run_stage, write_run
+
+pytestmark = pytest.mark.slow
+
+TINY = {"arch": "llama", "hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64}
+
+
+@pytest.fixture(scope="module")
+def indexed_root(tmp_path_factory: pytest.TempPathFactory, tiny_encoder_no_dropout: Path) -> Path:
+    """A shared root with the synthetic dataset and one index built by the index stage (1 process)."""
+    from training.demo import synthetic
+
+    root = tmp_path_factory.mktemp("fsdp_shared")
+    synthetic.write(root / "datasets" / "synthetic", seed=3, n_entities=20)
+    spec = write_run(root, "base", retriever={"model": str(tiny_encoder_no_dropout), "max_length": 32},
+                     index={"use_finetuned": False})
+    out = run_stage("index", spec, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return root
+
+
+def _run(root: Path, run_id: str, nproc: int, strategy: str, max_steps: int = 4, grad_accum: int = 1,
+         **env: str):
+    shutil.copytree(root / "runs" / "base" / "index", root / "runs" / run_id / "index", dirs_exist_ok=True)
+    spec = write_run(root, run_id, generator={
+        "tiny": TINY, "max_length": 96, "global_batch_size": 8, "grad_accum": grad_accum, "max_steps": max_steps,
+        "optim": {"lr": 3e-3, "warmup_steps": 2, "grad_clip": 0.5},
+        "parallelism": {"strategy": strategy}},
+        checkpoint={"every_steps": 2, "async_save": True, "keep_latest_k": 2})
+    return run_stage("generator", spec, nproc=nproc, timeout=300, **env)
+
+
+def _params(root: Path, run_id: str) -> dict:
+    return load_params(root / "runs" / run_id / "generator" / "model")
+
+
+def _losses(root: Path, run_id: str) -> dict[int, float]:
+    """Global loss per step from rank 0's ``log.jsonl`` (the last record of each step wins)."""
+    out = {}
+    for line in (root / "runs" / run_id / "generator" / "log.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("message") == "step" and "loss" in rec.get("fields", {}):
+            out[rec["step"]] = rec["fields"]["loss"]
+    return out
+
+
+def test_fsdp_loss_curve_and_weights_match_ddp(indexed_root) -> None:
+    for run_id, strategy in (("ddp", "ddp"), ("fsdp", "fsdp")):
+        out = _run(indexed_root, run_id, 2, strategy, grad_accum=2)
+        assert out.returncode == 0, out.stderr[-3000:]
+    assert "fully_shard: 2 LlamaDecoderLayer blocks + root" in \
+        (indexed_root / "runs" / "fsdp" / "generator" / "log.jsonl").read_text()
+    ddp, fsdp = _losses(indexed_root, "ddp"), _losses(indexed_root, "fsdp")
+    assert sorted(ddp) == sorted(fsdp) == [1, 2, 3, 4]
+    for step in ddp:
+        assert fsdp[step] == pytest.approx(ddp[step], rel=1e-4), (step, ddp, fsdp)
+    assert ddp[4] < ddp[1], "loss did not fall: the comparison would be vacuous"
+    a, b = _params(indexed_root, "ddp"), _params(indexed_root, "fsdp")
+    assert a.keys() == b.keys(), "the gathered HF directory must have the same tensors as DDP's"
+    diff = max(float((a[k] - b[k]).abs().max()) for k in a)
+    assert diff < 1e-4, f"fsdp weights differ from ddp by {diff}"
+    ckpt = indexed_root / "runs" / "fsdp" / "generator" / "checkpoints" / "step_000004"
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    assert manifest["format"] == "dcp" and manifest["world_size"] == 2
+    assert {"dcp/.metadata", "scheduler.pt", "trainer.pt"} <= set(manifest["files"])
+    assert sum(n.endswith(".distcp") for n in manifest["files"]) == 2  # one shard file per rank
+
+
+def test_fsdp_sigkill_then_resume_is_bit_exact(indexed_root) -> None:
+    straight = _run(indexed_root, "f-straight", 2, "fsdp", max_steps=6)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    killed = _run(indexed_root, "f-killed", 2, "fsdp", max_steps=6, **{RESUME_FAULT_ENV: "3"})
+    assert killed.returncode != 0
+    ckpts = indexed_root / "runs" / "f-killed" / "generator" / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir() if not p.name.startswith(".")) == ["step_000002"]
+    resumed = _run(indexed_root, "f-killed", 2, "fsdp", max_steps=6)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    marker = json.loads((ckpts.parent / "_COMPLETE").read_text())
+    assert marker["resumed_from"] == 2 and marker["steps"] == 6
+    a, b = _params(indexed_root, "f-straight"), _params(indexed_root, "f-killed")
+    unequal = [k for k in a if not torch.equal(a[k], b[k])]
+    assert a.keys() == b.keys() and unequal == [], f"not bit-exact: {unequal[:5]}"
+
+
+def test_resume_at_another_world_size_2_1_2(indexed_root) -> None:
+    """Stopped at step 2 by 2 ranks, continued to 4 by 1 rank, finished at 6 by 2 ranks: each resume
+    loads the other world size's DCP checkpoint, and the result stays on DDP's trajectory."""
+    ref = _run(indexed_root, "w-ref", 2, "ddp", max_steps=6)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    for nproc, kill in ((2, "2"), (1, "4"), (2, None)):
+        out = _run(indexed_root, "w-212", nproc, "fsdp", max_steps=6, **({RESUME_FAULT_ENV: kill} if kill else {}))
+        assert (out.returncode == 0) == (kill is None), out.stderr[-3000:]
+    marker = json.loads((indexed_root / "runs" / "w-212" / "generator" / "_COMPLETE").read_text())
+    assert marker["resumed_from"] == 4 and marker["steps"] == 6
+    a, b = _params(indexed_root, "w-ref"), _params(indexed_root, "w-212")
+    diff = max(float((a[k] - b[k]).abs().max()) for k in a)
+    assert diff < 1e-4, f"2->1->2 fsdp run differs from the 2-rank ddp run by {diff}"
