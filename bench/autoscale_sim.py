@@ -29,9 +29,10 @@ What stands in for the cluster (:class:`Cluster`):
 - The run itself: the worker's test hook ``RAGPOOL_WORKER_TEST_COMMAND`` runs
   :data:`WORKLOAD` in place of torchrun: ``max_steps`` steps of ``step_s``, a checkpoint file
   after each step, resumed from on the next attempt, each finished execution appended to
-  ``runs/<id>/sim-done-<node>`` (so a run done twice is seen).
+  ``runs/<id>/sim-done-<node>`` (so a run done twice is seen); an attempt for which
+  ``runs/<id>/sim-fail-attempt-<n>`` exists exits 1 at once (a failed attempt, retried).
 - The worker's settings KEDA's timing depends on (``--lease-seconds``, ``--idle-exit-seconds``,
-  ``--poll-seconds``, ``--gang-deadline-seconds``), the ScaledJob's ``pollingInterval`` and the
+  ``--poll-seconds``, ``--gang-deadline-seconds``, the retry back-off), the ScaledJob's ``pollingInterval`` and the
   keeper's ``--interval-seconds`` are set from :class:`Settings`;
   the health check is off (no GPU here).
 
@@ -74,6 +75,7 @@ set -e
 d="$RAGPOOL_SHARED_ROOT/runs/{run_id}"
 steps=$(sed -n 's/^  max_steps: //p' "{config}" | head -n 1)
 ck="$d/sim-ckpt-{node_index}"
+if [ -f "$d/sim-fail-attempt-{attempt}" ]; then echo "attempt {attempt} fails as asked" >&2; exit 1; fi
 s=$(cat "$ck" 2>/dev/null || echo 0)
 echo "attempt {attempt} node {node_index} worker $RAGPOOL_WORKER_ID from step $s" >> "$d/sim-log"
 while [ "$s" -lt "${steps:-1}" ]; do
@@ -100,6 +102,9 @@ class Settings:
     """The keeper's ``--interval-seconds``."""
     worker_poll_s: float = 0.5
     """The workers' ``--poll-seconds``."""
+    backoff_s: float = 6.0
+    """The workers' retry back-off (``--backoff-base-seconds`` = ``--backoff-max-seconds``): longer
+    than idle-exit, so a failed run's retry comes due when no worker is left."""
     gang_deadline_s: float = 6.0
     """The workers' ``--gang-deadline-seconds`` (all pods of a multi-node Job join by then, or none runs)."""
     step_s: float = 0.25
@@ -686,7 +691,8 @@ def localize(manifest: dict, settings: Settings) -> dict:
     args = container.get("args", [])
     for flag, value in (("--lease-seconds", settings.lease_s), ("--idle-exit-seconds", settings.idle_exit_s),
                         ("--poll-seconds", settings.worker_poll_s), ("--health-check-timeout-seconds", 0),
-                        ("--gang-deadline-seconds", settings.gang_deadline_s)):
+                        ("--gang-deadline-seconds", settings.gang_deadline_s),
+                        ("--backoff-base-seconds", settings.backoff_s), ("--backoff-max-seconds", settings.backoff_s)):
         args = set_flag(args, flag, f"{value:g}")
     container["args"] = args
     return out
@@ -792,13 +798,19 @@ class Simulation:
                                                 lease_seconds=self.settings.lease_s)
         return self._queues[namespace]
 
-    def submit(self, namespace: str, run_id: str, *, max_steps: int = 4, **fields: Any) -> Submitted:
-        """Submit a run (validated like ``ragpool submit``) whose workload takes ``max_steps`` steps."""
+    def submit(self, namespace: str, run_id: str, *, max_steps: int = 4, fail_attempts: Iterable[int] = (),
+               **fields: Any) -> Submitted:
+        """Submit a run (validated like ``ragpool submit``) whose workload takes ``max_steps`` steps
+        and fails on the attempts ``fail_attempts``."""
         from training.scheduler.spec import parse_spec
 
         raw = {"run_id": run_id, "stages": ["retriever"], "hyperparameters": {"retriever": {"max_steps": max_steps}},
                **fields}
         spec = parse_spec(raw, shared_root=str(self.shared_root))
+        for attempt in fail_attempts:
+            run_dir = self.shared_root / "runs" / run_id
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / f"sim-fail-attempt-{attempt}").touch()
         at = time.time()
         result = self.queue(namespace).submit(spec)
         if not result.created:

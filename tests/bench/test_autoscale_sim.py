@@ -6,6 +6,7 @@ KEDA's job-count algorithm (bench/keda_scaledjob.py), a fake Job controller whos
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 
@@ -101,6 +102,26 @@ def test_a_lost_worker_is_replaced_and_the_run_resumes_from_its_checkpoint(plan,
         assert len(pods) == 2 and pods[0] != pods[1]
         # The goal is lease + interval + 5 s; on these shared cores allow 10 s more.
         assert lost["replacement_s"] <= SETTINGS.lease_s + SETTINGS.polling_interval_s + 15, lost
+        assert sim.cluster.unfinished_jobs() == 0
+
+
+def test_a_retry_that_comes_due_with_no_worker_left_gets_a_new_job(plan, tmp_path):
+    """Attempt 1 fails; its worker exits idle before the back-off is over, so no Job is left. The
+    keeper moves the due retry back to the lane's ready list and KEDA starts a Job for it."""
+    stack = stack_from_plan(plan, MAIN_NAMESPACE)
+    with Simulation(tmp_path / "sim", stack, SETTINGS) as sim:
+        namespace = queue_namespace(the_scaled_job(stack, nodes=1))
+        sim.submit(namespace, "retried", fail_attempts=[1])
+        sim.wait_for(lambda: sim.info("retried").state == "failed", 60, "attempt 1 to fail")
+        first = sim.cluster.pod_named(sim.info("retried").worker)
+        sim.wait_for(lambda: sim.cluster.unfinished_jobs() == 0, 30, "the worker to exit with nothing to claim")
+        zero_at = time.time()
+        assert sim.info("retried").state == "failed", "the retry came due before the pool was at zero"
+        sim.settle(SETTLE_S)
+        info = sim.info("retried")
+        assert info.state == "succeeded" and info.attempts == 2 and info.completions == 1, info
+        second = sim.cluster.pod_named(sim.claimer_pods("retried")[-1])
+        assert second.job is not first.job and second.job.created_at > zero_at
         assert sim.cluster.unfinished_jobs() == 0
 
 
