@@ -32,6 +32,18 @@ Sources and what each needs from the deployment (see ``dashboards/README.md``):
   ``autoscaler_*`` (ray/autoscaler/_private/prom_metrics.py) on the head's ``as-metrics``.
   Ray's own dashboards (dashboards/boards/ray.py) read more of Ray's names; they are Ray's
   and are not listed here.
+* ``keda``: the KEDA operator 2.20.2 (infra/keda.py; chart value ``prometheus.operator``,
+  scraped by its PodMonitor). kedacore/keda v2.20.2 pkg/metricscollector/prommetrics.go:
+  ``keda_scaler_metrics_value{namespace, scaledObject, scaler, triggerIndex, metric, type}``
+  (``scaledObject`` holds the ScaledJob's name for ``type="scaledjob"``; a Redis trigger's
+  value is the list's length) and ``keda_scaled_job_errors_total{namespace, scaledJob}`` (counted
+  for every failed read in pkg/scaling/scale_handler.go getScaledJobMetrics; the per-scaler
+  ``keda_scaler_detail_errors_total`` is not, for ScaledJobs, at that tag).
+* kube-state-metrics Jobs and pods (internal/store/job.go, pod.go at v2.20.0): KEDA's Jobs carry
+  the ScaledJob as controller owner (``kube_job_owner{owner_kind="ScaledJob"}``), their pods the
+  Job (``kube_pod_owner{owner_kind="Job"}``); ``kube_job_complete``/``kube_job_failed`` and
+  ``kube_pod_status_ready`` carry ``condition`` (true|false|unknown), ``kube_pod_status_phase``
+  ``phase``.
 """
 
 from __future__ import annotations
@@ -39,7 +51,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Source = Literal["kube-state-metrics", "redis_exporter", "yace", "kuberay-operator", "ray"]
+Source = Literal["kube-state-metrics", "redis_exporter", "yace", "kuberay-operator", "ray", "keda"]
 
 
 @dataclass(frozen=True)
@@ -73,6 +85,22 @@ EXTERNAL_METRICS: tuple[ExternalMetric, ...] = (
                    ("namespace", "pod", "node", "resource"), "GPUs requested by pods (allocation vs capacity)"),
     ExternalMetric("kube_pod_container_status_ready", "kube-state-metrics", ("namespace", "pod", "container"),
                    "readiness of the Ray head container (ray-head): RagpoolRayHeadDown"),
+    ExternalMetric("kube_job_owner", "kube-state-metrics", ("namespace", "job_name", "owner_kind", "owner_name"),
+                   "Job -> the KEDA ScaledJob that started it"),
+    ExternalMetric("kube_job_complete", "kube-state-metrics", ("namespace", "job_name", "condition"),
+                   "finished Jobs (condition=true): no longer counted by KEDA"),
+    ExternalMetric("kube_job_failed", "kube-state-metrics", ("namespace", "job_name", "condition"),
+                   "failed Jobs (condition=true): no longer counted by KEDA"),
+    ExternalMetric("kube_pod_owner", "kube-state-metrics", ("namespace", "pod", "owner_kind", "owner_name"),
+                   "worker pod -> its Job"),
+    ExternalMetric("kube_pod_status_ready", "kube-state-metrics", ("namespace", "pod", "condition"),
+                   "Ready worker pods (a worker holding a claim): KEDA's pendingPodConditions [Ready]"),
+    ExternalMetric("kube_pod_status_phase", "kube-state-metrics", ("namespace", "pod", "phase"),
+                   "worker pods Pending (node coming) and Running"),
+    ExternalMetric("keda_scaler_metrics_value", "keda", ("namespace", "scaledObject", "type"),
+                   "each Redis trigger's last list length, per ScaledJob (scaledObject = its name)"),
+    ExternalMetric("keda_scaled_job_errors_total", "keda", ("namespace", "scaledJob"),
+                   "failed reads of a ScaledJob's triggers"),
     ExternalMetric("kuberay_cluster_info", "kuberay-operator", ("name", "namespace"),
                    "one series per RayCluster the operator knows"),
     ExternalMetric("ray_placement_groups", "ray", ("namespace", "ray_io_cluster", "State"),

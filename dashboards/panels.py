@@ -47,6 +47,8 @@ class Row:
 
     title: str
     panels: Sequence[PanelBuilder]
+    repeat: str | None = None
+    """A dashboard variable: Grafana repeats the row (and its panels) once per selected value."""
 
 
 def _target(query: Query, ref_id: str) -> prom_b.Dataquery:
@@ -209,7 +211,8 @@ def dashboard(
         board = board.with_variable(variable)
     panel_id = 1
     for row in rows:
-        board = board.with_row(dash_b.Row(row.title).id(panel_id))
+        row_builder = dash_b.Row(row.title).id(panel_id)
+        board = board.with_row(row_builder.repeat(row.repeat) if row.repeat else row_builder)
         panel_id += 1
         for panel in row.panels:
             board = board.with_panel(panel.id(panel_id))

@@ -18,6 +18,7 @@ except ConfigError as exc:
 from infra.cluster import Cluster, ClusterArgs  # noqa: E402
 from infra.gpu_plugins import GpuPlugins, GpuPluginsArgs  # noqa: E402
 from infra.gpu_pools import GpuPools, GpuPoolsArgs  # noqa: E402
+from infra.keda import Keda, KedaArgs, KedaQueue  # noqa: E402
 from infra.log_shipping import LogShipping, LogShippingArgs  # noqa: E402
 from infra.monitoring import Monitoring, MonitoringArgs  # noqa: E402
 from infra.network import Network, NetworkArgs  # noqa: E402
@@ -27,6 +28,7 @@ from infra.storage import SharedStorage, StorageArgs  # noqa: E402
 from infra.queue_redis import Redis, RedisArgs  # noqa: E402
 from infra.training_namespace import TRAINING_NAMESPACE, TrainingNamespace, TrainingNamespaceArgs  # noqa: E402
 from infra.worker_jobs import WorkerJobs, WorkerJobsArgs  # noqa: E402
+from training.scheduler.run_queue import DEFAULT_NAMESPACE  # noqa: E402
 
 cluster_name = cfg.name_prefix
 network = Network("network", NetworkArgs(config=cfg, cluster_name=cluster_name))
@@ -46,22 +48,30 @@ registry = Registry("registry", RegistryArgs(config=cfg))
 teams = [TrainingNamespace(f"team-{t.name}", TrainingNamespaceArgs(
     config=cfg, k8s_provider=cluster.provider, depends_on=[cluster.system_nodes, storage], namespace=t.namespace,
     gpu_quota=t.gpu_quota, cluster_scoped=False, shared_claim=storage.claim_name)) for t in cfg.teams]
-redis = Redis("redis", RedisArgs(
-    config=cfg, k8s_provider=cluster.provider, namespace=training.name, vpc_id=network.vpc_id,
-    private_subnet_ids=network.private_subnet_ids, node_security_group_id=cluster.cluster_security_group_id,
-    kms_key_arn=storage.key.arn, depends_on=[training, *teams], client_namespaces=tuple(t.name for t in teams)))
-workers = WorkerJobs("workers", WorkerJobsArgs(
-    config=cfg, k8s_provider=cluster.provider, namespace=training.name, image=registry.image_ref,
-    redis_secret=redis.secret_name, shared_claim=storage.claim_name, depends_on=[redis, storage],
-    ray=ray_endpoint(cfg, TRAINING_NAMESPACE) if cfg.ray.enabled else None))
-for team, team_ns in zip(cfg.teams, teams):
-    WorkerJobs(f"workers-{team.name}", WorkerJobsArgs(
-        config=cfg, k8s_provider=cluster.provider, namespace=team_ns.name, image=registry.image_ref,
-        redis_secret=redis.secret_name, shared_claim=storage.claim_name, depends_on=[redis, team_ns],
-        queue_namespace=team.name, ray=ray_endpoint(cfg, team.namespace, team.gpu_quota) if cfg.ray.enabled else None))
 monitoring = Monitoring("monitoring", MonitoringArgs(
     config=cfg, cluster_name=cluster.name, k8s_provider=cluster.provider, training_namespaces=[training.name, *(t.name for t in teams)],
     depends_on=[cluster.system_nodes, storage]))
+keda = Keda("keda", KedaArgs(
+    config=cfg, k8s_provider=cluster.provider, training_namespace=training.name,
+    monitoring_namespace=monitoring.namespace_name, depends_on=[training, monitoring.release]))
+redis = Redis("redis", RedisArgs(
+    config=cfg, k8s_provider=cluster.provider, namespace=training.name, vpc_id=network.vpc_id,
+    private_subnet_ids=network.private_subnet_ids, node_security_group_id=cluster.cluster_security_group_id,
+    kms_key_arn=storage.key.arn, depends_on=[training, *teams, keda.namespace],
+    client_namespaces=(*(t.name for t in teams), keda.namespace_name)))
+# KEDA's Redis scaler takes host:port, db and TLS, not a URL; the URL holds no credentials.
+keda_queue = pulumi.Output.unsecret(redis.url).apply(KedaQueue.from_url)
+workers = WorkerJobs("workers", WorkerJobsArgs(
+    config=cfg, k8s_provider=cluster.provider, namespace=training.name, image=registry.image_ref,
+    redis_secret=redis.secret_name, shared_claim=storage.claim_name, depends_on=[redis, storage, keda],
+    ray=ray_endpoint(cfg, TRAINING_NAMESPACE) if cfg.ray.enabled else None, keda=keda_queue,
+    keeper_queue_namespaces=(DEFAULT_NAMESPACE, *(t.name for t in cfg.teams))))
+for team, team_ns in zip(cfg.teams, teams):
+    WorkerJobs(f"workers-{team.name}", WorkerJobsArgs(
+        config=cfg, k8s_provider=cluster.provider, namespace=team_ns.name, image=registry.image_ref,
+        redis_secret=redis.secret_name, shared_claim=storage.claim_name, depends_on=[redis, team_ns, keda],
+        queue_namespace=team.name, ray=ray_endpoint(cfg, team.namespace, team.gpu_quota) if cfg.ray.enabled else None,
+        gpu_quota=team.gpu_quota, keda=keda_queue))
 gpu_plugins = GpuPlugins("gpu-plugins", GpuPluginsArgs(
     k8s_provider=cluster.provider, gpu_pool_names=[p.name for p in cfg.gpu_pools],
     monitoring_namespace=monitoring.namespace_name, depends_on=[monitoring.release]))

@@ -32,6 +32,9 @@ NVIDIA_DEVICE_PLUGIN = Chart("nvidia-device-plugin", "0.20.0", "https://nvidia.g
 DCGM_EXPORTER = Chart("dcgm-exporter", "4.8.2", "https://nvidia.github.io/dcgm-exporter/helm-charts")
 KUBE_PROMETHEUS_STACK = Chart("kube-prometheus-stack", "88.5.3", "https://prometheus-community.github.io/helm-charts")
 KUBERAY_OPERATOR = Chart("kuberay-operator", "1.7.0", "https://ray-project.github.io/kuberay-helm/")
+# kedacore/charts tag v2.20.2 (commit cbb9bb8ce0809dc9048f72302f7c09765d66ed56, keda/Chart.yaml version
+# and appVersion 2.20.2; repository URL from that tag's README.md `helm repo add kedacore ...`).
+KEDA = Chart("keda", "2.20.2", "https://kedacore.github.io/charts")
 # The Ray the training image carries (`ray[train,tune]` pin): RayCluster.spec.rayVersion and
 # the Grafana dashboards generated from it (dashboards/boards/ray.py) follow it.
 RAY_VERSION = "2.58.0"
@@ -57,13 +60,21 @@ KUBERAY_CRD_FILES = tuple(sorted(KUBERAY_CRD_BLOBS))
 KUBERAY_CRD_DIR = "crds/kuberay"
 
 
-# chart key in ../shared/schemas/helm -> Chart
+# The chart renders its CRDs from templates (crds.install); infra/keda.py turns that off and applies
+# the CRDs vendored in infra/crds/keda/ (kedacore/keda at the app version's tag; README there).
+KEDA_APP_TAG = "v2.20.2"
+KEDA_APP_COMMIT = "68a5b5028f35b22d50597c69819ab32c4e92f21a"
+KEDA_CHARTS_COMMIT = "cbb9bb8ce0809dc9048f72302f7c09765d66ed56"
+
+
+# chart key in ../shared/schemas/helm (or tests/infra/schemas/helm for charts vendored here) -> Chart
 BY_SCHEMA_NAME = {
     "karpenter": KARPENTER,
     "nvidia-device-plugin": NVIDIA_DEVICE_PLUGIN,
     "dcgm-exporter": DCGM_EXPORTER,
     "kube-prometheus-stack": KUBE_PROMETHEUS_STACK,
     "kuberay-operator": KUBERAY_OPERATOR,
+    "keda": KEDA,
 }
 # Subcharts whose values are checked against their own defaults (versions fixed by the parent).
 SUBCHART_VERSIONS = {

@@ -144,13 +144,17 @@ def ray_network_policies(cfg: StackConfig) -> dict[str, dict[str, Any]]:
     }
 
 
+def redis_peer(cfg: StackConfig) -> dict[str, Any]:
+    """The queue as a NetworkPolicy peer: prod ElastiCache in the VPC, dev the Valkey pods."""
+    return ({"ipBlock": {"cidr": cfg.network.vpc_cidr}} if cfg.is_prod else
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": TRAINING_NAMESPACE}},
+             "podSelector": {"matchLabels": {"app.kubernetes.io/name": "ragpool-redis"}}})
+
+
 def network_policies(cfg: StackConfig) -> dict[str, dict[str, Any]]:
     vpc = cfg.network.vpc_cidr
     workers = {"matchLabels": {"app.kubernetes.io/component": "worker"}}
     monitoring = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
-    redis_peer = ({"ipBlock": {"cidr": vpc}} if cfg.is_prod else
-                  {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": TRAINING_NAMESPACE}},
-                   "podSelector": {"matchLabels": {"app.kubernetes.io/name": "ragpool-redis"}}})
     return {
         "default-deny": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]},
         "allow-dns": {
@@ -162,7 +166,7 @@ def network_policies(cfg: StackConfig) -> dict[str, dict[str, Any]]:
         "workers-egress": {
             "podSelector": workers, "policyTypes": ["Egress"],
             "egress": [
-                {"to": [redis_peer], "ports": [{"protocol": "TCP", "port": 6379}]},
+                {"to": [redis_peer(cfg)], "ports": [{"protocol": "TCP", "port": 6379}]},
                 {"to": [{"ipBlock": {"cidr": vpc}}], "ports": [{"protocol": "TCP", "port": 2049}]},  # EFS
                 {"to": [{"podSelector": workers}]},  # torchrun rendezvous + NCCL (dynamic ports)
                 {"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}], "ports": [{"protocol": "TCP", "port": 443}]},  # AWS APIs

@@ -1,11 +1,18 @@
-"""Worker Job templates: one suspended CronJob per GPU pool, and one for ``executor: ray`` runs.
+"""Worker Jobs: one KEDA ``ScaledJob`` per kind of worker, and the same Job as a suspended CronJob.
 
+A kind of worker is a pool and a pod count (single-pod torchrun per GPU pool, an Indexed Job of N
+pods for each N the pool can hold) or the CPU Ray worker; it claims exactly its lanes
+(training/scheduler/lanes.py ``worker_lanes``, set through RAGPOOL_LANES). Its ``ScaledJob``
+(``ragpool-worker-<pool>[-n<N>]``, ``ragpool-worker-ray``; infra/keda.py builds the spec) starts
+Jobs from zero when those lanes' ready lists hold runs. Workers exit when their lanes stay
+empty; KEDA's history limits and the Job TTL remove finished Jobs.
+
+The suspended CronJob of the same name carries the same Job for manual use:
 ``kubectl -n ragpool-training create job --from=cronjob/ragpool-worker-<pool> <name>``
-starts a worker that claims runs from the Redis queue, runs them through torchrun on the
-pod's GPUs, and exits when the queue stays empty. The CronJob is suspended: it is a
-template, never scheduled. Multi-node runs use the same template with ``completions`` /
-``parallelism`` = nodes and RAGPOOL_NNODES set (Indexed Job; pod 0 hosts rendezvous
-behind the headless ``ragpool-workers`` Service).
+starts a worker that claims runs from its lanes, runs them through torchrun on the
+pod's GPUs, and exits when the queue stays empty. It is a template, never scheduled.
+Multi-node Jobs are Indexed Jobs of N pods (``completions`` = ``parallelism`` = N); pod 0
+claims and hosts rendezvous behind the headless ``ragpool-workers`` Service.
 
 ``ragpool-worker-ray`` (when Ray is enabled) is a small CPU-only worker on the system nodes:
 it claims only ``executor: ray`` runs and submits them to the namespace's RayCluster through
@@ -26,9 +33,13 @@ import pulumi_kubernetes as k8s
 from infra.aliases import RagpoolComponent
 from infra.common import GPU_TOLERATION, POOL_LABEL, SHARED_MOUNT_PATH, SYSTEM_NODE_SELECTOR, TRAINING_UID, child, k8s_labels
 from infra.config import GpuPoolConfig, StackConfig
+from infra.keda import (
+    KEEPER_NAME, KedaQueue, WorkerKind, keeper_deployment_spec, keeper_network_policy, ray_worker_lanes, scaled_job_spec,
+    worker_kinds,
+)
 from infra.pod_security import container_security_context, pod_security_context
 from infra.queue_redis import REQUIRED_REPLICAS_KEY
-from infra.ray_cluster import RayEndpoint
+from infra.ray_cluster import RayEndpoint, max_workers
 from infra.training_namespace import (
     MAX_RANKS_PER_POD, QUEUE_METRICS_PORT, RANK_METRICS_PORT, RDZV_PORT, WORKER_SERVICE_ACCOUNT, WORKERS_SERVICE,
 )
@@ -38,6 +49,8 @@ from training.scheduler.preflight import NODE_NAME_ENV
 from training.scheduler.redis_conn import REQUIRED_REPLICAS_ENV
 from training.ray.auth import SECRET_ENV, TOKEN_SECRET_KEY, client_env
 from training.ray.pools import POOLS_ENV
+from training.scheduler.exporter import READY_PATH
+from training.scheduler.lanes import LANE_LABEL, worker_env
 from training.scheduler.supervisor import EXECUTORS_ENV, WorkerConfig
 
 TERMINATION_GRACE_SECONDS = 300
@@ -71,9 +84,34 @@ class WorkerJobsArgs:
     """Redis key namespace of this namespace's queue (teams get their own)."""
     ray: RayEndpoint | None = None
     """This namespace's RayCluster (its Jobs API and pools); None: no Ray worker template."""
+    gpu_quota: int | None = None
+    """The namespace's GPU quota (teams); None: the pools' total. Bounds the ScaledJobs."""
+    keda: pulumi.Input[KedaQueue] | None = None
+    """How KEDA reads the queue (infra/keda.py); None: CronJob templates only, no ScaledJobs."""
+    keeper_queue_namespaces: tuple[str, ...] = ()
+    """Run the queue keeper here for these key namespaces (the main namespace: every queue)."""
 
 
 REDIS_SECRET_DIR = "/var/run/secrets/ragpool/redis"
+
+
+def redis_client_env(redis_secret: str) -> list[dict[str, Any]]:
+    """The queue's Redis for a client container: the URL from the connection Secret, the password
+    as a file (``redis_secret_volume``), never on the command line, and the replicas every write
+    must reach (the stack's ``queue_redis.required_replicas``, from the same Secret)."""
+    return [{"name": "REDIS_URL", "valueFrom": {"secretKeyRef": {"name": redis_secret, "key": "url"}}},
+            {"name": "REDIS_PASSWORD_FILE", "value": f"{REDIS_SECRET_DIR}/password"},
+            {"name": REQUIRED_REPLICAS_ENV, "valueFrom": {"secretKeyRef": {"name": redis_secret,
+                                                                           "key": REQUIRED_REPLICAS_KEY}}}]
+
+
+def redis_secret_volume(redis_secret: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(volume, mount) of the connection Secret's password at REDIS_SECRET_DIR."""
+    return ({"name": "redis", "secret": {"secretName": redis_secret, "items": [{"key": "password", "path": "password"}],
+                                         "defaultMode": 0o440}},
+            {"name": "redis", "mountPath": REDIS_SECRET_DIR, "readOnly": True})
+
+
 RAY_TOKEN_DIR = "/var/run/secrets/ragpool/ray"
 
 
@@ -102,13 +140,9 @@ def _worker_pod(*, image: str, redis_secret: str, shared_claim: str, queue_names
         # NCCL and DataLoader workers share tensors through /dev/shm.
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
-    volumes += [
-        {"name": "tmp", "emptyDir": {"sizeLimit": tmp_size}},
-        {"name": "redis", "secret": {"secretName": redis_secret, "items": [{"key": "password", "path": "password"}],
-                                     "defaultMode": 0o440}},
-    ]
-    mounts += [{"name": "tmp", "mountPath": "/tmp"},
-               {"name": "redis", "mountPath": REDIS_SECRET_DIR, "readOnly": True}]
+    redis_volume, redis_mount = redis_secret_volume(redis_secret)
+    volumes += [{"name": "tmp", "emptyDir": {"sizeLimit": tmp_size}}, redis_volume]
+    mounts += [{"name": "tmp", "mountPath": "/tmp"}, redis_mount]
     volumes += [volume for volume, _ in secret_volumes]
     mounts += [mount for _, mount in secret_volumes]
     return {
@@ -133,17 +167,17 @@ def _worker_pod(*, image: str, redis_secret: str, shared_claim: str, queue_names
                      # Leave the pod's grace period a margin after the run checkpointed.
                      "--stop-grace-seconds", str(TERMINATION_GRACE_SECONDS - 15)],
             "env": [
-                {"name": "REDIS_URL", "valueFrom": {"secretKeyRef": {"name": redis_secret, "key": "url"}}},
-                {"name": "REDIS_PASSWORD_FILE", "value": f"{REDIS_SECRET_DIR}/password"},
-                # The replicas every write must reach: the stack's (queue_redis.required_replicas).
-                {"name": REQUIRED_REPLICAS_ENV, "valueFrom": {"secretKeyRef": {"name": redis_secret,
-                                                                               "key": REQUIRED_REPLICAS_KEY}}},
+                *redis_client_env(redis_secret),
                 {"name": "RAGPOOL_SHARED_ROOT", "value": SHARED_MOUNT_PATH},
                 {"name": "RAGPOOL_QUEUE_NAMESPACE", "value": queue_namespace},
                 {"name": "RAGPOOL_WORKER_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                 *env,
             ],
             "ports": ports,
+            # Ready = holds a claim (an idle worker looking for a run is not): KEDA's `accurate` strategy
+            # counts a Job with no Ready pod as pending (infra/keda.py, docs/DESIGN.md).
+            "readinessProbe": {"httpGet": {"path": READY_PATH, "port": "queue-metrics"},
+                               "periodSeconds": 5, "failureThreshold": 1},
             "resources": resources,
             "securityContext": container_security_context(TRAINING_UID),
             "volumeMounts": mounts,
@@ -154,7 +188,16 @@ def _worker_pod(*, image: str, redis_secret: str, shared_claim: str, queue_names
 
 def worker_cronjob_spec(cfg: StackConfig, pool: GpuPoolConfig, image: str, namespace: str,
                         redis_secret: str, shared_claim: str, queue_namespace: str = "ragpool") -> dict[str, Any]:
-    """A suspended CronJob whose jobTemplate is the worker Job for ``pool``."""
+    """A suspended CronJob whose jobTemplate is the single-pod worker Job for ``pool``."""
+    [kind] = [k for k in worker_kinds(cfg, None, None) if k.pool == pool and k.nodes == 1]
+    return worker_cronjob(gpu_worker_job_spec(kind, image, namespace, redis_secret, shared_claim, queue_namespace))
+
+
+def gpu_worker_job_spec(kind: WorkerKind, image: str, namespace: str, redis_secret: str, shared_claim: str,
+                        queue_namespace: str = "ragpool") -> dict[str, Any]:
+    """The Job of a GPU worker kind: ``kind.nodes`` pods of ``kind.pool`` claiming ``kind.lanes``."""
+    pool = kind.pool
+    assert pool is not None, kind
     gpus = pool.gpus_per_worker
     ports = [{"name": "queue-metrics", "containerPort": QUEUE_METRICS_PORT},
              {"name": "rdzv", "containerPort": RDZV_PORT}]
@@ -169,7 +212,8 @@ def worker_cronjob_spec(cfg: StackConfig, pool: GpuPoolConfig, image: str, names
                 "fieldPath": "metadata.labels['batch.kubernetes.io/job-name']"}}},
             {"name": "RAGPOOL_RDZV_HOST", "value": f"$(RAGPOOL_WORKER_GROUP)-0.{WORKERS_SERVICE}.{namespace}.svc"},
             {"name": "RAGPOOL_RDZV_PORT", "value": str(RDZV_PORT)},
-            {"name": "RAGPOOL_NNODES", "value": "1"},
+            # Exactly its lanes (RAGPOOL_LANES) and their pod count (RAGPOOL_NNODES).
+            *({"name": k, "value": v} for k, v in worker_env(kind.lanes).items()),
             # What the health check expects to see, and the node its failure metric names.
             {"name": EXPECTED_GPUS_ENV, "value": str(gpus)},
             {"name": NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
@@ -183,15 +227,16 @@ def worker_cronjob_spec(cfg: StackConfig, pool: GpuPoolConfig, image: str, names
         },
         tmp_size="20Gi", shm_size=f"{4 * gpus}Gi",
         subdomain=WORKERS_SERVICE, tolerations=[GPU_TOLERATION])
-    return _worker_cronjob({**WORKER_LABELS, POOL_LABEL: pool.name}, pod_spec)
+    return worker_job_spec({**WORKER_LABELS, POOL_LABEL: pool.name, LANE_LABEL: kind.lanes[0].name}, pod_spec, kind.nodes)
 
 
-def _worker_cronjob(labels: dict[str, str], pod_spec: dict[str, Any]) -> dict[str, Any]:
-    """The suspended CronJob around a worker pod: retry rules shared by every worker template."""
-    job_spec = {
+def worker_job_spec(labels: dict[str, str], pod_spec: dict[str, Any], nodes: int = 1) -> dict[str, Any]:
+    """A worker Job around its pod: an Indexed Job of ``nodes`` pods (all or none of a gang start
+    together), with the retry rules shared by every worker kind."""
+    return {
         "completionMode": "Indexed",
-        "completions": 1,
-        "parallelism": 1,
+        "completions": nodes,
+        "parallelism": nodes,
         "backoffLimit": 6,
         "ttlSecondsAfterFinished": 86400,
         "podFailurePolicy": {"rules": [
@@ -219,22 +264,34 @@ def _worker_cronjob(labels: dict[str, str], pod_spec: dict[str, Any]) -> dict[st
             "spec": pod_spec,
         },
     }
+
+
+def worker_cronjob(job_spec: dict[str, Any]) -> dict[str, Any]:
+    """The suspended CronJob around a worker Job: its template for ``kubectl create job --from``."""
     return {
         "schedule": "@yearly",
         "suspend": True,  # a template: Jobs are created from it on demand, never on schedule
         "concurrencyPolicy": "Allow",
-        "jobTemplate": {"metadata": {"labels": labels}, "spec": job_spec},
+        "jobTemplate": {"metadata": {"labels": job_spec["template"]["metadata"]["labels"]}, "spec": job_spec},
     }
 
 
 def ray_worker_cronjob_spec(image: str, redis_secret: str, shared_claim: str, ray: RayEndpoint,
                             queue_namespace: str = "ragpool") -> dict[str, Any]:
+    """A suspended CronJob whose jobTemplate is the Ray worker's Job."""
+    return worker_cronjob(ray_worker_job_spec(image, redis_secret, shared_claim, ray, queue_namespace))
+
+
+def ray_worker_job_spec(image: str, redis_secret: str, shared_claim: str, ray: RayEndpoint,
+                        queue_namespace: str = "ragpool") -> dict[str, Any]:
     """The CPU-only worker that takes ``executor: ray`` runs: on the system nodes, no GPU."""
+    lanes = ray_worker_lanes()
     pod_spec = _worker_pod(
         image=image, redis_secret=redis_secret, shared_claim=shared_claim, queue_namespace=queue_namespace,
         node_selector=dict(SYSTEM_NODE_SELECTOR), args=[],
         env=[
             {"name": EXECUTORS_ENV, "value": "ray"},
+            *({"name": k, "value": v} for k, v in worker_env(lanes).items()),
             {"name": "RAY_ADDRESS", "value": ray.address},
             # The worker re-checks each ray run's stages against the pools it can reach.
             {"name": POOLS_ENV, "value": ray.pools},
@@ -247,7 +304,8 @@ def ray_worker_cronjob_spec(image: str, redis_secret: str, shared_claim: str, ra
         ports=[{"name": "queue-metrics", "containerPort": QUEUE_METRICS_PORT}],
         resources={"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
         tmp_size="1Gi")
-    return _worker_cronjob({**WORKER_LABELS, **RAY_CLIENT_LABEL, **SYSTEM_NODE_SELECTOR}, pod_spec)
+    return worker_job_spec({**WORKER_LABELS, **RAY_CLIENT_LABEL, **SYSTEM_NODE_SELECTOR, LANE_LABEL: lanes[0].name},
+                           pod_spec)
 
 
 class WorkerJobs(RagpoolComponent):
@@ -256,24 +314,41 @@ class WorkerJobs(RagpoolComponent):
         name = self.child_prefix
         cfg = args.config
         self.templates: list[str] = []
-        for pool in cfg.gpu_pools:
+        ray_max_jobs = sum(max_workers(cfg, p, args.gpu_quota) for p in cfg.gpu_pools) if args.ray else None
+        for kind in worker_kinds(cfg, args.gpu_quota, ray_max_jobs):
+            if kind.pool is None:
+                job = pulumi.Output.from_input(args.image).apply(
+                    lambda image: ray_worker_job_spec(image, args.redis_secret, args.shared_claim,
+                                                      args.ray, args.queue_namespace))
+                resource, labels = f"{name}-ray", {**k8s_labels("worker"), **RAY_CLIENT_LABEL}
+            else:
+                job = pulumi.Output.all(args.image, args.namespace).apply(
+                    lambda a, kind=kind: gpu_worker_job_spec(kind, a[0], a[1], args.redis_secret,
+                                                             args.shared_claim, args.queue_namespace))
+                suffix = "" if kind.nodes == 1 else f"-n{kind.nodes}"
+                resource, labels = f"{name}-{kind.pool.name}{suffix}", {**k8s_labels("worker"), POOL_LABEL: kind.pool.name}
             k8s.batch.v1.CronJob(
-                f"{name}-{pool.name}",
-                metadata={"name": f"ragpool-worker-{pool.name}", "namespace": args.namespace,
-                          "labels": {**k8s_labels("worker"), POOL_LABEL: pool.name}},
-                spec=pulumi.Output.all(args.image, args.namespace).apply(
-                    lambda a, pool=pool: worker_cronjob_spec(cfg, pool, a[0], a[1], args.redis_secret,
-                                                             args.shared_claim, args.queue_namespace)),
-                opts=child(self, depends_on=args.depends_on))
-            self.templates.append(f"ragpool-worker-{pool.name}")
-        if args.ray:
-            k8s.batch.v1.CronJob(
-                f"{name}-ray",
-                metadata={"name": RAY_WORKER_TEMPLATE, "namespace": args.namespace,
-                          "labels": {**k8s_labels("worker"), **RAY_CLIENT_LABEL}},
+                resource, metadata={"name": kind.name, "namespace": args.namespace, "labels": labels},
+                spec=job.apply(worker_cronjob), opts=child(self, depends_on=args.depends_on))
+            self.templates.append(kind.name)
+            if args.keda is not None:
+                # KEDA copies these labels onto every Job it creates (scale_jobs.go generateJobs).
+                k8s.apiextensions.CustomResource(
+                    f"{resource}-scaledjob", api_version="keda.sh/v1alpha1", kind="ScaledJob",
+                    metadata={"name": kind.name, "namespace": args.namespace,
+                              "labels": {**k8s_labels("worker", kind.name), **({POOL_LABEL: kind.pool.name} if kind.pool else {}),
+                                         LANE_LABEL: kind.lanes[0].name}},
+                    spec=pulumi.Output.all(job, args.keda).apply(
+                        lambda a, kind=kind: scaled_job_spec(a[0], kind, args.queue_namespace, a[1])),
+                    opts=child(self, depends_on=args.depends_on))
+        if args.keeper_queue_namespaces:
+            meta = {"name": KEEPER_NAME, "namespace": args.namespace, "labels": k8s_labels("queue-keeper", KEEPER_NAME)}
+            k8s.apps.v1.Deployment(
+                f"{name}-keeper", metadata=meta,
                 spec=pulumi.Output.from_input(args.image).apply(
-                    lambda image: ray_worker_cronjob_spec(image, args.redis_secret, args.shared_claim,
-                                                          args.ray, args.queue_namespace)),
+                    lambda image: keeper_deployment_spec(image, args.redis_secret, args.keeper_queue_namespaces)),
                 opts=child(self, depends_on=args.depends_on))
-            self.templates.append(RAY_WORKER_TEMPLATE)
+            k8s.networking.v1.NetworkPolicy(
+                f"{name}-keeper", metadata=meta, spec=keeper_network_policy(cfg),
+                opts=child(self, depends_on=args.depends_on))
         self.register_outputs({"templates": self.templates})

@@ -851,6 +851,120 @@ def check_ray_token_auth(resource: Resource, ctx: Context) -> Iterator[str]:
                        "remove it (authOptions.secretName hands it over from the Secret)")
 
 
+# ------------------------------------------------------------------ KEDA: a ScaledJob per lane
+
+SCALED_JOB_TYPE = "kubernetes:keda.sh/v1alpha1:ScaledJob"
+RESOURCE_QUOTA_TYPE = "kubernetes:core/v1:ResourceQuota"
+RAYCLUSTER_TYPES = frozenset({"kubernetes:ray.io/v1:RayCluster"})
+_POOL_LABEL = "ragpool.io/pool"
+
+
+def _worker_env(pod_spec: Any) -> dict[str, str]:
+    """The plain env values of a worker pod's first container."""
+    containers = _as_list(_get(pod_spec, "containers"))
+    return {str(_get(e, "name")): str(_get(e, "value")) for e in _as_list(_get(_first(containers), "env"))
+            if _get(e, "value") is not None} if containers else {}
+
+
+def _claimed_lanes(pod_spec: Any) -> tuple[Any, ...]:
+    """The lanes a worker pod claims (its RAGPOOL_LANES); () when it names none or they do not parse."""
+    from training.scheduler.lanes import LANES_ENV, LaneError, parse_lanes
+
+    text = _worker_env(pod_spec).get(LANES_ENV)
+    try:
+        return parse_lanes(text) if text else ()
+    except LaneError:
+        return ()
+
+
+def check_lanes_have_one_scaled_job(resources: Sequence[Resource], ctx: Context) -> Iterator[tuple[Resource | None, str]]:
+    """In every training namespace, every lane that can hold a run has exactly one ScaledJob, and
+    each ScaledJob triggers on exactly its lanes' ready lists (every priority) of its own queue,
+    summed. Lanes that can hold a run, for every GPU NodePool P of which at least one worker fits
+    (its GPU limit, within the namespace's GPU quota, over the GPUs of P's worker pod): ``pool.<P>``
+    and ``pool.<P>.n<N>`` for N from 2 to the workers P holds, and for the default pool (the one
+    whose workers take the unpinned lane, the stack's first) ``torchrun`` and ``torchrun.n<N>``
+    likewise; ``ray`` where a RayCluster runs. (A namespace whose quota fits no worker of a pool
+    has no lane of it: such runs are the submitter's to pin elsewhere.)"""
+    from training.scheduler.lanes import LANES_ENV, MAX_NODES, Lane
+    from training.scheduler.run_queue import DEFAULT_NAMESPACE, NAMESPACE_ENV
+
+    pools: dict[str, float] = {}
+    for r in resources:
+        if is_gpu_nodepool(r):
+            pool = _get(r.inputs, "spec", "template", "metadata", "labels", _POOL_LABEL)
+            limit = _number(_get(r.inputs, "spec", "limits", GPU_RESOURCE))
+            if isinstance(pool, str) and limit:
+                pools[pool] = limit
+    if not pools:
+        return
+    configured = training_namespaces(ctx)
+    namespaces = [_metadata_name(r) for r in resources if r.type == NAMESPACE_TYPE and (
+        _metadata_name(r) in configured or _get(r.inputs, "metadata", "labels", "app.kubernetes.io/component") == "training")]
+    # GPUs per worker pod of each pool, and the default pool: the same in every namespace.
+    gpus: dict[str, float] = {}
+    default_pool = None
+    for r in resources:
+        path = ("spec", "jobTargetRef", "template", "spec") if r.type == SCALED_JOB_TYPE else POD_SPEC_PATHS.get(r.type)
+        pod = _get(r.inputs, *path) if path else None
+        pool = _get(pod, "nodeSelector", _POOL_LABEL)
+        count = _number(_get(_first(_as_list(_get(pod, "containers"))), "resources", "requests", GPU_RESOURCE))
+        if pool in pools and count:
+            gpus[pool] = count
+            if Lane() in _claimed_lanes(pod):
+                default_pool = pool
+    for ns in namespaces:
+        def here(r: Resource) -> bool:
+            return _get(r.inputs, "metadata", "namespace") == ns  # noqa: B023 (used at once)
+
+        scaled = [r for r in resources if r.type == SCALED_JOB_TYPE and here(r)]
+        quota = next((_number(_get(r.inputs, "spec", "hard", f"requests.{GPU_RESOURCE}")) for r in resources
+                      if r.type == RESOURCE_QUOTA_TYPE and here(r)), None)
+        expected = set() if default_pool else {Lane()}  # no worker takes unpinned runs: say so below
+        for pool, limit in pools.items():
+            if pool not in gpus:
+                expected.add(Lane(pool=pool))  # no worker of the pool anywhere: its lane is uncovered
+                continue
+            workers = int(min(limit, quota) if quota is not None else limit) // int(gpus[pool])
+            for nodes in range(1, min(workers, MAX_NODES) + 1):
+                expected.add(Lane(nodes=nodes, pool=pool))
+                if pool == default_pool:
+                    expected.add(Lane(nodes=nodes))
+        if any(r.type in RAYCLUSTER_TYPES and here(r) for r in resources):
+            expected.add(Lane("ray"))
+        owners: dict[Any, list[str]] = {lane: [] for lane in expected}
+        for r in scaled:
+            spec = _get(r.inputs, "spec")
+            pod = _get(spec, "jobTargetRef", "template", "spec")
+            lanes = _claimed_lanes(pod)
+            name = _metadata_name(r)
+            if not lanes:
+                yield r, (f"ScaledJob {ns}/{name}: its worker names no valid {LANES_ENV} (jobTargetRef's first "
+                          "container): KEDA would start workers that claim lanes nobody counted; build the Job "
+                          "with infra/worker_jobs.py (worker_env of its lanes)")
+                continue
+            for lane in lanes:
+                owners.setdefault(lane, []).append(name)
+            queue = _worker_env(pod).get(NAMESPACE_ENV) or DEFAULT_NAMESPACE
+            want = sorted(key for lane in lanes for key in lane.ready_keys(queue))
+            triggers = _as_list(_get(spec, "triggers"))
+            got = sorted(str(_get(t, "metadata", "listName")) for t in triggers)
+            if got != want or any(_get(t, "type") not in ("redis", "redis-sentinel") for t in triggers):
+                yield r, (f"ScaledJob {ns}/{name}: triggers on {got!r} but its workers claim "
+                          f"{[lane.name for lane in lanes]!r} of queue {queue!r}, whose ready lists are {want!r}: "
+                          "one redis trigger per list, no other (infra/keda.py redis_triggers)")
+            calc = _get(spec, "scalingStrategy", "multipleScalersCalculation")
+            if len(triggers) > 1 and calc != "sum":
+                yield r, (f"ScaledJob {ns}/{name}: scalingStrategy.multipleScalersCalculation is {calc!r}: its "
+                          "lists together hold the runs that need a worker; set sum")
+        for lane, names in sorted(owners.items(), key=lambda item: item[0].name):
+            if len(names) != 1:
+                found = f"{len(names)} ({', '.join(sorted(names))})" if names else "none"
+                yield None, (f"lane {lane.name!r} in namespace {ns!r} can hold a run but has {found} ScaledJobs: "
+                             "exactly one must start its workers, or its runs wait forever (none) or get two "
+                             "Jobs each (two); declare one per worker kind (infra/keda.py worker_kinds)")
+
+
 # ------------------------------------------------------------------ the rule list
 
 _ENVIRONMENT_SCHEMA = {"environment": {
@@ -913,6 +1027,11 @@ RULES: tuple[Rule, ...] = (
          "With GPU NodePools, the eks-node-monitoring-agent's DCGM server tolerates their taints.", MANDATORY,
          "Give the add-on configurationValues {dcgmAgent: {tolerations: [nvidia.com/gpu Exists NoSchedule]}}.",
          check_node_monitoring_agent_tolerates_gpu, scope="stack"),
+    Rule("lane-has-one-scaledjob",
+         "In every training namespace, every lane that can hold a run has exactly one KEDA ScaledJob, "
+         "triggered by exactly its ready lists, summed.", MANDATORY,
+         "Declare the namespace's worker kinds with infra/worker_jobs.py (infra/keda.py worker_kinds, scaled_job_spec).",
+         check_lanes_have_one_scaled_job, scope="stack", config_schema=_NAMESPACES_SCHEMA),
     Rule("ray-token-auth",
          "Every RayCluster (also a RayJob's or RayService's) runs with Ray token authentication.", MANDATORY,
          "Set spec.authOptions {mode: token, secretName: <the namespace's token Secret>}; never set "

@@ -6,7 +6,7 @@ from typing import Callable
 
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
-from dashboards.boards import capacity_cost, gpu_fleet, queue, training_runs
+from dashboards.boards import autoscaling, capacity_cost, gpu_fleet, queue, training_runs
 
 #: Output file stem -> function building the dashboard. Stems and UIDs never change:
 #: Grafana links and provisioning refer to them.
@@ -15,4 +15,5 @@ ALL: dict[str, Callable[[], Dashboard]] = {
     "training-runs": training_runs.build,
     "queue": queue.build,
     "capacity-cost": capacity_cost.build,
+    "autoscaling": autoscaling.build,
 }

@@ -21,6 +21,7 @@ EXPECTED_UIDS = {
     "training-runs": "ragpool-training-runs",
     "queue": "ragpool-queue",
     "capacity-cost": "ragpool-capacity-cost",
+    "autoscaling": "ragpool-autoscaling",
 }
 
 

@@ -18,11 +18,13 @@ import jsonschema
 import kubernetes_validate
 import yaml
 
-from scripts.vendor_schemas import VENDOR_DIR
+from scripts.vendor_schemas import VENDOR_DIR, schema_text, strict_crd_schemas  # noqa: F401 (re-exported)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # The vendored upstream CRD schemas and chart defaults (vendor/upstream/README.md).
 SCHEMAS_DIR = VENDOR_DIR
+# Schemas and chart defaults vendored in this repo (KEDA), same layout as SCHEMAS_DIR (README there).
+LOCAL_SCHEMAS_DIR = Path(__file__).resolve().parent / "schemas"
 
 # Free-form maps whose keys need not appear in a chart's defaults.
 FREE_FORM_KEYS = {"nodeSelector", "tolerations", "affinity", "labels", "annotations", "podAnnotations",
@@ -74,9 +76,15 @@ def validate_core(obj: dict[str, Any], kubernetes_version: str) -> None:
     kubernetes_validate.validate(obj, f"{kubernetes_version}.0", strict=True)
 
 
+def schema_file(*parts: str) -> Path:
+    """``SCHEMAS_DIR/<parts>``, else the repo's vendored ``LOCAL_SCHEMAS_DIR/<parts>`` (KEDA)."""
+    shared = SCHEMAS_DIR.joinpath(*parts)
+    return shared if shared.exists() else LOCAL_SCHEMAS_DIR.joinpath(*parts)
+
+
 @lru_cache(maxsize=None)
 def _crd_schema(group: str, kind: str, version: str) -> dict[str, Any]:
-    path = SCHEMAS_DIR / "crds" / group / f"{kind.lower()}_{version}.json"
+    path = schema_file("crds", group, f"{kind.lower()}_{version}.json")
     if not path.is_file():
         raise FileNotFoundError(f"no CRD schema for {group}/{version} {kind} at {path}")
     return json.loads(path.read_text())
@@ -90,14 +98,14 @@ def validate_custom(obj: dict[str, Any]) -> None:
 
 @lru_cache(maxsize=None)
 def chart_defaults(chart: str, version: str) -> dict[str, Any]:
-    path = SCHEMAS_DIR / "helm" / chart / version / "values.yaml"
+    path = schema_file("helm", chart, version, "values.yaml")
     if not path.is_file():
         raise FileNotFoundError(f"no default values for chart {chart} {version} at {path}")
     return yaml.safe_load(path.read_text()) or {}
 
 
 def chart_condition_keys(chart: str, version: str) -> set[str]:
-    path = SCHEMAS_DIR / "helm" / chart / version / "Chart.yaml"
+    path = schema_file("helm", chart, version, "Chart.yaml")
     doc = yaml.safe_load(path.read_text()) if path.is_file() else {}
     # A condition may list several keys: "nfd.enabled,gfd.enabled".
     return {key.strip() for d in (doc or {}).get("dependencies", []) or [] if d.get("condition")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 from collections import Counter
 
 import pulumi
@@ -250,7 +251,9 @@ def test_dev_and_prod_differ_exactly_as_configured(plans):
         "aws:efs/mountTarget:MountTarget": 1,
         "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule": 1,  # private API endpoint from apiAccessCidrs
         "kubernetes:karpenter.sh/v1:NodePool": 1, "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass": 1,
-        "kubernetes:batch/v1:CronJob": 1,  # a worker Job template per GPU pool
+        # Worker kinds (a CronJob and a ScaledJob each): dev's gpu-spot holds 8 one-GPU workers (n1..n8),
+        # prod's pools 4 eight-GPU and 4 four-GPU workers (n1..n4 each), plus the Ray worker: 9 each.
+        "kubernetes:networking.k8s.io/v1:NetworkPolicy": -1,  # dev's Valkey admits KEDA's operator
         # the queue: ElastiCache in prod instead of the in-cluster StatefulSet
         "aws:elasticache/replicationGroup:ReplicationGroup": 1, "aws:elasticache/subnetGroup:SubnetGroup": 1,
         "aws:ec2/securityGroup:SecurityGroup": 1,
@@ -324,7 +327,7 @@ def test_monitoring_stack_rules_and_secrets(plans):
         assert f"vector({budget})" in str(rules["ragpool-budget"])
         dashboards = [r["inputs"] for r in of_type(doc, "kubernetes:core/v1:ConfigMap")
                       if r["inputs"]["metadata"]["labels"].get("grafana_dashboard") == "1"]
-        assert len(dashboards) == 4 + 2  # ragpool's four, Ray's default and train (infra/ray_cluster.py)
+        assert len(dashboards) == 5 + 2  # ragpool's five, Ray's default and train (infra/ray_cluster.py)
         pod_monitor = one(doc, "kubernetes:monitoring.coreos.com/v1:PodMonitor", "monitoring-training-pods")["inputs"]["spec"]
         ports = [e["port"] for e in pod_monitor["podMetricsEndpoints"]]
         assert ports[0] == "queue-metrics" and "rank-7" in ports and "redis-metrics" in ports
@@ -398,8 +401,10 @@ def test_worker_job_template_per_pool(plans):
     from training import exit_codes
 
     doc = plans["prod"]
-    templates = {r["inputs"]["metadata"]["name"]: r["inputs"]["spec"] for r in of_type(doc, "kubernetes:batch/v1:CronJob")
-                 if r["inputs"]["metadata"]["name"] != "ragpool-worker-ray"}  # the CPU Ray worker: test_ray_cluster.py
+    every = {r["inputs"]["metadata"]["name"]: r["inputs"]["spec"] for r in of_type(doc, "kubernetes:batch/v1:CronJob")
+             if r["inputs"]["metadata"]["name"] != "ragpool-worker-ray"}  # the CPU Ray worker: test_ray_cluster.py
+    # Multi-node kinds (-n<N>): tests/infra/test_keda.py.
+    templates = {name: spec for name, spec in every.items() if not re.search(r"-n[0-9]+$", name)}
     assert set(templates) == {"ragpool-worker-gpu-ondemand", "ragpool-worker-gpu-spot"}
     for name, cron in templates.items():
         assert cron["suspend"] is True

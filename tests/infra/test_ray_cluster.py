@@ -169,7 +169,7 @@ def test_ray_pods_land_only_where_they_belong(plans):
         assert [n for n, (labels, taints) in nodes.items() if schedulable(ray_worker, labels, taints)] == ["system"]
         for name, pod in crons.items():  # the torchrun workers: their own pool only, never system
             assert [n for n, (labels, taints) in nodes.items() if schedulable(pod, labels, taints)] == [
-                name.removeprefix("ragpool-worker-")]
+                re.sub(r"-n[0-9]+$", "", name.removeprefix("ragpool-worker-"))]  # -n<N>: Indexed Jobs of N pods
 
 
 # ------------------------------------------------------------------ the Ray worker template

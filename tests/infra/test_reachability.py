@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from infra.keda import KEDA_NAMESPACE, KEEPER_NAME, OPERATOR_POD_LABELS, operator_metrics_port
 from infra.training_namespace import MAX_RANKS_PER_POD, QUEUE_METRICS_PORT, RANK_METRICS_PORT, RDZV_PORT
 
 NETPOL = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
@@ -76,7 +77,7 @@ class Cluster:
             if r["type"] == NAMESPACE:
                 meta = r["inputs"]["metadata"]
                 self.namespace_labels[meta["name"]] = {**meta.get("labels", {}), "kubernetes.io/metadata.name": meta["name"]}
-        for ns in ("kube-system", "default", "monitoring"):
+        for ns in ("kube-system", "default", "monitoring", KEDA_NAMESPACE):
             self.namespace_labels.setdefault(ns, {"kubernetes.io/metadata.name": ns})
 
     def _policies_for(self, pod: Endpoint, direction: str) -> list[dict]:
@@ -154,6 +155,8 @@ def _pods_of(plan: dict, addresses) -> list[Endpoint]:
         inputs = r["inputs"]
         if r["type"] == "kubernetes:batch/v1:CronJob":
             template = inputs["spec"]["jobTemplate"]["spec"]["template"]
+        elif r["type"] == "kubernetes:keda.sh/v1alpha1:ScaledJob":
+            template = inputs["spec"]["jobTargetRef"]["template"]
         elif r["type"] in ("kubernetes:apps/v1:Deployment", "kubernetes:apps/v1:StatefulSet"):
             template = inputs["spec"]["template"]
         else:
@@ -184,8 +187,12 @@ class World:
 def world(plan: dict) -> World:
     private = [ipaddress.ip_network(r["inputs"]["cidrBlock"]) for r in plan["resources"]
                if r["type"] == "aws:ec2/subnet:Subnet" and "-private-" in r["name"]]
-    addresses = (str(host) for net in private for host in list(net.hosts())[10:60])
+    addresses = (str(host) for net in private for host in list(net.hosts())[10:90])
     pods = _pods_of(plan, addresses)
+    # KEDA's operator, rendered by its Helm chart (labels: kedacore/charts v2.20.2
+    # keda/templates/manager/deployment.yaml; its metrics port: infra/values/keda.yaml).
+    pods.append(Endpoint("keda-operator", next(addresses), KEDA_NAMESPACE, dict(OPERATOR_POD_LABELS),
+                         {"metrics": (operator_metrics_port(), "TCP"), "metricsservice": (9666, "TCP")}))
     return World(
         cluster=Cluster(plan), pods=pods,
         dns=Endpoint("coredns", next(addresses), "kube-system", {"k8s-app": "kube-dns"},
@@ -249,7 +256,10 @@ def _expected_ingress(w: World, src: Endpoint, dst: Endpoint, port: int) -> bool
         return src_is_worker or (from_monitoring and port in SCRAPE_PORTS)
     if dst.labels.get("app.kubernetes.io/name") == "ragpool-redis":
         client = src.namespace == dst.namespace and src.labels.get("ragpool.io/redis-client") == "true"
-        return (client and port == 6379) or (from_monitoring and port == 9121)
+        keda = src.namespace == KEDA_NAMESPACE and src.name == "keda-operator"
+        return ((client or keda) and port == 6379) or (from_monitoring and port == 9121)
+    if dst.labels.get("app.kubernetes.io/name") == KEEPER_NAME:
+        return from_monitoring and port == QUEUE_METRICS_PORT
     if dst.labels.get("app.kubernetes.io/name") == "ragpool-redis-exporter":
         return from_monitoring and port == 9121
     return False
@@ -286,6 +296,42 @@ def test_training_pods_cannot_reach_what_they_do_not_need(plans, stack):
         assert not w.cluster.allows(pod, w.internet, 443), pod.name      # the queue talks to nobody outside
 
 
+@pytest.mark.parametrize("stack", STACKS)
+def test_keda_and_the_keeper_reach_the_queue_and_nothing_else(plans, stack):
+    """KEDA's operator reads the ready lists (dev: Valkey; prod: ElastiCache in the VPC, TLS and auth
+    token), calls the API server (HTTPS) and is scraped; the keeper talks to the queue only."""
+    w = world(plans[stack])
+    [operator] = w.pod("keda-operator")
+    [keeper] = w.pod("workers-keeper")
+    redis = w.pod("redis-statefulset")[0] if stack == "dev" else w.private_host
+    for client in (operator, keeper):
+        assert w.cluster.allows(client, redis, 6379), client.name
+        assert w.cluster.allows(client, w.dns, 53, "UDP"), client.name
+        assert not w.cluster.allows(client, w.internet, 80), client.name
+        assert not w.cluster.allows(client, w.stranger, 8080), client.name
+        assert not w.cluster.allows(client, w.private_host, 2049), client.name  # no EFS
+    assert w.cluster.allows(operator, w.internet, 443)  # the API server's endpoint
+    assert not w.cluster.allows(keeper, w.internet, 443)
+    assert w.cluster.allows(w.prometheus, operator, operator_metrics_port())
+    assert w.cluster.allows(w.prometheus, keeper, QUEUE_METRICS_PORT)
+    for stranger_port in (operator_metrics_port(), 9666, 8081):
+        assert not w.cluster.allows(w.stranger, operator, stranger_port)
+    for worker in _workers(w):
+        assert not w.cluster.allows(operator, worker, RDZV_PORT), worker.name
+        assert not w.cluster.allows(worker, operator, 9666), worker.name
+    if stack == "dev":
+        assert not w.cluster.allows(operator, redis, 9121)  # the exporter port stays monitoring's
+
+
+def test_the_matrix_sees_keda_cut_off_from_the_queue(plans):
+    """Without the policy next to Valkey that admits it, KEDA's operator cannot read the dev queue."""
+    plan = json.loads(json.dumps(plans["dev"]))
+    plan["resources"] = [r for r in plan["resources"] if not (
+        r["type"] == NETPOL and r["inputs"]["metadata"]["name"] == "ragpool-redis-from-keda")]
+    w = world(plan)
+    assert not w.cluster.allows(w.pod("keda-operator")[0], w.pod("redis-statefulset")[0], 6379)
+
+
 def test_the_matrix_sees_a_missing_default_deny(plans):
     """Without the default-deny policy the stranger reaches the workers' rendezvous port."""
     plan = json.loads(json.dumps(plans["dev"]))
@@ -296,7 +342,8 @@ def test_the_matrix_sees_a_missing_default_deny(plans):
     assert not w.cluster.allows(w.stranger, worker, RDZV_PORT)  # workers-ingress still isolates workers
     redis = w.pod("redis-statefulset")[0]
     plan["resources"] = [r for r in plan["resources"] if not (
-        r["type"] == NETPOL and r["inputs"]["metadata"]["name"] == "ragpool-redis-clients-only")]
+        r["type"] == NETPOL and r["inputs"]["metadata"]["name"] in ("ragpool-redis-clients-only",
+                                                                     "ragpool-redis-from-keda"))]
     assert world(plan).cluster.allows(w.stranger, redis, 6379)  # nothing isolates the queue any more
 
 

@@ -9,7 +9,7 @@ import pytest
 from infra.charts import BY_SCHEMA_NAME, SUBCHART_VERSIONS
 from infra.config import SUPPORTED_KUBERNETES_VERSIONS
 from tests.infra.harness import (
-    NON_OBJECT_TYPES, helm_releases, helm_value_problems, is_core, subchart_schema_problems, kubernetes_objects, validate_core, validate_custom,
+    NON_OBJECT_TYPES, schema_file, helm_releases, helm_value_problems, is_core, subchart_schema_problems, kubernetes_objects, validate_core, validate_custom,
 )
 
 
@@ -39,7 +39,7 @@ def test_every_helm_release_is_pinned_and_its_values_exist_in_the_chart(plans, s
         inputs = release["inputs"]
         schema_name, chart = by_ref[inputs["chart"]]
         assert inputs["version"] == chart.version
-        assert (schemas_dir / "helm" / schema_name / chart.version / "values.yaml").is_file(), \
+        assert schema_file("helm", schema_name, chart.version, "values.yaml").is_file(), \
             f"{schema_name} {chart.version} is not the version in ../shared/schemas/helm"
         assert helm_value_problems(schema_name, chart.version, inputs["values"],
                                    SUBCHART_VERSIONS.get(schema_name)) == []

@@ -1,0 +1,315 @@
+"""KEDA: the operator that starts worker Jobs from the queue (``ScaledJob``), and how it reads the queue.
+
+- The ``kedacore/keda`` chart (infra/charts.py ``KEDA``) in namespace ``keda`` on the system
+  nodes, operator only (no metrics API server, no webhooks: ragpool declares only ScaledJobs,
+  whose scale loop runs in the operator), Secrets readable only in its own namespace
+  (infra/values/keda.yaml says why each value).
+- Its CRDs from the files vendored in ``infra/crds/keda/`` (kedacore/keda at the app version's
+  tag, README there), applied by Pulumi server-side, so a pin bump upgrades them; the chart's
+  ``crds.install`` is off. Nothing is fetched at deploy time.
+- The ``ClusterTriggerAuthentication`` ``ragpool-redis``: the queue's password from the
+  connection Secret that infra/queue_redis.py also writes to KEDA's namespace.
+- NetworkPolicies: default-deny in ``keda``; the operator reaches DNS, the API server (HTTPS) and
+  the queue (dev: the Valkey pods, admitted by a policy next to them; prod: ElastiCache in the
+  VPC, TLS and auth token); Prometheus scrapes its metrics (a PodMonitor here).
+- The queue keeper (``python -m training.scheduler.keeper``): one always-on pod on the system
+  nodes that requeues lapsed leases and due retries of every queue namespace, which otherwise
+  move only inside claims, so with zero workers KEDA would never see them.
+
+The ScaledJobs themselves are built here (:func:`scaled_job_spec`, :func:`worker_kinds`) and
+declared per training namespace by infra/worker_jobs.py around the worker Job it builds.
+Why the trigger counts exactly the runs that need a worker, and why ``accurate`` with
+``pendingPodConditions: [Ready]``: docs/DESIGN.md, "From the queue to a GPU node".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra.aliases import RagpoolComponent
+from infra.charts import KEDA
+from infra.common import SYSTEM_NODE_SELECTOR, TRAINING_UID, child, k8s_labels, load_values
+from infra.config import GpuPoolConfig, StackConfig
+from infra.pod_security import container_security_context, pod_security_context
+from infra.training_namespace import redis_peer
+from training.scheduler.keeper import DEFAULT_INTERVAL_S as KEEPER_INTERVAL_S
+from training.scheduler.keeper import NAMESPACES_ENV as QUEUE_NAMESPACES_ENV
+from training.scheduler.lanes import MAX_NODES, Lane, worker_lanes
+
+KEDA_NAMESPACE = "keda"
+CRD_DIR = Path(__file__).resolve().parent / "crds" / "keda"
+# The operator's pods, as the chart labels them (kedacore/charts v2.20.2
+# keda/templates/manager/deployment.yaml: `app: {{ .Values.operator.name }}`, default keda-operator).
+OPERATOR_POD_LABELS = {"app": "keda-operator"}
+TRIGGER_AUTHENTICATION = "ragpool-redis"
+# How often KEDA reads each ScaledJob's lists (KEDA's default is 30 s): a run waits at most this
+# long for its Job. One EVAL per ready list per interval.
+POLLING_INTERVAL_SECONDS = 10
+# Finished Jobs KEDA keeps per ScaledJob (pkg/scaling/executor/scale_jobs.go cleanUp; default 100
+# each); the Job's ttlSecondsAfterFinished removes the rest after a day.
+SUCCESSFUL_JOBS_HISTORY = 5
+FAILED_JOBS_HISTORY = 10
+KEEPER_NAME = "ragpool-queue-keeper"
+
+
+def operator_metrics_port() -> int:
+    """The operator's Prometheus port, from its one home (infra/values/keda.yaml)."""
+    return int(load_values("keda.yaml")["prometheus"]["operator"]["port"])
+
+
+# ------------------------------------------------------------------ what KEDA scales
+
+
+@dataclass(frozen=True)
+class KedaQueue:
+    """How KEDA's Redis scaler reaches the queue (pkg/scalers/redis_scaler.go at the pinned tag)."""
+
+    address: str
+    """``host:port`` (trigger metadata ``address``)."""
+    database: int
+    """``databaseIndex``."""
+    tls: bool
+    """``enableTLS`` (prod: ElastiCache with TLS in transit)."""
+
+    @classmethod
+    def from_url(cls, url: str) -> KedaQueue:
+        """From the connection Secret's ``url`` (``redis://host:port/db`` or ``rediss://...``)."""
+        parts = urlsplit(url)
+        if parts.scheme not in ("redis", "rediss") or not parts.hostname:
+            raise ValueError(f"queue URL {url!r}: expected redis://host:port/db or rediss://host:port/db")
+        db = parts.path.strip("/")
+        return cls(address=f"{parts.hostname}:{parts.port or 6379}", database=int(db or 0),
+                   tls=parts.scheme == "rediss")
+
+
+@dataclass(frozen=True)
+class WorkerKind:
+    """One kind of worker Job: its name, pool (None: the CPU Ray worker), pods per Job, the lanes it
+    claims, and the most Jobs of it at once."""
+
+    name: str
+    pool: GpuPoolConfig | None
+    nodes: int
+    lanes: tuple[Lane, ...]
+    max_jobs: int
+
+
+def pool_workers(pool: GpuPoolConfig, gpu_quota: int | None) -> int:
+    """Worker pods of ``pool`` that fit its gpuLimit (and the namespace's GPU quota)."""
+    gpus = pool.gpu_limit if gpu_quota is None else min(pool.gpu_limit, gpu_quota)
+    return gpus // pool.gpus_per_worker
+
+
+def worker_kinds(cfg: StackConfig, gpu_quota: int | None, ray_max_jobs: int | None) -> list[WorkerKind]:
+    """Every kind of worker a training namespace runs, one ScaledJob (and CronJob) each.
+
+    Per GPU pool (the first is the default pool: it also takes the unpinned lanes): a single-pod
+    worker, at most ``pool_workers`` Jobs at once; for each N from 2 to what the pool holds, an
+    Indexed Job of N pods, at most ``pool_workers // N``. ``ray_max_jobs``: the Ray worker's bound
+    (None: no Ray worker)."""
+    kinds = []
+    for index, pool in enumerate(cfg.gpu_pools):
+        workers = pool_workers(pool, gpu_quota)
+        for nodes in range(1, min(workers, MAX_NODES) + 1):
+            suffix = "" if nodes == 1 else f"-n{nodes}"
+            kinds.append(WorkerKind(f"ragpool-worker-{pool.name}{suffix}", pool, nodes,
+                                    worker_lanes(pool.name, is_default_pool=index == 0, nodes=nodes),
+                                    workers // nodes))
+    if ray_max_jobs is not None:
+        kinds.append(WorkerKind("ragpool-worker-ray", None, 1, ray_worker_lanes(), max(1, ray_max_jobs)))
+    return kinds
+
+
+def ray_worker_lanes() -> tuple[Lane, ...]:
+    """The CPU Ray worker's lanes: the ray lane."""
+    return worker_lanes(None, is_default_pool=False, executors=("ray",))
+
+
+def redis_triggers(lanes: tuple[Lane, ...], queue_namespace: str, queue: KedaQueue) -> list[dict[str, Any]]:
+    """One Redis trigger per ready list of ``lanes`` (every priority) in ``queue_namespace``.
+
+    ``listLength: 1``: each run is one Job's work (the scaler's target per Job; its value is
+    LLEN, pkg/scalers/redis_scaler.go); ``activationListLength: 0``: active with one run."""
+    keys = [key for lane in lanes for key in lane.ready_keys(queue_namespace)]
+    return [{"type": "redis",
+             "metadata": {"address": queue.address, "databaseIndex": str(queue.database),
+                          "enableTLS": "true" if queue.tls else "false",
+                          "listName": key, "listLength": "1", "activationListLength": "0"},
+             "authenticationRef": {"name": TRIGGER_AUTHENTICATION, "kind": "ClusterTriggerAuthentication"}}
+            for key in keys]
+
+
+def scaled_job_spec(job_spec: dict[str, Any], kind: WorkerKind, queue_namespace: str, queue: KedaQueue) -> dict[str, Any]:
+    """The ScaledJob of ``kind`` around its worker Job (fields: kedacore/keda v2.20.2
+    apis/keda/v1alpha1/scaledjob_types.go; vendored CRD infra/crds/keda/keda.sh_scaledjobs.yaml)."""
+    return {
+        "jobTargetRef": job_spec,
+        "pollingInterval": POLLING_INTERVAL_SECONDS,
+        "successfulJobsHistoryLimit": SUCCESSFUL_JOBS_HISTORY,
+        "failedJobsHistoryLimit": FAILED_JOBS_HISTORY,
+        "minReplicaCount": 0,
+        "maxReplicaCount": kind.max_jobs,
+        # A `pulumi up` that changes the Job template never deletes running workers (the default,
+        # `immediate`, deletes the Jobs of the previous generation: controllers/keda/scaledjob_controller.go).
+        "rollout": {"strategy": "gradual"},
+        # Summed: the lanes' lists together hold the runs this kind of worker takes. `accurate`:
+        # new Jobs = queued runs - Jobs with no Ready pod (a worker is Ready only while it holds a
+        # claim), capped at maxReplicaCount - unfinished Jobs (scale_jobs.go accurateScalingStrategy).
+        "scalingStrategy": {"strategy": "accurate", "multipleScalersCalculation": "sum",
+                            "pendingPodConditions": ["Ready"]},
+        "triggers": redis_triggers(kind.lanes, queue_namespace, queue),
+    }
+
+
+# ------------------------------------------------------------------ the operator
+
+
+@dataclass(frozen=True)
+class KedaArgs:
+    config: StackConfig
+    k8s_provider: k8s.Provider
+    training_namespace: pulumi.Input[str]
+    """The main training namespace: the dev queue (Valkey) and the keeper live there."""
+    monitoring_namespace: pulumi.Input[str]
+    depends_on: list[pulumi.Resource]
+    """The training namespace and the monitoring release (PodMonitor CRD)."""
+
+
+def keda_network_policies(cfg: StackConfig) -> dict[str, dict[str, Any]]:
+    """KEDA's namespace: nothing in or out but DNS, the API server, the queue and the scrape."""
+    operator = {"matchLabels": dict(OPERATOR_POD_LABELS)}
+    return {
+        "keda-default-deny": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]},
+        "keda-allow-dns": {
+            "podSelector": {}, "policyTypes": ["Egress"],
+            "egress": [{"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                                "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+                        "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}],
+        },
+        "keda-operator": {
+            "podSelector": operator, "policyTypes": ["Ingress", "Egress"],
+            "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+                         "ports": [{"protocol": "TCP", "port": operator_metrics_port()}]}],
+            "egress": [
+                {"to": [redis_peer(cfg)], "ports": [{"protocol": "TCP", "port": 6379}]},  # the queue
+                {"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}], "ports": [{"protocol": "TCP", "port": 443}]},  # API server
+            ],
+        },
+    }
+
+
+def redis_from_keda_policy() -> dict[str, Any]:
+    """dev: the Valkey pods admit KEDA's operator on 6379 (added to the queue's own client policy)."""
+    from infra.queue_redis import SERVICE_NAME
+
+    return {"podSelector": {"matchLabels": {"app.kubernetes.io/name": SERVICE_NAME}}, "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": KEDA_NAMESPACE}},
+                                   "podSelector": {"matchLabels": dict(OPERATOR_POD_LABELS)}}],
+                         "ports": [{"protocol": "TCP", "port": 6379}]}]}
+
+
+class Keda(RagpoolComponent):
+    def __init__(self, name: str, args: KedaArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("ragpool:infra:Keda", name, opts, k8s_provider=args.k8s_provider)
+        name = self.child_prefix
+        cfg = args.config
+
+        self.namespace = k8s.core.v1.Namespace(
+            f"{name}-ns", metadata={"name": KEDA_NAMESPACE, "labels": {
+                **k8s_labels("autoscaler", KEDA_NAMESPACE),
+                "pod-security.kubernetes.io/enforce": "restricted",
+                "pod-security.kubernetes.io/enforce-version": "latest"}},
+            opts=child(self, depends_on=args.depends_on))
+        self.namespace_name = self.namespace.metadata.name
+        # The vendored CRDs, server-side applied (the ScaledJob CRD is ~650 kB: too large for the
+        # last-applied annotation of a client-side apply).
+        self.crds = [k8s.yaml.v2.ConfigFile(
+            f"{name}-crd-{path.stem.split('_', 1)[1]}", file=str(path), opts=child(self, depends_on=args.depends_on))
+            for path in sorted(CRD_DIR.glob("*.yaml"))]
+        self.release = k8s.helm.v3.Release(
+            f"{name}-operator", name="keda", namespace=KEDA_NAMESPACE, values=load_values("keda.yaml"),
+            atomic=True, cleanup_on_fail=True, **KEDA.release_args(),
+            opts=child(self, depends_on=[self.namespace, *self.crds]))
+        k8s.apiextensions.CustomResource(
+            f"{name}-trigger-auth", api_version="keda.sh/v1alpha1", kind="ClusterTriggerAuthentication",
+            metadata={"name": TRIGGER_AUTHENTICATION, "labels": k8s_labels("autoscaler", TRIGGER_AUTHENTICATION)},
+            # From KEDA's namespace (KEDA_RESTRICT_SECRET_ACCESS): infra/queue_redis.py writes it there.
+            spec={"secretTargetRef": [{"parameter": "password", "name": TRIGGER_AUTHENTICATION, "key": "password"}]},
+            opts=child(self, depends_on=self.crds))
+        ns_opts = child(self, depends_on=[self.namespace])
+        for np_name, spec in keda_network_policies(cfg).items():
+            k8s.networking.v1.NetworkPolicy(
+                f"{name}-{np_name}",
+                metadata={"name": np_name, "namespace": KEDA_NAMESPACE, "labels": k8s_labels("autoscaler")},
+                spec=spec, opts=ns_opts)
+        if not cfg.is_prod:
+            k8s.networking.v1.NetworkPolicy(
+                f"{name}-redis-from-keda",
+                metadata={"name": "ragpool-redis-from-keda", "namespace": args.training_namespace,
+                          "labels": k8s_labels("queue")},
+                spec=redis_from_keda_policy(), opts=child(self, depends_on=args.depends_on))
+        k8s.apiextensions.CustomResource(
+            f"{name}-operator-metrics", api_version="monitoring.coreos.com/v1", kind="PodMonitor",
+            metadata={"name": "keda-operator", "namespace": args.monitoring_namespace,
+                      "labels": k8s_labels("monitoring", "keda-operator")},
+            spec={"namespaceSelector": {"matchNames": [KEDA_NAMESPACE]},
+                  "selector": {"matchLabels": dict(OPERATOR_POD_LABELS)},
+                  "podMetricsEndpoints": [{"port": "metrics", "interval": "30s"}]},
+            opts=child(self, depends_on=[self.release, *args.depends_on]))
+        self.register_outputs({"namespace": self.namespace_name})
+
+
+# ------------------------------------------------------------------ the keeper
+
+
+def keeper_deployment_spec(image: str, redis_secret: str, queue_namespaces: tuple[str, ...]) -> dict[str, Any]:
+    """The always-on keeper: one pod on the system nodes, a Redis client like the workers."""
+    from infra.queue_redis import CLIENT_LABEL
+    from infra.training_namespace import QUEUE_METRICS_PORT
+    from infra.worker_jobs import redis_client_env, redis_secret_volume
+
+    labels = {**k8s_labels("queue-keeper", KEEPER_NAME), **CLIENT_LABEL}
+    volume, mount = redis_secret_volume(redis_secret)
+    return {
+        "replicas": 1,
+        # Never two keepers at once during a rollout (both would be harmless, one is enough).
+        "strategy": {"type": "Recreate"},
+        "selector": {"matchLabels": {"app.kubernetes.io/name": KEEPER_NAME}},
+        "template": {"metadata": {"labels": labels}, "spec": {
+            "automountServiceAccountToken": False,
+            "nodeSelector": dict(SYSTEM_NODE_SELECTOR),
+            "securityContext": pod_security_context(TRAINING_UID),
+            "containers": [{
+                "name": "keeper",
+                "image": image,
+                "command": ["python", "-m", "training.scheduler.keeper"],
+                # A lost worker's run is back in its ready list within a lease and one interval.
+                "args": ["--interval-seconds", f"{KEEPER_INTERVAL_S:g}",
+                         "--metrics-port", str(QUEUE_METRICS_PORT)],
+                "env": [*redis_client_env(redis_secret),
+                        {"name": QUEUE_NAMESPACES_ENV, "value": ",".join(queue_namespaces)}],
+                "ports": [{"name": "queue-metrics", "containerPort": QUEUE_METRICS_PORT}],
+                "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
+                "securityContext": container_security_context(),
+                "volumeMounts": [mount, {"name": "tmp", "mountPath": "/tmp"}],
+            }],
+            "volumes": [volume, {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
+        }},
+    }
+
+
+def keeper_network_policy(cfg: StackConfig) -> dict[str, Any]:
+    """The keeper: out to the queue only (DNS: the namespace's allow-dns), in from Prometheus."""
+    from infra.training_namespace import QUEUE_METRICS_PORT
+
+    return {"podSelector": {"matchLabels": {"app.kubernetes.io/name": KEEPER_NAME}},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+                         "ports": [{"protocol": "TCP", "port": QUEUE_METRICS_PORT}]}],
+            "egress": [{"to": [redis_peer(cfg)], "ports": [{"protocol": "TCP", "port": 6379}]}]}

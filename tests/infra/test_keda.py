@@ -1,0 +1,251 @@
+"""KEDA: the pinned operator, its vendored CRDs, one ScaledJob per worker kind with the right bounds,
+triggers and strategy, and the queue keeper. Object schemas: test_validation.py (strict, vendored);
+flows: test_reachability.py; the one-ScaledJob-per-lane policy: tests/policy/test_keda_lanes.py."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infra.charts import KEDA, KEDA_APP_COMMIT, KEDA_APP_TAG, KEDA_CHARTS_COMMIT
+from infra.config import parse
+from infra.keda import (
+    CRD_DIR,
+    KEDA_NAMESPACE,
+    KEEPER_NAME,
+    OPERATOR_POD_LABELS,
+    QUEUE_NAMESPACES_ENV,
+    TRIGGER_AUTHENTICATION,
+    KedaQueue,
+    pool_workers,
+    worker_kinds,
+)
+from infra.plan import plan
+from tests.infra.harness import LOCAL_SCHEMAS_DIR, inputs_of, schema_text, strict_crd_schemas
+from training.scheduler.exporter import READY_PATH
+from training.scheduler.lanes import LANES_ENV, Lane, parse_lanes
+
+SCALED_JOB = "kubernetes:keda.sh/v1alpha1:ScaledJob"
+CRONJOB = "kubernetes:batch/v1:CronJob"
+TEAMS = [{"name": "search", "gpuQuota": 3}]
+
+
+@pytest.fixture(scope="module")
+def team_plan():
+    return plan("dev", overrides={"ragpool:trainingTeams": TEAMS})
+
+
+def scaled_jobs(doc: dict, namespace: str = "ragpool-training") -> dict[str, dict]:
+    return {s["metadata"]["name"]: s for s in inputs_of(doc, SCALED_JOB, namespace)}
+
+
+def worker_env(job_spec: dict) -> dict[str, str]:
+    return {e["name"]: e.get("value") for e in job_spec["template"]["spec"]["containers"][0]["env"]}
+
+
+# ------------------------------------------------------------------ the pin and the vendored files
+
+
+def test_pin_matches_the_vendored_chart_and_crds():
+    chart = yaml.safe_load((LOCAL_SCHEMAS_DIR / "helm" / "keda" / KEDA.version / "Chart.yaml").read_text())
+    assert chart["name"] == KEDA.name and chart["version"] == KEDA.version
+    assert KEDA_APP_TAG == f"v{chart['appVersion']}"  # the CRDs come from the operator tag the chart deploys
+    readme = (CRD_DIR / "README.md").read_text()
+    assert KEDA_APP_TAG in readme and KEDA_APP_COMMIT in readme and KEDA_CHARTS_COMMIT in readme
+    assert re.fullmatch(r"[0-9a-f]{40}", KEDA_APP_COMMIT) and re.fullmatch(r"[0-9a-f]{40}", KEDA_CHARTS_COMMIT)
+
+
+def test_vendored_crds_are_every_kind_the_operator_watches():
+    crds = {yaml.safe_load(p.read_text())["spec"]["names"]["kind"] for p in CRD_DIR.glob("*.yaml")}
+    assert crds == {"ScaledJob", "ScaledObject", "TriggerAuthentication", "ClusterTriggerAuthentication",
+                    "CloudEventSource", "ClusterCloudEventSource"}
+
+
+def test_strict_schemas_are_made_from_the_vendored_crds():
+    """The JSON the validation tests use cannot drift from the CRDs the cluster gets."""
+    for path in sorted(CRD_DIR.glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        for name, schema in strict_crd_schemas(crd).items():
+            vendored = LOCAL_SCHEMAS_DIR / "crds" / crd["spec"]["group"] / name
+            assert vendored.read_text(encoding="utf-8") == schema_text(schema), f"{vendored} is stale: regenerate (README there)"
+
+
+def test_strict_schema_refuses_unknown_fields():
+    from jsonschema import ValidationError
+
+    from tests.infra.harness import validate_custom
+
+    good = {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledJob", "metadata": {"name": "x"},
+            "spec": {"jobTargetRef": {"template": {"spec": {"containers": [{"name": "c"}]}}},
+                     "triggers": [{"type": "redis", "metadata": {"listName": "l"}}]}}
+    validate_custom(good)
+    bad = json.loads(json.dumps(good))
+    bad["spec"]["scalingStrategy"] = {"strategy": "accurate", "pendingPodCondition": ["Ready"]}  # typo
+    with pytest.raises(ValidationError):
+        validate_custom(bad)
+    bad = json.loads(json.dumps(good))
+    bad["spec"]["scalingStrategy"] = {"multipleScalersCalculation": "total"}  # not in the enum
+    with pytest.raises(ValidationError):
+        validate_custom(bad)
+
+
+# ------------------------------------------------------------------ the operator
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_operator_release_crds_and_trigger_authentication(plans, stack):
+    doc = plans[stack]
+    [release] = [r for r in doc["resources"] if r["type"] == "kubernetes:helm.sh/v3:Release"
+                 and r["inputs"]["chart"] == KEDA.chart_ref]
+    values = release["inputs"]["values"]
+    assert release["inputs"]["version"] == KEDA.version and release["inputs"]["namespace"] == KEDA_NAMESPACE
+    assert values["crds"]["install"] is False  # Pulumi applies the vendored ones
+    assert values["operator"]["nodeSelector"] == {"ragpool.io/pool": "system"}
+    assert values["permissions"]["operator"]["restrict"]["secret"] is True
+    assert values["metricsServer"]["enabled"] is False and values["webhooks"]["enabled"] is False
+    crds = [r for r in doc["resources"] if r["type"] == "kubernetes:yaml/v2:ConfigFile" and r["name"].startswith("keda-crd-")]
+    assert sorted(Path(r["inputs"]["file"]) for r in crds) == sorted(CRD_DIR.glob("*.yaml"))  # files, never URLs
+    assert {f"kubernetes:yaml/v2:ConfigFile::{r['name']}" for r in crds} <= set(release["dependsOn"])
+    [auth] = inputs_of(doc, "kubernetes:keda.sh/v1alpha1:ClusterTriggerAuthentication")
+    assert auth["metadata"]["name"] == TRIGGER_AUTHENTICATION
+    assert auth["spec"]["secretTargetRef"] == [{"parameter": "password", "name": "ragpool-redis", "key": "password"}]
+    # ... which the queue component writes to KEDA's namespace (the only Secret namespace KEDA may read).
+    assert [s["metadata"]["name"] for s in inputs_of(doc, "kubernetes:core/v1:Secret", KEDA_NAMESPACE)] == ["ragpool-redis"]
+    [namespace] = [n for n in inputs_of(doc, "kubernetes:core/v1:Namespace") if n["metadata"]["name"] == KEDA_NAMESPACE]
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    [monitor] = [m for m in inputs_of(doc, "kubernetes:monitoring.coreos.com/v1:PodMonitor")
+                 if m["spec"]["namespaceSelector"]["matchNames"] == [KEDA_NAMESPACE]]
+    assert monitor["spec"]["selector"]["matchLabels"] == OPERATOR_POD_LABELS
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+
+
+def test_queue_address_comes_from_the_connection_url():
+    assert KedaQueue.from_url("redis://ragpool-redis.ragpool-training.svc.cluster.local:6379/0") == KedaQueue(
+        "ragpool-redis.ragpool-training.svc.cluster.local:6379", 0, False)
+    assert KedaQueue.from_url("rediss://master.q.example.cache.amazonaws.com:6380/2") == KedaQueue(
+        "master.q.example.cache.amazonaws.com:6380", 2, True)
+    with pytest.raises(ValueError, match="expected redis://"):
+        KedaQueue.from_url("http://example.com")
+
+
+@pytest.mark.parametrize("stack,tls", [("dev", "false"), ("prod", "true")])
+def test_triggers_read_the_queue_with_tls_and_the_auth_token_in_prod(plans, stack, tls):
+    for name, job in scaled_jobs(plans[stack]).items():
+        for trigger in job["spec"]["triggers"]:
+            assert trigger["type"] == "redis"
+            assert trigger["authenticationRef"] == {"name": TRIGGER_AUTHENTICATION, "kind": "ClusterTriggerAuthentication"}
+            meta = trigger["metadata"]
+            assert meta["enableTLS"] == tls and meta["databaseIndex"] == "0", name
+            assert meta["listLength"] == "1" and meta["activationListLength"] == "0"
+            assert "password" not in meta  # from the Secret, through the ClusterTriggerAuthentication
+            if stack == "dev":
+                assert meta["address"] == "ragpool-redis.ragpool-training.svc.cluster.local:6379"
+
+
+# ------------------------------------------------------------------ one ScaledJob per worker kind
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_one_scaledjob_per_worker_kind_on_exactly_its_lanes(plans, stack):
+    jobs = scaled_jobs(plans[stack])
+    crons = {c["metadata"]["name"]: c["spec"] for c in inputs_of(plans[stack], CRONJOB, "ragpool-training")}
+    assert set(jobs) == set(crons)  # the same kinds, manual templates included
+    seen: dict[Lane, str] = {}
+    for name, job in jobs.items():
+        spec = job["spec"]
+        assert spec["jobTargetRef"] == crons[name]["jobTemplate"]["spec"]  # one Job, two ways to start it
+        assert spec["scalingStrategy"] == {"strategy": "accurate", "multipleScalersCalculation": "sum",
+                                           "pendingPodConditions": ["Ready"]}
+        assert spec["minReplicaCount"] == 0 and spec["rollout"] == {"strategy": "gradual"}
+        assert spec["successfulJobsHistoryLimit"] < 100 and spec["failedJobsHistoryLimit"] < 100
+        assert spec["jobTargetRef"]["ttlSecondsAfterFinished"] > 0
+        env = worker_env(spec["jobTargetRef"])
+        lanes = parse_lanes(env[LANES_ENV])
+        nodes = lanes[0].nodes
+        assert env["RAGPOOL_NNODES"] == str(nodes)
+        assert spec["jobTargetRef"]["completions"] == spec["jobTargetRef"]["parallelism"] == nodes
+        assert spec["jobTargetRef"]["completionMode"] == "Indexed"
+        assert sorted(t["metadata"]["listName"] for t in spec["triggers"]) == sorted(
+            key for lane in lanes for key in lane.ready_keys("ragpool"))
+        for lane in lanes:
+            assert lane not in seen, f"{lane.name} in {seen.get(lane)} and {name}"
+            seen[lane] = name
+        container = spec["jobTargetRef"]["template"]["spec"]["containers"][0]
+        assert container["readinessProbe"]["httpGet"] == {"path": READY_PATH, "port": "queue-metrics"}
+        assert "queue-metrics" in {p["name"] for p in container["ports"]}
+    assert Lane() in seen and Lane("ray") in seen
+
+
+def test_bounds_follow_the_pools_gpu_limit_and_gpus_per_worker(plans):
+    dev = {n: j["spec"]["maxReplicaCount"] for n, j in scaled_jobs(plans["dev"]).items()}
+    # dev: gpu-spot gpuLimit 8, one GPU per worker: 8 single-pod Jobs, 8 // N gangs of N pods.
+    assert dev == {"ragpool-worker-gpu-spot": 8, **{f"ragpool-worker-gpu-spot-n{n}": 8 // n for n in range(2, 9)},
+                   "ragpool-worker-ray": 8}
+    prod = {n: j["spec"]["maxReplicaCount"] for n, j in scaled_jobs(plans["prod"]).items()}
+    # prod: gpu-ondemand 32 GPUs / 8 per worker, gpu-spot 16 / 4: 4 workers each.
+    assert prod == {"ragpool-worker-gpu-ondemand": 4, "ragpool-worker-gpu-ondemand-n2": 2,
+                    "ragpool-worker-gpu-ondemand-n3": 1, "ragpool-worker-gpu-ondemand-n4": 1,
+                    "ragpool-worker-gpu-spot": 4, "ragpool-worker-gpu-spot-n2": 2, "ragpool-worker-gpu-spot-n3": 1,
+                    "ragpool-worker-gpu-spot-n4": 1, "ragpool-worker-ray": 8}
+    # The first pool is the default: it alone takes the unpinned lanes.
+    lanes = {n: parse_lanes(worker_env(j["spec"]["jobTargetRef"])[LANES_ENV])
+             for n, j in scaled_jobs(plans["prod"]).items()}
+    assert lanes["ragpool-worker-gpu-ondemand"] == (Lane(pool="gpu-ondemand"), Lane())
+    assert lanes["ragpool-worker-gpu-spot"] == (Lane(pool="gpu-spot"),)
+    assert lanes["ragpool-worker-gpu-ondemand-n3"] == (Lane(nodes=3, pool="gpu-ondemand"), Lane(nodes=3))
+
+
+def test_a_team_never_starts_more_gpu_workers_than_its_quota(team_plan):
+    jobs = scaled_jobs(team_plan, "ragpool-team-search")
+    quota = TEAMS[0]["gpuQuota"]
+    assert {n: j["spec"]["maxReplicaCount"] for n, j in jobs.items()} == {
+        "ragpool-worker-gpu-spot": 3, "ragpool-worker-gpu-spot-n2": 1, "ragpool-worker-gpu-spot-n3": 1,
+        "ragpool-worker-ray": 3}
+    for name, job in jobs.items():
+        pod = job["spec"]["jobTargetRef"]
+        gpus = int(pod["template"]["spec"]["containers"][0]["resources"]["requests"].get("nvidia.com/gpu", 0))
+        assert job["spec"]["maxReplicaCount"] * pod["parallelism"] * gpus <= quota, name
+        for trigger in job["spec"]["triggers"]:
+            assert trigger["metadata"]["listName"].startswith("search:ready:"), name  # its own queue only
+        assert worker_env(pod)["RAGPOOL_QUEUE_NAMESPACE"] == "search"
+
+
+def test_worker_kinds_arithmetic_at_the_edges():
+    cfg = parse({"gpuPools": [{"name": "a", "instanceTypes": ["g5.xlarge"], "capacityType": "on-demand",
+                               "gpuLimit": 7, "gpusPerWorker": 4},
+                              {"name": "b", "instanceTypes": ["g5.xlarge"], "capacityType": "spot", "gpuLimit": 200}],
+                 "deployRoleArn": "arn:aws:iam::111122223333:role/x", "publicAccessCidrs": ["203.0.113.0/24"],
+                 "owner": "o", "costCenter": "c"}, stack="dev", region="us-west-2")
+    kinds = {k.name: k for k in worker_kinds(cfg, None, None)}
+    assert kinds["ragpool-worker-a"].max_jobs == 1 and "ragpool-worker-a-n2" not in kinds  # 7 // 4 = 1 worker
+    assert pool_workers(cfg.gpu_pools[1], None) == 200
+    assert max(k.nodes for k in kinds.values() if k.pool and k.pool.name == "b") == 64  # lanes.MAX_NODES
+    assert kinds["ragpool-worker-b-n64"].max_jobs == 3 and "ragpool-worker-ray" not in kinds
+    assert kinds["ragpool-worker-a"].lanes == (Lane(pool="a"), Lane())  # the first pool is the default
+    assert worker_kinds(cfg, 0, None) == []  # a team without GPUs gets no GPU workers
+
+
+# ------------------------------------------------------------------ the keeper
+
+
+def test_one_keeper_for_every_queue(team_plan, plans):
+    [keeper] = [d for d in inputs_of(team_plan, "kubernetes:apps/v1:Deployment", "ragpool-training")
+                if d["metadata"]["name"] == KEEPER_NAME]
+    spec = keeper["spec"]
+    assert spec["replicas"] == 1
+    pod = spec["template"]["spec"]
+    assert pod["nodeSelector"] == {"ragpool.io/pool": "system"} and "tolerations" not in pod
+    container = pod["containers"][0]
+    assert container["command"] == ["python", "-m", "training.scheduler.keeper"]
+    assert "--interval-seconds" in container["args"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env[QUEUE_NAMESPACES_ENV]["value"] == "ragpool,search"
+    assert env["REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "ragpool-redis", "key": "url"}
+    assert spec["template"]["metadata"]["labels"]["ragpool.io/redis-client"] == "true"
+    assert {p["name"] for p in container["ports"]} == {"queue-metrics"}
+    for doc in (team_plan, *plans.values()):  # one keeper per stack, never in a team namespace
+        assert len([d for d in inputs_of(doc, "kubernetes:apps/v1:Deployment") if d["metadata"]["name"] == KEEPER_NAME]) == 1
