@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench import gpu_health, recovery, recovery_pause
+from tests.support.ci_skips import hardware_reason
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -109,7 +110,7 @@ def test_the_gpu_bench_refuses_without_a_gpu(capsys):
     import torch
 
     if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU: the bench runs for real (python -m bench.gpu_health)")
+        pytest.skip(hardware_reason("this machine has a GPU: the bench runs for real (python -m bench.gpu_health)"))
     assert gpu_health.main(["--repeats", "1"]) == 2
     assert "no CUDA device" in capsys.readouterr().err
 

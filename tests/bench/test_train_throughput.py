@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.ci_skips import hardware_reason
+
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench" / "train_throughput.py"
 
@@ -44,7 +46,7 @@ def test_gpu_generator_without_cuda_refuses() -> None:
     import torch
 
     if torch.cuda.is_available():
-        pytest.skip("this machine has CUDA: the refusal path does not apply")
+        pytest.skip(hardware_reason("this machine has CUDA: the refusal path does not apply"))
     out = _run("--gpu-generator", "--quick")
     assert out.returncode != 0 and "needs a CUDA device" in out.stderr
 

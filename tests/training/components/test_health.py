@@ -9,11 +9,12 @@ import sys
 import pytest
 import torch
 
+from tests.support.ci_skips import hardware_reason
 from tests.support.redis_fixtures import subprocess_env
 from training import exit_codes
 from training.components import health
 
-needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path runs only without CUDA")
+needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason=hardware_reason("the CPU path runs only without CUDA"))
 
 
 def _run(capsys, *argv: str) -> tuple[int, dict]:
