@@ -53,6 +53,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -302,8 +303,6 @@ class Cluster:
                             self.check_scaled_job(sj, now)
                     self._record_bounds()
             except Exception as exc:  # reported by the waits (Simulation.wait_for fails at once)
-                import traceback
-
                 self.errors.append(f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-3)}")
             self._stop.wait(self.settings.reconcile_s)
 
@@ -313,11 +312,14 @@ class Cluster:
         if self._thread is not None:
             self._thread.join(timeout=30)
         with self.lock:
-            for sj in [*self.scaled_jobs, *self.deployments]:
-                for job in sj.jobs:
-                    for pod in job.pods:
-                        if pod.proc is not None and pod.proc.poll() is None:
-                            lose_node(pod.proc)
+            for job in self._every_job():
+                for pod in job.pods:
+                    if pod.proc is not None and pod.proc.poll() is None:
+                        lose_node(pod.proc)
+
+    def _every_job(self) -> list[Job]:
+        """Every Job ever created, the Deployments' too (also those KEDA's clean-up removed)."""
+        return [*self.created, *(job for d in self.deployments for job in d.jobs)]
 
     # -- KEDA (scale_handler.checkScalers -> RequestJobScale) ----------------------------
 
@@ -508,10 +510,8 @@ class Cluster:
 
     def reap_deleted(self, now: float) -> None:
         """Pods of finished Jobs that were sent SIGTERM: SIGKILL after the grace, then forget them."""
-        for sj in self.scaled_jobs:
-            for job in sj.jobs:
-                if not job.finished:
-                    continue
+        for job in self._every_job():
+            if job.finished:
                 for pod in job.pods:
                     if pod.phase == "Running" and pod.proc is not None:
                         code = pod.proc.poll()
