@@ -37,7 +37,7 @@ from infra.charts import KEDA
 from infra.common import SYSTEM_NODE_SELECTOR, TRAINING_UID, child, k8s_labels, load_values
 from infra.config import GpuPoolConfig, StackConfig
 from infra.pod_security import container_security_context, pod_security_context
-from infra.training_namespace import redis_peer
+from infra.training_namespace import baseline_policies, redis_peer
 from training.scheduler.keeper import DEFAULT_INTERVAL_S as KEEPER_INTERVAL_S
 from training.scheduler.keeper import NAMESPACES_ENV as QUEUE_NAMESPACES_ENV
 from training.scheduler.lanes import MAX_NODES, Lane, worker_lanes
@@ -185,13 +185,7 @@ def keda_network_policies(cfg: StackConfig) -> dict[str, dict[str, Any]]:
     """KEDA's namespace: nothing in or out but DNS, the API server, the queue and the scrape."""
     operator = {"matchLabels": dict(OPERATOR_POD_LABELS)}
     return {
-        "keda-default-deny": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]},
-        "keda-allow-dns": {
-            "podSelector": {}, "policyTypes": ["Egress"],
-            "egress": [{"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
-                                "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
-                        "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}],
-        },
+        **baseline_policies("keda-"),
         "keda-operator": {
             "podSelector": operator, "policyTypes": ["Ingress", "Egress"],
             "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],

@@ -151,18 +151,25 @@ def redis_peer(cfg: StackConfig) -> dict[str, Any]:
              "podSelector": {"matchLabels": {"app.kubernetes.io/name": "ragpool-redis"}}})
 
 
-def network_policies(cfg: StackConfig) -> dict[str, dict[str, Any]]:
-    vpc = cfg.network.vpc_cidr
-    workers = {"matchLabels": {"app.kubernetes.io/component": "worker"}}
-    monitoring = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+def baseline_policies(prefix: str = "") -> dict[str, dict[str, Any]]:
+    """What every ragpool namespace starts from: deny everything both ways, then DNS for every pod."""
     return {
-        "default-deny": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]},
-        "allow-dns": {
+        f"{prefix}default-deny": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]},
+        f"{prefix}allow-dns": {
             "podSelector": {}, "policyTypes": ["Egress"],
             "egress": [{"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
                                 "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
                         "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}],
         },
+    }
+
+
+def network_policies(cfg: StackConfig) -> dict[str, dict[str, Any]]:
+    vpc = cfg.network.vpc_cidr
+    workers = {"matchLabels": {"app.kubernetes.io/component": "worker"}}
+    monitoring = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    return {
+        **baseline_policies(),
         "workers-egress": {
             "podSelector": workers, "policyTypes": ["Egress"],
             "egress": [

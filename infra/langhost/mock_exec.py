@@ -83,6 +83,9 @@ def mock_outputs(typ: str, name: str, inputs: dict[str, Any], region: str) -> di
         out["arn"] = _arn("elasticfilesystem", region, f"file-system/fs-{name}")
     elif typ == "aws:backup/vault:Vault":
         out["name"] = physical
+    elif typ == "aws:elasticache/replicationGroup:ReplicationGroup":
+        # A stand-in host (the real one is AWS-assigned): the queue's URL and KEDA's trigger address.
+        out["primaryEndpointAddress"] = f"{inputs.get('replicationGroupId', name)}.offline-plan.{region}.cache.amazonaws.com"
     elif typ == "random:index/randomPassword:RandomPassword":
         out["result"] = PLACEHOLDER_SECRET
         out["bcryptHash"] = PLACEHOLDER_SECRET
