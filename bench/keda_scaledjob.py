@@ -1,7 +1,8 @@
 """KEDA's ScaledJob job-count algorithm, transcribed line for line (no Kubernetes, no torch).
 
 Source: kedacore/keda tag v2.20.2 (commit 68a5b5028f35b22d50597c69819ab32c4e92f21a, the newest
-stable release), Apache-2.0:
+stable release and the version infra installs: ``infra/charts.py`` ``KEDA_APP_TAG`` /
+``KEDA_APP_COMMIT``, re-exported here as ``KEDA_TAG`` / ``KEDA_COMMIT``), Apache-2.0:
 
 - ``pkg/scaling/scale_handler.go``: ``startScaleLoop`` (one check per ``pollingInterval``),
   ``checkScalers``, ``getScaledJobMetrics`` (per trigger: metrics and activity, then
@@ -31,8 +32,8 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-KEDA_TAG = "v2.20.2"
-KEDA_COMMIT = "68a5b5028f35b22d50597c69819ab32c4e92f21a"
+from infra.charts import KEDA_APP_COMMIT as KEDA_COMMIT  # noqa: F401 (re-exported: the pin transcribed)
+from infra.charts import KEDA_APP_TAG as KEDA_TAG  # noqa: F401 (re-exported: the pin transcribed)
 
 DEFAULT_POLLING_INTERVAL_S = 30
 """``withtriggers_types.go`` ``defaultPollingInterval``."""
