@@ -1,0 +1,183 @@
+"""DCP checkpoints of an FSDP2-sharded tiny Llama (gloo, CPU): resharding and crash safety.
+
+Each test runs this file as a torchrun worker script (``python -m torch.distributed.run ... test_dcp.py MODE``):
+- saved by 2 ranks, loaded on 1 rank, saved again, loaded on 2 ranks: every tensor of the full model
+  and optimizer state (gathered with ``full_state_dict``) equal at each hop;
+- SIGKILL of a rank inside ``dcp.save``: no new checkpoint appears, the previous one is still the newest
+  verified one and loads to exactly the state it held.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+# --------------------------------------------------------------------------- worker (under torchrun)
+
+
+def _setup():
+    import torch
+
+    from training.components import distributed as D
+    from training.components import sharding as S
+    from training.components.models import build_tiny_causal_lm, load_generator_tokenizer
+    from training.components.optim import build_optimizer
+    from training.config import OptimConfig, ParallelismConfig
+
+    env = D.init_distributed("cpu")
+    model = build_tiny_causal_lm(load_generator_tokenizer(), "llama", 32, 2, 2, 64, 64, seed=7)
+    model = S.shard_model(model, ParallelismConfig(strategy="fsdp"), env, "generator")
+    opt = build_optimizer(model, OptimConfig(lr=1e-2, weight_decay=0.01, warmup_steps=0))
+    torch.manual_seed(100 + env.rank)
+    return env, model, opt
+
+
+def _train(model, opt, steps: int) -> None:
+    import torch
+
+    for _ in range(steps):
+        ids = torch.randint(5, 200, (2, 12))
+        model(input_ids=ids, labels=ids).loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def _dump_full(model, opt, env, out: Path) -> None:
+    """Rank 0 writes the gathered full model + optimizer state (FQN keys) to ``out``."""
+    import torch
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    msd, osd = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if env.is_main:
+        torch.save({"model": msd, "optimizer": osd}, out)
+
+
+def _save(root: Path, step: int, model, opt, env) -> None:
+    from training.components.checkpoint import save_dcp_checkpoint
+
+    save_dcp_checkpoint(root, step, model, opt, {"trainer": {"step": step}}, env, keep_latest_k=3)
+
+
+def _load_latest(root: Path, model, opt, env) -> int:
+    from training.components import distributed as D
+    from training.components.checkpoint import Checkpointer, load_dcp_state, step_dir_name
+
+    ckpt = Checkpointer(root, 3, env.is_main)
+    found = None
+    if env.is_main:
+        ckpt.clean_temp()
+        found = ckpt.latest()
+    step = D.broadcast_object(env, found[0] if found else None)
+    load_dcp_state(root / step_dir_name(step), model, opt)
+    return step
+
+
+def worker(mode: str, root: Path) -> None:
+    env, model, opt = _setup()
+    if mode == "train-save":
+        _train(model, opt, 2)
+        _save(root, 2, model, opt, env)
+        _dump_full(model, opt, env, root / f"full-saved-{env.world_size}.pt")
+    elif mode == "load-save":  # load the newest, dump what was loaded, save it again as the next step
+        step = _load_latest(root, model, opt, env)
+        _dump_full(model, opt, env, root / f"full-loaded-{env.world_size}-from-{step}.pt")
+        _save(root, step + 1, model, opt, env)
+    elif mode == "crash-in-save":
+        import torch.distributed.checkpoint.filesystem as fs
+
+        real = fs.FileSystemWriter.write_data
+
+        def write_then_die(self, plan, planner):  # rank 0's shard is on disk, the save is not done
+            out = real(self, plan, planner)
+            if env.rank == 0:  # the rank that would clean up on an error: the temp dir stays
+                out.wait()
+                os.kill(os.getpid(), signal.SIGKILL)
+            return out
+
+        _train(model, opt, 1)
+        fs.FileSystemWriter.write_data = write_then_die
+        _save(root, 4, model, opt, env)
+    else:
+        raise SystemExit(f"unknown mode {mode}")
+    from training.components import distributed as D
+
+    D.destroy()
+
+
+# --------------------------------------------------------------------------- tests
+
+
+def _torchrun(mode: str, root: Path, nproc: int, timeout: int = 180) -> subprocess.CompletedProcess[str]:
+    from tests.support.training import child_env
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           str(Path(__file__).resolve()), mode, str(root)]
+    return subprocess.run(cmd, cwd=REPO, env={**child_env(), "PYTHONPATH": str(REPO)}, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _assert_same_state(a_path: Path, b_path: Path) -> int:
+    """Every tensor of model and optimizer state equal (and the same keys); returns how many were compared."""
+    import torch
+
+    a, b = (torch.load(p, weights_only=False) for p in (a_path, b_path))
+
+    def leaves(tree, prefix=""):
+        if isinstance(tree, dict):
+            for k, v in tree.items():
+                yield from leaves(v, f"{prefix}{k}/")
+        elif isinstance(tree, (list, tuple)):
+            for i, v in enumerate(tree):
+                yield from leaves(v, f"{prefix}{i}/")
+        else:
+            yield prefix, tree
+
+    la, lb = dict(leaves(a)), dict(leaves(b))
+    assert la.keys() == lb.keys()
+    unequal = [k for k in la if (torch.is_tensor(la[k]) and not torch.equal(la[k], lb[k]))
+               or (not torch.is_tensor(la[k]) and la[k] != lb[k])]
+    assert unequal == [], f"{a_path.name} vs {b_path.name}: {unequal[:5]}"
+    n = sum(torch.is_tensor(v) for v in la.values())
+    assert any("exp_avg_sq" in k for k in la) and n > 20, "optimizer state missing: the check would be vacuous"
+    return n
+
+
+@pytest.mark.slow
+def test_saved_by_2_loads_on_1_and_back_on_2(tmp_path) -> None:
+    for mode, nproc in (("train-save", 2), ("load-save", 1), ("load-save", 2)):
+        out = _torchrun(mode, tmp_path, nproc)
+        assert out.returncode == 0, f"{mode} x{nproc}:\n{out.stderr[-3000:]}"
+    saved = tmp_path / "full-saved-2.pt"
+    _assert_same_state(saved, tmp_path / "full-loaded-1-from-2.pt")
+    _assert_same_state(saved, tmp_path / "full-loaded-2-from-3.pt")
+    manifest = json.loads((tmp_path / "step_000003" / "manifest.json").read_text())
+    assert manifest["format"] == "dcp" and manifest["world_size"] == 1  # written by the 1-rank hop
+
+
+@pytest.mark.slow
+def test_sigkill_during_dcp_save_leaves_the_previous_checkpoint(tmp_path) -> None:
+    out = _torchrun("train-save", tmp_path, 2)
+    assert out.returncode == 0, out.stderr[-3000:]
+    crashed = _torchrun("crash-in-save", tmp_path, 2)
+    assert crashed.returncode != 0 and "Signal 9 (SIGKILL)" in crashed.stderr, crashed.stderr[-3000:]
+    temps = [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-step_000004")]
+    assert temps, f"the killed save left no temp dir: it did not die inside the save ({os.listdir(tmp_path)})"
+    assert not (tmp_path / "step_000004").exists()
+    out = _torchrun("load-save", tmp_path, 2)
+    assert out.returncode == 0, out.stderr[-3000:]
+    _assert_same_state(tmp_path / "full-saved-2.pt", tmp_path / "full-loaded-2-from-2.pt")
+    assert not any(p.name.startswith(".tmp-") for p in tmp_path.iterdir()), "resume cleans the crashed temp dir"
+
+
+if __name__ == "__main__":
+    worker(sys.argv[1], Path(sys.argv[2]))

@@ -1,0 +1,85 @@
+"""The ``parallelism`` section: bad input refused at submit (exit 2 naming the key, nothing enqueued),
+and the model-side checks of :mod:`training.components.sharding` that need the model itself."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from training.config import ConfigError, ParallelismConfig, load_run_config
+from training.scheduler import cli as runs_cli
+from training.scheduler.spec import parse_spec
+
+BASE = "run_id: par\nstages: [retriever, index, generator]\n"
+
+
+@pytest.mark.parametrize("extra, key, fragment", [
+    ("hyperparameters: {generator: {parallelism.strategy: tp}}", "hyperparameters.generator.parallelism.strategy",
+     "must be one of ddp, fsdp, hsdp"),
+    ("hyperparameters: {retriever: {parallelism.strategy: fsdp}}", "hyperparameters.retriever.parallelism.strategy",
+     "must be one of ddp"),
+    ("hyperparameters: {retriever: {parallelism.activation_checkpointing: true}}",
+     "hyperparameters.retriever.parallelism.activation_checkpointing", "no decoder blocks to checkpoint"),
+    ("hyperparameters: {generator: {parallelism.strategy: hsdp}}\nnodes: 1",
+     "hyperparameters.generator.parallelism.strategy", "gives one node: use fsdp"),
+    ("hyperparameters: {generator: {parallelism.strategy: hsdp}}\nexecutor: ray",
+     "hyperparameters.generator.parallelism.strategy", "executor: ray places workers freely"),
+])
+def test_bad_parallelism_is_exit_2_naming_the_key(tmp_path, monkeypatch, capsys, extra, key, fragment) -> None:
+    # An unreachable Redis: were the spec accepted, submit would fail with 4 (unavailable), never 2.
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")
+    path = tmp_path / "run.yaml"
+    path.write_text(BASE + extra + "\n")
+    assert runs_cli.main(["submit", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{key}:" in err and fragment in err, err
+    assert "Traceback" not in err
+
+
+def test_control_a_good_spec_reaches_redis(tmp_path, monkeypatch) -> None:
+    """The exit 2 above is the spec's refusal: the same submit of a good spec gets as far as Redis (4)."""
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")
+    path = tmp_path / "run.yaml"
+    path.write_text(BASE + "hyperparameters: {generator: {parallelism.strategy: fsdp}}\n")
+    assert runs_cli.main(["submit", str(path)]) == 4
+
+
+@pytest.mark.parametrize("raw", [
+    {"hyperparameters": {"generator": {"parallelism.strategy": "hsdp"}}, "nodes": 2, "gpus_per_node": 8},
+    {"hyperparameters": {"generator": {"parallelism.strategy": "fsdp"}}, "nodes": 1, "gpus_per_node": 1},
+    {"hyperparameters": {"generator": {"parallelism.activation_checkpointing": True}}},
+])
+def test_good_parallelism_is_accepted(raw) -> None:
+    """hsdp over 2 nodes; fsdp on one rank (allowed: it trains unsharded with a warning and writes DCP
+    checkpoints, so it can resume at any world size); activation checkpointing under ddp."""
+    parse_spec({"run_id": "ok", "stages": ["generator"], **raw}, shared_root="/mnt/shared")
+
+
+def test_defaults_are_ddp() -> None:
+    cfg = load_run_config({})
+    assert cfg.retriever.parallelism.strategy == "ddp" and cfg.generator.parallelism.strategy == "ddp"
+    assert not cfg.generator.parallelism.sharded and ParallelismConfig(strategy="fsdp").sharded
+
+
+def test_decoder_blocks_of_the_tiny_models_and_none_elsewhere() -> None:
+    from training.components.models import build_tiny_causal_lm, load_generator_tokenizer
+    from training.components.sharding import decoder_blocks
+
+    tok = load_generator_tokenizer()
+    for arch, name in (("llama", "LlamaDecoderLayer"), ("gpt2", "GPT2Block")):
+        blocks = decoder_blocks(build_tiny_causal_lm(tok, arch, 32, 3, 2, 64, 64, seed=1))
+        assert [type(b).__name__ for b in blocks] == [name] * 3
+    assert decoder_blocks(torch.nn.Sequential(torch.nn.Linear(2, 2))) == []
+
+
+def test_fsdp_or_checkpointing_without_blocks_is_a_config_error() -> None:
+    from training.components.distributed import DistEnv
+    from training.components.sharding import shard_model
+
+    env = DistEnv(0, 1, 0, 1, torch.device("cpu"))
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    for par, key in ((ParallelismConfig(strategy="fsdp"), "parallelism.strategy"),
+                     (ParallelismConfig(activation_checkpointing=True), "parallelism.activation_checkpointing")):
+        with pytest.raises(ConfigError) as err:
+            shard_model(model, par, env, "generator")
+        assert err.value.key == key and "no decoder blocks" in str(err.value)
