@@ -12,12 +12,11 @@ import pytest
 
 from bench.autoscale import burst_runs, lose_a_node
 from bench.autoscale_sim import (
-    Settings, Simulation, lanes_of, localize, queue_namespace, set_flag, stack_from_plan,
+    Settings, Simulation, expand, lanes_of, localize, queue_namespace, set_flag, stack_from_plan,
 )
 from tests.support.redis_fixtures import requires_redis
 from training.scheduler.run_queue import GANG_TIMEOUTS_STAT, Key
 
-pytestmark = [pytest.mark.slow, requires_redis]
 
 TEAM, TEAM_QUOTA = "a", 2
 TEAM_NAMESPACE = f"ragpool-team-{TEAM}"
@@ -55,6 +54,14 @@ def assert_each_run_once(sim: Simulation, run_ids) -> None:
             assert sim.executions(run_id, node) == 1, (run_id, node, sim.run_log(run_id))
 
 
+def test_env_values_expand_like_the_kubelet():
+    env = {"RAGPOOL_WORKER_GROUP": "ragpool-worker-gpu-spot-n2-abcde"}
+    assert expand("$(RAGPOOL_WORKER_GROUP)-0.ragpool-workers.ns.svc", env) == \
+        "ragpool-worker-gpu-spot-n2-abcde-0.ragpool-workers.ns.svc"
+    assert expand("$$(RAGPOOL_WORKER_GROUP) $(UNDEFINED)", env) == "$(RAGPOOL_WORKER_GROUP) $(UNDEFINED)"
+
+
+@pytest.mark.slow
 def test_localize_changes_only_the_timing_settings(plan):
     stack = stack_from_plan(plan, MAIN_NAMESPACE)
     manifest = the_scaled_job(stack, nodes=1)
@@ -70,6 +77,8 @@ def test_localize_changes_only_the_timing_settings(plan):
     assert set_flag(["--a", "1"], "--a", "2") == ["--a", "2"] and set_flag([], "--b", "3") == ["--b", "3"]
 
 
+@pytest.mark.slow
+@requires_redis
 def test_a_burst_from_zero_runs_every_run_once_within_bounds_and_ends_at_zero(plan, tmp_path):
     stack = stack_from_plan(plan, MAIN_NAMESPACE)
     assert stack.keeper is not None, "the plan declares no keeper Deployment"
@@ -89,6 +98,8 @@ def test_a_burst_from_zero_runs_every_run_once_within_bounds_and_ends_at_zero(pl
         assert not sim.cluster.errors
 
 
+@pytest.mark.slow
+@requires_redis
 def test_a_lost_worker_is_replaced_and_the_run_resumes_from_its_checkpoint(plan, tmp_path):
     stack = stack_from_plan(plan, MAIN_NAMESPACE)
     with Simulation(tmp_path / "sim", stack, SETTINGS) as sim:
@@ -105,6 +116,8 @@ def test_a_lost_worker_is_replaced_and_the_run_resumes_from_its_checkpoint(plan,
         assert sim.cluster.unfinished_jobs() == 0
 
 
+@pytest.mark.slow
+@requires_redis
 def test_a_retry_that_comes_due_with_no_worker_left_gets_a_new_job(plan, tmp_path):
     """Attempt 1 fails; its worker exits idle before the back-off is over, so no Job is left. The
     keeper moves the due retry back to the lane's ready list and KEDA starts a Job for it."""
@@ -125,6 +138,8 @@ def test_a_retry_that_comes_due_with_no_worker_left_gets_a_new_job(plan, tmp_pat
         assert sim.cluster.unfinished_jobs() == 0
 
 
+@pytest.mark.slow
+@requires_redis
 def test_a_team_lane_never_starts_more_gpu_workers_than_its_quota(plan, tmp_path):
     stack = stack_from_plan(plan, TEAM_NAMESPACE)
     assert stack.gpu_quotas[TEAM_NAMESPACE] == TEAM_QUOTA
@@ -148,6 +163,8 @@ def gang_timeouts(sim: Simulation, namespace: str) -> int:
     return sum(int(v) for k, v in stats.items() if k.startswith(GANG_TIMEOUTS_STAT))
 
 
+@pytest.mark.slow
+@requires_redis
 def test_a_two_node_run_gets_both_pods_or_none(plan, tmp_path):
     """Only one GPU node can be had: pod 0 claims, pod 1 stays Pending; at the gang deadline the run
     is handed back (no attempt spent) without ever starting. With a second node, both pods run it."""
