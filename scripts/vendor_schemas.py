@@ -62,6 +62,8 @@ SOURCES: dict[str, Source] = {
     "DE": Source("NVIDIA/dcgm-exporter", "4.5.3-4.8.2", "691c92762eb551313c825f6efe4ceeee20982801"),
     "EFS": Source("kubernetes-sigs/aws-efs-csi-driver", "helm-chart-aws-efs-csi-driver-4.4.1",
                   "3fcc6bdd7533a4cfd15643b31593f7ff154584c9"),
+    "KE": Source("kedacore/keda", "v2.20.2", "68a5b5028f35b22d50597c69819ab32c4e92f21a"),
+    "KC": Source("kedacore/charts", "v2.20.2", "cbb9bb8ce0809dc9048f72302f7c09765d66ed56"),
 }
 
 _NFD_TGZ = "deployments/helm/nvidia-device-plugin/charts/node-feature-discovery-0.19.0.tgz"
@@ -87,7 +89,8 @@ FILES: list[tuple[str, str, str]] = [
           ("DE", "deployment", "dcgm-exporter", "4.8.2"),
           ("KA", "charts/karpenter", "karpenter", "1.14.1"),
           ("KR", "helm-chart/kuberay-operator", "kuberay-operator", "1.7.0"),
-          ("EFS", "charts/aws-efs-csi-driver", "aws-efs-csi-driver", "4.4.1"))
+          ("EFS", "charts/aws-efs-csi-driver", "aws-efs-csi-driver", "4.4.1"),
+          ("KC", "keda", "keda", "2.20.2"))
       for name in ("values.yaml", "Chart.yaml")],
     *[("DP", f"{_NFD_TGZ}!node-feature-discovery/{name}", f"helm/node-feature-discovery/0.19.0/{name}")
       for name in ("values.yaml", "Chart.yaml", "values.schema.json")],
@@ -105,6 +108,11 @@ CRD_SCHEMAS: list[tuple[str, str]] = [
     # Applied by the program (infra/crds/kuberay/README.md); the same blobs as the KR tag's
     # ray-operator/config/crd/bases/.
     *[(f"infra/crds/kuberay/ray.io_{kinds}.yaml", "crds/ray.io") for kinds in ("rayclusters", "rayjobs")],
+    # Applied by the program (infra/crds/keda/README.md): the KE tag's config/crd/bases/.
+    *[(f"infra/crds/keda/keda.sh_{kinds}.yaml", "crds/keda.sh")
+      for kinds in ("scaledjobs", "scaledobjects", "triggerauthentications", "clustertriggerauthentications")],
+    *[(f"infra/crds/keda/eventing.keda.sh_{kinds}.yaml", "crds/eventing.keda.sh")
+      for kinds in ("cloudeventsources", "clustercloudeventsources")],
 ]
 
 # libyaml's loader when PyYAML has it (the same documents, ~10x faster on these multi-MB CRDs).

@@ -23,8 +23,6 @@ from scripts.vendor_schemas import VENDOR_DIR, schema_text, strict_crd_schemas  
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # The vendored upstream CRD schemas and chart defaults (vendor/upstream/README.md).
 SCHEMAS_DIR = VENDOR_DIR
-# Schemas and chart defaults vendored in this repo (KEDA), same layout as SCHEMAS_DIR (README there).
-LOCAL_SCHEMAS_DIR = Path(__file__).resolve().parent / "schemas"
 
 # Free-form maps whose keys need not appear in a chart's defaults.
 FREE_FORM_KEYS = {"nodeSelector", "tolerations", "affinity", "labels", "annotations", "podAnnotations",
@@ -77,9 +75,8 @@ def validate_core(obj: dict[str, Any], kubernetes_version: str) -> None:
 
 
 def schema_file(*parts: str) -> Path:
-    """``SCHEMAS_DIR/<parts>``, else the repo's vendored ``LOCAL_SCHEMAS_DIR/<parts>`` (KEDA)."""
-    shared = SCHEMAS_DIR.joinpath(*parts)
-    return shared if shared.exists() else LOCAL_SCHEMAS_DIR.joinpath(*parts)
+    """``SCHEMAS_DIR/<parts>``: a vendored upstream file (vendor/upstream/README.md)."""
+    return SCHEMAS_DIR.joinpath(*parts)
 
 
 @lru_cache(maxsize=None)
