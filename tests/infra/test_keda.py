@@ -144,6 +144,8 @@ def test_triggers_read_the_queue_with_tls_and_the_auth_token_in_prod(plans, stac
             assert "password" not in meta  # from the Secret, through the ClusterTriggerAuthentication
             if stack == "dev":
                 assert meta["address"] == "ragpool-redis.ragpool-training.svc.cluster.local:6379"
+            else:  # the replication group's primary endpoint (the offline plan's stand-in host)
+                assert re.fullmatch(r"ragpool-prod-queue\.[a-z0-9.-]+:6379", meta["address"]), meta["address"]
 
 
 # ------------------------------------------------------------------ one ScaledJob per worker kind
