@@ -48,6 +48,9 @@ CRD_DIR = Path(__file__).resolve().parent / "crds" / "keda"
 # keda/templates/manager/deployment.yaml: `app: {{ .Values.operator.name }}`, default keda-operator).
 OPERATOR_POD_LABELS = {"app": "keda-operator"}
 TRIGGER_AUTHENTICATION = "ragpool-redis"
+# Labels of a ScaledJob that KEDA does not copy onto the Jobs it creates (pkg/scaling/executor/scale_jobs.go
+# generateJobs; comma-separated label keys).
+KEDA_EXCLUDED_LABELS = "scaledjob.keda.sh/job-excluded-labels"
 # How often KEDA reads each ScaledJob's lists (KEDA's default is 30 s): a run waits at most this
 # long for its Job. One EVAL per ready list per interval.
 POLLING_INTERVAL_SECONDS = 10

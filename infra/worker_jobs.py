@@ -34,7 +34,7 @@ from infra.aliases import RagpoolComponent
 from infra.common import GPU_TOLERATION, POOL_LABEL, SHARED_MOUNT_PATH, SYSTEM_NODE_SELECTOR, TRAINING_UID, child, k8s_labels
 from infra.config import GpuPoolConfig, StackConfig
 from infra.keda import (
-    KEEPER_NAME, KedaQueue, WorkerKind, keeper_deployment_spec, keeper_network_policy, ray_worker_lanes, scaled_job_spec,
+    KEDA_EXCLUDED_LABELS, KEEPER_NAME, KedaQueue, WorkerKind, keeper_deployment_spec, keeper_network_policy, ray_worker_lanes, scaled_job_spec,
     worker_kinds,
 )
 from infra.pod_security import container_security_context, pod_security_context
@@ -337,7 +337,10 @@ class WorkerJobs(RagpoolComponent):
                     f"{resource}-scaledjob", api_version="keda.sh/v1alpha1", kind="ScaledJob",
                     metadata={"name": kind.name, "namespace": args.namespace,
                               "labels": {**k8s_labels("worker", kind.name), **({POOL_LABEL: kind.pool.name} if kind.pool else {}),
-                                         LANE_LABEL: kind.lanes[0].name}},
+                                         LANE_LABEL: kind.lanes[0].name},
+                              # ... except managed-by: KEDA manages those Jobs, not Pulumi (the annotation's
+                              # name: apis/keda/v1alpha1/scaledjob_types.go ScaledJobExcludedLabelsAnnotation).
+                              "annotations": {KEDA_EXCLUDED_LABELS: "app.kubernetes.io/managed-by"}},
                     spec=pulumi.Output.all(job, args.keda).apply(
                         lambda a, kind=kind: scaled_job_spec(a[0], kind, args.queue_namespace, a[1])),
                     opts=child(self, depends_on=args.depends_on))

@@ -163,6 +163,8 @@ def test_one_scaledjob_per_worker_kind_on_exactly_its_lanes(plans, stack):
         assert spec["scalingStrategy"] == {"strategy": "accurate", "multipleScalersCalculation": "sum",
                                            "pendingPodConditions": ["Ready"]}
         assert spec["minReplicaCount"] == 0 and spec["rollout"] == {"strategy": "gradual"}
+        # KEDA, not Pulumi, manages the Jobs it creates (it copies the ScaledJob's other labels to them).
+        assert job["metadata"]["annotations"] == {"scaledjob.keda.sh/job-excluded-labels": "app.kubernetes.io/managed-by"}
         assert spec["successfulJobsHistoryLimit"] < 100 and spec["failedJobsHistoryLimit"] < 100
         assert spec["jobTargetRef"]["ttlSecondsAfterFinished"] > 0
         env = worker_env(spec["jobTargetRef"])
