@@ -36,7 +36,7 @@ Sources and what each needs from the deployment (see ``dashboards/README.md``):
   scraped by its PodMonitor). kedacore/keda v2.20.2 pkg/metricscollector/prommetrics.go:
   ``keda_scaler_metrics_value{namespace, scaledObject, scaler, triggerIndex, metric, type}``
   (``scaledObject`` holds the ScaledJob's name for ``type="scaledjob"``; a Redis trigger's
-  value is the list's length) and ``keda_scaled_job_errors_total{namespace, scaledJob}`` (counted
+  value is the list's length), ``keda_build_info`` and ``keda_scaled_job_errors_total{namespace, scaledJob}`` (counted
   for every failed read in pkg/scaling/scale_handler.go getScaledJobMetrics; the per-scaler
   ``keda_scaler_detail_errors_total`` is not, for ScaledJobs, at that tag).
 * kube-state-metrics Jobs and pods (internal/store/job.go, pod.go at v2.20.0): KEDA's Jobs carry
@@ -101,6 +101,7 @@ EXTERNAL_METRICS: tuple[ExternalMetric, ...] = (
                    "each Redis trigger's last list length, per ScaledJob (scaledObject = its name)"),
     ExternalMetric("keda_scaled_job_errors_total", "keda", ("namespace", "scaledJob"),
                    "failed reads of a ScaledJob's triggers"),
+    ExternalMetric("keda_build_info", "keda", (), "1 while an operator runs (registered at start): RagpoolKedaDown"),
     ExternalMetric("kuberay_cluster_info", "kuberay-operator", ("name", "namespace"),
                    "one series per RayCluster the operator knows"),
     ExternalMetric("ray_placement_groups", "ray", ("namespace", "ray_io_cluster", "State"),
