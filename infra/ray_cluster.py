@@ -73,6 +73,18 @@ HEAD_RAY_TMP_GIB = 10
 WORKER_RAY_TMP_GIB = 50  # spilled objects and session files of training workers
 
 
+# Ray's autoscaler owns these once it has scaled a group: it JSON-patches /spec/workerGroupSpecs/<i>/replicas
+# and .../scaleStrategy (workersToDelete). `pulumi up` ignores them (no diff, never an update of its own),
+# and forces the server-side apply (pulumi.com/patchForce) because workerGroupSpecs is an atomic list in
+# KubeRay's CRD (no listType): without force the next change of the RayCluster fails with 409. Forcing
+# writes the declared replicas (0) back, which kills no worker: with in-tree autoscaling KubeRay deletes
+# only the pods in workersToDelete, and Ray's autoscaler restores replicas from the workers it observes.
+# Sources (pulumi-kubernetes await.go handleSSAIgnoreFields/patchForce, KubeRay raycluster_controller.go,
+# Ray's KubeRay cloud provider): infra/reference/raycluster_autoscaler_fields.yaml.
+AUTOSCALER_OWNED = tuple(f"spec.workerGroupSpecs[*].{field}" for field in ("replicas", "scaleStrategy"))
+PATCH_FORCE = {"pulumi.com/patchForce": "true"}
+
+
 def ray_address(namespace: str) -> str:
     """The Ray Jobs API (dashboard port) of the RayCluster in ``namespace``."""
     return f"http://{RAY_HEAD_SERVICE}.{namespace}.svc:{RAY_DASHBOARD_PORT}"
@@ -373,11 +385,13 @@ class Ray(RagpoolComponent):
                 opts=child(self, depends_on=args.depends_on))
             k8s.apiextensions.CustomResource(
                 f"{name}-cluster-{ns}", api_version="ray.io/v1", kind="RayCluster",
-                metadata={"name": RAY_CLUSTER_NAME, "namespace": ns, "labels": k8s_labels("ray", RAY_CLUSTER_NAME)},
+                metadata={"name": RAY_CLUSTER_NAME, "namespace": ns, "labels": k8s_labels("ray", RAY_CLUSTER_NAME),
+                          "annotations": dict(PATCH_FORCE)},
                 spec=pulumi.Output.from_input(args.image).apply(
                     lambda image, ns=ns, quota=target.gpu_quota: ray_cluster_spec(
                         cfg, ns, image, args.shared_claim, quota)),
-                opts=child(self, depends_on=[self.operator, *crds, token_secret, *args.depends_on]))
+                opts=child(self, depends_on=[self.operator, *crds, token_secret, *args.depends_on],
+                           ignore_changes=list(AUTOSCALER_OWNED)))
             endpoint = ray_endpoint(cfg, ns, target.gpu_quota)
             self.addresses[ns], self.pools[ns] = endpoint.address, endpoint.pools
 

@@ -423,6 +423,60 @@ def test_bad_ray_config_is_named(override, fragment):
     assert fragment in str(err.value)
 
 
+# ------------------------------------------------------------------ updates after the autoscaler scaled
+
+
+def test_raycluster_updates_leave_autoscaler_owned_fields_alone(monkeypatch):
+    """Ray's autoscaler owns each worker group's replicas and scaleStrategy; workerGroupSpecs is an atomic list
+    (infra/reference/raycluster_autoscaler_fields.yaml): every RayCluster ignores those fields (no diff, no
+    update of its own) and forces its server-side apply (else 409 once the autoscaler has scaled), which is
+    safe only while in-tree autoscaling is on and the operator never deletes pods at random."""
+    import yaml
+
+    import infra.plan as plan_module
+    from infra.charts import KUBERAY_CRD_DIR
+    from infra.common import load_values
+    from infra.plan import INFRA_DIR
+    from infra.ray_cluster import AUTOSCALER_OWNED, PATCH_FORCE
+
+    ignored: dict[str, list[str]] = {}
+    make_monitor = plan_module._make_monitor
+
+    def recording(mocks, recorded):  # the plan's monitor, also keeping each RayCluster's ignoreChanges
+        monitor = make_monitor(mocks, recorded)
+        register = monitor.RegisterResource
+
+        def register_resource(request):
+            if request.type == RAYCLUSTER:
+                ignored[request.name] = list(request.ignoreChanges)
+            return register(request)
+
+        monitor.RegisterResource = register_resource
+        return monitor
+
+    monkeypatch.setattr(plan_module, "_make_monitor", recording)
+    settings = plan_module.load_stack("prod", overrides={"ragpool:trainingTeams": TEAMS})
+    recorded = plan_module.run_program(settings)
+    names = [r.name for r in recorded if r.type == RAYCLUSTER]
+    assert len(names) == 3 and set(ignored) == set(names)
+    for name in names:
+        assert ignored[name] == ["spec.workerGroupSpecs[*].replicas", "spec.workerGroupSpecs[*].scaleStrategy"], name
+    for ns, cluster in clusters(plan_module.render_plan(settings, recorded)).items():
+        assert cluster["metadata"]["annotations"] == {"pulumi.com/patchForce": "true"} == PATCH_FORCE, ns
+        assert cluster["spec"]["enableInTreeAutoscaling"] is True, ns  # KubeRay deletes no pod for a lower replicas
+        assert all(g["replicas"] == 0 for g in cluster["spec"]["workerGroupSpecs"]), ns
+    assert "ENABLE_RANDOM_POD_DELETE" not in json.dumps(load_values("kuberay-operator.yaml"))
+
+    # Each ignored path is a field of a worker group in the KubeRay CRD the stack applies, and the list is still
+    # atomic there (if KubeRay declares it a map keyed by groupName, the force can go).
+    crd = yaml.safe_load((INFRA_DIR / KUBERAY_CRD_DIR / "ray.io_rayclusters.yaml").read_text())
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
+    groups = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["workerGroupSpecs"]
+    assert "x-kubernetes-list-type" not in groups
+    for path in AUTOSCALER_OWNED:
+        assert path.removeprefix("spec.workerGroupSpecs[*].") in groups["items"]["properties"], path
+
+
 # ------------------------------------------------------------------ token authentication
 
 SECRET = "kubernetes:core/v1:Secret"
