@@ -14,6 +14,7 @@ import pytest
 
 from bench import gpu_health, recovery, recovery_pause
 from tests.support.ci_skips import hardware_reason
+from tests.support.waits import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,9 +37,8 @@ def test_losing_a_node_kills_the_worker_and_everything_under_it():
               "subprocess.Popen(['sleep', '300'])\n"
               "time.sleep(300)\n")
     worker = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
-    deadline = time.monotonic() + 30
-    while len(recovery.descendants(worker.pid)) < 3 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: len(recovery.descendants(worker.pid)) >= 3, 30, "the worker and its two children",
+             seen=lambda: recovery.descendants(worker.pid))
     tree = recovery.descendants(worker.pid)
     assert len(tree) == 3 and tree[0] == worker.pid
     recovery.lose_node(worker)

@@ -8,18 +8,16 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any
 
 import yaml
 
 from dashboards import rulefiles
+from tests.support.waits import wait_for
 from training.demo.redis_server import stop_process
-
-T = TypeVar("T")
 
 
 def run_promtool(promtool: str, *args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -33,19 +31,8 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float, interval: float = 0.25) -> T:
-    """Poll ``probe`` until it returns something truthy; fail naming ``what`` on timeout."""
-    deadline = time.monotonic() + timeout
-    last_error: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = probe()
-            if value:
-                return value
-        except (OSError, ValueError) as exc:  # not up yet / not ready yet
-            last_error = exc
-        time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what} (last error: {last_error})")
+# What a probe of a server that is not up (OSError) or not ready (ValueError) yet raises.
+NOT_READY = (OSError, ValueError)
 
 
 def write_rules_with_stall_window(out_dir: Path, threshold_s: int, for_s: int) -> list[Path]:
@@ -100,7 +87,8 @@ class Prometheus:
                 stdout=log, stderr=subprocess.STDOUT,
             )
         try:
-            wait_for("prometheus /-/ready", self._ready, timeout=60)
+            wait_for(self._ready, 60, "prometheus /-/ready", retry_on=NOT_READY, poll_s=0.25,
+                     seen=lambda: self.log()[-2000:])
         except BaseException:
             self.__exit__(None, None, None)
             raise

@@ -14,7 +14,8 @@ from datetime import datetime
 import pytest
 from tests.support.redis_fixtures import make_spec
 from tests.support.training import HANG_FAULT_ENV, REPO, build_tiny_encoder, child_env, free_port, stage_cmd, write_run
-from prometheus_harness import Prometheus, wait_for, write_rules_with_stall_window
+from prometheus_harness import NOT_READY, Prometheus, write_rules_with_stall_window
+from tests.support.waits import wait_for
 
 from training.demo import synthetic
 from training.exit_codes import RETRIABLE
@@ -78,7 +79,8 @@ def test_stalled_training_alert_fires_for_a_hung_real_run(prometheus_bin, make_q
         jobs = {"ragpool-training": [target], "ragpool-queue": [queue_target]}
         with Prometheus(prometheus_bin, tmp_path, rules, jobs) as prom:
             # The training metrics arrived through a real scrape, and stop at the hang step.
-            (steps,) = wait_for(f"ragpool_train_step_total >= {HANG_STEP} scraped", scraped_steps, timeout=120)
+            (steps,) = wait_for(scraped_steps, 120, f"ragpool_train_step_total >= {HANG_STEP} scraped",
+                                retry_on=NOT_READY, poll_s=0.25)
             assert steps["metric"] == {"__name__": "ragpool_train_step_total", "job": "ragpool-training",
                                        "instance": target, "run_id": RUN_ID, "stage": STAGE, "rank": "0"}
             assert float(steps["value"][1]) == HANG_STEP
@@ -93,13 +95,14 @@ def test_stalled_training_alert_fires_for_a_hung_real_run(prometheus_bin, make_q
             last_step_at = float(last_step["value"][1])
             # The queue exporter's numbers come from Redis: one task waiting at high priority.
             # (Its own scrape may land up to an interval after the training one.)
-            (depth,) = wait_for("ragpool_queue_depth scraped",
-                                lambda: prom.query('ragpool_queue_depth{job="ragpool-queue",priority="high"}'),
-                                timeout=30)
+            (depth,) = wait_for(lambda: prom.query('ragpool_queue_depth{job="ragpool-queue",priority="high"}'),
+                                30, "ragpool_queue_depth scraped", retry_on=NOT_READY, poll_s=0.25,
+                                seen=lambda: prom.query("up"))
             assert float(depth["value"][1]) == 1
             assert sorted(float(u["value"][1]) for u in prom.query("up")) == [1.0, 1.0]
 
-            (alert,) = wait_for("RagpoolTrainingStalled firing", firing, timeout=60)
+            (alert,) = wait_for(firing, 60, "RagpoolTrainingStalled firing", retry_on=NOT_READY, poll_s=0.25,
+                                seen=lambda: prom.alerts("RagpoolTrainingStalled"))
             seen_firing_at = time.time()
             # Hung, not gone: the run still serves its metrics and has made no further step.
             assert prom.query('up{job="ragpool-training"} == 1')

@@ -6,13 +6,13 @@ import json
 import shutil
 import signal
 import subprocess
-import time
 import urllib.request
 
 import pytest
 import torch
 
 from training.exit_codes import RETRIABLE
+from tests.support.waits import wait_for
 from tests.support.training import REPO, RESUME_FAULT_ENV, child_env, free_port, load_params, run_stage, stage_cmd, write_run
 
 pytestmark = pytest.mark.slow
@@ -58,14 +58,9 @@ def test_sigkill_then_resume_is_bit_exact(shared_root, tiny_encoder_dir) -> None
 
 
 def _wait_for(path, needle, proc, timeout=120):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if needle in path.read_text():
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"exited early ({proc.returncode}):\n{path.read_text()[-3000:]}")
-        time.sleep(0.1)
-    raise AssertionError(f"{needle!r} not seen:\n{path.read_text()[-3000:]}")
+    wait_for(lambda: needle in path.read_text(), timeout, f"{needle!r} in {path.name}", poll_s=0.1,
+             seen=lambda: "\n" + path.read_text()[-3000:],
+             alive=lambda: None if proc.poll() is None else f"the stage exited early ({proc.returncode})")
 
 
 def test_sigterm_checkpoints_and_exits_retriable(shared_root, tiny_encoder_dir, tmp_path) -> None:

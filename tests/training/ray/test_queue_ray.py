@@ -14,12 +14,12 @@ from __future__ import annotations
 import json
 import shutil
 import threading
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.support.waits import wait_for
 from tests.training.ray.conftest import needs_ray, ray_env
 from training import exit_codes
 from training.demo import synthetic
@@ -96,17 +96,6 @@ def ray_queue(redis_server, namespace, make_queue, monkeypatch, ray_head, shared
     return queue, submit, work
 
 
-def _wait(predicate, timeout: float, what: str, worker: threading.Thread | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        if worker is not None and not worker.is_alive():
-            raise AssertionError(f"the worker exited while waiting for {what}")
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
 def _steps_logged(stage_log: Path) -> int:
     if not stage_log.is_file():
         return 0
@@ -132,8 +121,10 @@ def test_cancel_through_the_queue_stops_the_ray_job(ray_queue, ray_head, shared)
     submit("ray-cancel", {"max_steps": 5000})
     worker = work()
     # Cancel mid-training: the Ray Train workers are past their first steps.
-    _wait(lambda: _steps_logged(shared / "runs" / "ray-cancel" / "retriever" / "log.jsonl") >= 2, 180,
-          "the retriever's first steps under Ray Train", worker)
+    wait_for(lambda: _steps_logged(shared / "runs" / "ray-cancel" / "retriever" / "log.jsonl") >= 2, 180,
+             "the retriever's first steps under Ray Train", poll_s=0.2,
+             seen=lambda: _attempt_log(shared, "ray-cancel")[-3000:],
+             alive=lambda: None if worker.is_alive() else "the worker exited")
     jobs = JobSubmissionClient(ray_head.address, headers=ray_head.auth_headers())
     assert jobs.get_job_status("ray-cancel-a1") == JobStatus.RUNNING
     assert queue.cancel("ray-cancel") == "cancelling"
@@ -159,10 +150,7 @@ def test_cancel_through_the_queue_stops_the_ray_job(ray_queue, ray_head, shared)
         groups = state.list(StateResource.PLACEMENT_GROUPS, ListApiOptions(filters=[("state", "=", "CREATED")]), True)
         return [f"actor {a.class_name}" for a in actors] + [f"placement group {g.name!r}" for g in groups]
 
-    deadline = time.monotonic() + 60
-    while (left := held()) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not left, left
+    wait_for(lambda: not held(), 60, "Ray to release every actor and placement group", seen=held, poll_s=0.5)
 
 
 def test_a_failed_ray_driver_is_recorded_once_with_the_ray_jobs_error(ray_queue, ray_head, shared) -> None:

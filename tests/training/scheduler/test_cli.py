@@ -7,6 +7,7 @@ import json
 
 import pytest
 from tests.support.redis_fixtures import make_spec
+from tests.support.waits import wait_for
 
 from training.scheduler import cli as runs_cli
 
@@ -185,14 +186,11 @@ def test_read_only_replica_is_exit_4(own_redis, fast_redis_settings, monkeypatch
     _assert_unavailable(err, replica.url)
     assert primary.client().keys(f"{namespace}:*") == []
     # A run that exists (replicated from the primary): cancelling it is a write the replica refuses.
-    import time
-
     from training.scheduler.run_queue import TaskQueue
 
     TaskQueue(primary.client(), namespace=namespace).submit(make_spec("cli-run"))
-    deadline = time.monotonic() + 10
-    while not replica.client().exists(f"{namespace}:task:cli-run") and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: replica.client().exists(f"{namespace}:task:cli-run"), 10, "the run to reach the replica",
+             seen=lambda: replica.client().info("replication"))
     assert cli("cancel", "cli-run") == 4
     _assert_unavailable(capsys.readouterr().err, replica.url)
     assert TaskQueue(primary.client(), namespace=namespace).get("cli-run").state == "queued"

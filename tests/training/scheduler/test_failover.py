@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from tests.support import waits
 from tests.support.redis_fixtures import make_spec, requires_sentinel, subprocess_env
 
 from training.scheduler.redis_conn import NotReplicatedError, connect, is_temporary_error, settings_from_env
@@ -41,17 +42,17 @@ def start_worker(env: dict[str, str], shared: Path, command: list[str], *, lease
 
 
 def wait_for(predicate, timeout: float, what: str, procs=()) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """``waits.wait_for``, looking again while a server restarts; on time-out the workers' logs."""
+    def probe():
         try:
-            if predicate():
-                return
-        except Exception as exc:  # noqa: F841 - a server may be restarting: look again
+            return predicate()
+        except Exception as exc:  # a server may be restarting: look again
             if not is_temporary_error(exc):
                 raise
-        time.sleep(0.05)
-    logs = "\n".join(p.log_path.read_text(errors="replace")[-2000:] for p in procs)
-    raise AssertionError(f"timed out waiting for {what}\n{logs}")
+            return False
+
+    waits.wait_for(probe, timeout, what,
+                   seen=lambda: "\n" + "\n".join(p.log_path.read_text(errors="replace")[-2000:] for p in procs))
 
 
 def stop_workers(procs: list[subprocess.Popen]) -> list[int]:

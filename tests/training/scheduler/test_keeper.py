@@ -8,11 +8,11 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
 from tests.support.redis_fixtures import make_spec, subprocess_env
+from tests.support.waits import wait_for
 
 from training import exit_codes
 from training.demo.redis_server import free_port
@@ -24,20 +24,6 @@ from training.scheduler.run_queue import FREE_RELEASES, TaskQueue
 def _scrape(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
         return resp.read().decode()
-
-
-def _wait(what: str, check, timeout_s: float = 20.0):
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except OSError as exc:  # the metrics server is not up yet
-            last = exc
-        if last is True:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"waited {timeout_s}s for {what}; last saw {last!r}")
 
 
 @pytest.mark.slow
@@ -60,7 +46,8 @@ def test_the_keeper_moves_runs_back_with_zero_workers_and_serves_lane_gauges(red
     try:
         states = lambda: [q.get(r).state for q, r in ((main_q, "lapsed"), (main_q, "retry-due"),  # noqa: E731
                                                       (team_q, "team-lapsed"))]
-        _wait("the keeper to requeue the lapsed and due runs", lambda: states() == ["queued"] * 3 or states())
+        wait_for(lambda: states() == ["queued"] * 3, 20, "the keeper to requeue the lapsed and due runs",
+                 seen=states, poll_s=0.1)
         assert client.llen(f"{namespace}:ready:normal:n2") == 1
         assert client.llen(f"{namespace}:ready:normal:pool:gpu-b") == 1
         assert client.llen(f"{namespace}-t:ready:normal") == 1
@@ -68,7 +55,8 @@ def test_the_keeper_moves_runs_back_with_zero_workers_and_serves_lane_gauges(red
                 f'ragpool_lane_queued{{lane="pool.gpu-b",queue="{namespace}"}} 1.0',
                 f'ragpool_lane_queued{{lane="torchrun",queue="{namespace}-t"}} 1.0',
                 f'ragpool_lane_queued{{lane="torchrun",queue="{namespace}"}} 0.0']
-        _wait("the lane gauges", lambda: all(w in _scrape(port) for w in want) or _scrape(port)[-2000:])
+        wait_for(lambda: all(w in _scrape(port) for w in want), 20, "the lane gauges",
+                 seen=lambda: _scrape(port)[-2000:], retry_on=(OSError,), poll_s=0.1)  # OSError: not up yet
         text = _scrape(port)
         assert "ragpool_keeper_last_tick_timestamp_seconds" in text and "ragpool_queue_depth" in text
         assert f'ragpool_gang_timeouts_total{{lane="torchrun.n2",queue="{namespace}"}} 0.0' in text

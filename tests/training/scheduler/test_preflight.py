@@ -6,12 +6,12 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 
 import pytest
 from tests.support.redis_fixtures import make_spec, subprocess_env
 from tests.support.training import free_port
+from tests.support.waits import wait_for
 
 from training import exit_codes
 from training.components.health import TEST_FAULT_ENV
@@ -55,13 +55,8 @@ def test_the_failure_metric_is_served_while_the_worker_lingers(monkeypatch):
     result = preflight.PreflightResult(False, ("matmul:cuda:3",), None, "")
     server = threading.Thread(target=preflight.serve_failure, args=(result, "worker-x", port, 3.0), daemon=True)
     server.start()
-    body = ""
-    deadline = time.monotonic() + 3
-    while time.monotonic() < deadline and not body:
-        try:
-            body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1).read().decode()
-        except OSError:
-            time.sleep(0.05)
+    body = wait_for(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1).read().decode(),
+                    3, f"the failure server on port {port}", retry_on=(OSError,))
     server.join(timeout=10)
     line = ('ragpool_worker_health_check_failed{check="matmul:cuda:3",node="ip-10-0-1-7.ec2.internal",'
             'worker="worker-x"} 1.0')

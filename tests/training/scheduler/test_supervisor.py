@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from tests.support.redis_fixtures import make_spec, subprocess_env
+from tests.support.waits import wait_for
 
 from training.config import load_run_config
 from training.exit_codes import RETRIABLE
@@ -53,15 +54,6 @@ def finish(proc: subprocess.Popen, timeout: float = 60) -> tuple[int, str]:
 
 def sh(script: str) -> list[str]:
     return ["sh", "-c", script]
-
-
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.slow
