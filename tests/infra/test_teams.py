@@ -16,6 +16,15 @@ def team_plan():
     return plan("dev", overrides={"ragpool:trainingTeams": TEAMS})
 
 
+def _queue_namespaces(doc, ns: str) -> set[str]:
+    """RAGPOOL_QUEUE_NAMESPACE of every worker template (one per pool and gang size, and the Ray
+    worker) in ``ns``."""
+    crons = inputs_of(doc, "kubernetes:batch/v1:CronJob", ns)
+    assert crons, f"no worker templates in {ns}"
+    return {e.get("value") for c in crons for e in c["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["env"]
+            if e["name"] == "RAGPOOL_QUEUE_NAMESPACE"}
+
+
 def test_each_team_gets_an_isolated_namespace(team_plan):
     doc = team_plan
     for team in TEAMS:
@@ -28,15 +37,10 @@ def test_each_team_gets_an_isolated_namespace(team_plan):
         assert policies["default-deny"] == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
         pvc = inputs_of(doc, "kubernetes:core/v1:PersistentVolumeClaim", ns)[0]
         assert pvc["spec"]["storageClassName"] == "ragpool-efs"  # its own EFS access point / directory
-        assert inputs_of(doc, "kubernetes:core/v1:Secret", ns)[0]["metadata"]["name"] == "ragpool-redis"
-        (cron,) = [c for c in inputs_of(doc, "kubernetes:batch/v1:CronJob", ns)
-                   if c["metadata"]["name"] != "ragpool-worker-ray"]  # the CPU Ray worker: test_ray_cluster.py
-        env = {e["name"]: e.get("value") for e in
-               cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["env"]}
-        assert env["RAGPOOL_QUEUE_NAMESPACE"] == team["name"]
-    main_cron = inputs_of(doc, "kubernetes:batch/v1:CronJob", "ragpool-training")[0]
-    env = {e["name"]: e.get("value") for e in main_cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert env["RAGPOOL_QUEUE_NAMESPACE"] == "ragpool"
+        # The queue's connection Secret (and the Ray token's, test_ray_cluster.py), each team its own.
+        assert "ragpool-redis" in {s["metadata"]["name"] for s in inputs_of(doc, "kubernetes:core/v1:Secret", ns)}
+        assert _queue_namespaces(doc, ns) == {team["name"]}
+    assert _queue_namespaces(doc, "ragpool-training") == {"ragpool"}
     assert len(inputs_of(doc, "kubernetes:scheduling.k8s.io/v1:PriorityClass")) == 2  # cluster-wide, created once
     monitor = [m for m in inputs_of(doc, "kubernetes:monitoring.coreos.com/v1:PodMonitor")
                if m["metadata"]["name"] == "ragpool-training"][0]
