@@ -19,8 +19,14 @@ offline plan, KEDA v2.20.2's job-count algorithm, a fake Job controller whose po
 
 Prints one JSON line last: the settings (``polling_interval_s``, ``idle_exit_s``, ``lease_s``) and
 
-- ``submit_to_job_p95_s``: submit -> creation of the Job whose worker took the run (0 when a
-  worker already waiting took it), p95 over the burst; goal <= interval + 2 s;
+- ``submit_to_job_p95_s``: submit -> creation of the run's Job, p95 over the burst runs whose
+  lane had room (its ScaledJob below ``maxReplicaCount``); goal <= interval + 2 s. A ScaledJob's
+  Job is one run, and KEDA starts Jobs for a count of queued runs, so the k-th run submitted to a
+  ScaledJob's lanes is matched with the k-th Job it created (``Simulation.job_delays``); a run
+  never counts as 0 s because some worker took it;
+- ``capacity_wait_p95_s`` (``runs_that_waited_for_capacity``): the same for the runs that waited
+  because their lane was at ``maxReplicaCount`` (a poll between submit and their Job left it
+  there): a bound doing its job, reported, no goal;
 - ``idle_worker_s_per_run``: worker-seconds (pod start to exit, every pod) not holding a run,
   per run, over the burst; goal <= idle-exit + interval;
 - ``surplus_jobs``: Jobs of the burst none of whose pods ran anything; goal 0
@@ -30,10 +36,9 @@ Prints one JSON line last: the settings (``polling_interval_s``, ``idle_exit_s``
 - ``ray_from_zero_s`` (null when not measured; ``ray_from_zero_note`` says why);
 - ``goals``: each goal true/false. Exit 0 when all hold, 1 otherwise, 2 on bad arguments.
 
-A burst run takes ``--run-steps`` (+0..2) workload steps of 0.25 s: longer than a worker's start,
-as a training run is. With runs shorter than that (``--run-steps 4``), workers that already run
-take the queued runs before Jobs that wait for a node start, and those Jobs find nothing
-(``surplus_jobs``).
+A burst run takes ``--run-steps`` (+0..2) workload steps of 0.25 s. A ScaledJob's worker takes
+one run and exits (infra/keda.py ``one_run_per_job``), so no worker takes a run another Job was
+started for, however short the runs (docs/DESIGN.md, "One Job, one run").
 
 ``--smoke``: 8 runs of 4 steps, no Ray, for tests/bench/test_autoscale.py.
 """
@@ -137,6 +142,8 @@ def measure(args: argparse.Namespace) -> dict:
         "runs": len(run_ids) + 1,
         "run_steps": args.run_steps, "step_s": settings.step_s,
         "submit_to_job_p95_s": burst["submit_to_job_p95_s"],
+        "capacity_wait_p95_s": burst["capacity_wait_p95_s"],
+        "runs_that_waited_for_capacity": burst["runs_that_waited_for_capacity"],
         "idle_worker_s_per_run": burst["idle_worker_s_per_run"],
         "surplus_jobs": burst["surplus_jobs"],
         "surplus_jobs_that_waited_for_a_node": burst["surplus_jobs_that_waited_for_a_node"],

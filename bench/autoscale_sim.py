@@ -218,6 +218,9 @@ class ScaledJob:
     next_poll_at: float = 0.0
     polls: int = 0
     errors: int = 0
+    at_max: list[float] = field(default_factory=list)
+    """When a poll left the ScaledJob at its ``maxReplicaCount`` (unfinished Jobs after it created
+    its Jobs): a run still without a Job then waits for capacity, not for KEDA."""
 
     @property
     def name(self) -> str:
@@ -355,6 +358,8 @@ class Cluster:
                                 running=len(unfinished), pending=pending)
         for _ in range(n):
             self.create_job(sj, now)
+        if len(unfinished) + n >= keda.max_replica_count(sj.spec):
+            sj.at_max.append(now)
         self._clean_up(sj)
         return n
 
@@ -705,6 +710,8 @@ class Submitted:
     """The queue namespace (Redis key prefix) it went to."""
     submitted_at: float
     nodes: int = 1
+    lane: Any = None
+    """Its lane (training/scheduler/lanes.py ``Lane``): the ScaledJob that starts Jobs for it."""
 
 
 @dataclass
@@ -802,6 +809,7 @@ class Simulation:
                **fields: Any) -> Submitted:
         """Submit a run (validated like ``ragpool submit``) whose workload takes ``max_steps`` steps
         and fails on the attempts ``fail_attempts``."""
+        from training.scheduler.lanes import lane_of
         from training.scheduler.spec import parse_spec
 
         raw = {"run_id": run_id, "stages": ["retriever"], "hyperparameters": {"retriever": {"max_steps": max_steps}},
@@ -815,7 +823,8 @@ class Simulation:
         result = self.queue(namespace).submit(spec)
         if not result.created:
             raise ValueError(f"run {run_id} already existed in {namespace}")
-        self.submitted[run_id] = Submitted(run_id, namespace, at, spec.nodes)
+        self.submitted[run_id] = Submitted(run_id, namespace, at, spec.nodes,
+                                          lane_of(spec.executor, spec.nodes, spec.pool))
         return self.submitted[run_id]
 
     def info(self, run_id: str):
@@ -877,7 +886,7 @@ class Simulation:
         """The bench's figures over ``run_ids`` (default every run) and every Job so far."""
         run_ids = list(run_ids or self.submitted)
         pods = {p.name: p for p in self.cluster.all_pods()}
-        first_job_delay, busy_by_job = [], {}
+        busy_by_job = {}
         lost = double = 0
         for run_id in run_ids:
             info = self.info(run_id)
@@ -887,9 +896,6 @@ class Simulation:
             if info is not None and (info.completions > 1 or any(self.executions(run_id, n) > 1 for n in range(nodes))):
                 double += 1
             claimers = self.claimer_pods(run_id)
-            if claimers and claimers[0] in pods:
-                job = pods[claimers[0]].job
-                first_job_delay.append(max(0.0, job.created_at - self.submitted[run_id].submitted_at))
             if info is not None and info.claimed_at and info.finished_at and claimers and claimers[-1] in pods:
                 job = pods[claimers[-1]].job
                 busy_by_job[job.name] = busy_by_job.get(job.name, 0.0) + (info.finished_at - info.claimed_at)
@@ -900,8 +906,11 @@ class Simulation:
         worker_s = sum(((p.ended_at or now) - p.started_at) for p in pods.values() if p.started_at is not None)
         busy_s = sum(busy * len([p for p in pods.values() if p.job.name == name and p.started_at is not None])
                      for name, busy in busy_by_job.items())
+        to_job, capacity_wait = self.job_delays(run_ids)
         return {
-            "submit_to_job_p95_s": round(_percentile(first_job_delay, 95), 2) if first_job_delay else None,
+            "submit_to_job_p95_s": round(_percentile(to_job, 95), 2) if to_job else None,
+            "capacity_wait_p95_s": round(_percentile(capacity_wait, 95), 2) if capacity_wait else None,
+            "runs_that_waited_for_capacity": len(capacity_wait),
             "idle_worker_s_per_run": round(max(0.0, worker_s - busy_s) / max(1, len(run_ids)), 2),
             "surplus_jobs": len(surplus),
             # Of which: Jobs whose pods waited for a node (NodePool limit, quota) while running workers
@@ -913,6 +922,35 @@ class Simulation:
             "lost_runs": lost,
             "double_runs": double,
         }
+
+
+    def job_delays(self, run_ids: list[str]) -> tuple[list[float], list[float]]:
+        """Submit -> the Job KEDA created for it, per run, split in (runs whose lane had room,
+        runs that waited because their lane was at ``maxReplicaCount``).
+
+        KEDA starts Jobs for a count of queued runs, not for a run by name, so per ScaledJob the
+        k-th run submitted to its lanes is matched with the k-th Job it created from the first
+        of those submits on, whichever run that Job's worker took (a Job is one run). A run
+        waited for capacity when a poll between its submit and its Job's creation left the
+        ScaledJob at ``maxReplicaCount``. A run with no Job of its own (fewer Jobs than runs)
+        counts as waiting until now, never as 0 s."""
+        now = time.time()
+        to_job: list[float] = []
+        capacity_wait: list[float] = []
+        for sj in self.cluster.scaled_jobs:
+            lanes = set(lanes_of(sj.manifest))
+            runs = sorted((self.submitted[r] for r in run_ids if self.submitted[r].lane in lanes),
+                          key=lambda s: s.submitted_at)
+            if not runs:
+                continue
+            jobs = sorted((j for j in self.cluster.created if j.scaled_job is sj and j.created_at >= runs[0].submitted_at),
+                          key=lambda j: j.created_at)
+            for k, run in enumerate(runs):
+                created = jobs[k].created_at if k < len(jobs) else now
+                delay = created - run.submitted_at
+                waited = any(run.submitted_at <= at < created for at in sj.at_max)
+                (capacity_wait if waited else to_job).append(delay)
+        return to_job, capacity_wait
 
 
 def _percentile(values: list[float], q: float) -> float:

@@ -24,6 +24,7 @@ Why the trigger counts exactly the runs that need a worker, and why ``accurate``
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,9 +42,18 @@ from infra.training_namespace import baseline_policies, redis_peer
 from training.scheduler.keeper import DEFAULT_INTERVAL_S as KEEPER_INTERVAL_S
 from training.scheduler.keeper import NAMESPACES_ENV as QUEUE_NAMESPACES_ENV
 from training.scheduler.lanes import MAX_NODES, Lane, worker_lanes
+from training.scheduler.supervisor import WorkerConfig
+
+# The worker template's lease (infra/worker_jobs.py passes WorkerConfig's default).
+WORKER_LEASE_S: float = WorkerConfig.__dataclass_fields__["lease_seconds"].default
 
 KEDA_NAMESPACE = "keda"
-CRD_DIR = Path(__file__).resolve().parent / "crds" / "keda"
+# The vendored CRDs, by a path relative to infra/, as infra/charts.py KUBERAY_CRD_DIR: under
+# `main: infra/` that is the working directory of the program and of the Kubernetes provider, which
+# reads a ConfigFile's `file` (infra/reference/pulumi_language_host.yaml), so every checkout plans
+# the same path. CRD_DIR is where they are on this checkout (to list them).
+KEDA_CRD_DIR = "crds/keda"
+CRD_DIR = Path(__file__).resolve().parent / KEDA_CRD_DIR
 # The operator's pods, as the chart labels them (kedacore/charts v2.20.2
 # keda/templates/manager/deployment.yaml: `app: {{ .Values.operator.name }}`, default keda-operator).
 OPERATOR_POD_LABELS = {"app": "keda-operator"}
@@ -59,6 +69,16 @@ POLLING_INTERVAL_SECONDS = 10
 SUCCESSFUL_JOBS_HISTORY = 5
 FAILED_JOBS_HISTORY = 10
 KEEPER_NAME = "ragpool-queue-keeper"
+# A ScaledJob's Job is one run (KEDA's model: one Job per queued item): its worker takes one run and
+# exits (training/scheduler/supervisor.py WorkerConfig.max_tasks). Why the count is then exact:
+# docs/DESIGN.md, "One Job, one run".
+SCALED_JOB_MAX_TASKS = 1
+# ... and a worker that finds nothing exits soon: the run it was started for was queued when KEDA
+# counted, so either it is there at the first claim or another Job of its lane took it (a lost race).
+# Long enough for the one wait that is not a race: a pod the Job re-creates after its node was lost
+# (podFailurePolicy Ignore on DisruptionTarget) sees that run requeued once its lease lapses and the
+# keeper ticks, and takes it.
+SCALED_JOB_IDLE_EXIT_SECONDS = WORKER_LEASE_S + KEEPER_INTERVAL_S + POLLING_INTERVAL_SECONDS
 
 
 def operator_metrics_port() -> int:
@@ -148,11 +168,32 @@ def redis_triggers(lanes: tuple[Lane, ...], queue_namespace: str, queue: KedaQue
             for key in keys]
 
 
+def one_run_per_job(job_spec: dict[str, Any]) -> dict[str, Any]:
+    """``job_spec`` (a worker Job, infra/worker_jobs.py) as a ScaledJob's Job: every pod's worker
+    takes at most :data:`SCALED_JOB_MAX_TASKS` run (``--max-tasks``) and exits after
+    :data:`SCALED_JOB_IDLE_EXIT_SECONDS` with nothing to claim (``--idle-exit-seconds``). The
+    suspended CronJob keeps the template's multi-run worker for manual use."""
+    out = copy.deepcopy(job_spec)
+    for container in out["template"]["spec"]["containers"]:
+        if container.get("command", [])[-1:] != ["training.worker"]:
+            continue
+        args = list(container.get("args", []))
+        for flag, value in (("--max-tasks", str(SCALED_JOB_MAX_TASKS)),
+                            ("--idle-exit-seconds", f"{SCALED_JOB_IDLE_EXIT_SECONDS:g}")):
+            if flag in args:
+                args[args.index(flag) + 1] = value
+            else:
+                args += [flag, value]
+        container["args"] = args
+    return out
+
+
 def scaled_job_spec(job_spec: dict[str, Any], kind: WorkerKind, queue_namespace: str, queue: KedaQueue) -> dict[str, Any]:
     """The ScaledJob of ``kind`` around its worker Job (fields: kedacore/keda v2.20.2
     apis/keda/v1alpha1/scaledjob_types.go; vendored CRD infra/crds/keda/keda.sh_scaledjobs.yaml)."""
     return {
-        "jobTargetRef": job_spec,
+        # One run per Job: with `accurate` below, KEDA's count is then exact (docs/DESIGN.md).
+        "jobTargetRef": one_run_per_job(job_spec),
         "pollingInterval": POLLING_INTERVAL_SECONDS,
         "successfulJobsHistoryLimit": SUCCESSFUL_JOBS_HISTORY,
         "failedJobsHistoryLimit": FAILED_JOBS_HISTORY,
@@ -227,7 +268,8 @@ class Keda(RagpoolComponent):
         # The vendored CRDs, server-side applied (the ScaledJob CRD is ~650 kB: too large for the
         # last-applied annotation of a client-side apply).
         self.crds = [k8s.yaml.v2.ConfigFile(
-            f"{name}-crd-{path.stem.split('_', 1)[1]}", file=str(path), opts=child(self, depends_on=args.depends_on))
+            f"{name}-crd-{path.stem.split('_', 1)[1]}", file=f"{KEDA_CRD_DIR}/{path.name}",
+            opts=child(self, depends_on=args.depends_on))
             for path in sorted(CRD_DIR.glob("*.yaml"))]
         self.release = k8s.helm.v3.Release(
             f"{name}-operator", name="keda", namespace=KEDA_NAMESPACE, values=load_values("keda.yaml"),

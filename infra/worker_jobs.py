@@ -4,13 +4,14 @@ A kind of worker is a pool and a pod count (single-pod torchrun per GPU pool, an
 pods for each N the pool can hold) or the CPU Ray worker; it claims exactly its lanes
 (training/scheduler/lanes.py ``worker_lanes``, set through RAGPOOL_LANES). Its ``ScaledJob``
 (``ragpool-worker-<pool>[-n<N>]``, ``ragpool-worker-ray``; infra/keda.py builds the spec) starts
-Jobs from zero when those lanes' ready lists hold runs. Workers exit when their lanes stay
-empty; KEDA's history limits and the Job TTL remove finished Jobs.
+Jobs from zero when those lanes' ready lists hold runs, one Job per run: its worker takes one run
+and exits (``--max-tasks 1``, infra/keda.py ``one_run_per_job``). KEDA's history limits and the
+Job TTL remove finished Jobs.
 
 The suspended CronJob of the same name carries the same Job for manual use:
 ``kubectl -n ragpool-training create job --from=cronjob/ragpool-worker-<pool> <name>``
-starts a worker that claims runs from its lanes, runs them through torchrun on the
-pod's GPUs, and exits when the queue stays empty. It is a template, never scheduled.
+starts a worker that claims runs from its lanes, one after another, runs them through torchrun
+on the pod's GPUs, and exits when the queue stays empty (600 s). It is a template, never scheduled.
 Multi-node Jobs are Indexed Jobs of N pods (``completions`` = ``parallelism`` = N); pod 0
 claims and hosts rendezvous behind the headless ``ragpool-workers`` Service.
 

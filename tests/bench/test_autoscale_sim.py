@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import types
 
 import pytest
 
 from bench.autoscale import burst_runs, lose_a_node
 from bench.autoscale_sim import (
-    Settings, Simulation, expand, lanes_of, localize, queue_namespace, set_flag, stack_from_plan,
+    Job, ScaledJob, Settings, Simulation, Submitted, expand, lanes_of, localize, queue_namespace, set_flag, stack_from_plan,
 )
 from tests.support.redis_fixtures import requires_redis
+from training.scheduler.lanes import LANES_ENV, Lane, format_lanes
 from training.scheduler.run_queue import GANG_TIMEOUTS_STAT, Key
 
 
@@ -59,6 +61,31 @@ def test_env_values_expand_like_the_kubelet():
     assert expand("$(RAGPOOL_WORKER_GROUP)-0.ragpool-workers.ns.svc", env) == \
         "ragpool-worker-gpu-spot-n2-abcde-0.ragpool-workers.ns.svc"
     assert expand("$$(RAGPOOL_WORKER_GROUP) $(UNDEFINED)", env) == "$(RAGPOOL_WORKER_GROUP) $(UNDEFINED)"
+
+
+def test_submit_to_job_counts_runs_by_kedas_jobs_and_splits_off_capacity_waits():
+    """Per ScaledJob the k-th run submitted is matched with the k-th Job created from then on (a Job
+    is one run): a run is never 0 s because a Job started earlier (for other work) took it, and a
+    run that waited because the lane was at maxReplicaCount is reported apart."""
+    lane = Lane()
+    manifest = {"metadata": {"name": "w"}, "spec": {"maxReplicaCount": 2, "jobTargetRef": {"template": {"spec": {
+        "containers": [{"env": [{"name": LANES_ENV, "value": format_lanes([lane])}]}]}}}}}
+    sim = Simulation.__new__(Simulation)
+    sj = ScaledJob(manifest)
+    t0 = 1000.0
+    earlier = Job(sj, "w-earlier", t0 - 30, {})  # started for work submitted before the burst
+    jobs = [Job(sj, f"w-{i}", at, {}) for i, at in enumerate([t0 + 1, t0 + 1, t0 + 9])]
+    sj.at_max = [t0 + 1, t0 + 3, t0 + 5, t0 + 7]  # polls that left it at 2 Jobs
+    sim.cluster = types.SimpleNamespace(scaled_jobs=[sj], created=[earlier, *jobs])
+    sim.submitted = {f"r{i}": Submitted(f"r{i}", "ragpool", t0 + i * 0.01, 1, lane) for i in range(3)}
+    to_job, capacity = sim.job_delays(list(sim.submitted))
+    assert [round(d, 2) for d in to_job] == [1.0, 0.99]
+    assert [round(d, 2) for d in capacity] == [8.98]
+    # A run with no Job of its own waits until now: never 0 s.
+    sim.submitted["r3"] = Submitted("r3", "ragpool", t0 + 0.5, 1, lane)
+    sim.cluster.created = [earlier, *jobs]
+    _, capacity = sim.job_delays(list(sim.submitted))
+    assert len(capacity) == 2 and capacity[-1] > 1000, capacity
 
 
 @pytest.mark.slow

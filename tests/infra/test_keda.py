@@ -15,12 +15,17 @@ from infra.charts import KEDA, KEDA_APP_COMMIT, KEDA_APP_TAG, KEDA_CHARTS_COMMIT
 from infra.config import parse
 from infra.keda import (
     CRD_DIR,
+    KEDA_CRD_DIR,
     KEDA_NAMESPACE,
     KEEPER_NAME,
     OPERATOR_POD_LABELS,
     QUEUE_NAMESPACES_ENV,
     TRIGGER_AUTHENTICATION,
+    KEEPER_INTERVAL_S,
+    SCALED_JOB_IDLE_EXIT_SECONDS,
+    SCALED_JOB_MAX_TASKS,
     KedaQueue,
+    one_run_per_job,
     pool_workers,
     worker_kinds,
 )
@@ -29,6 +34,8 @@ from tests.infra.harness import SCHEMAS_DIR, inputs_of, schema_text, strict_crd_
 from training.scheduler.exporter import READY_PATH
 from training.scheduler.lanes import LANES_ENV, Lane, parse_lanes
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
+INFRA_DIR = REPO_ROOT / "infra"
 SCALED_JOB = "kubernetes:keda.sh/v1alpha1:ScaledJob"
 CRONJOB = "kubernetes:batch/v1:CronJob"
 TEAMS = [{"name": "search", "gpuQuota": 3}]
@@ -96,6 +103,29 @@ def test_strict_schema_refuses_unknown_fields():
 # ------------------------------------------------------------------ the operator
 
 
+def strings_in(value):
+    """Every string anywhere in a plan input (keys too)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from strings_in(k)
+            yield from strings_in(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from strings_in(v)
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_no_plan_input_names_this_checkout(plans, stack):
+    """Plans are the same on every checkout: no input holds the repository's absolute path
+    (the vendored CRD files are named relative to infra/)."""
+    checkout = str(REPO_ROOT)
+    found = [(r["type"], r["name"], text) for r in plans[stack]["resources"]
+             for text in strings_in(r.get("inputs", {})) if checkout in text]
+    assert not found, found[:5]
+
+
 @pytest.mark.parametrize("stack", ["dev", "prod"])
 def test_operator_release_crds_and_trigger_authentication(plans, stack):
     doc = plans[stack]
@@ -108,7 +138,9 @@ def test_operator_release_crds_and_trigger_authentication(plans, stack):
     assert values["permissions"]["operator"]["restrict"]["secret"] is True
     assert values["metricsServer"]["enabled"] is False and values["webhooks"]["enabled"] is False
     crds = [r for r in doc["resources"] if r["type"] == "kubernetes:yaml/v2:ConfigFile" and r["name"].startswith("keda-crd-")]
-    assert sorted(Path(r["inputs"]["file"]) for r in crds) == sorted(CRD_DIR.glob("*.yaml"))  # files, never URLs
+    # The vendored files, never URLs, by a path relative to infra/ (the provider's working directory).
+    assert sorted(r["inputs"]["file"] for r in crds) == sorted(f"{KEDA_CRD_DIR}/{p.name}" for p in CRD_DIR.glob("*.yaml"))
+    assert all((INFRA_DIR / r["inputs"]["file"]).resolve().parent == CRD_DIR.resolve() for r in crds)
     assert {f"kubernetes:yaml/v2:ConfigFile::{r['name']}" for r in crds} <= set(release["dependsOn"])
     [auth] = inputs_of(doc, "kubernetes:keda.sh/v1alpha1:ClusterTriggerAuthentication")
     assert auth["metadata"]["name"] == TRIGGER_AUTHENTICATION
@@ -159,7 +191,8 @@ def test_one_scaledjob_per_worker_kind_on_exactly_its_lanes(plans, stack):
     seen: dict[Lane, str] = {}
     for name, job in jobs.items():
         spec = job["spec"]
-        assert spec["jobTargetRef"] == crons[name]["jobTemplate"]["spec"]  # one Job, two ways to start it
+        # One Job, two ways to start it (KEDA's takes one run: test_a_scaledjob_job_is_one_run).
+        assert spec["jobTargetRef"] == one_run_per_job(crons[name]["jobTemplate"]["spec"])
         assert spec["scalingStrategy"] == {"strategy": "accurate", "multipleScalersCalculation": "sum",
                                            "pendingPodConditions": ["Ready"]}
         assert spec["minReplicaCount"] == 0 and spec["rollout"] == {"strategy": "gradual"}
@@ -182,6 +215,39 @@ def test_one_scaledjob_per_worker_kind_on_exactly_its_lanes(plans, stack):
         assert container["readinessProbe"]["httpGet"] == {"path": READY_PATH, "port": "queue-metrics"}
         assert "queue-metrics" in {p["name"] for p in container["ports"]}
     assert Lane() in seen and Lane("ray") in seen
+
+
+def worker_config(job_spec: dict):
+    """The WorkerConfig a Job's worker container runs with (its args through the worker's own parser)."""
+    from training.scheduler.supervisor import build_arg_parser
+
+    container = job_spec["template"]["spec"]["containers"][0]
+    assert container["command"] == ["python", "-m", "training.worker"]
+    return build_arg_parser().parse_args(container["args"])
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_a_scaledjob_job_is_one_run(plans, team_plan, stack):
+    """KEDA starts one Job per queued run (docs/DESIGN.md "One Job, one run"): the worker of a
+    ScaledJob's Job takes one run and exits, and exits soon when another Job took it (well before
+    the manual template's idle exit), yet not before a pod re-created after a lost node can see its
+    run requeued (lease + keeper tick). The manual CronJob keeps the multi-run worker."""
+    doc = plans[stack] if stack == "prod" else team_plan
+    namespaces = ["ragpool-training"] + ([f"ragpool-team-{t['name']}" for t in TEAMS] if stack == "dev" else [])
+    for namespace in namespaces:
+        crons = {c["metadata"]["name"]: c["spec"] for c in inputs_of(doc, CRONJOB, namespace)}
+        jobs = scaled_jobs(doc, namespace)
+        assert jobs and set(jobs) == set(crons), namespace
+        for name, job in jobs.items():
+            keda_worker = worker_config(job["spec"]["jobTargetRef"])
+            manual = worker_config(crons[name]["jobTemplate"]["spec"])
+            assert keda_worker.max_tasks == SCALED_JOB_MAX_TASKS == 1, name
+            assert manual.max_tasks == 0, f"{name}: the manual template takes runs until its lanes stay empty"
+            assert keda_worker.idle_exit_seconds == SCALED_JOB_IDLE_EXIT_SECONDS < manual.idle_exit_seconds, name
+            assert keda_worker.idle_exit_seconds >= keda_worker.lease_seconds + KEEPER_INTERVAL_S, name
+            # Nothing else differs.
+            assert keda_worker.lease_seconds == manual.lease_seconds
+            assert keda_worker.stop_grace_seconds == manual.stop_grace_seconds
 
 
 def test_bounds_follow_the_pools_gpu_limit_and_gpus_per_worker(plans):
