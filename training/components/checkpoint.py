@@ -292,7 +292,8 @@ def save_dcp_checkpoint(root: Path, step: int, model: torch.nn.Module, optimizer
     tmp = root / D.broadcast_object(env, tmp_name)
     try:
         model_sd, optim_sd = get_state_dict(model, optimizer)
-        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp / DCP_DIR))
+        with _without_torch_zip_crc():  # DCP torch.saves each tensor: its zip CRC is as redundant as in .pt files
+            dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp / DCP_DIR))
         files: dict[str, dict[str, int]] = {}
         if env.is_main:
             files.update({f"{name}.pt": _write_pt(tmp / f"{name}.pt", value) for name, value in extra.items()})

@@ -1,0 +1,323 @@
+"""FSDP2 versus DDP on this machine: state held per rank, step time, DCP save speed, resharding.
+The last line printed is one JSON object.
+
+    python bench/fsdp_memory.py [--quick] [--dir /tmp/ragpool-fsdp-bench]
+    python bench/fsdp_memory.py --gpu        # on a CUDA machine: largest generator DDP vs FSDP fits, with MFU
+
+CPU mode runs 2-rank torchrun jobs (gloo, one thread per rank) on the same Llama (``cpu`` shape of
+bench/train_throughput.py, ~29M parameters) and batch under ``parallelism.strategy`` ddp and fsdp, with
+the training loop's own wrappers (:func:`training.components.distributed.wrap_ddp`,
+:func:`training.components.sharding.shard_model`) and optimizer. Keys:
+
+  state_bytes_per_rank_ratio  parameter + gradient + AdamW-state bytes rank 0 holds under FSDP over DDP
+                              (local shards' tensor bytes, after an optimizer step). Goal <= 0.55
+  fsdp_vs_ddp_step_time       FSDP step time over DDP's (same model and batch, 2 ranks, one job, steps
+                              interleaved; median of the per-step ratios of both ranks). Goal <= 1.25
+  dcp_save_vs_raw             DCP checkpoint throughput (save_dcp_checkpoint: DCP files, checksums,
+                              manifest, rename) over each rank writing + fsyncing the same local bytes
+                              raw at the same time (medians of interleaved pairs). Goal >= 0.8
+  reshard_resume_equal        a checkpoint saved by 2 FSDP ranks, loaded by 1 unsharded process: every
+                              tensor of the full model and optimizer state equal. Must be true
+  load_peak_rss_ratio         null: meta-device initialisation + loading safetensors shard by shard is
+                              not built yet (each rank still materialises the whole model before sharding)
+
+``--gpu`` (one command, all GPUs of the machine): for Llama shapes from 1B up, one bf16 training step on one
+GPU with DDP's full replica, then FSDP over every GPU present (torchrun), until each runs out of memory;
+prints the largest shape each strategy trains and its MFU (6 * params * tokens/s over 989 TFLOPS per GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from bench.train_throughput import GEN_SHAPES, H100_BF16_PEAK_FLOPS  # noqa: E402
+
+#: Shapes tried by ``--gpu``, smallest first (Llama-2/3-like proportions; vocab 32000).
+GPU_SHAPES = {
+    "1b": GEN_SHAPES["1b"],
+    "3b": dict(vocab_size=32000, hidden_size=3072, num_hidden_layers=26, num_attention_heads=24,
+               num_key_value_heads=8, intermediate_size=8192),
+    "7b": dict(vocab_size=32000, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+               num_key_value_heads=8, intermediate_size=11008),
+    "13b": dict(vocab_size=32000, hidden_size=5120, num_hidden_layers=40, num_attention_heads=40,
+                num_key_value_heads=8, intermediate_size=13824),
+}
+
+
+# --------------------------------------------------------------------------- workers (under torchrun)
+
+
+def _build(shape: dict, device: str, strategy: str, env, activation_checkpointing: bool = False):
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from training.components import distributed as D
+    from training.components import sharding as S
+    from training.components.optim import build_optimizer
+    from training.config import OptimConfig, ParallelismConfig
+
+    cfg = LlamaConfig(**shape, max_position_embeddings=4096, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).to(env.device)
+    par = ParallelismConfig(strategy=strategy, activation_checkpointing=activation_checkpointing)
+    model = S.shard_model(model, par, env, "generator")
+    model.train()
+    wrapped = D.wrap_ddp(model, env) if strategy == "ddp" else model
+    return cfg, model, wrapped, build_optimizer(model, OptimConfig(lr=1e-4))
+
+
+def _step(wrapped, model, opt, x, device: str) -> None:
+    import contextlib
+
+    import torch
+
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device == "cuda" else contextlib.nullcontext()
+    with autocast:
+        loss = wrapped(input_ids=x, labels=x).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+
+
+def _timed(fn, env) -> float:
+    import torch
+
+    from training.components import distributed as D
+
+    D.barrier(env)
+    if env.device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    if env.device.type == "cuda":
+        torch.cuda.synchronize()
+    D.barrier(env)
+    return time.perf_counter() - t0
+
+
+def _raw_write(path: Path, tensors: list) -> None:
+    with path.open("wb", buffering=0) as fh:
+        for t in tensors:
+            fh.write(memoryview(t.contiguous().view(-1).view(dtype=__import__("torch").uint8).numpy()))
+        os.fsync(fh.fileno())
+
+
+def worker_measure(out: Path, steps: int, batch: int, seq: int, pairs: int) -> None:
+    """Both strategies in one job, their steps interleaved (ddp, fsdp, ddp, ...) so that the load of a
+    shared machine hits both alike; then DCP saves interleaved with raw writes of the same bytes."""
+    import shutil
+
+    import torch
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+    from torch.distributed.tensor import DTensor
+
+    from training.components import distributed as D
+    from training.components import sharding as S
+    from training.components.checkpoint import save_dcp_checkpoint
+
+    env = D.init_distributed("cpu")
+    built = {strategy: _build(GEN_SHAPES["cpu"], "cpu", strategy, env) for strategy in ("ddp", "fsdp")}
+    torch.manual_seed(1 + env.rank)
+    x = torch.randint(0, GEN_SHAPES["cpu"]["vocab_size"], (batch, seq))
+    times: dict[str, list[float]] = {"ddp": [], "fsdp": []}
+    result: dict = {"rank": env.rank}
+    for i in range(steps + 1):
+        for strategy, (_, model, wrapped, opt) in built.items():
+            t = _timed(lambda: _step(wrapped, model, opt, x, "cpu"), env)
+            if i == steps:
+                result[strategy] = S.local_state_bytes(model, opt)  # gradients still held
+            opt.zero_grad(set_to_none=True)
+            if i:  # the first step of each is warm-up
+                times[strategy].append(t)
+    result["step_ratios"] = [f / d for f, d in zip(times["fsdp"], times["ddp"])]
+    result["step_seconds"] = {k: statistics.median(v) for k, v in times.items()}
+    _, model, _, opt = built["fsdp"]
+    local = [p.to_local() if isinstance(p, DTensor) else p for p in model.parameters()] + \
+            [v.to_local() if isinstance(v, DTensor) else v for s in opt.state.values() for v in s.values()
+             if torch.is_tensor(v)]
+    nbytes = sum(t.numel() * t.element_size() for t in local)
+    dcp_s, raw_s = [], []
+    for i in range(pairs):
+        ckroot = out / f"ckpt-{i}"
+        dcp_s.append(_timed(lambda: save_dcp_checkpoint(ckroot, 1, model, opt, {}, env, 1), env))
+        raw_s.append(_timed(lambda: _raw_write(out / f"raw-{env.rank}-{i}.bin", local), env))
+        (out / f"raw-{env.rank}-{i}.bin").unlink()
+        if i + 1 < pairs and env.is_main:
+            shutil.rmtree(ckroot)
+    result.update(dcp_seconds=statistics.median(dcp_s), raw_seconds=statistics.median(raw_s), save_bytes=nbytes,
+                  save_ratios=[r / d for r, d in zip(raw_s, dcp_s)],
+                  checkpoint=str(out / f"ckpt-{pairs - 1}" / "step_000001"))
+    msd, osd = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if env.is_main:
+        torch.save({"model": msd, "optimizer": osd}, out / "full-2.pt")
+    (out / f"measure-{env.rank}.json").write_text(json.dumps(result))
+    D.destroy()
+
+
+def worker_reload(checkpoint: Path, out: Path) -> None:
+    """One unsharded process loads the 2-rank DCP checkpoint and dumps its full state."""
+    import torch
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    from training.components import distributed as D
+    from training.components.checkpoint import load_dcp_state
+
+    env = D.init_distributed("cpu")
+    _, model, _, opt = _build(GEN_SHAPES["cpu"], "cpu", "fsdp", env)
+    load_dcp_state(checkpoint, model, opt)
+    msd, osd = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    torch.save({"model": msd, "optimizer": osd}, out / "full-1.pt")
+
+
+def worker_gpu(shape: str, strategy: str, out: Path, batch: int, seq: int) -> None:
+    import torch
+
+    from training.components import distributed as D
+
+    env = D.init_distributed("cuda")
+    result: dict = {"shape": shape, "strategy": strategy, "world_size": env.world_size}
+    try:
+        cfg, model, wrapped, opt = _build(GPU_SHAPES[shape], "cuda", strategy, env, activation_checkpointing=True)
+        n_params = sum(p.numel() for p in model.parameters()) * (env.world_size if strategy == "fsdp" else 1)
+        x = torch.randint(0, cfg.vocab_size, (batch, seq), device=env.device)
+        times = []
+        for _ in range(3):
+            times.append(_timed(lambda: _step(wrapped, model, opt, x, "cuda"), env))
+            opt.zero_grad(set_to_none=True)
+        step = statistics.median(times[1:])
+        tokens_per_s = batch * seq * env.world_size / step
+        result.update(ok=True, params=n_params, step_seconds=step,
+                      mfu=6 * n_params * tokens_per_s / (H100_BF16_PEAK_FLOPS * env.world_size),
+                      peak_gib=torch.cuda.max_memory_allocated() / 2**30)
+    except torch.OutOfMemoryError:
+        result.update(ok=False, error="out of memory")
+    if env.is_main:
+        (out / f"gpu-{shape}-{strategy}.json").write_text(json.dumps(result))
+    D.destroy()
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def _torchrun(nproc: int, args: list[str], timeout: int) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           __file__, *args]
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as err:
+        raise SystemExit(f"waited {timeout}s for {' '.join(args[:2])} x{nproc}; it did not finish: "
+                         f"{(err.stderr or b'')[-2000:]!r}") from None
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(args[:2])} x{nproc} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+
+
+def _read(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def _same_state(a: Path, b: Path) -> bool:
+    import torch
+
+    x, y = torch.load(a, weights_only=False), torch.load(b, weights_only=False)
+
+    def eq(u, v) -> bool:
+        if isinstance(u, dict):
+            return isinstance(v, dict) and u.keys() == v.keys() and all(eq(u[k], v[k]) for k in u)
+        if isinstance(u, (list, tuple)):
+            return len(u) == len(v) and all(eq(i, j) for i, j in zip(u, v))
+        return torch.equal(u, v) if torch.is_tensor(u) else u == v
+
+    return eq(x, y)
+
+
+def cpu_figures(work: Path, quick: bool, batch: int, seq: int) -> dict:
+    steps, pairs = (2, 2) if quick else (5, 3)
+    _torchrun(2, ["--worker", "measure", "--out", str(work), "--steps", str(steps), "--pairs", str(pairs),
+                  "--batch", str(batch), "--seq", str(seq)], timeout=1200)
+    ranks = [_read(work / f"measure-{r}.json") for r in (0, 1)]
+    m = ranks[0]
+    _torchrun(1, ["--worker", "reload", "--checkpoint", m["checkpoint"], "--out", str(work)], timeout=600)
+
+    def total(r: dict) -> int:
+        return r["params"] + r["grads"] + r["optimizer"]
+
+    return {
+        "state_bytes_per_rank_ratio": total(m["fsdp"]) / total(m["ddp"]),
+        "fsdp_vs_ddp_step_time": statistics.median(x for r in ranks for x in r["step_ratios"]),
+        "dcp_save_vs_raw": statistics.median(m["save_ratios"]),
+        "reshard_resume_equal": _same_state(work / "full-2.pt", work / "full-1.pt"),
+        "load_peak_rss_ratio": None,
+        "state_bytes_ddp": total(m["ddp"]), "state_bytes_fsdp": total(m["fsdp"]),
+        "step_seconds_ddp": m["step_seconds"]["ddp"], "step_seconds_fsdp": m["step_seconds"]["fsdp"],
+        "batch_per_rank": batch, "seq": seq, "dcp_seconds": m["dcp_seconds"], "raw_seconds": m["raw_seconds"],
+        "save_bytes_per_rank": m["save_bytes"],
+        "goals": {"state_bytes_per_rank_ratio": "<= 0.55", "fsdp_vs_ddp_step_time": "<= 1.25",
+                  "dcp_save_vs_raw": ">= 0.8", "reshard_resume_equal": "true", "load_peak_rss_ratio": "<= 0.7"},
+    }
+
+
+def gpu_figures(work: Path, batch: int, seq: int) -> dict:
+    import torch
+
+    n = torch.cuda.device_count()
+    if n == 0:
+        raise SystemExit("--gpu: no CUDA device on this machine")
+    out: dict = {"gpus": n, "batch": batch, "seq": seq}
+    for strategy, nproc in (("ddp", 1), ("fsdp", n)):
+        best = None
+        for shape in GPU_SHAPES:
+            _torchrun(nproc, ["--worker", "gpu", "--shape", shape, "--strategy", strategy, "--out", str(work),
+                              "--batch", str(batch), "--seq", str(seq)], timeout=1200)
+            r = _read(work / f"gpu-{shape}-{strategy}.json")
+            print(json.dumps(r), file=sys.stderr)
+            if not r["ok"]:
+                break
+            best = r
+        out[f"largest_{strategy}"] = best and {k: best[k] for k in ("shape", "params", "mfu", "step_seconds",
+                                                                   "peak_gib", "world_size")}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions (smoke run)")
+    ap.add_argument("--gpu", action="store_true", help="largest generator per strategy on this machine's GPUs")
+    ap.add_argument("--worker", choices=("measure", "reload", "gpu"), help=argparse.SUPPRESS)
+    ap.add_argument("--strategy", default="ddp", help=argparse.SUPPRESS)
+    ap.add_argument("--shape", default="1b", help=argparse.SUPPRESS)
+    ap.add_argument("--out", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--checkpoint", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--steps", type=int, default=4, help=argparse.SUPPRESS)
+    ap.add_argument("--pairs", type=int, default=3, help=argparse.SUPPRESS)
+    ap.add_argument("--batch", type=int, default=None, help="sequences per rank per step")
+    ap.add_argument("--seq", type=int, default=None, help="tokens per sequence")
+    args = ap.parse_args()
+    if args.worker == "measure":
+        return worker_measure(Path(args.out), args.steps, args.batch, args.seq, args.pairs)
+    if args.worker == "reload":
+        return worker_reload(Path(args.checkpoint), Path(args.out))
+    if args.worker == "gpu":
+        return worker_gpu(args.shape, args.strategy, Path(args.out), args.batch or 4, args.seq or 2048)
+    with tempfile.TemporaryDirectory(prefix="ragpool-fsdp-bench-", dir=args.dir) as tmp:
+        work = Path(tmp)
+        figures = gpu_figures(work, args.batch or 4, args.seq or 2048) if args.gpu else \
+            cpu_figures(work, args.quick, args.batch or 4, args.seq or 256)
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
