@@ -83,3 +83,21 @@ def test_fsdp_or_checkpointing_without_blocks_is_a_config_error() -> None:
         with pytest.raises(ConfigError) as err:
             shard_model(model, par, env, "generator")
         assert err.value.key == key and "no decoder blocks" in str(err.value)
+
+
+def test_the_readme_spec_for_a_7b_generator_is_valid(monkeypatch) -> None:
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    from training.scheduler.lanes import POOLS_ENV
+
+    monkeypatch.delenv(POOLS_ENV, raising=False)
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Training a large generator", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```yaml\n(.*?)```", section, re.S)
+    assert block, "the README section has no yaml spec"
+    spec = parse_spec(yaml.safe_load(block.group(1)), shared_root="/mnt/shared")
+    cfg = load_run_config(spec.to_training_config("/mnt/shared"))
+    assert cfg.generator.parallelism.strategy == "fsdp" and cfg.generator.parallelism.activation_checkpointing
