@@ -40,7 +40,7 @@ def test_every_helm_release_is_pinned_and_its_values_exist_in_the_chart(plans, s
         schema_name, chart = by_ref[inputs["chart"]]
         assert inputs["version"] == chart.version
         assert schema_file("helm", schema_name, chart.version, "values.yaml").is_file(), \
-            f"{schema_name} {chart.version} is not the version in ../shared/schemas/helm"
+            f"{schema_name} {chart.version} is not the version in vendor/upstream/helm (scripts/vendor_schemas.py)"
         assert helm_value_problems(schema_name, chart.version, inputs["values"],
                                    SUBCHART_VERSIONS.get(schema_name)) == []
         assert subchart_schema_problems(inputs["values"], SUBCHART_VERSIONS.get(schema_name)) == []
