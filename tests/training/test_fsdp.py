@@ -37,15 +37,39 @@ def indexed_root(tmp_path_factory: pytest.TempPathFactory, tiny_encoder_no_dropo
     return root
 
 
-def _run(root: Path, run_id: str, nproc: int, strategy: str, max_steps: int = 4, grad_accum: int = 1,
-         **env: str):
+def _spec(root: Path, run_id: str, strategy: str, max_steps: int = 4, grad_accum: int = 1, **par: object) -> Path:
     shutil.copytree(root / "runs" / "base" / "index", root / "runs" / run_id / "index", dirs_exist_ok=True)
-    spec = write_run(root, run_id, generator={
+    return write_run(root, run_id, generator={
         "tiny": TINY, "max_length": 96, "global_batch_size": 8, "grad_accum": grad_accum, "max_steps": max_steps,
         "optim": {"lr": 3e-3, "warmup_steps": 2, "grad_clip": 0.5},
-        "parallelism": {"strategy": strategy}},
+        "parallelism": {"strategy": strategy, **par}},
         checkpoint={"every_steps": 2, "async_save": True, "keep_latest_k": 2})
-    return run_stage("generator", spec, nproc=nproc, timeout=300, **env)
+
+
+def _run(root: Path, run_id: str, nproc: int, strategy: str, max_steps: int = 4, grad_accum: int = 1,
+         **env: str):
+    return run_stage("generator", _spec(root, run_id, strategy, max_steps, grad_accum), nproc=nproc, timeout=300,
+                     **env)
+
+
+@pytest.fixture(scope="module")
+def ddp_ref(indexed_root: Path) -> str:
+    """The DDP run (2 ranks, 2 micro-steps per step) the sharded runs are compared with."""
+    out = _run(indexed_root, "ddp", 2, "ddp", grad_accum=2)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return "ddp"
+
+
+def _assert_same_training(root: Path, ref: str, run_id: str) -> None:
+    ddp, other = _losses(root, ref), _losses(root, run_id)
+    assert sorted(ddp) == sorted(other) == [1, 2, 3, 4]
+    for step in ddp:
+        assert other[step] == pytest.approx(ddp[step], rel=1e-4), (step, ddp, other)
+    assert ddp[4] < ddp[1], "loss did not fall: the comparison would be vacuous"
+    a, b = _params(root, ref), _params(root, run_id)
+    assert a.keys() == b.keys(), "the gathered HF directory must have the same tensors as DDP's"
+    diff = max(float((a[k] - b[k]).abs().max()) for k in a)
+    assert diff < 1e-4, f"{run_id} weights differ from {ref} by {diff}"
 
 
 def _params(root: Path, run_id: str) -> dict:
@@ -62,26 +86,43 @@ def _losses(root: Path, run_id: str) -> dict[int, float]:
     return out
 
 
-def test_fsdp_loss_curve_and_weights_match_ddp(indexed_root) -> None:
-    for run_id, strategy in (("ddp", "ddp"), ("fsdp", "fsdp")):
-        out = _run(indexed_root, run_id, 2, strategy, grad_accum=2)
-        assert out.returncode == 0, out.stderr[-3000:]
-    assert "fully_shard: 2 LlamaDecoderLayer blocks + root" in \
+def test_fsdp_loss_curve_and_weights_match_ddp(indexed_root, ddp_ref) -> None:
+    out = _run(indexed_root, "fsdp", 2, "fsdp", grad_accum=2)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "fully_shard: 2 LlamaDecoderLayer blocks + root over mesh (2,)" in \
         (indexed_root / "runs" / "fsdp" / "generator" / "log.jsonl").read_text()
-    ddp, fsdp = _losses(indexed_root, "ddp"), _losses(indexed_root, "fsdp")
-    assert sorted(ddp) == sorted(fsdp) == [1, 2, 3, 4]
-    for step in ddp:
-        assert fsdp[step] == pytest.approx(ddp[step], rel=1e-4), (step, ddp, fsdp)
-    assert ddp[4] < ddp[1], "loss did not fall: the comparison would be vacuous"
-    a, b = _params(indexed_root, "ddp"), _params(indexed_root, "fsdp")
-    assert a.keys() == b.keys(), "the gathered HF directory must have the same tensors as DDP's"
-    diff = max(float((a[k] - b[k]).abs().max()) for k in a)
-    assert diff < 1e-4, f"fsdp weights differ from ddp by {diff}"
+    _assert_same_training(indexed_root, ddp_ref, "fsdp")
     ckpt = indexed_root / "runs" / "fsdp" / "generator" / "checkpoints" / "step_000004"
     manifest = json.loads((ckpt / "manifest.json").read_text())
     assert manifest["format"] == "dcp" and manifest["world_size"] == 2
     assert {"dcp/.metadata", "scheduler.pt", "trainer.pt"} <= set(manifest["files"])
     assert sum(n.endswith(".distcp") for n in manifest["files"]) == 2  # one shard file per rank
+
+
+def test_hsdp_over_two_nodes_with_activation_checkpointing_matches_ddp(indexed_root, ddp_ref) -> None:
+    """Two single-rank "nodes" (two torchrun agents meeting at one c10d rendezvous): a (2, 1) mesh that
+    replicates across the nodes, with every decoder block recomputed in backward."""
+    import subprocess
+    import sys
+
+    from tests.support.training import REPO, child_env, free_port
+
+    spec = _spec(indexed_root, "hsdp", "hsdp", grad_accum=2, activation_checkpointing=True)
+    port = free_port()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=hsdp-test",
+           "-m", "training.generator", "--config", str(spec)]
+    nodes = [subprocess.Popen(cmd, cwd=REPO, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    try:
+        errs = [node.communicate(timeout=300)[1] for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    assert [n.returncode for n in nodes] == [0, 0], "\n".join(e[-2000:] for e in errs)
+    assert "fully_shard: 2 LlamaDecoderLayer blocks + root over mesh (2, 1)" in \
+        (indexed_root / "runs" / "hsdp" / "generator" / "log.jsonl").read_text()
+    _assert_same_training(indexed_root, ddp_ref, "hsdp")
 
 
 def test_fsdp_sigkill_then_resume_is_bit_exact(indexed_root) -> None:

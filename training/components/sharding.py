@@ -41,7 +41,7 @@ def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def _hf_models(model: torch.nn.Module) -> list[Any]:
-    return [m for m in model.modules() if hasattr(m, "gradient_checkpointing_enable")]
+    return [m for m in model.modules() if hasattr(m, "activation_checkpointing_enable")]
 
 
 def enable_activation_checkpointing(model: torch.nn.Module) -> None:
@@ -51,7 +51,7 @@ def enable_activation_checkpointing(model: torch.nn.Module) -> None:
     if not hf or not decoder_blocks(model):
         raise ConfigError("parallelism.activation_checkpointing=True: the model has no decoder blocks "
                           "to checkpoint", "parallelism.activation_checkpointing")
-    hf[0].gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    hf[0].activation_checkpointing_enable({"use_reentrant": False})
 
 
 def device_mesh(env: DistEnv, strategy: str) -> Any:
