@@ -30,7 +30,9 @@ What stands in for the cluster (:class:`Cluster`):
   :data:`WORKLOAD` in place of torchrun: ``max_steps`` steps of ``step_s``, a checkpoint file
   after each step, resumed from on the next attempt, each finished execution appended to
   ``runs/<id>/sim-done-<node>`` (so a run done twice is seen); an attempt for which
-  ``runs/<id>/sim-fail-attempt-<n>`` exists exits 1 at once (a failed attempt, retried).
+  ``runs/<id>/sim-fail-attempt-<n>`` exists exits 1 at once (a failed attempt, retried); while
+  ``runs/<id>/sim-exit`` exists, every execution exits with the code it holds (e.g. 4, the Ray
+  cluster unreachable: :meth:`Simulation.exit_with`).
 - The worker's settings KEDA's timing depends on (``--lease-seconds``, ``--idle-exit-seconds``,
   ``--poll-seconds``, ``--gang-deadline-seconds``, the retry back-off), the ScaledJob's ``pollingInterval`` and the
   keeper's ``--interval-seconds`` are set from :class:`Settings`;
@@ -77,6 +79,7 @@ d="$RAGPOOL_SHARED_ROOT/runs/{run_id}"
 steps=$(sed -n 's/^  max_steps: //p' "{config}" | head -n 1)
 ck="$d/sim-ckpt-{node_index}"
 if [ -f "$d/sim-fail-attempt-{attempt}" ]; then echo "attempt {attempt} fails as asked" >&2; exit 1; fi
+if [ -f "$d/sim-exit" ]; then echo "exits $(cat "$d/sim-exit") as asked" >&2; exit "$(cat "$d/sim-exit")"; fi
 s=$(cat "$ck" 2>/dev/null || echo 0)
 echo "attempt {attempt} node {node_index} worker $RAGPOOL_WORKER_ID from step $s" >> "$d/sim-log"
 while [ "$s" -lt "${steps:-1}" ]; do
@@ -145,6 +148,26 @@ def field_ref(path: str, pod: "Pod") -> str:
     if m:
         return (pod.labels if m.group(1) == "labels" else pod.annotations).get(m.group(2), "")
     raise ValueError(f"fieldRef {path!r} is not simulated")
+
+
+def pod_failure_action(job_spec: dict, code: int, *, container: str = "worker", disrupted: bool = False) -> str:
+    """What the Job controller does with a failed pod whose ``container`` exited ``code`` (not 0):
+    the action of the first ``podFailurePolicy`` rule that matches, ``Count`` when none does
+    (kubernetes/kubernetes pkg/controller/job/pod_failure_policy.go ``matchPodFailurePolicy``;
+    ``DisruptionTarget`` is the only pod condition simulated: a lost node)."""
+    for rule in (job_spec.get("podFailurePolicy") or {}).get("rules", []):
+        on_codes = rule.get("onExitCodes")
+        if on_codes is not None:
+            if on_codes.get("containerName") not in (None, container):
+                continue
+            values = set(on_codes.get("values", []))
+            if (code in values) == (on_codes.get("operator", "In") == "In"):
+                return rule["action"]
+            continue
+        for cond in rule.get("onPodConditions", []):
+            if cond.get("type") == "DisruptionTarget" and cond.get("status", "True") == "True" and disrupted:
+                return rule["action"]
+    return "Count"
 
 
 # -- pods and Jobs -------------------------------------------------------------------------
@@ -348,6 +371,9 @@ class Cluster:
 
     def check_scaled_job(self, sj: ScaledJob, now: float) -> int:
         readings, error = self.trigger_readings(sj)
+        # Jobs are created after the lists were read: a run submitted while this loop ran is never
+        # counted by a Job stamped before its submit.
+        now = max(now, time.time())
         sj.polls += 1
         sj.errors += int(error)
         is_active, scale_to, max_scale = keda.scaled_job_state(sj.spec, readings)
@@ -487,18 +513,7 @@ class Cluster:
         job.retry_at[pod.index] = now + delay
 
     def _failure_action(self, job: Job, pod: Pod, code: int) -> str:
-        """The first ``podFailurePolicy`` rule that matches (``Count`` when none does)."""
-        for rule in (job.spec.get("podFailurePolicy") or {}).get("rules", []):
-            on_codes = rule.get("onExitCodes")
-            if on_codes is not None:
-                values = set(on_codes.get("values", []))
-                hit = (code in values) if on_codes.get("operator", "In") == "In" else (code not in values)
-                if hit:
-                    return rule["action"]
-            for cond in rule.get("onPodConditions", []):
-                if cond.get("type") == "DisruptionTarget" and pod.disrupted:
-                    return rule["action"]
-        return "Count"
+        return pod_failure_action(job.spec, code, disrupted=pod.disrupted)
 
     def _finish(self, job: Job, condition: str, now: float, reason: str) -> None:
         job.condition, job.finished_at = condition, now
@@ -826,6 +841,15 @@ class Simulation:
         self.submitted[run_id] = Submitted(run_id, namespace, at, spec.nodes,
                                           lane_of(spec.executor, spec.nodes, spec.pool))
         return self.submitted[run_id]
+
+    def exit_with(self, run_id: str, code: int | None) -> None:
+        """From now on every execution of ``run_id`` exits ``code`` at once (None: runs normally again)."""
+        path = self.shared_root / "runs" / run_id / "sim-exit"
+        if code is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(f"{code}\n")
 
     def info(self, run_id: str):
         return self.queue(self.submitted[run_id].namespace).get(run_id)

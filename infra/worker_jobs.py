@@ -250,6 +250,16 @@ def worker_job_spec(labels: dict[str, str], pod_spec: dict[str, Any], nodes: int
             # The alert RagpoolWorkerHealthCheckFailed pages; the runs stay queued.
             {"action": "FailJob", "onExitCodes": {"containerName": "worker", "operator": "In",
                                                    "values": [exit_codes.HEALTH_CHECK_FAILED]}},
+            # The Ray worker: the Ray cluster is unreachable or refuses the token (training/ray/job.py);
+            # the run was handed back unspent and the worker stopped claiming. Fail the Job: without this
+            # rule the exit matched none and was counted (kubernetes/kubernetes
+            # pkg/controller/job/pod_failure_policy.go matchPodFailurePolicy: rules in order, the first
+            # match decides, none counts against backoffLimit), so the Job retried the pod up to
+            # backoffLimit times, each one taking a ray run and handing it back. Failed, the Job is no
+            # longer running for KEDA, which starts a fresh one at its next poll only while runs are
+            # queued; Jobs that keep failing with runs queued raise RagpoolLaneWorkerJobsFailing.
+            {"action": "FailJob", "onExitCodes": {"containerName": "worker", "operator": "In",
+                                                   "values": [exit_codes.UNAVAILABLE]}},
             # Node drained, spot reclaimed, preempted: not the job's fault, retry for free.
             {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
             # Checkpointed after SIGTERM: retry (counted), resuming from the checkpoint.

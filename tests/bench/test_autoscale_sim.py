@@ -16,6 +16,7 @@ from bench.autoscale_sim import (
     Job, ScaledJob, Settings, Simulation, Submitted, expand, lanes_of, localize, queue_namespace, set_flag, stack_from_plan,
 )
 from tests.support.redis_fixtures import requires_redis
+from training import exit_codes
 from training.scheduler.lanes import LANES_ENV, Lane, format_lanes
 from training.scheduler.run_queue import GANG_TIMEOUTS_STAT, Key
 
@@ -182,6 +183,38 @@ def test_a_team_lane_never_starts_more_gpu_workers_than_its_quota(plan, tmp_path
         # The bound was reached (six runs queued for two workers), never passed.
         assert sim.cluster.max_unfinished[single["metadata"]["name"]] == TEAM_QUOTA
         assert sim.cluster.max_gpus[TEAM_NAMESPACE] <= TEAM_QUOTA
+
+
+@pytest.mark.slow
+@requires_redis
+def test_a_ray_worker_that_finds_ray_unavailable_fails_its_job_and_the_run_waits_unspent(plan, tmp_path):
+    """The Ray worker's run exits UNAVAILABLE (Ray cluster unreachable or token refused): the run is
+    handed back unspent, the worker exits 4, and the Job's podFailurePolicy fails the Job (one pod,
+    never retried inside it); KEDA starts a fresh Job while the run stays queued. Once Ray is back
+    the next Job runs it, once, and the pool ends at zero."""
+    full = stack_from_plan(plan, MAIN_NAMESPACE)
+    ray = next(m for m in full.scaled_jobs if any(lane.executor == "ray" for lane in lanes_of(m)))
+    stack = dataclasses.replace(full, scaled_jobs=[ray])
+    with Simulation(tmp_path / "sim", stack, SETTINGS) as sim:
+        namespace = queue_namespace(ray)
+        sim.exit_with("ray-down", exit_codes.UNAVAILABLE)
+        sim.submit(namespace, "ray-down", executor="ray", max_steps=2)
+
+        def failed_by_policy() -> list[str]:
+            return [e.job for e in sim.cluster.events
+                    if e.kind == "job-finished" and e.detail.get("reason") == "PodFailurePolicy"]
+        sim.wait_for(lambda: len(failed_by_policy()) >= 2, 120, "two Ray worker Jobs failed by the podFailurePolicy")
+        with sim.cluster.lock:
+            failed = [j for j in sim.cluster.created if j.name in set(failed_by_policy())]
+            assert all(len(j.pods) == 1 and j.pods[0].exit_code == exit_codes.UNAVAILABLE for j in failed), [
+                [(p.name, p.exit_code) for p in j.pods] for j in failed]
+        assert sim.info("ray-down").state in ("queued", "running"), sim.info("ray-down")
+        sim.exit_with("ray-down", None)  # the Ray cluster is back
+        sim.settle(SETTLE_S)
+        info = sim.info("ray-down")
+        assert info.state == "succeeded" and info.completions == 1 and info.attempts == 1, info
+        assert sim.executions("ray-down") == 1
+        assert sim.cluster.unfinished_jobs() == 0 and not sim.cluster.errors
 
 
 def gang_timeouts(sim: Simulation, namespace: str) -> int:

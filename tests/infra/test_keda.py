@@ -250,6 +250,26 @@ def test_a_scaledjob_job_is_one_run(plans, team_plan, stack):
             assert keda_worker.stop_grace_seconds == manual.stop_grace_seconds
 
 
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_a_worker_that_finds_ray_unavailable_fails_its_job_at_once(plans, stack):
+    """Exit UNAVAILABLE (the Ray cluster unreachable or refusing the token; the run handed back
+    unspent): FailJob, never counted and retried inside the Job (each retry would take a ray run
+    and hand it back). KEDA starts a fresh Job only while runs are queued. The Job controller's
+    rule matching: bench/autoscale_sim.py pod_failure_action (first match; none: Count)."""
+    from bench.autoscale_sim import pod_failure_action
+    from training import exit_codes
+
+    jobs = scaled_jobs(plans[stack])
+    assert "ragpool-worker-ray" in jobs
+    for name, job in jobs.items():
+        spec = job["spec"]["jobTargetRef"]
+        assert pod_failure_action(spec, exit_codes.UNAVAILABLE) == "FailJob", name
+        # A lost node is still retried for free, a checkpointed SIGTERM counted, bad input fails.
+        assert pod_failure_action(spec, exit_codes.RETRIABLE, disrupted=True) == "Ignore", name
+        assert pod_failure_action(spec, exit_codes.RETRIABLE) == "Count", name
+        assert pod_failure_action(spec, exit_codes.BAD_INPUT) == "FailJob", name
+
+
 def test_bounds_follow_the_pools_gpu_limit_and_gpus_per_worker(plans):
     dev = {n: j["spec"]["maxReplicaCount"] for n, j in scaled_jobs(plans["dev"]).items()}
     # dev: gpu-spot gpuLimit 8, one GPU per worker: 8 single-pod Jobs, 8 // N gangs of N pods.
