@@ -51,7 +51,7 @@ from training.scheduler.redis_conn import REQUIRED_REPLICAS_ENV
 from training.ray.auth import SECRET_ENV, TOKEN_SECRET_KEY, client_env
 from training.ray.pools import POOLS_ENV
 from training.scheduler.exporter import READY_PATH
-from training.scheduler.lanes import LANE_LABEL, worker_env
+from training.scheduler.lanes import lane_labels, worker_env
 from training.scheduler.supervisor import EXECUTORS_ENV, WorkerConfig
 
 TERMINATION_GRACE_SECONDS = 300
@@ -228,7 +228,7 @@ def gpu_worker_job_spec(kind: WorkerKind, image: str, namespace: str, redis_secr
         },
         tmp_size="20Gi", shm_size=f"{4 * gpus}Gi",
         subdomain=WORKERS_SERVICE, tolerations=[GPU_TOLERATION])
-    return worker_job_spec({**WORKER_LABELS, POOL_LABEL: pool.name, LANE_LABEL: kind.lanes[0].name}, pod_spec, kind.nodes)
+    return worker_job_spec({**WORKER_LABELS, POOL_LABEL: pool.name, **lane_labels(kind.lanes)}, pod_spec, kind.nodes)
 
 
 def worker_job_spec(labels: dict[str, str], pod_spec: dict[str, Any], nodes: int = 1) -> dict[str, Any]:
@@ -315,7 +315,7 @@ def ray_worker_job_spec(image: str, redis_secret: str, shared_claim: str, ray: R
         ports=[{"name": "queue-metrics", "containerPort": QUEUE_METRICS_PORT}],
         resources={"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
         tmp_size="1Gi")
-    return worker_job_spec({**WORKER_LABELS, **RAY_CLIENT_LABEL, **SYSTEM_NODE_SELECTOR, LANE_LABEL: lanes[0].name},
+    return worker_job_spec({**WORKER_LABELS, **RAY_CLIENT_LABEL, **SYSTEM_NODE_SELECTOR, **lane_labels(lanes)},
                            pod_spec)
 
 
@@ -348,7 +348,7 @@ class WorkerJobs(RagpoolComponent):
                     f"{resource}-scaledjob", api_version="keda.sh/v1alpha1", kind="ScaledJob",
                     metadata={"name": kind.name, "namespace": args.namespace,
                               "labels": {**k8s_labels("worker", kind.name), **({POOL_LABEL: kind.pool.name} if kind.pool else {}),
-                                         LANE_LABEL: kind.lanes[0].name},
+                                         **lane_labels(kind.lanes)},
                               # ... except managed-by: KEDA manages those Jobs, not Pulumi (the annotation's
                               # name: apis/keda/v1alpha1/scaledjob_types.go ScaledJobExcludedLabelsAnnotation).
                               "annotations": {KEDA_EXCLUDED_LABELS: "app.kubernetes.io/managed-by"}},

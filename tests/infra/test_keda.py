@@ -32,7 +32,7 @@ from infra.keda import (
 from infra.plan import plan
 from tests.infra.harness import SCHEMAS_DIR, inputs_of, schema_text, strict_crd_schemas
 from training.scheduler.exporter import READY_PATH
-from training.scheduler.lanes import LANES_ENV, Lane, parse_lanes
+from training.scheduler.lanes import LANES_ENV, Lane, lane_selector, parse_lanes
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 INFRA_DIR = REPO_ROOT / "infra"
@@ -268,6 +268,33 @@ def test_a_worker_that_finds_ray_unavailable_fails_its_job_at_once(plans, stack)
         assert pod_failure_action(spec, exit_codes.RETRIABLE, disrupted=True) == "Ignore", name
         assert pod_failure_action(spec, exit_codes.RETRIABLE) == "Count", name
         assert pod_failure_action(spec, exit_codes.BAD_INPUT) == "FailJob", name
+
+
+def selects(selector: str, labels: dict[str, str]) -> bool:
+    """An equality-based label selector (``k=v,k2=v2``, what ``kubectl get -l`` takes) against ``labels``."""
+    return all(labels.get(k) == v for k, v in (term.split("=", 1) for term in selector.split(",")))
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_ragpool_status_finds_the_jobs_and_pods_of_every_lane(plans, team_plan, stack):
+    """``ragpool status --cluster`` selects a lane's Jobs and pods by ``lanes.lane_selector``: it must
+    select exactly the worker kind that claims the lane, the unpinned lanes of the default pool
+    included, on the Jobs KEDA creates (the ScaledJob's labels) and their pods (the template's)."""
+    doc = plans[stack] if stack == "prod" else team_plan
+    namespaces = ["ragpool-training"] + ([f"ragpool-team-{t['name']}" for t in TEAMS] if stack == "dev" else [])
+    for namespace in namespaces:
+        jobs = scaled_jobs(doc, namespace)
+        crons = {c["metadata"]["name"]: c["spec"] for c in inputs_of(doc, CRONJOB, namespace)}
+        claimed = {lane: name for name, job in jobs.items()
+                   for lane in parse_lanes(worker_env(job["spec"]["jobTargetRef"])[LANES_ENV])}
+        assert Lane() in claimed and Lane(nodes=2) in claimed and Lane("ray") in claimed
+        for lane, owner in claimed.items():
+            selector = lane_selector(lane)
+            job_labels = {n: j["metadata"]["labels"] for n, j in jobs.items()}
+            pod_labels = {n: j["spec"]["jobTargetRef"]["template"]["metadata"]["labels"] for n, j in jobs.items()}
+            manual = {n: c["jobTemplate"]["metadata"]["labels"] for n, c in crons.items()}
+            for what, labels in (("Jobs", job_labels), ("pods", pod_labels), ("manual Jobs", manual)):
+                assert [n for n, ls in labels.items() if selects(selector, ls)] == [owner], (namespace, lane.name, what)
 
 
 def test_bounds_follow_the_pools_gpu_limit_and_gpus_per_worker(plans):

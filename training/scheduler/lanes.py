@@ -53,9 +53,11 @@ LANES_ENV = "RAGPOOL_LANES"
 POOLS_ENV = "RAGPOOL_POOLS"
 """Submitter environment: the stack's GPU pool names, comma-separated (the stack's ``gpuPools``
 output, first = default pool). When set, ``ragpool submit`` refuses a ``pool:`` not listed."""
-LANE_LABEL = "ragpool.io/lane"
-"""Kubernetes label a lane's worker Jobs and pods carry (value: :attr:`Lane.name`);
-``ragpool status --cluster`` lists ``kubectl get jobs,pods -l ragpool.io/lane=<name>``."""
+LANE_LABEL_PREFIX = "lane.ragpool.io/"
+"""Kubernetes label key prefix: a worker Job and its pods carry ``lane.ragpool.io/<lane name>: "true"``
+for *every* lane their worker claims (:func:`lane_labels`; a Job of the default pool claims its pinned
+lane and the unpinned one), and ``ragpool status --cluster`` selects a lane's Jobs and pods by
+:func:`lane_selector`. A lane name is a valid label name (at most 63 characters: pool names are short)."""
 
 _POOL_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 _NAME_RE = re.compile(r"(?:(torchrun)|pool\.([a-z0-9-]+))(?:\.n([0-9]+))?|(ray)")
@@ -175,6 +177,17 @@ def worker_lanes(pool: str | None, *, is_default_pool: bool, nodes: int = 1,
         raise LaneError("a worker needs at least one executor")
     parse_lanes(format_lanes(lanes))  # the same rules as the environment
     return tuple(dict.fromkeys(lanes))
+
+
+def lane_labels(lanes: Iterable[Lane]) -> dict[str, str]:
+    """The labels of a worker Job (and its pod template) whose worker claims ``lanes``."""
+    return {f"{LANE_LABEL_PREFIX}{lane.name}": "true" for lane in lanes}
+
+
+def lane_selector(lane: Lane) -> str:
+    """The label selector of the worker Jobs and pods that claim ``lane`` (``kubectl get -l``)."""
+    [(key, value)] = lane_labels([lane]).items()
+    return f"{key}={value}"
 
 
 def worker_env(lanes: Sequence[Lane]) -> dict[str, str]:

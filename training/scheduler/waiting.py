@@ -2,8 +2,9 @@
 
 Queue-side facts come from Redis: the run's lane (``lanes.py``), the runs ahead of it in that
 lane, and the live workers registered for the lane (``TaskQueue.worker_states``). Kubernetes-side
-facts come from ``kubectl get jobs,pods -l ragpool.io/lane=<lane> -o json`` (``lanes.LANE_LABEL``;
-the worker Jobs KEDA starts carry it), only when asked (``ragpool status --cluster``, or
+facts come from ``kubectl get jobs,pods -l lane.ragpool.io/<lane>=true -o json`` (``lanes.lane_selector``;
+every worker Job and pod carries one such label per lane its worker claims, ``lanes.lane_labels``),
+only when asked (``ragpool status --cluster``, or
 ``RAGPOOL_STATUS_CLUSTER=1``) and ``kubectl`` is on PATH; otherwise the answer says it cannot
 see Jobs.
 """
@@ -17,7 +18,7 @@ import subprocess
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from training.scheduler.lanes import LANE_LABEL, Lane, lane_of
+from training.scheduler.lanes import Lane, lane_of, lane_selector
 from training.scheduler.spec import PRIORITIES
 
 CLUSTER_ENV = "RAGPOOL_STATUS_CLUSTER"
@@ -134,7 +135,7 @@ def _kubectl_lane_objects(lane: Lane, kube_namespace: str | None) -> tuple[int, 
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         return "kubectl is not on PATH"
-    cmd = [kubectl, "get", "jobs,pods", "-l", f"{LANE_LABEL}={lane.name}", "-o", "json"]
+    cmd = [kubectl, "get", "jobs,pods", "-l", lane_selector(lane), "-o", "json"]
     if kube_namespace:
         cmd += ["-n", kube_namespace]
     try:

@@ -12,7 +12,7 @@ import pytest
 from tests.support.redis_fixtures import make_spec
 from tests.training.scheduler.test_cli import _cli_at
 
-from training.scheduler.lanes import LANE_LABEL, Lane
+from training.scheduler.lanes import Lane
 from training.scheduler.run_queue import WorkerState
 from training.scheduler.waiting import CLUSTER_ENV, WaitingOn
 
@@ -74,7 +74,7 @@ def test_what_kubernetes_says_about_the_lane(cli, make_queue, capsys, tmp_path, 
     args = fake_kubectl(tmp_path, monkeypatch, [DONE_JOB])
     w = waiting(cli, capsys, "r", "--cluster", "--kube-namespace", "ragpool-team-a")
     assert w["on"] == WaitingOn.NO_WORKER and w["jobs_seen"] and "KEDA starts one" in w["detail"]
-    assert args.read_text().split() == ["get", "jobs,pods", "-l", f"{LANE_LABEL}=pool.gpu-b", "-o", "json",
+    assert args.read_text().split() == ["get", "jobs,pods", "-l", "lane.ragpool.io/pool.gpu-b=true", "-o", "json",
                                         "-n", "ragpool-team-a"]
     fake_kubectl(tmp_path, monkeypatch, [JOB, PENDING_POD])
     w = waiting(cli, capsys, "r", "--cluster")
