@@ -18,8 +18,11 @@ the training loop's own wrappers (:func:`training.components.distributed.wrap_dd
                               raw at the same time (medians of interleaved pairs). Goal >= 0.8
   reshard_resume_equal        a checkpoint saved by 2 FSDP ranks, loaded by 1 unsharded process: every
                               tensor of the full model and optimizer state equal. Must be true
-  load_peak_rss_ratio         null: meta-device initialisation + loading safetensors shard by shard is
-                              not built yet (each rank still materialises the whole model before sharding)
+  load_peak_rss_ratio         peak RSS of a rank loading a pretrained ~135M-parameter Llama (safetensors)
+                              into a 2-rank FSDP model the way the generator does under fsdp (meta
+                              parameters, shard, read only its slices) over loading it whole on every
+                              rank (from_pretrained) and then sharding. Goal <= 0.7;
+                              load_peak_rss_growth_ratio: the same for the growth over the RSS before loading
 
 ``--gpu`` (one command, all GPUs of the machine): for Llama shapes from 1B up, one bf16 training step on one
 GPU with DDP's full replica, then FSDP over every GPU present (torchrun), until each runs out of memory;
@@ -181,6 +184,42 @@ def worker_reload(checkpoint: Path, out: Path) -> None:
     torch.save({"model": msd, "optimizer": osd}, out / "full-1.pt")
 
 
+#: The model whose loading is measured: ~135M parameters (540 MB fp32), big enough to stand out of
+#: the interpreter's own few hundred MB.
+LOAD_SHAPE = dict(vocab_size=32000, hidden_size=1024, num_hidden_layers=8, num_attention_heads=16,
+                  num_key_value_heads=16, intermediate_size=2816)
+
+
+def _peak_rss_bytes() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
+def worker_load(how: str, source: Path, out: Path) -> None:
+    """Load the pretrained Llama at ``source`` into a 2-rank FSDP model: ``full`` = from_pretrained on every
+    rank, then shard (what a DDP-style load does); ``meta`` = meta parameters, shard, read own slices."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from training.components import distributed as D
+    from training.components import sharding as S
+    from training.config import ParallelismConfig
+
+    env = D.init_distributed("cpu")
+    before = _peak_rss_bytes()
+    par = ParallelismConfig(strategy="fsdp")
+    if how == "full":
+        model = S.shard_model(AutoModelForCausalLM.from_pretrained(source), par, env, "generator")
+    else:
+        with S.params_on_meta():
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source))
+        model = S.shard_model(model, par, env, "generator")
+        S.load_safetensors_sharded(model, env.device, source)
+    D.barrier(env)
+    (out / f"load-{how}-{env.rank}.json").write_text(json.dumps({"before": before, "peak": _peak_rss_bytes()}))
+    D.destroy()
+
+
 def worker_gpu(shape: str, strategy: str, out: Path, batch: int, seq: int) -> None:
     import torch
 
@@ -254,13 +293,24 @@ def cpu_figures(work: Path, quick: bool, batch: int, seq: int) -> dict:
     def total(r: dict) -> int:
         return r["params"] + r["grads"] + r["optimizer"]
 
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    source = work / "pretrained"
+    AutoModelForCausalLM.from_config(LlamaConfig(**LOAD_SHAPE, tie_word_embeddings=True)).save_pretrained(source)
+    for how in ("full", "meta"):
+        _torchrun(2, ["--worker", "load", "--how", how, "--checkpoint", str(source), "--out", str(work)], timeout=600)
+    load = {how: [_read(work / f"load-{how}-{r}.json") for r in (0, 1)] for how in ("full", "meta")}
+    peak = {how: max(r["peak"] for r in load[how]) for how in load}
+    growth = {how: max(r["peak"] - r["before"] for r in load[how]) for how in load}
+
     return {
         "state_bytes_per_rank_ratio": total(m["fsdp"]) / total(m["ddp"]),
         "fsdp_vs_ddp_step_time": statistics.median(x for r in ranks for x in r["step_ratios"]),
         "dcp_save_vs_raw": statistics.median(m["save_ratios"]),
         "reshard_resume_equal": _same_state(work / "full-2.pt", work / "full-1.pt"),
-        "load_peak_rss_ratio": None,
-        "state_bytes_ddp": total(m["ddp"]), "state_bytes_fsdp": total(m["fsdp"]),
+        "load_peak_rss_ratio": peak["meta"] / peak["full"],
+        "load_peak_rss_growth_ratio": growth["meta"] / growth["full"],
+        "load_peak_rss_bytes": peak, "state_bytes_ddp": total(m["ddp"]), "state_bytes_fsdp": total(m["fsdp"]),
         "step_seconds_ddp": m["step_seconds"]["ddp"], "step_seconds_fsdp": m["step_seconds"]["fsdp"],
         "batch_per_rank": batch, "seq": seq, "dcp_seconds": m["dcp_seconds"], "raw_seconds": m["raw_seconds"],
         "save_bytes_per_rank": m["save_bytes"],
@@ -296,7 +346,8 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions (smoke run)")
     ap.add_argument("--gpu", action="store_true", help="largest generator per strategy on this machine's GPUs")
-    ap.add_argument("--worker", choices=("measure", "reload", "gpu"), help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=("measure", "reload", "load", "gpu"), help=argparse.SUPPRESS)
+    ap.add_argument("--how", choices=("full", "meta"), default="meta", help=argparse.SUPPRESS)
     ap.add_argument("--strategy", default="ddp", help=argparse.SUPPRESS)
     ap.add_argument("--shape", default="1b", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="", help=argparse.SUPPRESS)
@@ -310,6 +361,8 @@ def main() -> None:
         return worker_measure(Path(args.out), args.steps, args.batch, args.seq, args.pairs)
     if args.worker == "reload":
         return worker_reload(Path(args.checkpoint), Path(args.out))
+    if args.worker == "load":
+        return worker_load(args.how, Path(args.checkpoint), Path(args.out))
     if args.worker == "gpu":
         return worker_gpu(args.shape, args.strategy, Path(args.out), args.batch or 4, args.seq or 2048)
     with tempfile.TemporaryDirectory(prefix="ragpool-fsdp-bench-", dir=args.dir) as tmp:

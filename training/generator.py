@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -88,9 +89,18 @@ def contexts(data: Datasets, examples: list[QAExample], retrieved: list[list[str
 
 
 def load_or_build_model(cfg: RunConfig) -> tuple[torch.nn.Module, Any]:
-    from training.components.models import build_tiny_causal_lm, load_causal_lm, load_generator_tokenizer
+    """The generator and its tokenizer. A pretrained model under fsdp/hsdp is built with meta parameters
+    (no memory): the trainer shards it, then each rank loads only its slices (:func:`make_task`)."""
+    from training.components.models import (AutoConfig, build_tiny_causal_lm, load_causal_lm,
+                                            load_generator_tokenizer)
 
     g = cfg.generator
+    if g.model and g.parallelism.sharded:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        with S.params_on_meta():
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(g.model))
+        return model, AutoTokenizer.from_pretrained(g.model)
     if g.model:
         return load_causal_lm(g.model)
     tok = load_generator_tokenizer(g.tokenizer)
@@ -147,12 +157,15 @@ def answer_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor], devi
 def make_task(cfg: RunConfig, model: torch.nn.Module, tok: Any, encoded: list[tuple[list[int], list[int]]]) -> TrainTask:
     g = cfg.generator
     pad = special_ids(tok).pad
+    on_meta = any(p.is_meta for p in model.parameters())
     return TrainTask(
         stage=STAGE, model=AnswerLoss(model), n_examples=len(encoded), global_batch_size=g.global_batch_size,
         grad_accum=g.grad_accum, max_steps=g.max_steps, optim=g.optim,
         make_batch=lambda idx: pad_batch([encoded[i] for i in idx], pad),
         count=lambda b: int((b["labels"][:, 1:] != IGNORE).sum()),
-        loss_sum=answer_loss_sum, tokens=lambda b: int(b["attention_mask"].sum()), parallelism=g.parallelism)
+        loss_sum=answer_loss_sum, tokens=lambda b: int(b["attention_mask"].sum()), parallelism=g.parallelism,
+        load_weights=(lambda m, device: S.load_safetensors_sharded(m, device, Path(g.model), prefix="lm."))
+        if on_meta else None)
 
 
 def _train(cfg: RunConfig, env: D.DistEnv) -> int:

@@ -125,6 +125,27 @@ def test_hsdp_over_two_nodes_with_activation_checkpointing_matches_ddp(indexed_r
     _assert_same_training(indexed_root, ddp_ref, "hsdp")
 
 
+def test_pretrained_model_loads_shard_by_shard_from_the_meta_device(indexed_root, tmp_path) -> None:
+    """generator.model set: DDP loads it whole (from_pretrained); FSDP builds it with meta parameters,
+    shards it, and each rank reads only its slices of the safetensors. Both train the same."""
+    from training.components.models import build_tiny_causal_lm, load_generator_tokenizer
+
+    pretrained = tmp_path / "pretrained"
+    tok = load_generator_tokenizer()
+    build_tiny_causal_lm(tok, "llama", 32, 2, 2, 64, 512, seed=11).save_pretrained(pretrained)
+    tok.save_pretrained(pretrained)
+    for run_id, strategy in (("pre-ddp", "ddp"), ("pre-fsdp", "fsdp")):
+        spec = _spec(indexed_root, run_id, strategy)
+        spec.write_text(spec.read_text().replace("generator:\n", f"generator:\n  model: {pretrained}\n", 1))
+        out = run_stage("generator", spec, nproc=2, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+    _assert_same_training(indexed_root, "pre-ddp", "pre-fsdp")
+    init = load_params(pretrained)  # vacuity guard: started from the pretrained weights, and moved
+    fsdp = _params(indexed_root, "pre-fsdp")
+    assert any(not torch.equal(fsdp[k], init[k]) for k in init)
+    assert max(float((fsdp[k] - init[k]).abs().max()) for k in init) < 0.1, "did not start from the pretrained weights"
+
+
 def test_fsdp_sigkill_then_resume_is_bit_exact(indexed_root) -> None:
     straight = _run(indexed_root, "f-straight", 2, "fsdp", max_steps=6)
     assert straight.returncode == 0, straight.stderr[-3000:]

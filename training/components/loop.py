@@ -77,6 +77,9 @@ class TrainTask:
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
     """DDP, or FSDP2/HSDP sharding per decoder block (:mod:`training.components.sharding`), and
     activation checkpointing; sharded runs checkpoint with DCP."""
+    load_weights: Callable[[torch.nn.Module, torch.device], None] | None = None
+    """For a ``model`` built with meta parameters: allocates the (sharded) model on the device and fills
+    this rank's slices (:func:`training.components.sharding.load_safetensors_sharded`)."""
 
 
 @dataclass
@@ -188,7 +191,13 @@ class Trainer:
         self.metrics = metrics.for_stage(cfg.run_id, task.stage, env.rank)
         self.par = task.parallelism
         # Sharding comes before the optimizer: AdamW must hold (and size its state by) the shards.
-        self.model = S.shard_model(task.model.to(env.device), self.par, env, task.stage)
+        # A model built on the meta device is sharded first and only then allocated and loaded.
+        on_meta = any(p.is_meta for p in task.model.parameters())
+        if on_meta and task.load_weights is None:
+            raise ValueError(f"{task.stage}: the model has meta parameters but the task has no load_weights")
+        self.model = S.shard_model(task.model if on_meta else task.model.to(env.device), self.par, env, task.stage)
+        if on_meta:
+            task.load_weights(self.model, env.device)  # type: ignore[misc]
         self.sharded = S.is_sharded(self.model)
         self.model.train()
         self.wrapped: torch.nn.Module = self.model

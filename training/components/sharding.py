@@ -8,12 +8,20 @@ Parameters become ``DTensor`` shards on dim 0; the gradients, and so the AdamW s
 after sharding, are shards too. FSDP2 averages gradients over the ranks as DDP does, so the
 loop's loss normalisation is the same math. With one rank nothing is sharded.
 
+:func:`params_on_meta` + :func:`load_safetensors_sharded` load a pretrained model without a full
+copy per rank: built with meta parameters, sharded, then each rank reads only its slices.
+
 :func:`full_model_state` gathers the full state dict to rank 0's CPU memory one tensor at a
 time (``full_state_dict`` + ``cpu_offload``), so no GPU ever holds the whole model.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -103,6 +111,115 @@ def shard_model(model: torch.nn.Module, par: ParallelismConfig, env: DistEnv, st
     log.info("fully_shard: %d %s blocks + root over mesh %s", len(blocks), kind,
              tuple(mesh.shape))
     return model
+
+
+@contextlib.contextmanager
+def params_on_meta() -> Iterator[None]:
+    """Build a model whose parameters live on the meta device (no memory) while its buffers stay real
+    (rotary tables and other non-persistent buffers are computed in ``__init__`` and in no checkpoint):
+    each parameter is moved to meta as its module registers it."""
+    register = torch.nn.Module.register_parameter
+
+    def on_meta(module: torch.nn.Module, name: str, param: torch.nn.Parameter | None) -> None:
+        if param is not None and not param.is_meta:  # a meta one is re-registered as is: ties stay ties
+            param = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    torch.nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register  # type: ignore[method-assign]
+
+
+def _safetensors_files(source: Path) -> dict[str, Path]:
+    """Tensor name -> the ``.safetensors`` file of a Hugging Face directory holding it."""
+    index = source / "model.safetensors.index.json"
+    if index.is_file():
+        return {k: source / v for k, v in json.loads(index.read_text())["weight_map"].items()}
+    single = source / "model.safetensors"
+    if not single.is_file():
+        raise FileNotFoundError(f"{source}: no model.safetensors(.index.json) to load shard by shard")
+    from safetensors import safe_open
+
+    with safe_open(str(single), framework="pt") as fh:
+        return {k: single for k in fh.keys()}
+
+
+#: safetensors dtype names (the format's header) -> torch dtypes.
+_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                       "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+                       "U8": torch.uint8, "BOOL": torch.bool}
+
+
+def _safetensors_header(path: Path) -> tuple[int, dict[str, Any]]:
+    """``(offset of the data, header)`` of a safetensors file: an 8-byte little-endian header length,
+    then the JSON header (name -> dtype, shape, data_offsets relative to the data)."""
+    with path.open("rb") as fh:
+        n = int.from_bytes(fh.read(8), "little")
+        return 8 + n, json.loads(fh.read(n))
+
+
+def _read_rows(fd: int, start: int, out: torch.Tensor) -> None:
+    """Fill contiguous CPU ``out`` with the bytes at ``start`` of ``fd`` (pread: page cache, no mapping,
+    so nothing but ``out`` counts towards this process's memory)."""
+    view = memoryview(out.view(-1).view(torch.uint8).numpy())
+    done = 0
+    while done < len(view):
+        got = os.preadv(fd, [view[done:]], start + done)
+        if got <= 0:
+            raise OSError(f"short read at byte {start + done}")
+        done += got
+
+
+def load_safetensors_sharded(model: torch.nn.Module, device: torch.device, source: Path, prefix: str = "") -> None:
+    """Allocate a (sharded) meta-device ``model`` on ``device`` and fill each parameter with only this
+    rank's rows of it (FSDP2 shards dim 0, so they are one contiguous byte range of the safetensors
+    file, read with ``pread``): no rank ever reads, maps or holds a tensor slice it does not own, let
+    alone the whole model. ``prefix`` is the part of the parameter names that the files lack (a
+    wrapper's ``lm.``)."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    model.to_empty(device=device)
+    files = _safetensors_files(Path(source))
+    headers = {f: _safetensors_header(f) for f in set(files.values())}
+    fds: dict[Path, int] = {}
+    try:
+        with torch.no_grad():
+            for name, b in model.named_buffers():
+                b.copy_(buffers[name])
+            for name, p in model.named_parameters():
+                key = name.removeprefix(prefix)
+                if key not in files:
+                    raise KeyError(f"{source}: no tensor {key!r} in the safetensors files")
+                path = files[key]
+                base, header = headers[path]
+                meta = header[key]
+                if list(meta["shape"]) != list(p.shape):
+                    raise ValueError(f"{source}: {key} has shape {meta['shape']}, the model {list(p.shape)}")
+                if isinstance(p, DTensor):
+                    local = p.to_local()
+                    shape, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
+                else:
+                    local, shape, offset = p, tuple(p.shape), (0,) * p.ndim
+                if not local.numel():
+                    continue
+                if any(offset[1:]) or tuple(shape[1:]) != tuple(p.shape[1:]):
+                    raise ValueError(f"{key}: only dim-0 shards load row by row (placements {p.placements})")
+                dtype = _SAFETENSORS_DTYPES[meta["dtype"]]
+                direct = local.dtype == dtype and local.device.type == "cpu" and local.is_contiguous()
+                buf = local if direct else torch.empty(tuple(shape), dtype=dtype)
+                row_bytes = buf[0].numel() * buf.element_size() if buf.ndim else buf.element_size()
+                if path not in fds:
+                    fds[path] = os.open(path, os.O_RDONLY)
+                _read_rows(fds[path], base + meta["data_offsets"][0] + offset[0] * row_bytes, buf)
+                if not direct:
+                    local.copy_(buf)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
