@@ -86,6 +86,21 @@ class Heartbeat(StrEnum):
     """The lease was reaped or the task changed: stop, record nothing."""
 
 
+class Release(StrEnum):
+    """Why a run is handed back (:meth:`TaskQueue.release`; ``lua/release.lua`` reads the values)."""
+
+    GRACEFUL = ""
+    """Preemption, drain, SIGTERM: free up to ``FREE_RELEASES`` times, then each spends an attempt."""
+    GANG_TIMEOUT = "gang"
+    """A multi-node gang that never formed: never spends an attempt (waiting for capacity is not
+    the run's fault); counted as ``gang_timeouts:<ready list>`` (``ragpool_gang_timeouts_total``)."""
+    UNAVAILABLE = "unavailable"
+    """The executor's cluster could not be reached (Ray down, its token refused; the child exited
+    ``exit_codes.UNAVAILABLE``): never spends an attempt, so an outage cannot dead-letter queued
+    runs; counted as ``unavailable_releases_total``. The failing worker Jobs raise
+    ``RagpoolLaneWorkerJobsFailing``."""
+
+
 class Key(StrEnum):
     """Key names under the namespace prefix (see the module docstring); the Lua scripts get
     them in their layout argument, so this is their one home. ``TASK``, ``READY``,
@@ -506,15 +521,13 @@ class TaskQueue:
                            self.backoff_base_s, self.backoff_max_s)
         return reply[0]
 
-    def release(self, claim: Claim, reason: str = "released by worker", *, gang_timeout: bool = False) -> str:
-        """Give the task back without spending an attempt (graceful stop): ``released``,
-        ``cancelled`` (a cancel was pending) or ``stale``. After ``FREE_RELEASES`` releases
-        each further one spends an attempt, ending ``dead`` once attempts run out.
-        ``gang_timeout``: a multi-node gang that never formed; never spends an attempt (the run
-        never started: waiting for capacity is not the run's fault) and counts
-        ``gang_timeouts:<ready list>`` in the stats hash (``ragpool_gang_timeouts_total``)."""
+    def release(self, claim: Claim, reason: str = "released by worker", *,
+                kind: Release = Release.GRACEFUL) -> str:
+        """Give the task back (``released``), or ``cancelled`` (a cancel was pending), ``dead`` or
+        ``stale``. How often it may happen without spending an attempt depends on ``kind``
+        (:class:`Release`)."""
         return self._call("release", claim.task_id, claim.token, reason[-MAX_ERROR_CHARS:], FREE_RELEASES,
-                          "1" if gang_timeout else "0")
+                          Release(kind).value)
 
     def cancelled(self, claim: Claim) -> str:
         """Confirm a cancel the heartbeat reported (same fencing as release)."""

@@ -37,7 +37,7 @@ Gang deadline: index 0 publishes the run as *gathering*; each other index joins
 and every pod start torchrun. If they have not all joined within ``--gang-deadline-seconds``
 (env ``RAGPOOL_GANG_DEADLINE_SECONDS``, default 900: longer than a GPU node takes to come up)
 index 0 marks the gang aborted, hands the run back WITHOUT spending an attempt, however often
-it happens (``TaskQueue.release(gang_timeout=True)``, counted in ``ragpool_gang_timeouts_total``
+it happens (``TaskQueue.release(kind=Release.GANG_TIMEOUT)``, counted in ``ragpool_gang_timeouts_total``
 for an alert), and exits 0; a follower that sees the abort, or no run within the deadline,
 exits 0 too. So a gang that cannot get N nodes holds no GPU longer than the deadline, and the
 run waits in its lane for the next Job.
@@ -87,7 +87,7 @@ from typing import NamedTuple
 from training import exit_codes
 from training.paths import child_env, shared_root_from_env
 from training.scheduler.lanes import Lane, format_lanes, lanes_from_env
-from training.scheduler.run_queue import Claim, Heartbeat, Key, WorkerState, namespace_from_env
+from training.scheduler.run_queue import Claim, Heartbeat, Key, Release, WorkerState, namespace_from_env
 from training.scheduler.spec import EXECUTORS, RunSpec, ray_problems
 
 log = logging.getLogger("ragpool.worker")
@@ -562,7 +562,7 @@ class Worker:
                   f"{cfg.gang_deadline_seconds:.0f}s ({', '.join(m.rsplit('/', 1)[1] for m in missing)}); "
                   "handed back without spending an attempt")
         log.warning("run %s: %s", claim.task_id, reason)
-        self._keep_trying(claim, lambda again: q.release(claim, reason, gang_timeout=True))
+        self._keep_trying(claim, lambda again: q.release(claim, reason, kind=Release.GANG_TIMEOUT))
         return Outcome.GANG_TIMEOUT
 
     # -- one task --------------------------------------------------------------------------
@@ -699,9 +699,9 @@ class Worker:
             return Outcome.DEAD if released == Outcome.DEAD else Outcome.RELEASED
         if code == exit_codes.UNAVAILABLE and claim.spec.executor == "ray":
             # training/ray/job.py: the Ray cluster is unreachable or refuses the token, not the run's
-            # fault. Hand it back unspent; run() stops claiming.
+            # fault. Hand it back unspent (however long the outage lasts); run() stops claiming.
             self.ray_unavailable = True
-            released = q.release(claim, f"exit code {code}\n{tail}")
+            released = q.release(claim, f"exit code {code}\n{tail}", kind=Release.UNAVAILABLE)
             return Outcome.DEAD if released == Outcome.DEAD else Outcome.RELEASED
         retriable = code != exit_codes.BAD_INPUT
         return Outcome(q.fail(claim, f"exit code {code}\n{tail}", retriable=retriable))

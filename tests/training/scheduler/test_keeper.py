@@ -18,7 +18,7 @@ from training import exit_codes
 from training.demo.redis_server import free_port
 from training.scheduler.keeper import DEFAULT_INTERVAL_S, NAMESPACES_ENV, namespaces_from_env
 from training.scheduler.lanes import Lane
-from training.scheduler.run_queue import FREE_RELEASES, TaskQueue
+from training.scheduler.run_queue import FREE_RELEASES, Release, TaskQueue
 
 
 def _scrape(port: int) -> str:
@@ -93,7 +93,7 @@ def test_a_gang_timeout_never_spends_an_attempt(make_queue):
     for _ in range(FREE_RELEASES + 5):
         claim = q.claim("pod-0", nodes=2, lanes=lanes)
         assert claim.attempt == 1, "a gang that never formed spent no attempt"
-        assert q.release(claim, "gang did not form", gang_timeout=True) == "released"
+        assert q.release(claim, "gang did not form", kind=Release.GANG_TIMEOUT) == "released"
     info = q.get("gang")
     assert info.state == "queued" and info.attempts == 0
     assert q.lane_stats()[Lane(nodes=2)].gang_timeouts == FREE_RELEASES + 5

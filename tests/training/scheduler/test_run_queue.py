@@ -166,6 +166,24 @@ def test_a_run_that_always_hands_back_ends_dead_instead_of_looping(make_queue):
     assert "flapping" in q.dead_letter()
 
 
+def test_an_unreachable_cluster_never_dead_letters_a_queued_run(make_queue):
+    """A Ray outage (the child exits UNAVAILABLE): KEDA starts a Job per poll, each hands the run
+    back; however long it lasts, the run keeps its attempts and waits queued, unlike a run that
+    itself keeps exiting retriable (above)."""
+    from training.scheduler.run_queue import FREE_RELEASES, Release
+
+    q = make_queue()
+    q.submit(make_spec("ray-run", executor="ray", max_attempts=1))
+    for _ in range(FREE_RELEASES + 5):
+        claim = q.claim("ray-worker", executors=("ray",))
+        assert claim is not None and claim.attempt == 1
+        assert q.release(claim, "ray cluster unreachable", kind=Release.UNAVAILABLE) == "released"
+    info = q.get("ray-run")
+    assert info.state == "queued" and info.attempts == 0 and info.last_error == "ray cluster unreachable"
+    assert q.stats().counters["unavailable_releases_total"] == FREE_RELEASES + 5
+    assert "released_total" not in q.stats().counters
+
+
 def test_cancel_in_every_state(make_queue):
     q = make_queue(backoff_base_s=30, backoff_max_s=60)
     assert q.cancel("nope") == "missing"

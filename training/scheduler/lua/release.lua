@@ -1,4 +1,6 @@
--- release(id, token, reason, free_releases[, gang '1']) -> 'released' | 'cancelled' | 'dead' | 'stale'
+-- release(id, token, reason, free_releases[, kind]) -> 'released' | 'cancelled' | 'dead' | 'stale'
+-- kind (run_queue.Release): '' a graceful hand-back; 'gang' a gang that never formed; 'unavailable'
+-- the executor's cluster could not be reached (Ray down, token refused).
 local id, token, reason = ARGV[2], ARGV[3], ARGV[4]
 local tk = K.task .. id
 if not owns(tk, token) then return 'stale' end
@@ -6,11 +8,18 @@ if redis.call('HGET', tk, 'cancel_requested') == '1' then
   finish(id, tk, 'cancelled', nil, true)
   return 'cancelled'
 end
-if ARGV[6] == '1' then
-  -- A multi-node gang that never formed (not all pods joined in time): the run never started, so
-  -- this never spends an attempt however often it happens; counted for the alert.
-  redis.call('HINCRBY', tk, 'gang_timeouts', 1)
-  bump(K.stats, 'gang_timeouts:' .. redis.call('HGET', tk, 'ready'), 1)
+local kind = ARGV[6] or ''
+if kind == 'gang' or kind == 'unavailable' then
+  -- The run never started: a multi-node gang that never formed (not all pods joined in time), or
+  -- an executor whose cluster could not be reached. Neither is the run's fault, so this never
+  -- spends an attempt however often it happens; counted for the alerts.
+  if kind == 'gang' then
+    redis.call('HINCRBY', tk, 'gang_timeouts', 1)
+    bump(K.stats, 'gang_timeouts:' .. redis.call('HGET', tk, 'ready'), 1)
+  else
+    redis.call('HINCRBY', tk, 'unavailable_releases', 1)
+    bump(K.stats, 'unavailable_releases_total', 1)
+  end
   redis.call('HINCRBY', tk, 'attempts', -1)
   redis.call('HSET', tk, 'last_error', reason)
   requeue(id, tk)
