@@ -43,6 +43,7 @@ from training.scheduler.keeper import DEFAULT_INTERVAL_S as KEEPER_INTERVAL_S
 from training.scheduler.keeper import NAMESPACES_ENV as QUEUE_NAMESPACES_ENV
 from training.scheduler.lanes import MAX_NODES, Lane, worker_lanes
 from training.scheduler.supervisor import WorkerConfig
+from training.ports import QUEUE_METRICS_PORT, REDIS_PORT
 
 # The worker template's lease (infra/worker_jobs.py passes WorkerConfig's default).
 WORKER_LEASE_S: float = WorkerConfig.__dataclass_fields__["lease_seconds"].default
@@ -107,7 +108,7 @@ class KedaQueue:
         if parts.scheme not in ("redis", "rediss") or not parts.hostname:
             raise ValueError(f"queue URL {url!r}: expected redis://host:port/db or rediss://host:port/db")
         db = parts.path.strip("/")
-        return cls(address=f"{parts.hostname}:{parts.port or 6379}", database=int(db or 0),
+        return cls(address=f"{parts.hostname}:{parts.port or REDIS_PORT}", database=int(db or 0),
                    tls=parts.scheme == "rediss")
 
 
@@ -235,7 +236,7 @@ def keda_network_policies(cfg: StackConfig) -> dict[str, dict[str, Any]]:
             "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
                          "ports": [{"protocol": "TCP", "port": operator_metrics_port()}]}],
             "egress": [
-                {"to": [redis_peer(cfg)], "ports": [{"protocol": "TCP", "port": 6379}]},  # the queue
+                {"to": [redis_peer(cfg)], "ports": [{"protocol": "TCP", "port": REDIS_PORT}]},  # the queue
                 {"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}], "ports": [{"protocol": "TCP", "port": 443}]},  # API server
             ],
         },
@@ -243,13 +244,13 @@ def keda_network_policies(cfg: StackConfig) -> dict[str, dict[str, Any]]:
 
 
 def redis_from_keda_policy() -> dict[str, Any]:
-    """dev: the Valkey pods admit KEDA's operator on 6379 (added to the queue's own client policy)."""
+    """dev: the Valkey pods admit KEDA's operator on the Redis port (added to the queue's own client policy)."""
     from infra.queue_redis import SERVICE_NAME
 
     return {"podSelector": {"matchLabels": {"app.kubernetes.io/name": SERVICE_NAME}}, "policyTypes": ["Ingress"],
             "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": KEDA_NAMESPACE}},
                                    "podSelector": {"matchLabels": dict(OPERATOR_POD_LABELS)}}],
-                         "ports": [{"protocol": "TCP", "port": 6379}]}]}
+                         "ports": [{"protocol": "TCP", "port": REDIS_PORT}]}]}
 
 
 class Keda(RagpoolComponent):
@@ -310,7 +311,6 @@ class Keda(RagpoolComponent):
 def keeper_deployment_spec(image: str, redis_secret: str, queue_namespaces: tuple[str, ...]) -> dict[str, Any]:
     """The always-on keeper: one pod on the system nodes, a Redis client like the workers."""
     from infra.queue_redis import CLIENT_LABEL
-    from infra.training_namespace import QUEUE_METRICS_PORT
     from infra.worker_jobs import redis_client_env, redis_secret_volume
 
     labels = {**k8s_labels("queue-keeper", KEEPER_NAME), **CLIENT_LABEL}
@@ -345,10 +345,9 @@ def keeper_deployment_spec(image: str, redis_secret: str, queue_namespaces: tupl
 
 def keeper_network_policy(cfg: StackConfig) -> dict[str, Any]:
     """The keeper: out to the queue only (DNS: the namespace's allow-dns), in from Prometheus."""
-    from infra.training_namespace import QUEUE_METRICS_PORT
 
     return {"podSelector": {"matchLabels": {"app.kubernetes.io/name": KEEPER_NAME}},
             "policyTypes": ["Ingress", "Egress"],
             "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
                          "ports": [{"protocol": "TCP", "port": QUEUE_METRICS_PORT}]}],
-            "egress": [{"to": [redis_peer(cfg)], "ports": [{"protocol": "TCP", "port": 6379}]}]}
+            "egress": [{"to": [redis_peer(cfg)], "ports": [{"protocol": "TCP", "port": REDIS_PORT}]}]}

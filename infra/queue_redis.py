@@ -26,6 +26,7 @@ from infra.common import SYSTEM_NODE_SELECTOR, aws_tags, child, k8s_labels, stat
 from infra.config import StackConfig
 from infra.pod_security import container_security_context, pod_security_context
 from infra.training_namespace import TRAINING_NAMESPACE_LABEL
+from training.ports import REDIS_PORT
 
 # Official Valkey image (BSD-licensed Redis fork; same protocol and AOF semantics).
 VALKEY_IMAGE = "valkey/valkey:8.1.7"
@@ -95,7 +96,7 @@ def valkey_statefulset_spec(namespace: str) -> dict:
                         "args": ["--appendonly", "yes", "--appendfsync", "always", "--dir", "/data",
                                  "--requirepass", "$(REDIS_PASSWORD)", "--maxmemory-policy", "noeviction"],
                         "env": [password_env],
-                        "ports": [{"name": "redis", "containerPort": 6379}],
+                        "ports": [{"name": "redis", "containerPort": REDIS_PORT}],
                         "readinessProbe": {"exec": {"command": ["sh", "-c", "valkey-cli -a \"$REDIS_PASSWORD\" --no-auth-warning ping"]},
                                            "periodSeconds": 10},
                         "livenessProbe": {"tcpSocket": {"port": "redis"}, "periodSeconds": 20},
@@ -106,7 +107,7 @@ def valkey_statefulset_spec(namespace: str) -> dict:
                     {
                         "name": "exporter",
                         "image": REDIS_EXPORTER_IMAGE,
-                        "env": [{"name": "REDIS_ADDR", "value": "redis://localhost:6379"},
+                        "env": [{"name": "REDIS_ADDR", "value": f"redis://localhost:{REDIS_PORT}"},
                                 {"name": "REDIS_PASSWORD", "valueFrom": password_env["valueFrom"]}],
                         "ports": [{"name": "redis-metrics", "containerPort": EXPORTER_PORT}],
                         "resources": {"requests": {"cpu": "20m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}},
@@ -164,13 +165,13 @@ class Redis(RagpoolComponent):
                                                   tags=aws_tags(cfg, f"{cfg.name_prefix}-redis"), opts=child(self))
             sg = aws.ec2.SecurityGroup(
                 f"{name}-sg", vpc_id=args.vpc_id, description="Redis from EKS nodes only",
-                ingress=[{"protocol": "tcp", "from_port": 6379, "to_port": 6379,
+                ingress=[{"protocol": "tcp", "from_port": REDIS_PORT, "to_port": REDIS_PORT,
                           "security_groups": [args.node_security_group_id], "description": "Redis from EKS nodes"}],
                 egress=[], tags=aws_tags(cfg, f"{cfg.name_prefix}-redis"), opts=child(self))
             group = aws.elasticache.ReplicationGroup(
                 f"{name}-elasticache", replication_group_id=f"{cfg.name_prefix}-queue",
                 description="ragpool training-task queue", engine="valkey",
-                engine_version=ELASTICACHE_ENGINE_VERSION, node_type=cfg.redis_node_type, port=6379,
+                engine_version=ELASTICACHE_ENGINE_VERSION, node_type=cfg.redis_node_type, port=REDIS_PORT,
                 num_cache_clusters=len(cfg.network.availability_zones),
                 preferred_cache_cluster_azs=list(cfg.network.availability_zones),
                 # The queue's Lua scripts touch keys they do not declare: cluster mode must stay off.
@@ -179,11 +180,11 @@ class Redis(RagpoolComponent):
                 auth_token=password.result, subnet_group_name=subnets.name, security_group_ids=[sg.id],
                 snapshot_retention_limit=7, final_snapshot_identifier=f"{cfg.name_prefix}-queue-final",
                 tags=aws_tags(cfg, f"{cfg.name_prefix}-queue"), opts=stateful(self, cfg))
-            url = group.primary_endpoint_address.apply(lambda host: f"rediss://{host}:6379/0")
+            url = group.primary_endpoint_address.apply(lambda host: f"rediss://{host}:{REDIS_PORT}/0")
             deps: list[pulumi.Resource] = [group]
         else:
             url = pulumi.Output.from_input(args.namespace).apply(
-                lambda ns: f"redis://{SERVICE_NAME}.{ns}.svc.cluster.local:6379/0")
+                lambda ns: f"redis://{SERVICE_NAME}.{ns}.svc.cluster.local:{REDIS_PORT}/0")
             deps = []
 
         connection = {"url": url, "password": password.result, REQUIRED_REPLICAS_KEY: str(required_replicas(cfg))}
@@ -205,7 +206,7 @@ class Redis(RagpoolComponent):
                 f"{name}-service",
                 metadata={"name": SERVICE_NAME, "namespace": ns, "labels": k8s_labels("queue", SERVICE_NAME)},
                 spec={"selector": {"app.kubernetes.io/name": SERVICE_NAME}, "type": "ClusterIP",
-                      "ports": [{"name": "redis", "port": 6379, "targetPort": "redis"},
+                      "ports": [{"name": "redis", "port": REDIS_PORT, "targetPort": "redis"},
                                 {"name": "redis-metrics", "port": EXPORTER_PORT, "targetPort": "redis-metrics"}]},
                 opts=child(self, depends_on=args.depends_on))
             self.statefulset = k8s.apps.v1.StatefulSet(
@@ -221,7 +222,7 @@ class Redis(RagpoolComponent):
                       "ingress": [
                           {"from": [{"namespaceSelector": {"matchLabels": dict(TRAINING_NAMESPACE_LABEL)},
                                      "podSelector": {"matchLabels": dict(CLIENT_LABEL)}}],
-                           "ports": [{"protocol": "TCP", "port": 6379}]},
+                           "ports": [{"protocol": "TCP", "port": REDIS_PORT}]},
                           {"from": [{"namespaceSelector": {"matchLabels": {
                               "kubernetes.io/metadata.name": "monitoring"}}}],
                            "ports": [{"protocol": "TCP", "port": EXPORTER_PORT}]},
@@ -253,5 +254,5 @@ class Redis(RagpoolComponent):
                       "kubernetes.io/metadata.name": "monitoring"}}}],
                       "ports": [{"protocol": "TCP", "port": EXPORTER_PORT}]}],
                   "egress": [{"to": [{"ipBlock": {"cidr": args.config.network.vpc_cidr}}],
-                              "ports": [{"protocol": "TCP", "port": 6379}]}]},
+                              "ports": [{"protocol": "TCP", "port": REDIS_PORT}]}]},
             opts=child(self, depends_on=args.depends_on))

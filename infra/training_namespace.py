@@ -23,13 +23,11 @@ import pulumi_kubernetes as k8s
 from infra.aliases import RagpoolComponent
 from infra.common import child, k8s_labels, stateful
 from infra.config import StackConfig
+from training.ports import QUEUE_METRICS_PORT, RANK_METRICS_PORT, RDZV_PORT, REDIS_PORT
 
 TRAINING_NAMESPACE = "ragpool-training"
 WORKER_SERVICE_ACCOUNT = "ragpool-worker"
 WORKERS_SERVICE = "ragpool-workers"  # headless: stable DNS for Indexed Job pods (rendezvous)
-RDZV_PORT = 29400
-QUEUE_METRICS_PORT = 9300
-RANK_METRICS_PORT = 9400  # rank r serves on 9400 + r (training.components.metrics)
 MAX_RANKS_PER_POD = 8
 PRIORITY_CLASSES = {
     # Long GPU training (retriever, generator): expensive to lose, may preempt batch work.
@@ -173,7 +171,7 @@ def network_policies(cfg: StackConfig) -> dict[str, dict[str, Any]]:
         "workers-egress": {
             "podSelector": workers, "policyTypes": ["Egress"],
             "egress": [
-                {"to": [redis_peer(cfg)], "ports": [{"protocol": "TCP", "port": 6379}]},
+                {"to": [redis_peer(cfg)], "ports": [{"protocol": "TCP", "port": REDIS_PORT}]},
                 {"to": [{"ipBlock": {"cidr": vpc}}], "ports": [{"protocol": "TCP", "port": 2049}]},  # EFS
                 {"to": [{"podSelector": workers}]},  # torchrun rendezvous + NCCL (dynamic ports)
                 {"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}], "ports": [{"protocol": "TCP", "port": 443}]},  # AWS APIs

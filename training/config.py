@@ -29,6 +29,7 @@ import yaml
 
 from training.paths import DEFAULT_SHARED_ROOT, RUN_ID_RULE, PathError, confine, is_valid_run_id
 from training.paths import run_dir as _run_dir
+from training.ports import RANK_METRICS_PORT
 
 Stage = Literal["retriever", "index", "generator", "evaluate"]
 #: Stages a run may contain, in the order the pipeline runs them.
@@ -329,7 +330,7 @@ class CheckpointConfig:
 
 @dataclass
 class MetricsConfig:
-    port: int = 9400
+    port: int = RANK_METRICS_PORT
     """Base Prometheus port; rank with local rank r serves on ``port + r``; 0 disables the endpoint."""
     addr: str = "0.0.0.0"
     """Address the metrics endpoint binds to."""

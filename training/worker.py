@@ -1,6 +1,6 @@
 """The worker Job's command: claim runs from the Redis queue and run them.
 
-    python -m training.worker [--idle-exit-seconds 300] [--lease-seconds 60] [--metrics-port 9400]
+    python -m training.worker [--idle-exit-seconds 300] [--lease-seconds 60] [--metrics-port 9300]
 
 Same as ``ragpool worker``. The run loop lives in :mod:`training.scheduler.supervisor`;
 this module stays torch-free (training runs in torchrun child processes).

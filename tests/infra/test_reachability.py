@@ -30,7 +30,8 @@ from typing import Any
 import pytest
 
 from infra.keda import KEDA_NAMESPACE, KEEPER_NAME, OPERATOR_POD_LABELS, operator_metrics_port
-from infra.training_namespace import MAX_RANKS_PER_POD, QUEUE_METRICS_PORT, RANK_METRICS_PORT, RDZV_PORT
+from infra.training_namespace import MAX_RANKS_PER_POD
+from training.ports import QUEUE_METRICS_PORT, RANK_METRICS_PORT, RDZV_PORT, REDIS_PORT
 
 NETPOL = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
 NAMESPACE = "kubernetes:core/v1:Namespace"
@@ -218,7 +219,7 @@ def test_workers_reach_dns_redis_efs_and_each_other(plans, stack):
     for worker in workers:
         assert w.cluster.allows(worker, w.dns, 53, "UDP") and w.cluster.allows(worker, w.dns, 53, "TCP"), worker.name
         redis = w.pod("redis-statefulset")[0] if stack == "dev" else w.private_host  # prod: ElastiCache in the VPC
-        assert w.cluster.allows(worker, redis, 6379), worker.name
+        assert w.cluster.allows(worker, redis, REDIS_PORT), worker.name
         assert w.cluster.allows(worker, w.private_host, 2049), worker.name  # EFS mount target
         for peer in workers:
             for port in (RDZV_PORT, NCCL_PORT):
@@ -257,7 +258,7 @@ def _expected_ingress(w: World, src: Endpoint, dst: Endpoint, port: int) -> bool
     if dst.labels.get("app.kubernetes.io/name") == "ragpool-redis":
         client = src.namespace == dst.namespace and src.labels.get("ragpool.io/redis-client") == "true"
         keda = src.namespace == KEDA_NAMESPACE and src.name == "keda-operator"
-        return ((client or keda) and port == 6379) or (from_monitoring and port == 9121)
+        return ((client or keda) and port == REDIS_PORT) or (from_monitoring and port == 9121)
     if dst.labels.get("app.kubernetes.io/name") == KEEPER_NAME:
         return from_monitoring and port == QUEUE_METRICS_PORT
     if dst.labels.get("app.kubernetes.io/name") == "ragpool-redis-exporter":
@@ -273,7 +274,7 @@ def test_training_namespace_admits_exactly_the_needed_flows(plans, stack):
     sources = [*w.pods, w.dns, w.prometheus, w.stranger, w.internet]
     wrong = []
     for dst in training:
-        probe_ports = {port for port, proto in dst.ports.values() if proto == "TCP"} | {6379, 8080, RDZV_PORT, NCCL_PORT}
+        probe_ports = {port for port, proto in dst.ports.values() if proto == "TCP"} | {REDIS_PORT, 8080, RDZV_PORT, NCCL_PORT}
         for src in sources:
             if src == dst:
                 continue
@@ -305,7 +306,7 @@ def test_keda_and_the_keeper_reach_the_queue_and_nothing_else(plans, stack):
     [keeper] = w.pod("workers-keeper")
     redis = w.pod("redis-statefulset")[0] if stack == "dev" else w.private_host
     for client in (operator, keeper):
-        assert w.cluster.allows(client, redis, 6379), client.name
+        assert w.cluster.allows(client, redis, REDIS_PORT), client.name
         assert w.cluster.allows(client, w.dns, 53, "UDP"), client.name
         assert not w.cluster.allows(client, w.internet, 80), client.name
         assert not w.cluster.allows(client, w.stranger, 8080), client.name
@@ -329,7 +330,7 @@ def test_the_matrix_sees_keda_cut_off_from_the_queue(plans):
     plan["resources"] = [r for r in plan["resources"] if not (
         r["type"] == NETPOL and r["inputs"]["metadata"]["name"] == "ragpool-redis-from-keda")]
     w = world(plan)
-    assert not w.cluster.allows(w.pod("keda-operator")[0], w.pod("redis-statefulset")[0], 6379)
+    assert not w.cluster.allows(w.pod("keda-operator")[0], w.pod("redis-statefulset")[0], REDIS_PORT)
 
 
 def test_the_matrix_sees_a_missing_default_deny(plans):
@@ -344,7 +345,7 @@ def test_the_matrix_sees_a_missing_default_deny(plans):
     plan["resources"] = [r for r in plan["resources"] if not (
         r["type"] == NETPOL and r["inputs"]["metadata"]["name"] in ("ragpool-redis-clients-only",
                                                                      "ragpool-redis-from-keda"))]
-    assert world(plan).cluster.allows(w.stranger, redis, 6379)  # nothing isolates the queue any more
+    assert world(plan).cluster.allows(w.stranger, redis, REDIS_PORT)  # nothing isolates the queue any more
 
 
 # ------------------------------------------------------------------ security groups and the API endpoint
@@ -389,8 +390,8 @@ def test_nodes_reach_efs_and_redis_and_nothing_else_does(plans, stack):
     assert not sg_allows(plan, "storage-efs-sg", 2049, source_ip=INTERNET)
     assert not sg_allows(plan, "storage-efs-sg", 22, source_group=nodes)
     if stack == "prod":
-        assert sg_allows(plan, "redis-sg", 6379, source_group=nodes)
-        assert not sg_allows(plan, "redis-sg", 6379, source_ip="10.0.0.5")
+        assert sg_allows(plan, "redis-sg", REDIS_PORT, source_group=nodes)
+        assert not sg_allows(plan, "redis-sg", REDIS_PORT, source_ip="10.0.0.5")
 
 
 def _api_reachable_from(plan: dict, ip: str) -> bool:

@@ -64,8 +64,10 @@ from redis.exceptions import AuthenticationError, AuthorizationError, NoPermissi
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
-DEFAULT_URL = "redis://127.0.0.1:6379/0"
-DEFAULT_SENTINEL_PORT = 26379
+from training.ports import REDIS_PORT, REDIS_SENTINEL_PORT
+
+DEFAULT_URL = f"redis://127.0.0.1:{REDIS_PORT}/0"
+DEFAULT_SENTINEL_PORT = REDIS_SENTINEL_PORT
 DEFAULT_REPLICA_WAIT_MS = 1000
 MAX_REPLICA_WAIT_MS = 60_000
 REQUIRED_REPLICAS_ENV = "REDIS_REQUIRED_REPLICAS"

@@ -1,6 +1,6 @@
 """Queue worker: the command of a GPU worker Job pod.
 
-    python -m training.worker [--idle-exit-seconds 300] [--lease-seconds 60] [--metrics-port 9400]
+    python -m training.worker [--idle-exit-seconds 300] [--lease-seconds 60] [--metrics-port 9300]
 
 For each task it claims it writes the run's training config to
 ``<shared>/runs/<run_id>/run.yaml`` and runs the stages with torchrun over the pod::
@@ -86,6 +86,7 @@ from typing import NamedTuple
 
 from training import exit_codes
 from training.paths import child_env, shared_root_from_env
+from training.ports import RDZV_PORT
 from training.scheduler.lanes import Lane, format_lanes, lanes_from_env
 from training.scheduler.run_queue import Claim, Heartbeat, Key, Release, WorkerState, namespace_from_env
 from training.scheduler.spec import EXECUTORS, RunSpec, ray_problems
@@ -223,7 +224,7 @@ class WorkerConfig:
     """Group name shared by the pods of one Indexed Job (the Job name)."""
     rdzv_host: str = field(default_factory=lambda: os.environ.get("RAGPOOL_RDZV_HOST") or "127.0.0.1")
     """Index-0 pod's DNS name (headless Service) for the torchrun c10d rendezvous."""
-    rdzv_port: int = field(default_factory=lambda: int(os.environ.get("RAGPOOL_RDZV_PORT") or 29400))
+    rdzv_port: int = field(default_factory=lambda: int(os.environ.get("RAGPOOL_RDZV_PORT") or RDZV_PORT))
     """Rendezvous port on the index-0 pod."""
     executors: tuple[str, ...] = field(default_factory=lambda: executors_from_env())
     """Which runs this worker claims, by their spec's ``executor`` (``RAGPOOL_EXECUTORS``,
