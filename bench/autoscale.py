@@ -53,6 +53,8 @@ import sys
 import time
 from pathlib import Path
 
+from training import exit_codes
+
 REPLACEMENT_SLACK_S = 5.0
 """``replacement_s`` goal: lease + polling interval + this."""
 SUBMIT_SLACK_S = 2.0
@@ -203,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         problems.append("--run-steps must be at least 1")
     if problems:
         print("bench.autoscale: " + "; ".join(problems), file=sys.stderr)
-        return 2
+        return exit_codes.BAD_INPUT
     result = measure(args)
     print(json.dumps(result, sort_keys=True), flush=True)
     return 0 if all(result["goals"].values()) else 1

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 
+from training import exit_codes
 from training.paths import child_env
 
 
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.repeats < 1 or args.matmul_size < 1:
         print("bench.gpu_health: --repeats and --matmul-size must be at least 1", file=sys.stderr)
-        return 2
+        return exit_codes.BAD_INPUT
 
     import torch
 
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench.gpu_health: no CUDA device here; this bench times the GPU path of the pre-flight check "
               "(run it on a GPU node; the CPU path is covered by tests/training/components/test_health.py)",
               file=sys.stderr)
-        return 2
+        return exit_codes.BAD_INPUT
     gpus = torch.cuda.device_count()
     names = [torch.cuda.get_device_name(i) for i in range(gpus)]
     expected = args.expected_gpus if args.expected_gpus is not None else gpus

@@ -37,6 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from training import exit_codes
+
 
 def _config(shared: Path, run_id: str, steps: int, **extra: object) -> dict:
     from training.config import deep_merge
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps < 1 or args.trials < 1 or args.long_steps <= args.steps or args.index_entities < 1:
         print("bench.ray_overhead: --steps, --trials and --index-entities must be >= 1 and --long-steps > --steps",
               file=sys.stderr)
-        return 2
+        return exit_codes.BAD_INPUT
 
     import yaml
 

@@ -47,6 +47,7 @@ import time
 from pathlib import Path
 
 from bench import recovery_pause
+from training import exit_codes
 from training.components.loop import HOOKS_ENV
 from training.demo.tiny_models import build_tiny_encoder
 from training.paths import child_env
@@ -359,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         problems.append(f"--kill-at-step must be in [1, {args.max_steps - 1}]")
     if problems:
         print("bench.recovery: " + "; ".join(problems), file=sys.stderr)
-        return 2
+        return exit_codes.BAD_INPUT
     result = measure(args)
     print(json.dumps(result, sort_keys=True), flush=True)
     return 0 if all(result["goals"].values()) else 1

@@ -16,6 +16,8 @@ import argparse
 import sys
 from typing import Any
 
+from training import exit_codes
+
 LIVE_STATES = ["pending", "running", "stopping", "stopped"]
 
 
@@ -56,7 +58,7 @@ def cmd_leftovers(args: argparse.Namespace) -> int:
         print(f"terminated {len(leftovers)} instance(s)")
         return 0
     print(f"{len(leftovers)} instance(s) left; rerun with --terminate to stop paying for them", file=sys.stderr)
-    return 1
+    return exit_codes.FAILED
 
 
 def register(sub: argparse._SubParsersAction) -> None:

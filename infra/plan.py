@@ -22,6 +22,7 @@ import yaml
 from infra.config import PROJECT, ConfigError, StackConfig, parse, shown
 from infra.langhost.mock_exec import PLACEHOLDER_SECRET, Recorded, make_mocks, make_monitor, run_under_mocks, unwrap
 from infra.langhost.mock_exec import MOCK_ACCOUNT, mock_outputs  # noqa: F401  (tests read them here)
+from training import exit_codes
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 INFRA_DIR = Path(__file__).resolve().parent
@@ -527,7 +528,7 @@ def plan_diff(old: dict[str, Any], new: dict[str, Any], common_threshold: int = 
 
 def _fail(prog: str, exc: Exception | str) -> int:
     print(f"{prog}: {exc}", file=sys.stderr)
-    return 2
+    return exit_codes.BAD_INPUT
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -537,7 +538,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return _fail("ragpool plan", exc)
     except ProgramError as exc:
         print(f"ragpool plan: {exc}", file=sys.stderr)
-        return 1
+        return exit_codes.FAILED
     if args.out:
         try:
             Path(args.out).write_text(_dump_json(doc))
@@ -557,7 +558,7 @@ def cmd_plan_diff(args: argparse.Namespace) -> int:
             docs.append(doc)
         except (OSError, ValueError) as exc:
             print(f"ragpool plan-diff: {path}: {exc}", file=sys.stderr)
-            return 2
+            return exit_codes.BAD_INPUT
     sys.stdout.write(plan_diff(*docs))
     return 0
 

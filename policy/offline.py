@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from training import exit_codes
 from policy.checks import ENFORCEMENT_LEVELS, MANDATORY, RULES, RULES_BY_NAME, Context, Resource, Rule
 
 
@@ -184,10 +185,10 @@ def run(args: argparse.Namespace) -> int:
                 doc = plan(args.stack)  # the program as the Pulumi language host runs it
             except ConfigError as exc:
                 print(f"{prog}: {exc}", file=sys.stderr)
-                return 2
+                return exit_codes.BAD_INPUT
             except ProgramError as exc:
                 print(f"{prog}: {exc}", file=sys.stderr)
-                return 1
+                return exit_codes.FAILED
         elif args.plan == "-":
             doc = json.load(sys.stdin)
         else:
@@ -195,18 +196,18 @@ def run(args: argparse.Namespace) -> int:
         violations = evaluate(doc, config)
     except FileNotFoundError as exc:
         print(f"{prog}: {exc.filename}: no such file", file=sys.stderr)
-        return 3
+        return exit_codes.NOT_FOUND
     except json.JSONDecodeError as exc:
         print(f"{prog}: plan is not valid JSON: {exc}", file=sys.stderr)
-        return 2
+        return exit_codes.BAD_INPUT
     except PolicyInputError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
-        return 2
+        return exit_codes.BAD_INPUT
     if args.format == "json":
         print(json.dumps({"stack": doc.get("stack"), "violations": [v.as_dict() for v in violations]}, indent=2))
     else:
         print(format_report(violations, doc.get("stack")))
-    return 1 if any(v.mandatory for v in violations) else 0
+    return exit_codes.FAILED if any(v.mandatory for v in violations) else exit_codes.OK
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -13,7 +13,8 @@ FAILED = 1
 REFUSED = 1
 #: Bad input: invalid run config or spec, bad data record, escaping path, bad settings.
 BAD_INPUT = 2
-#: ``ragpool`` commands: unknown run id.
+#: ``ragpool`` commands: unknown run id. ``python -m policy.offline``: the plan or config file
+#: named on the command line does not exist.
 NOT_FOUND = 3
 #: ``ragpool`` commands: Redis unreachable or unusable right now (retry later).
 #: ``python -m training.ray.job``: the Ray cluster unreachable, or refusing the token (the

@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from training import exit_codes
+
 RAY_RUN_ID = "demo-ray"
 TUNE_RUN_ID = "demo-tune"
 POOL = "gpu-spot"
@@ -111,7 +113,7 @@ def run(out: Path, shared: Path, env: dict[str, str], run_worker, tune_trials: i
         head.wait_ready()  # stops the head when it fails
     except RayHeadError as exc:
         print(f"local_demo: {exc}", file=sys.stderr)
-        return 1
+        return exit_codes.UNAVAILABLE
     try:
         print(f"== Ray Jobs API on {head.address} (cluster {head.gcs_address}; waited {time.monotonic() - t0:.0f}s for it)",
               flush=True)

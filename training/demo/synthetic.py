@@ -21,6 +21,8 @@ import random
 import sys
 from pathlib import Path
 
+from training import exit_codes
+
 _ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "th", "br", "kr", "dr", "st", "gl"]
 _VOWELS = ["a", "e", "i", "o", "u", "ae", "ou", "ia"]
 _CODAS = ["", "n", "r", "l", "s", "th", "x", "nd", "rk", "m"]
@@ -154,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         paths = write(args.out, args.seed, args.n_entities, args.eval_fraction)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
+        return exit_codes.BAD_INPUT
     for name, path in paths.items():
         print(f"{name}: {path}")
     return 0

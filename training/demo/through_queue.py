@@ -29,6 +29,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from training import exit_codes
+
 
 def demo_spec(run_id: str, nproc: int | None, shared: Path, overrides: dict | None = None) -> dict:
     """The demo run as a run spec, sized like ``python -m training.demo`` (its config is the one source);
@@ -163,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         server = LocalRedisServer(appendonly=True).start()
     except RedisServerError as exc:
         print(f"local_demo: {exc}", file=sys.stderr)
-        return 2
+        return exit_codes.UNAVAILABLE
     try:
         env.update(REDIS_URL=server.url, RAGPOOL_SHARED_ROOT=str(shared), RAGPOOL_QUEUE_NAMESPACE="ragpool")
         os.environ.update(REDIS_URL=server.url, RAGPOOL_SHARED_ROOT=str(shared), RAGPOOL_QUEUE_NAMESPACE="ragpool")
