@@ -65,8 +65,8 @@ from bench import keda_scaledjob as keda
 from bench.recovery import lose_node, wait_until
 from training.demo.redis_server import LocalRedisServer, free_port
 from training.paths import child_env
+from training.ray.placement import POOL_LABEL
 
-POOL_LABEL = "ragpool.io/pool"
 GPU_RESOURCE = "nvidia.com/gpu"
 NODE_WAIT_S = 1.0
 """A Job whose first pod started later than this after the Job was created waited for a node."""

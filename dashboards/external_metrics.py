@@ -51,6 +51,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from training.ray.placement import POOL_LABEL
+
 Source = Literal["kube-state-metrics", "redis_exporter", "yace", "kuberay-operator", "ray", "keda"]
 
 
@@ -124,7 +126,7 @@ EXTERNAL_METRICS: tuple[ExternalMetric, ...] = (
 
 #: ``kube-state-metrics.metricLabelsAllowlist`` entries the rules and dashboards assume.
 KSM_METRIC_LABELS_ALLOWLIST: tuple[str, ...] = (
-    "nodes=[karpenter.sh/capacity-type,ragpool.io/pool,node.kubernetes.io/instance-type]",
+    f"nodes=[karpenter.sh/capacity-type,{POOL_LABEL},node.kubernetes.io/instance-type]",
     "pods=[ragpool.io/run-id]",
 )
 

@@ -11,15 +11,15 @@ import yaml
 from infra.config import StackConfig
 from training.config import deep_merge  # noqa: F401  (re-exported: the one nested-merge helper)
 from training.paths import DEFAULT_SHARED_ROOT
+from training.ray.placement import POOL_LABEL
 
 VALUES_DIR = Path(__file__).resolve().parent / "values"
 
 # Kubernetes labels every ragpool object carries (docs/DESIGN.md "Names").
 PART_OF = {"app.kubernetes.io/part-of": "ragpool", "app.kubernetes.io/managed-by": "pulumi"}
-POOL_LABEL = "ragpool.io/pool"
 SYSTEM_POOL = "system"
-# Where cluster services run (the managed system node group carries this label; Helm values in
-# infra/values/ say the same in YAML).
+# Where cluster services run (the managed system node group carries this label; the Helm values
+# files in infra/values/ ask for it with the `!system-nodes` tag, rendered by load_values).
 SYSTEM_NODE_SELECTOR = {POOL_LABEL: SYSTEM_POOL}
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
 # What a pod that must run on GPU nodes carries (device plugin, DCGM, node agents, workers).
@@ -54,8 +54,31 @@ def stateful(parent: pulumi.Resource, cfg: StackConfig, **kwargs: Any) -> pulumi
                                   retain_on_delete=cfg.protect_stateful, **kwargs)
 
 
+class _ValuesLoader(yaml.SafeLoader):
+    """YAML of a values file, whose tags name facts that live in Python (one home each):
+
+    - ``!system-nodes {extra: labels}``: the mapping ``extra`` (may be empty, ``{}``) followed by
+      :data:`SYSTEM_NODE_SELECTOR`, for the ``nodeSelector`` of a cluster service;
+    - ``!pool-label "text {pool_label} text"``: the string with :data:`POOL_LABEL` put in.
+    """
+
+
+def _system_nodes(loader: yaml.SafeLoader, node: yaml.Node) -> dict[str, Any]:
+    extra = loader.construct_mapping(node, deep=True) if isinstance(node, yaml.MappingNode) else {}
+    return {**extra, **SYSTEM_NODE_SELECTOR}
+
+
+def _pool_label(loader: yaml.SafeLoader, node: yaml.Node) -> str:
+    return str(loader.construct_scalar(node)).format(pool_label=POOL_LABEL)
+
+
+_ValuesLoader.add_constructor("!system-nodes", _system_nodes)
+_ValuesLoader.add_constructor("!pool-label", _pool_label)
+
+
 def load_values(filename: str) -> dict[str, Any]:
-    """A Helm values file from infra/values/ (values live in files, not inline blobs)."""
+    """A Helm values file from infra/values/ (values live in files, not inline blobs), its tags
+    rendered (:class:`_ValuesLoader`)."""
     with open(VALUES_DIR / filename, encoding="utf-8") as fh:
-        return yaml.safe_load(fh) or {}
+        return yaml.load(fh, Loader=_ValuesLoader) or {}  # a SafeLoader with two tags
 

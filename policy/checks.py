@@ -23,6 +23,7 @@ from typing import Any
 from infra.config import GPU_INSTANCE_FAMILIES, is_gpu_instance_type  # Pulumi-free: the one GPU-family rule
 from infra.pod_security import restricted_problems  # Pulumi-free: the one home of the restricted context
 from policy.k8s_scheduling import untolerated_taints
+from training.ray.placement import POOL_LABEL
 
 MANDATORY = "mandatory"
 ADVISORY = "advisory"
@@ -856,7 +857,6 @@ def check_ray_token_auth(resource: Resource, ctx: Context) -> Iterator[str]:
 SCALED_JOB_TYPE = "kubernetes:keda.sh/v1alpha1:ScaledJob"
 RESOURCE_QUOTA_TYPE = "kubernetes:core/v1:ResourceQuota"
 RAYCLUSTER_TYPES = frozenset({"kubernetes:ray.io/v1:RayCluster"})
-_POOL_LABEL = "ragpool.io/pool"
 
 
 def _worker_env(pod_spec: Any) -> dict[str, str]:
@@ -892,7 +892,7 @@ def check_lanes_have_one_scaled_job(resources: Sequence[Resource], ctx: Context)
     pools: dict[str, float] = {}
     for r in resources:
         if is_gpu_nodepool(r):
-            pool = _get(r.inputs, "spec", "template", "metadata", "labels", _POOL_LABEL)
+            pool = _get(r.inputs, "spec", "template", "metadata", "labels", POOL_LABEL)
             limit = _number(_get(r.inputs, "spec", "limits", GPU_RESOURCE))
             if isinstance(pool, str) and limit:
                 pools[pool] = limit
@@ -907,7 +907,7 @@ def check_lanes_have_one_scaled_job(resources: Sequence[Resource], ctx: Context)
     for r in resources:
         path = ("spec", "jobTargetRef", "template", "spec") if r.type == SCALED_JOB_TYPE else POD_SPEC_PATHS.get(r.type)
         pod = _get(r.inputs, *path) if path else None
-        pool = _get(pod, "nodeSelector", _POOL_LABEL)
+        pool = _get(pod, "nodeSelector", POOL_LABEL)
         count = _number(_get(_first(_as_list(_get(pod, "containers"))), "resources", "requests", GPU_RESOURCE))
         if pool in pools and count:
             gpus[pool] = count

@@ -48,7 +48,9 @@ from typing import Any
 from training.config import RAY_STAGES, RayStageConfig
 
 POOL_LABEL = "ragpool.io/pool"
-"""Ray node label naming a node's pool (Ray reserves the ``ray.io/`` prefix for itself)."""
+"""The label naming a node's pool, its one home: Ray node label here (Ray reserves the ``ray.io/``
+prefix for itself), Kubernetes node label, nodeSelector and Karpenter NodePool label in infra/
+(infra.common imports it)."""
 TRAINING_STAGES: tuple[str, ...] = ("retriever", "generator")
 """Stages that run as Ray Train worker groups (DDP); the others run as Ray tasks."""
 
