@@ -137,6 +137,13 @@ MAX_ERROR_CHARS = 4000
 FREE_RELEASES = 20
 """Releases (graceful hand-backs: preemption, drain) a task gets for free; past this each
 release spends an attempt, so a run that always exits retriable ends in the dead-letter list."""
+DEFAULT_LEASE_S = 60.0
+"""Lease length: a worker silent this long loses its task to the next claimer (the worker's
+``--lease-seconds`` default, :class:`training.scheduler.supervisor.WorkerConfig`)."""
+DEFAULT_BACKOFF_BASE_S = 30.0
+"""First retry delay after a failed attempt; doubles each attempt (``--backoff-base-seconds``)."""
+DEFAULT_BACKOFF_MAX_S = 3600.0
+"""Upper bound of the retry delay (``--backoff-max-seconds``)."""
 DEFAULT_NAMESPACE = "ragpool"
 """Key prefix (without the colon) when none is configured."""
 NAMESPACE_ENV = "RAGPOOL_QUEUE_NAMESPACE"
@@ -335,9 +342,9 @@ class LaneStats:
 class TaskQueue:
     """The queue API over one redis-py client (``decode_responses=True``)."""
 
-    def __init__(self, client, *, namespace: str = DEFAULT_NAMESPACE, lease_seconds: float = 60.0,
-                 backoff_base_s: float = 30.0, backoff_max_s: float = 3600.0, required_replicas: int = 0,
-                 replica_wait_ms: int = DEFAULT_REPLICA_WAIT_MS) -> None:
+    def __init__(self, client, *, namespace: str = DEFAULT_NAMESPACE, lease_seconds: float = DEFAULT_LEASE_S,
+                 backoff_base_s: float = DEFAULT_BACKOFF_BASE_S, backoff_max_s: float = DEFAULT_BACKOFF_MAX_S,
+                 required_replicas: int = 0, replica_wait_ms: int = DEFAULT_REPLICA_WAIT_MS) -> None:
         if lease_seconds <= 0 or backoff_base_s < 0 or backoff_max_s < backoff_base_s:
             raise ValueError("lease_seconds > 0 and 0 <= backoff_base_s <= backoff_max_s required")
         if required_replicas < 0 or (required_replicas and replica_wait_ms <= 0):

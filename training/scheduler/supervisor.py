@@ -88,6 +88,7 @@ from training import exit_codes
 from training.paths import child_env, shared_root_from_env
 from training.ports import RDZV_PORT
 from training.scheduler.lanes import Lane, format_lanes, lanes_from_env
+from training.scheduler.run_queue import DEFAULT_BACKOFF_BASE_S, DEFAULT_BACKOFF_MAX_S, DEFAULT_LEASE_S
 from training.scheduler.run_queue import Claim, Heartbeat, Key, Release, WorkerState, namespace_from_env
 from training.scheduler.spec import EXECUTORS, RunSpec, ray_problems
 
@@ -192,7 +193,7 @@ class WorkerConfig:
     """Redis key prefix of the queue."""
     shared_root: str = field(default_factory=shared_root_from_env)
     """Where runs live (``runs/<run_id>/``): the EFS mount in pods."""
-    lease_seconds: float = 60.0
+    lease_seconds: float = DEFAULT_LEASE_S
     """Lease length; a worker silent this long loses its task to the next claimer."""
     heartbeat_seconds: float | None = None
     """Heartbeat period; default a third of the lease."""
@@ -202,9 +203,9 @@ class WorkerConfig:
     """Longest wait between claim attempts while idle (submits wake it sooner)."""
     stop_grace_seconds: float = 120.0
     """After forwarding SIGTERM/cancel, how long the run gets to checkpoint before SIGKILL."""
-    backoff_base_s: float = 30.0
+    backoff_base_s: float = DEFAULT_BACKOFF_BASE_S
     """First retry delay after a failed attempt; doubles each attempt."""
-    backoff_max_s: float = 3600.0
+    backoff_max_s: float = DEFAULT_BACKOFF_MAX_S
     """Upper bound of the retry delay."""
     max_tasks: int = 0
     """Exit after this many tasks (0 = no limit)."""

@@ -479,3 +479,20 @@ def test_package_data_ships_the_lua_scripts():
     globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["training"]
     files = [p.relative_to(root / "training").as_posix() for p in LUA_DIR.glob("*.lua")]
     assert files and all(any(fnmatch.fnmatch(f, g) for g in globs) for f in files)
+
+
+def test_the_worker_and_the_queue_share_one_lease_and_backoff_default():
+    """WorkerConfig (the worker's flags) and TaskQueue (a bare client: ragpool, the keeper) default to
+    the same lease and backoff: run_queue's DEFAULT_* are their one home."""
+    import dataclasses
+    import inspect
+
+    from training.scheduler import run_queue
+    from training.scheduler.supervisor import WorkerConfig
+
+    queue = {k: p.default for k, p in inspect.signature(TaskQueue).parameters.items()}
+    worker = {f.name: f.default for f in dataclasses.fields(WorkerConfig)}
+    for name, default in (("lease_seconds", run_queue.DEFAULT_LEASE_S), ("backoff_base_s", run_queue.DEFAULT_BACKOFF_BASE_S),
+                          ("backoff_max_s", run_queue.DEFAULT_BACKOFF_MAX_S)):
+        assert queue[name] == worker[name] == default, (name, queue[name], worker[name], default)
+    assert 0 < run_queue.DEFAULT_BACKOFF_BASE_S <= run_queue.DEFAULT_BACKOFF_MAX_S
