@@ -17,7 +17,7 @@ from tests.support.faults import FAULT_ENVS, HANG_FAULT_ENV, RESUME_FAULT_ENV
 from tests.support.faults import MODULE as FAULTS_MODULE
 
 __all__ = ["HANG_FAULT_ENV", "RESUME_FAULT_ENV", "REPO", "build_tiny_encoder", "child_env", "free_port",
-           "load_params", "run_stage", "stage_cmd", "write_run"]
+           "indexed_root", "load_params", "run_stage", "stage_cmd", "step_losses", "write_run"]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -71,6 +71,30 @@ def write_run(shared: Path, run_id: str, **sections: object) -> Path:
     path = shared / f"{run_id}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
+
+
+def indexed_root(root: Path, encoder: Path) -> Path:
+    """``root`` holding the 20-entity synthetic dataset and the index stage's output for the run ``base``
+    (built by the index stage, one process, with ``encoder``): what a generator run copies and reads."""
+    from training.demo import synthetic
+
+    synthetic.write(root / "datasets" / "synthetic", seed=3, n_entities=20)
+    spec = write_run(root, "base", retriever={"model": str(encoder), "max_length": 32}, index={"use_finetuned": False})
+    out = run_stage("index", spec, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return root
+
+
+def step_losses(stage_dir: Path) -> dict[int, float]:
+    """Global loss per optimizer step from rank 0's ``log.jsonl`` in ``stage_dir``."""
+    import json
+
+    out = {}
+    for line in (stage_dir / "log.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("message") == "step" and "loss" in rec.get("fields", {}):
+            out[rec["step"]] = rec["fields"]["loss"]
+    return out
 
 
 def load_params(model_dir: Path) -> dict[str, "object"]:

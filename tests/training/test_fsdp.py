@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.support.training import RESUME_FAULT_ENV, load_params, run_stage, write_run
+from tests.support.training import RESUME_FAULT_ENV, load_params, run_stage, step_losses, write_run
+from tests.support.training import indexed_root as build_indexed_root
 
 pytestmark = pytest.mark.slow
 
@@ -26,15 +27,7 @@ TINY = {"arch": "llama", "hidden_size": 32, "num_layers": 2, "num_heads": 2, "in
 @pytest.fixture(scope="module")
 def indexed_root(tmp_path_factory: pytest.TempPathFactory, tiny_encoder_no_dropout: Path) -> Path:
     """A shared root with the synthetic dataset and one index built by the index stage (1 process)."""
-    from training.demo import synthetic
-
-    root = tmp_path_factory.mktemp("fsdp_shared")
-    synthetic.write(root / "datasets" / "synthetic", seed=3, n_entities=20)
-    spec = write_run(root, "base", retriever={"model": str(tiny_encoder_no_dropout), "max_length": 32},
-                     index={"use_finetuned": False})
-    out = run_stage("index", spec, timeout=240)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return root
+    return build_indexed_root(tmp_path_factory.mktemp("fsdp_shared"), tiny_encoder_no_dropout)
 
 
 def _spec(root: Path, run_id: str, strategy: str, max_steps: int = 4, grad_accum: int = 1, **par: object) -> Path:
@@ -77,13 +70,7 @@ def _params(root: Path, run_id: str) -> dict:
 
 
 def _losses(root: Path, run_id: str) -> dict[int, float]:
-    """Global loss per step from rank 0's ``log.jsonl`` (the last record of each step wins)."""
-    out = {}
-    for line in (root / "runs" / run_id / "generator" / "log.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if rec.get("message") == "step" and "loss" in rec.get("fields", {}):
-            out[rec["step"]] = rec["fields"]["loss"]
-    return out
+    return step_losses(root / "runs" / run_id / "generator")
 
 
 def test_fsdp_loss_curve_and_weights_match_ddp(indexed_root, ddp_ref) -> None:
@@ -160,6 +147,42 @@ def test_fsdp_sigkill_then_resume_is_bit_exact(indexed_root) -> None:
     a, b = _params(indexed_root, "f-straight"), _params(indexed_root, "f-killed")
     unequal = [k for k in a if not torch.equal(a[k], b[k])]
     assert a.keys() == b.keys() and unequal == [], f"not bit-exact: {unequal[:5]}"
+
+
+def test_sigterm_to_torchrun_writes_a_dcp_checkpoint_and_exits_retriable(indexed_root, tmp_path) -> None:
+    """The Kubernetes path under fsdp: SIGTERM reaches torchrun, both ranks stop at the step boundary,
+    write their shards of one DCP checkpoint together, rank 0 leaves the preempted marker (exit 75);
+    the rerun resumes from it."""
+    import signal
+    import subprocess
+    import time
+
+    from tests.support.training import HANG_FAULT_ENV, REPO, child_env, stage_cmd
+
+    spec = _spec(indexed_root, "f-term", "fsdp", max_steps=8)
+    log = tmp_path / "term.log"
+    with log.open("w") as fh:
+        proc = subprocess.Popen(stage_cmd("generator", spec, ["--checkpoint.every_steps=0"], nproc=2), cwd=REPO,
+                                env=child_env(**{HANG_FAULT_ENV: "2"}), stdout=fh, stderr=fh)
+        try:
+            deadline = time.monotonic() + 180
+            while "hanging until SIGTERM" not in log.read_text():
+                assert proc.poll() is None and time.monotonic() < deadline, \
+                    f"waited for the hang after step 2; saw:\n{log.read_text()[-3000:]}"
+                time.sleep(0.2)
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert "exiting with 75 (retriable)" in log.read_text(), log.read_text()[-3000:]
+    stage = indexed_root / "runs" / "f-term" / "generator"
+    marker = json.loads((stage / "_PREEMPTED").read_text())
+    manifest = json.loads((stage / "checkpoints" / f"step_{marker['step']:06d}" / "manifest.json").read_text())
+    assert manifest["format"] == "dcp" and manifest["world_size"] == 2 and marker["exit_code"] == 75
+    again = run_stage("generator", spec, ["--checkpoint.every_steps=0"], nproc=2, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads((stage / "_COMPLETE").read_text())["resumed_from"] == marker["step"]
 
 
 def test_resume_at_another_world_size_2_1_2(indexed_root) -> None:

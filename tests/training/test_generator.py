@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from tests.support.training import RESUME_FAULT_ENV, load_params, run_stage, write_run
+from tests.support.training import indexed_root as build_indexed_root
 
 pytestmark = pytest.mark.slow
 
@@ -22,15 +23,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def indexed_root(tmp_path_factory: pytest.TempPathFactory, tiny_encoder_no_dropout: Path) -> Path:
     """A shared root with the synthetic dataset and one index built by the index stage (1 process)."""
-    from training.demo import synthetic
-
-    root = tmp_path_factory.mktemp("gen_shared")
-    synthetic.write(root / "datasets" / "synthetic", seed=3, n_entities=20)
-    spec = write_run(root, "base", retriever={"model": str(tiny_encoder_no_dropout), "max_length": 32},
-                     index={"use_finetuned": False})
-    out = run_stage("index", spec, timeout=240)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return root
+    return build_indexed_root(tmp_path_factory.mktemp("gen_shared"), tiny_encoder_no_dropout)
 
 
 def _generator_run(root: Path, run_id: str, nproc: int, arch: str, max_steps: int = 4,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.training import free_port, run_stage, write_run
+from tests.support.training import free_port, run_stage, step_losses, write_run
 from tests.training.ray.conftest import needs_ray, ray_env, ray_temp_dir
 from training.demo import synthetic
 
@@ -43,15 +43,6 @@ def _sections(encoder: Path) -> dict:
                 ray={"placement_timeout_s": 120, "generator": {"workers": 2}, "prepare": {"workers": 1}})
 
 
-def _losses(stage_dir: Path) -> dict[int, float]:
-    out = {}
-    for line in (stage_dir / "log.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if rec.get("message") == "step" and "loss" in rec.get("fields", {}):
-            out[rec["step"]] = rec["fields"]["loss"]
-    return out
-
-
 def _layout(stage_dir: Path) -> set[str]:
     return {str(p.relative_to(stage_dir)) for p in stage_dir.rglob("*") if ".tmp" not in p.name}
 
@@ -76,6 +67,6 @@ def test_ray_train_fsdp_matches_torchrun(tmp_path, tiny_encoder_no_dropout, loca
     assert _layout(r_dir) == _layout(t_dir)
     assert {"checkpoints/step_000004/dcp/__0_0.distcp", "checkpoints/step_000004/dcp/__1_0.distcp",
             "model/model.safetensors"} <= _layout(r_dir)
-    t_loss, r_loss = _losses(t_dir), _losses(r_dir)
+    t_loss, r_loss = step_losses(t_dir), step_losses(r_dir)
     assert sorted(r_loss) == [1, 2, 3, 4]
     assert all(r_loss[s] == pytest.approx(t_loss[s], rel=1e-4) for s in t_loss), (t_loss, r_loss)
