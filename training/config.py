@@ -437,7 +437,7 @@ class TuneConfig:
 
 
 @dataclass
-class RayConfig:
+class RayExecutorConfig:
     """The Ray executor (``python -m training.ray.driver``): cluster, per-stage resources, failures, Tune."""
 
     address: str = ""
@@ -504,7 +504,7 @@ class RunConfig:
     """Prometheus endpoint and logging cadence."""
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     """How DDP synchronises gradients across ranks."""
-    ray: RayConfig = field(default_factory=RayConfig)
+    ray: RayExecutorConfig = field(default_factory=RayExecutorConfig)
     """The Ray executor: cluster address, per-stage resources and pools, failures, Tune search."""
 
     def __post_init__(self) -> None:
