@@ -1,20 +1,23 @@
 """CRD validation rules (CEL, ``x-kubernetes-validations``) on every custom resource of both plans,
-evaluated with cel-python as the API server evaluates them at ``pulumi up`` (tests/infra/cel_eval.py).
+evaluated with cel-python as the API server evaluates them at ``pulumi up`` (policy/cel_eval.py).
 
 kubernetes-validate/jsonschema (tests/infra/test_validation.py) check the OpenAPI schema only;
 these rules (about 80 in the pinned Karpenter, KubeRay and KEDA CRDs) were not checked before.
 Transition rules (``oldSelf``) need the object's previous version: ``validate_update`` evaluates
-them between two plans of a stack (tested here between the committed plan and a changed copy);
-running them in the plan-diff job between the PR's base and head plans is not wired yet.
+them between two plans of a stack (tested here between the committed plan and a changed copy), and
+the PR plan-diff job runs them between the PR's base and head plans (``python -m policy.cel_eval
+transitions``; tests/test_workflows.py runs the job's script on a forbidden transition).
 """
 
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 
-from tests.infra.cel_eval import apply_defaults, crd_schema, has_crd, rule_inventory, validate, validate_update
+from policy.cel_eval import (apply_defaults, crd_schema, has_crd, rule_inventory, transition_failures, validate,
+                             validate_update)
 from tests.infra.harness import is_core, kubernetes_objects
 
 STACKS = ("dev", "prod")
@@ -31,7 +34,7 @@ TRANSITION_RULES = {
     ("ray.io/RayJob", ".spec.rayClusterSpec.gcsFaultToleranceOptions.backend", "self == oldSelf"),
     ("ray.io/RayJob", ".spec.rayClusterSpec.managedBy", "self == oldSelf"),
 }
-# Rules calling a function tests/infra/cel_eval.py does not provide (none today).
+# Rules calling a function policy/cel_eval.py does not provide (none today).
 NOT_EVALUATED: set[tuple[str, str, str]] = set()
 
 
@@ -131,24 +134,13 @@ def test_defaults_are_applied_before_the_rules(schemas_dir):
 
 def test_a_rule_that_errors_at_run_time_rejects(schemas_dir):
     """A rule reading an absent field errors, which the API server reports as a rejection."""
-    from tests.infra.cel_eval import _evaluate
+    from policy.cel_eval import _evaluate
 
     ok, error = _evaluate("self.missing == 1", {})
     assert not ok and error.startswith("evaluation error")
 
 
 # ------------------------------------------------------------------ transition rules (base -> head)
-
-
-def transition_failures(base: dict, head: dict) -> list[str]:
-    """Transition rules on every custom resource present in both plans (matched by type and name)."""
-    before = {(r["type"], r["name"]): obj for r, obj in custom_resources(base)}
-    failures = []
-    for r, obj in custom_resources(head):
-        old = before.get((r["type"], r["name"]))
-        if old is not None and has_crd(obj):
-            failures += [f"{obj['kind']} {r['name']}{v}" for v in validate_update(old, obj).violations]
-    return failures
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -169,3 +161,26 @@ def test_a_nodepool_whose_node_class_kind_changes_is_refused_on_update(plans, sc
     failures = transition_failures(base, head)
     assert any("nodeClassRef" in f and "self.kind == oldSelf.kind" in f for f in failures), failures
     assert any("has(self.replicas) == has(oldSelf.replicas)" in f for f in failures), failures
+
+
+def test_the_transitions_command_fails_on_a_forbidden_transition(plans, schemas_dir, tmp_path, capsys):
+    """What the PR plan-diff job runs: exit 1 and one line per violated rule; exit 0 on itself; exit 2
+    (no traceback) on a file that is not a plan."""
+    from policy.cel_eval import main
+
+    base = plans["dev"]
+    head = copy.deepcopy(base)
+    pool = next(r for r in head["resources"] if r["type"].endswith(":NodePool"))
+    pool["inputs"]["spec"]["template"]["spec"]["nodeClassRef"]["kind"] = "OtherNodeClass"
+    (tmp_path / "base.json").write_text(json.dumps(base))
+    (tmp_path / "head.json").write_text(json.dumps(head))
+    assert main(["transitions", str(tmp_path / "base.json"), str(tmp_path / "base.json")]) == 0
+    assert "0 violation(s)" in capsys.readouterr().out
+    assert main(["transitions", str(tmp_path / "base.json"), str(tmp_path / "head.json")]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == (f"NodePool {pool['name']}.spec.template.spec.nodeClassRef: "
+                      "nodeClassRef.kind is immutable (rule: self.kind == oldSelf.kind)"), out
+    assert out[-1].startswith("CRD transition rules: 1 violation(s)")
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    assert main(["transitions", str(tmp_path / "bad.json"), str(tmp_path / "head.json")]) == 2
+    assert "is not a `ragpool plan --format json` document" in capsys.readouterr().err

@@ -16,12 +16,23 @@ Pinned CRDs: the CRDs the repository vendors and applies itself (infra/crds/**: 
 else the upstream originals in vendor/upstream/crds/*/original/ (README there). The karpenter.sh
 NodePool is the copy the AWS chart installs (karpenter-provider-aws), which adds two rules on
 ``karpenter.k8s.aws/*`` keys.
+
+The PR plan-diff job (.ci/plan-diff.sh) runs the transition rules between a stack's plan at the
+PR's base and at its head (``transition_failures``), from the command line:
+
+    python -m policy.cel_eval transitions base-dev.json head-dev.json
+
+Exit 0: every transition rule holds; 1: violations, one line each naming the resource, the path
+and the rule; 2: a plan file that cannot be read (no traceback).
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
+import json
 import re
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Iterator
@@ -31,7 +42,8 @@ import celpy.evaluation
 import yaml
 from celpy import celtypes
 
-from tests.infra.harness import REPO_ROOT, SCHEMAS_DIR
+from scripts.vendor_schemas import REPO_ROOT, VENDOR_DIR as SCHEMAS_DIR
+from training import exit_codes
 
 VENDORED_CRDS = REPO_ROOT / "infra" / "crds"
 
@@ -264,3 +276,64 @@ def validate_update(old: dict, new: dict) -> Result:
     violations = list(_transition_violations(old_d, new_d, schema, f"{group}/{new['kind']}", version, "", "",
                                              evaluated))
     return Result(violations, evaluated, set())
+
+
+# ------------------------------------------------------------------ plans: base -> head
+
+
+def custom_resources(plan: dict) -> Iterator[tuple[dict, dict]]:
+    """(plan resource, object) for every object of a ``ragpool plan --format json`` document whose
+    CRD this module knows (the custom resources; built-in kinds have no CEL rules here)."""
+    for r in plan.get("resources") or []:
+        obj = r.get("inputs")
+        if r.get("type", "").startswith("kubernetes:") and isinstance(obj, dict) and has_crd(obj):
+            yield r, obj
+
+
+def transition_failures(base: dict, head: dict) -> list[str]:
+    """The transition rules on every custom resource present in both plans (matched by type and
+    name): one line per violation, ``<Kind> <name><path>: <message> (rule: <rule>)``."""
+    before = {(r["type"], r["name"]): obj for r, obj in custom_resources(base)}
+    failures = []
+    for r, obj in custom_resources(head):
+        old = before.get((r["type"], r["name"]))
+        if old is not None:
+            failures += [f"{obj['kind']} {r['name']}{v}" for v in validate_update(old, obj).violations]
+    return failures
+
+
+def _read_plan(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read plan {path}: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("resources"), list):
+        raise ValueError(f"{path} is not a `ragpool plan --format json` document (no resources list)")
+    return doc
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m policy.cel_eval",
+                                     description="CRD transition rules (oldSelf) between two offline plans")
+    sub = parser.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("transitions", help="evaluate every transition rule from BASE to HEAD")
+    t.add_argument("base", help="plan JSON at the PR's base")
+    t.add_argument("head", help="plan JSON at the PR's head")
+    args = parser.parse_args(argv)
+    try:
+        base, head = _read_plan(args.base), _read_plan(args.head)
+    except ValueError as exc:
+        print(f"policy.cel_eval: {exc}", file=sys.stderr)
+        return exit_codes.BAD_INPUT
+    failures = transition_failures(base, head)
+    for line in failures:
+        print(line)
+    shared = len({(r["type"], r["name"]) for r, _ in custom_resources(base)}
+                 & {(r["type"], r["name"]) for r, _ in custom_resources(head)})
+    print(f"CRD transition rules: {len(failures)} violation(s) on {shared} custom resource(s) in both plans")
+    return exit_codes.FAILED if failures else exit_codes.OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
