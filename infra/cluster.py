@@ -35,6 +35,52 @@ CSI_IDENTITIES = {
 CLUSTER_ADMIN_POLICY = "AmazonEKSClusterAdminPolicy"
 API_PORT = 443
 
+# The PR preview (ragpool:previewRoleArn): an access entry in this Kubernetes group, no EKS access
+# policy. pulumi-kubernetes previews with server-side dry-run (`dryRun=All`): a new object is a
+# dry-run create (verb `create`), a changed one a `get` of the live object then a dry-run apply
+# PATCH (`patch`), a changed CRD a dry-run PUT (`update`). Kubernetes authorizes a dry-run exactly
+# like the real request, and a Forbidden answer makes the provider fall back to a client-side
+# preview without a warning (infra/reference/pulumi_kubernetes_preview.yaml), so AmazonEKSViewPolicy
+# (get/list/watch) previews nothing against the cluster. The ClusterRole grants those verbs on the
+# kinds the program declares and nothing else: no delete, no list/watch, and no Secrets (whose
+# `get` would let PR code read every Secret; Secrets stay previewed client-side). Kubernetes RBAC
+# cannot tell a dry-run from a real write: the preview role can create and patch these kinds, so
+# only same-repository PRs get it (.github/workflows/pr.yml).
+PREVIEW_GROUP = "ragpool:preview"
+PREVIEW_VERBS = ("get", "create", "patch")
+# API group -> resources (plural) of every Kubernetes object the program declares, but Secrets.
+PREVIEW_RESOURCES: dict[str, tuple[str, ...]] = {
+    "": ("configmaps", "limitranges", "namespaces", "persistentvolumeclaims", "resourcequotas", "serviceaccounts",
+         "services"),
+    "apps": ("deployments", "statefulsets"),
+    "batch": ("cronjobs",),
+    "networking.k8s.io": ("networkpolicies",),
+    "scheduling.k8s.io": ("priorityclasses",),
+    "storage.k8s.io": ("storageclasses",),
+    "karpenter.sh": ("nodepools",),
+    "karpenter.k8s.aws": ("ec2nodeclasses",),
+    "keda.sh": ("clustertriggerauthentications", "scaledjobs"),
+    "monitoring.coreos.com": ("podmonitors", "prometheusrules", "servicemonitors"),
+    "ray.io": ("rayclusters",),
+}
+# Not previewed against the cluster on purpose (see above).
+PREVIEW_EXCLUDED = (("", "secrets"),)
+
+
+def preview_rules(role_name: str, binding_name: str) -> list[dict]:
+    """The preview ClusterRole's rules: dry-run verbs on the declared kinds, CRDs (the vendored
+    KubeRay/KEDA files) with `update`, and its own ClusterRole/binding by name."""
+    return [
+        *({"apiGroups": [group], "resources": list(resources), "verbs": list(PREVIEW_VERBS)}
+          for group, resources in PREVIEW_RESOURCES.items()),
+        {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+         "verbs": ["get", "create", "update"]},
+        {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"], "resourceNames": [role_name],
+         "verbs": ["get", "patch"]},
+        {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterrolebindings"],
+         "resourceNames": [binding_name], "verbs": ["get", "patch"]},
+    ]
+
 # Add-on configuration values (`aws eks describe-addon-configuration` schema of each add-on).
 # - vpc-cni: the training namespaces rely on NetworkPolicies; VPC CNI enforces them.
 # - eks-node-monitoring-agent: its dcgm-server DaemonSet has no tolerations by default
@@ -109,6 +155,7 @@ class Cluster(RagpoolComponent):
         # apiAccessCidrs rules (without them a private endpoint is unreachable from the runner).
         self.provider = k8s.Provider(f"{name}-k8s", kubeconfig=self.kubeconfig, enable_server_side_apply=True,
                                      opts=child(self, depends_on=[*self.admin_associations, *self.api_access_rules]))
+        self.preview_access = self._preview_access(name, args) if cfg.cluster.cluster_preview else []
         self.name = self.cluster.name
         self.endpoint = self.cluster.endpoint
         self.register_outputs({"name": self.name, "endpoint": self.endpoint, "kubeconfig": self.kubeconfig})
@@ -188,6 +235,24 @@ class Cluster(RagpoolComponent):
                 policy_arn=cluster_access_policy_arn(CLUSTER_ADMIN_POLICY),
                 access_scope={"type": "cluster"}, opts=child(self, depends_on=[entry])))
         return associations
+
+    def _preview_access(self, name: str, args: ClusterArgs) -> list[pulumi.Resource]:
+        """ragpool:previewRoleArn: an access entry in PREVIEW_GROUP, bound to the dry-run ClusterRole."""
+        cfg = args.config
+        arn = cfg.cluster.preview_role_arn
+        entry = aws.eks.AccessEntry(f"{name}-preview", cluster_name=self.cluster.name, principal_arn=arn,
+                                    type="STANDARD", kubernetes_groups=[PREVIEW_GROUP],
+                                    tags=aws_tags(cfg, f"{args.cluster_name}-preview"), opts=child(self))
+        role_name = binding_name = f"{cfg.name_prefix}-preview"
+        role = k8s.rbac.v1.ClusterRole(
+            f"{name}-preview", metadata={"name": role_name}, rules=preview_rules(role_name, binding_name),
+            opts=child(self, provider=self.provider))
+        binding = k8s.rbac.v1.ClusterRoleBinding(
+            f"{name}-preview", metadata={"name": binding_name},
+            role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role_name},
+            subjects=[{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": PREVIEW_GROUP}],
+            opts=child(self, provider=self.provider, depends_on=[role]))
+        return [entry, role, binding]
 
     # ------------------------------------------------------------------ nodes
 

@@ -170,6 +170,7 @@ SCHEMA: tuple[ConfigKey, ...] = (
     ConfigKey("publicAccessCidrs", "array", "CIDRs allowed to reach a public EKS API endpoint; required when endpointPublicAccess is true; 0.0.0.0/0 is refused.", [], items="string"),
     ConfigKey("adminRoleArns", "array", "IAM role ARNs granted cluster-admin through EKS access entries.", [], items="string"),
     ConfigKey("deployRoleArn", "string", "IAM role ARN that runs `pulumi up` (CI's AWS_DEPLOY_ROLE_ARN for this stack). The cluster uses API authentication without creator admin, so this role gets an access entry with AmazonEKSClusterAdminPolicy; without it every Kubernetes resource fails with Unauthorized. Example-account ARNs (111122223333) are refused by `ragpool config check --deploy` and by `pulumi up`.", required=True),
+    ConfigKey("previewRoleArn", "string", "IAM role ARN the PR workflow's `pulumi preview` runs as (CI's AWS_PREVIEW_ROLE_ARN). Set, the cluster preview is on: the role gets an access entry in the Kubernetes group `ragpool:preview`, bound to a ClusterRole with the verbs pulumi-kubernetes' server-side dry-run needs (infra/cluster.py PREVIEW_RULES; no delete), and the preview job runs on the self-hosted runner PREVIEW_RUNNER_LABEL_<STACK> that reaches the API endpoint. Empty, it is off: the preview runs on a hosted runner, Kubernetes objects are previewed client-side only, and the PR comment's first line says so.", ""),
     ConfigKey("apiAccessCidrs", "array", "Private CIDRs (VPN, the deploy runner's subnet) admitted to the EKS API endpoint on TCP 443 through the cluster security group; required when endpointPublicAccess is false.", [], items="string"),
     ConfigKey("systemNodeInstanceTypes", "array", "Instance types of the on-demand system node group (controllers, monitoring, Redis).", ["m7i.large"], items="string"),
     ConfigKey("systemNodeMinCount", "integer", "Minimum nodes in the system node group (spread across AZs).", 2),
@@ -258,6 +259,12 @@ class ClusterConfig:
     system_node_max_count: int
     deploy_role_arn: str = ""
     api_access_cidrs: tuple[str, ...] = ()
+    preview_role_arn: str = ""
+
+    @property
+    def cluster_preview(self) -> bool:
+        """Whether `pulumi preview` runs against the cluster (previewRoleArn set)."""
+        return bool(self.preview_role_arn)
 
     @property
     def cluster_admin_arns(self) -> tuple[str, ...]:
@@ -624,6 +631,14 @@ def _parse_cluster(r: _Reader, prod: bool) -> ClusterConfig:
         _check(bool(_ROLE_ARN.fullmatch(deploy_role)), r, "deployRoleArn", deploy_role,
                "must be the IAM role ARN `pulumi up` runs as: arn:aws:iam::<12-digit account>:role/<name> "
                "(fix: pulumi config set deployRoleArn arn:aws:iam::<account>:role/<deploy-role>)")
+    preview_role = r.get("previewRoleArn")
+    if preview_role:
+        _check(bool(_ROLE_ARN.fullmatch(preview_role)), r, "previewRoleArn", preview_role,
+               "must be the IAM role ARN the PR preview runs as: arn:aws:iam::<12-digit account>:role/<name> "
+               "(or empty for no cluster preview; fix: pulumi config set previewRoleArn arn:aws:iam::<account>:role/<preview-role>)")
+        _check(preview_role not in (deploy_role, *arns), r, "previewRoleArn", preview_role,
+               "must not be the deploy role or an admin role (those already have cluster admin; the preview role "
+               "gets only the dry-run rights)")
     api_cidrs = tuple(r.get("apiAccessCidrs") or ())
     for c in api_cidrs:
         try:
@@ -648,7 +663,7 @@ def _parse_cluster(r: _Reader, prod: bool) -> ClusterConfig:
         kubernetes_version=version, endpoint_public_access=public, public_access_cidrs=cidrs,
         admin_role_arns=arns, system_node_instance_types=sys_types,
         system_node_min_count=smin, system_node_max_count=smax,
-        deploy_role_arn=deploy_role or "", api_access_cidrs=api_cidrs,
+        deploy_role_arn=deploy_role or "", api_access_cidrs=api_cidrs, preview_role_arn=preview_role or "",
     )
 
 
@@ -807,14 +822,15 @@ def deploy_problems(cfg: StackConfig) -> list[str]:
     refuses to start; the offline plan (under mocks) and ``make demo`` accept them.
     """
     problems = []
-    for key, arns in (("deployRoleArn", (cfg.cluster.deploy_role_arn,)), ("adminRoleArns", cfg.cluster.admin_role_arns)):
+    for key, arns in (("deployRoleArn", (cfg.cluster.deploy_role_arn,)), ("adminRoleArns", cfg.cluster.admin_role_arns),
+                      ("previewRoleArn", (cfg.cluster.preview_role_arn,) if cfg.cluster.preview_role_arn else ())):
         for arn in arns:
             account = arn.split(":")[4] if arn.count(":") >= 5 else ""
             if account in EXAMPLE_ACCOUNT_IDS:
                 problems.append(
                     f"{PROJECT}:{key} = {json.dumps(arn)}: account {account} is AWS's documentation example, a placeholder; "
                     f"set the role `pulumi up` runs as (fix: pulumi config set "
-                    f"{'deployRoleArn' if key == 'deployRoleArn' else '--path adminRoleArns[0]'} arn:aws:iam::<account>:role/<name>)")
+                    f"{key if key != 'adminRoleArns' else '--path adminRoleArns[0]'} arn:aws:iam::<account>:role/<name>)")
     return problems
 
 

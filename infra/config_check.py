@@ -33,6 +33,28 @@ def cmd_check(args: argparse.Namespace) -> int:
     return status
 
 
+def cmd_preview(args: argparse.Namespace) -> int:
+    """One line per stack, ``<stack> on|off``: whether its PR preview runs against the cluster
+    (ragpool:previewRoleArn set). The PR workflow picks the preview job's runner from it and
+    .ci/plan-diff.sh the comment's first line."""
+    from infra.config import ConfigError
+    from infra.plan import load_stack, validate_stack
+    from training import exit_codes
+
+    lines = []
+    for stack in args.stack:
+        try:
+            cfg = validate_stack(load_stack(stack, Path(args.root)))
+        except ConfigError as exc:
+            print(f"{exc.source}: {len(exc.problems)} problem(s)", file=sys.stderr)
+            for problem in exc.problems:
+                print(f"  {exc.source}: {problem}", file=sys.stderr)
+            return exit_codes.BAD_INPUT
+        lines.append(f"{stack} {'on' if cfg.cluster.cluster_preview else 'off'}")
+    print("\n".join(lines))
+    return exit_codes.OK
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     from infra.plan import add_root_argument
 
@@ -44,3 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--deploy", action="store_true",
                    help="also refuse what only a real deployment cannot use (example-account role ARNs)")
     c.set_defaults(handler=cmd_check)
+    v = csub.add_parser("preview", help="print `<stack> on|off`: whether the PR preview runs against the cluster")
+    v.add_argument("--stack", action="append", required=True, help="stack (repeatable)")
+    add_root_argument(v)
+    v.set_defaults(handler=cmd_preview)

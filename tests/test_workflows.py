@@ -232,14 +232,15 @@ def test_pr_workflow_jobs_and_fork_safety():
     doc = load("pr.yml")
     assert set(triggers(doc)) == {"pull_request"}
     jobs = doc["jobs"]
-    assert set(jobs) == {"lint", "test", "plan", "preview"}
+    assert set(jobs) == {"lint", "test", "plan", "preview-runners", "preview"}
     assert step_named(jobs["test"], "make test")["run"].strip() == "make test"
     # Fork-visible jobs see no secrets at all.
     for name in ("lint", "test", "plan"):
         assert "secrets." not in yaml.safe_dump(jobs[name]), name
         assert jobs[name]["permissions"] == {"contents": "read"}, name
     preview = jobs["preview"]
-    assert "github.event.pull_request.head.repo.full_name == github.repository" in preview["if"]
+    for name in ("preview-runners", "preview"):
+        assert "github.event.pull_request.head.repo.full_name == github.repository" in jobs[name]["if"], name
     assert preview["strategy"]["matrix"]["stack"] == ["dev", "prod"]
     [pulumi] = uses_of(preview, "pulumi/actions")
     assert pulumi["with"]["command"] == "preview" and pulumi["with"]["diff"] is True
@@ -426,3 +427,173 @@ def test_runners_job_fails_clearly_without_runner_labels(tmp_path, dev, prod, ok
     if not ok:
         missing = "DEPLOY_RUNNER_LABEL_DEV" if not dev else "DEPLOY_RUNNER_LABEL_PROD"
         assert f"::error::repository variable {missing} is not set" in proc.stdout
+
+
+# ------------------------------------------------------------------ the PR preview's runner (issue 21 item 5)
+
+PREVIEW_ROLE = "arn:aws:iam::210987654321:role/ragpool-preview"
+
+
+def _stack_root(tmp_path: Path, preview_on: tuple[str, ...] = ()) -> Path:
+    """Pulumi.yaml and both stack files, with ragpool:previewRoleArn set for ``preview_on``."""
+    root = tmp_path / "root"
+    root.mkdir(exist_ok=True)
+    shutil.copy(REPO / "Pulumi.yaml", root / "Pulumi.yaml")
+    for stack in ("dev", "prod"):
+        doc = yaml.safe_load((REPO / f"Pulumi.{stack}.yaml").read_text())
+        if stack in preview_on:
+            doc["config"]["ragpool:previewRoleArn"] = PREVIEW_ROLE
+        (root / f"Pulumi.{stack}.yaml").write_text(yaml.safe_dump(doc))
+    return root
+
+
+def _run_preview_runners(tmp_path: Path, preview_on: tuple[str, ...], labels: dict[str, str]):
+    """The preview-runners job's script, with `.venv/bin/ragpool` the real CLI on a stack root."""
+    if shutil.which("jq") is None:
+        pytest.skip("jq is needed to run the preview-runners step")
+    root = _stack_root(tmp_path, preview_on)
+    (root / ".venv" / "bin").mkdir(parents=True, exist_ok=True)
+    shim = root / ".venv" / "bin" / "ragpool"
+    shim.write_text(f"#!/bin/sh\ncd {root} && PYTHONPATH={REPO} exec {sys.executable} -m infra.cli \"$@\"\n")
+    shim.chmod(0o755)
+    step = step_named(load("pr.yml")["jobs"]["preview-runners"], "Preview runners per stack")
+    output = tmp_path / "github-output"
+    output.write_text("")
+    env = {"PATH": os.environ["PATH"], "GITHUB_OUTPUT": str(output), **step["env"],
+           **{f"PREVIEW_RUNNER_LABEL_{k.upper()}": v for k, v in labels.items()}}
+    env = {k: v for k, v in env.items() if "${{" not in v}       # unset repository variables
+    proc = subprocess.run(["bash", "-c", step["run"]], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=120)
+    lines = [line for line in output.read_text().splitlines() if line.startswith("targets=")]
+    return proc, (json.loads(lines[0].removeprefix("targets=")) if lines else None)
+
+
+def _preview_runs_on(targets: dict, stack: str):
+    """Evaluate the preview job's runs-on expression for one matrix entry."""
+    expr = load("pr.yml")["jobs"]["preview"]["runs-on"]
+    assert expr == "${{ fromJSON(needs.preview-runners.outputs.targets)['runs-on'][matrix.stack] }}"
+    assert "preview-runners" in load("pr.yml")["jobs"]["preview"]["needs"]
+    return json.loads(json.dumps(targets))["runs-on"][stack]
+
+
+@pytest.mark.parametrize("preview_on", [(), ("prod",), ("dev", "prod")])
+def test_preview_runs_in_the_vpc_exactly_where_the_cluster_preview_is_on(tmp_path, preview_on):
+    proc, targets = _run_preview_runners(tmp_path, preview_on, {"dev": "vpc-dev", "prod": "vpc-prod"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for stack in ("dev", "prod"):
+        on = stack in preview_on
+        assert targets["cluster"][stack] == ("on" if on else "off")
+        assert _preview_runs_on(targets, stack) == (["self-hosted", f"vpc-{stack}"] if on else "ubuntu-24.04")
+
+
+def test_preview_runners_fail_clearly_without_the_runner_label(tmp_path):
+    proc, _ = _run_preview_runners(tmp_path, ("prod",), {"dev": "vpc-dev"})
+    assert proc.returncode == 1
+    assert ("::error::ragpool:previewRoleArn is set for prod but repository variable PREVIEW_RUNNER_LABEL_PROD "
+            "is not") in proc.stdout
+
+
+@pytest.mark.parametrize("mode", ["on", "off"])
+def test_preview_job_warns_when_kubernetes_is_not_previewed_against_the_cluster(tmp_path, mode):
+    job = load("pr.yml")["jobs"]["preview"]
+    step = step_named(job, "Kubernetes objects are previewed against the cluster")
+    names = [s.get("name") or s.get("uses", "").split("@")[0] for s in steps(job)]
+    assert names.index(step["name"]) < names.index("pulumi/actions")
+    summary = tmp_path / "summary.md"
+    proc = subprocess.run(["bash", "-c", step["run"]], capture_output=True, text=True, timeout=30,
+                          env={"PATH": os.environ["PATH"], "CLUSTER_PREVIEW": mode, "STACK": "dev",
+                               "GITHUB_STEP_SUMMARY": str(summary)})
+    assert proc.returncode == 0, proc.stderr
+    warned = "::warning::Kubernetes objects of dev were not previewed against the cluster" in proc.stdout
+    assert warned is (mode == "off")
+
+
+# ------------------------------------------------------------------ .ci/plan-diff.sh on prepared plans
+
+FAKE_PYTHON = r'''#!{python}
+"""$PYTHON for .ci/plan-diff.sh: `-m infra.cli plan` copies a prepared plan (side.txt in the
+working directory says base or head); everything else is the real module of this repository."""
+import os, shutil, sys
+args = sys.argv[1:]
+if args[:3] == ["-m", "infra.cli", "plan"]:
+    stack, out = args[args.index("--stack") + 1], args[args.index("--out") + 1]
+    side = open("side.txt").read().strip()
+    shutil.copy(os.path.join(os.environ["FAKE_PLANS"], f"{side}-{stack}.json"), out)
+    sys.exit(0)
+os.environ["PYTHONPATH"] = {repo!r}
+os.execv(sys.executable, [sys.executable, *args])
+'''
+
+
+@pytest.fixture(scope="module")
+def committed_plans():
+    from infra.plan import plan
+
+    return {stack: plan(stack) for stack in ("dev", "prod")}
+
+
+def _run_plan_diff(tmp_path: Path, base: dict, head: dict, preview_on: tuple[str, ...] = ()):
+    """.ci/plan-diff.sh between two commits of a scratch repository whose plans are ``base``/``head``."""
+    root = _stack_root(tmp_path, preview_on)
+    (root / ".ci").mkdir()
+    shutil.copy(REPO / ".ci" / "plan-diff.sh", root / ".ci" / "plan-diff.sh")
+    plans = tmp_path / "plans"
+    plans.mkdir()
+    for side, docs in (("base", base), ("head", head)):
+        for stack, doc in docs.items():
+            (plans / f"{side}-{stack}.json").write_text(json.dumps(doc))
+    fake = tmp_path / "fake-python"
+    fake.write_text(FAKE_PYTHON.replace("{python}", sys.executable).replace("{repo!r}", repr(str(REPO))))
+    fake.chmod(0o755)
+    git = ["git", "-c", "user.name=ci", "-c", "user.email=ci@example.invalid", "-c", "commit.gpgsign=false"]
+    subprocess.run([*git, "init", "-q"], cwd=root, check=True)
+    for side in ("base", "head"):
+        (root / "side.txt").write_text(side + "\n")
+        subprocess.run([*git, "add", "-A"], cwd=root, check=True)
+        subprocess.run([*git, "commit", "-q", "-m", side], cwd=root, check=True)
+    out = tmp_path / "out"
+    proc = subprocess.run(["bash", ".ci/plan-diff.sh", "HEAD~1", str(out)], cwd=root, capture_output=True, text=True,
+                          env={**os.environ, "PYTHON": str(fake), "FAKE_PLANS": str(plans)}, timeout=600)
+    return proc, (out / "comment.md").read_text()
+
+
+@pytest.mark.slow
+def test_plan_diff_fails_on_a_forbidden_crd_transition_and_names_the_rule(tmp_path, committed_plans):
+    """A NodePool whose nodeClassRef.kind changes between base and head: the API server would refuse
+    the update (a transition rule), so the job fails and the comment quotes the rule."""
+    import copy
+
+    head = copy.deepcopy(committed_plans)
+    pool = next(r for r in head["dev"]["resources"] if r["type"].endswith(":NodePool"))
+    pool["inputs"]["spec"]["template"]["spec"]["nodeClassRef"]["kind"] = "OtherNodeClass"
+    proc, comment = _run_plan_diff(tmp_path, committed_plans, head)
+    assert proc.returncode == 1, proc.stderr + comment
+    dev, prod = comment.split("\n#### dev\n")[1].split("\n#### prod\n")
+    assert "CRD transition rules (base → head): **CRD transition rules: 1 violation(s)" in dev
+    assert (f"NodePool {pool['name']}.spec.template.spec.nodeClassRef: nodeClassRef.kind is immutable "
+            "(rule: self.kind == oldSelf.kind)") in dev
+    assert "CRD transition rules (base → head): **CRD transition rules: 0 violation(s)" in prod
+
+    # The same plans on both sides: nothing to refuse.
+    (tmp_path / "same").mkdir()
+    proc, comment = _run_plan_diff(tmp_path / "same", committed_plans, committed_plans)
+    assert proc.returncode == 0, proc.stderr + comment
+    assert comment.count("**CRD transition rules: 0 violation(s)") == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("preview_on", "first_line"), [
+    ((), "> :warning: **Kubernetes objects were not previewed against the cluster** for dev, prod: "),
+    (("prod",), "> :warning: **Kubernetes objects were not previewed against the cluster** for dev: "),
+    (("dev", "prod"), "### Offline plan diff"),
+])
+def test_plan_diff_comment_first_line_says_when_kubernetes_was_not_previewed(tmp_path, committed_plans,
+                                                                             preview_on, first_line):
+    (tmp_path / "x").mkdir()
+    proc, comment = _run_plan_diff(tmp_path / "x", committed_plans, committed_plans, preview_on)
+    assert proc.returncode == 0, proc.stderr + comment
+    marker, visible = comment.splitlines()[:2]
+    assert marker == MARKER
+    assert visible.startswith(first_line), visible
+    # pr-comment.yml drops marker lines and puts one marker first: the note stays the first line shown.
+    assert MARKER not in visible
