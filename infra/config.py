@@ -829,7 +829,7 @@ def deploy_problems(cfg: StackConfig) -> list[str]:
             if account in EXAMPLE_ACCOUNT_IDS:
                 problems.append(
                     f"{PROJECT}:{key} = {json.dumps(arn)}: account {account} is AWS's documentation example, a placeholder; "
-                    f"set the role `pulumi up` runs as (fix: pulumi config set "
+                    f"set the real role (fix: pulumi config set "
                     f"{key if key != 'adminRoleArns' else '--path adminRoleArns[0]'} arn:aws:iam::<account>:role/<name>)")
     return problems
 

@@ -136,3 +136,13 @@ def test_a_bad_preview_role_is_refused_naming_the_key(value, fragment):
     assert any("previewRoleArn" in p and fragment in p for p in err.value.problems), err.value.problems
     assert parse({**BASE, "previewRoleArn": PREVIEW}, stack="dev", region="us-west-2").cluster.cluster_preview
     assert not parse(BASE, stack="dev", region="us-west-2").cluster.cluster_preview
+
+
+def test_an_example_account_preview_role_is_refused_only_for_a_real_deployment():
+    from infra.config import deploy_problems
+
+    cfg = parse({**BASE, "previewRoleArn": "arn:aws:iam::111122223333:role/ragpool-preview"}, stack="dev",
+                region="us-west-2")
+    assert [p for p in deploy_problems(cfg) if "previewRoleArn" in p and "placeholder" in p
+            and "pulumi config set previewRoleArn" in p]
+    assert deploy_problems(parse({**BASE, "previewRoleArn": PREVIEW}, stack="dev", region="us-west-2")) == []
