@@ -6,7 +6,6 @@ helpers over its HTTP API, and is always stopped when the ``with`` block ends.""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import urllib.parse
 import urllib.request
@@ -17,18 +16,12 @@ import yaml
 
 from dashboards import rulefiles
 from tests.support.waits import wait_for
-from training.demo.redis_server import stop_process
+from training.demo.redis_server import free_port, stop_process
 
 
 def run_promtool(promtool: str, *args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run promtool, capturing output (never raises on a non-zero exit)."""
     return subprocess.run([promtool, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=300)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # What a probe of a server that is not up (OSError) or not ready (ValueError) yet raises.

@@ -13,7 +13,7 @@ from datetime import datetime
 
 import pytest
 from tests.support.redis_fixtures import make_spec
-from tests.support.training import HANG_FAULT_ENV, REPO, build_tiny_encoder, child_env, free_port, stage_cmd, write_run
+from tests.support.training import HANG_FAULT_ENV, REPO, build_tiny_encoder, stage_env, free_port, stage_cmd, write_run
 from prometheus_harness import NOT_READY, Prometheus, write_rules_with_stall_window
 from tests.support.waits import wait_for
 
@@ -39,7 +39,7 @@ def _start_training(shared, tmp_path):
     log_path = tmp_path / "training.components.logs"
     with log_path.open("w") as log:
         process = subprocess.Popen(stage_cmd(STAGE, spec, []), cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                   env=child_env(**{HANG_FAULT_ENV: str(HANG_STEP)}))
+                                   env=stage_env(**{HANG_FAULT_ENV: str(HANG_STEP)}))
     return process, f"127.0.0.1:{port}", log_path
 
 

@@ -3,7 +3,6 @@ runners, run specs, ports, a tiny local encoder."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,24 +10,19 @@ from pathlib import Path
 import yaml
 
 from training import paths
+from training.demo.redis_server import free_port
 from training.demo.tiny_models import build_tiny_encoder
 
 from tests.support.faults import FAULT_ENVS, HANG_FAULT_ENV, RESUME_FAULT_ENV
 from tests.support.faults import MODULE as FAULTS_MODULE
 
-__all__ = ["HANG_FAULT_ENV", "RESUME_FAULT_ENV", "REPO", "build_tiny_encoder", "child_env", "free_port",
-           "indexed_root", "load_params", "run_stage", "stage_cmd", "step_losses", "write_run"]
+__all__ = ["HANG_FAULT_ENV", "RESUME_FAULT_ENV", "REPO", "build_tiny_encoder", "stage_env", "free_port",
+           "indexed_root", "load_params", "run_stage_process", "stage_cmd", "step_losses", "write_run"]
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def child_env(**extra: str) -> dict[str, str]:
+def stage_env(**extra: str) -> dict[str, str]:
     """The environment of a stage subprocess; a fault variable in ``extra`` also installs
     the fault hooks (:mod:`tests.support.faults`) through the loop's hooks variable."""
     from training.components.loop import HOOKS_ENV
@@ -53,9 +47,9 @@ def stage_cmd(module: str, config: Path, overrides: list[str], nproc: int = 1) -
             "-m", f"training.{module}", "--config", str(config), *overrides]
 
 
-def run_stage(module: str, config: Path, overrides: list[str] = (), nproc: int = 1, timeout: int = 300,
+def run_stage_process(module: str, config: Path, overrides: list[str] = (), nproc: int = 1, timeout: int = 300,
               **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(stage_cmd(module, config, list(overrides), nproc), cwd=REPO, env=child_env(**env),
+    return subprocess.run(stage_cmd(module, config, list(overrides), nproc), cwd=REPO, env=stage_env(**env),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -80,7 +74,7 @@ def indexed_root(root: Path, encoder: Path) -> Path:
 
     synthetic.write(root / "datasets" / "synthetic", seed=3, n_entities=20)
     spec = write_run(root, "base", retriever={"model": str(encoder), "max_length": 32}, index={"use_finetuned": False})
-    out = run_stage("index", spec, timeout=240)
+    out = run_stage_process("index", spec, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     return root
 

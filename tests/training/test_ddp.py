@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.support.training import load_params, run_stage, write_run
+from tests.support.training import load_params, run_stage_process, write_run
 
 pytestmark = pytest.mark.slow
 
@@ -16,7 +16,7 @@ def _retriever_run(shared, encoder, run_id, nproc, gather=True, **sections):
                                "gather_negatives": gather, "max_length": 32,
                                "optim": {"lr": 1e-3, "warmup_steps": 0}},
                     checkpoint={"every_steps": 2})
-    out = run_stage("retriever", cfg, nproc=nproc, timeout=240)
+    out = run_stage_process("retriever", cfg, nproc=nproc, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     return load_params(shared / "runs" / run_id / "retriever" / "model")
 

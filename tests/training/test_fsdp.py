@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.support.training import RESUME_FAULT_ENV, load_params, run_stage, step_losses, write_run
+from tests.support.training import RESUME_FAULT_ENV, load_params, run_stage_process, step_losses, write_run
 from tests.support.training import indexed_root as build_indexed_root
 
 pytestmark = pytest.mark.slow
@@ -41,7 +41,7 @@ def _spec(root: Path, run_id: str, strategy: str, max_steps: int = 4, grad_accum
 
 def _run(root: Path, run_id: str, nproc: int, strategy: str, max_steps: int = 4, grad_accum: int = 1,
          **env: str):
-    return run_stage("generator", _spec(root, run_id, strategy, max_steps, grad_accum), nproc=nproc, timeout=300,
+    return run_stage_process("generator", _spec(root, run_id, strategy, max_steps, grad_accum), nproc=nproc, timeout=300,
                      **env)
 
 
@@ -92,14 +92,14 @@ def test_hsdp_over_two_nodes_with_activation_checkpointing_matches_ddp(indexed_r
     import subprocess
     import sys
 
-    from tests.support.training import REPO, child_env, free_port
+    from tests.support.training import REPO, stage_env, free_port
 
     spec = _spec(indexed_root, "hsdp", "hsdp", grad_accum=2, activation_checkpointing=True)
     port = free_port()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=hsdp-test",
            "-m", "training.generator", "--config", str(spec)]
-    nodes = [subprocess.Popen(cmd, cwd=REPO, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    nodes = [subprocess.Popen(cmd, cwd=REPO, env=stage_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                               text=True) for _ in range(2)]
     try:
         errs = [node.communicate(timeout=300)[1] for node in nodes]
@@ -124,7 +124,7 @@ def test_pretrained_model_loads_shard_by_shard_from_the_meta_device(indexed_root
     for run_id, strategy in (("pre-ddp", "ddp"), ("pre-fsdp", "fsdp")):
         spec = _spec(indexed_root, run_id, strategy)
         spec.write_text(spec.read_text().replace("generator:\n", f"generator:\n  model: {pretrained}\n", 1))
-        out = run_stage("generator", spec, nproc=2, timeout=300)
+        out = run_stage_process("generator", spec, nproc=2, timeout=300)
         assert out.returncode == 0, out.stderr[-3000:]
     _assert_same_training(indexed_root, "pre-ddp", "pre-fsdp")
     init = load_params(pretrained)  # vacuity guard: started from the pretrained weights, and moved
@@ -157,13 +157,13 @@ def test_sigterm_to_torchrun_writes_a_dcp_checkpoint_and_exits_retriable(indexed
     import subprocess
     import time
 
-    from tests.support.training import HANG_FAULT_ENV, REPO, child_env, stage_cmd
+    from tests.support.training import HANG_FAULT_ENV, REPO, stage_env, stage_cmd
 
     spec = _spec(indexed_root, "f-term", "fsdp", max_steps=8)
     log = tmp_path / "term.log"
     with log.open("w") as fh:
         proc = subprocess.Popen(stage_cmd("generator", spec, ["--checkpoint.every_steps=0"], nproc=2), cwd=REPO,
-                                env=child_env(**{HANG_FAULT_ENV: "2"}), stdout=fh, stderr=fh)
+                                env=stage_env(**{HANG_FAULT_ENV: "2"}), stdout=fh, stderr=fh)
         try:
             deadline = time.monotonic() + 180
             while "hanging until SIGTERM" not in log.read_text():
@@ -180,7 +180,7 @@ def test_sigterm_to_torchrun_writes_a_dcp_checkpoint_and_exits_retriable(indexed
     marker = json.loads((stage / "_PREEMPTED").read_text())
     manifest = json.loads((stage / "checkpoints" / f"step_{marker['step']:06d}" / "manifest.json").read_text())
     assert manifest["format"] == "dcp" and manifest["world_size"] == 2 and marker["exit_code"] == 75
-    again = run_stage("generator", spec, ["--checkpoint.every_steps=0"], nproc=2, timeout=300)
+    again = run_stage_process("generator", spec, ["--checkpoint.every_steps=0"], nproc=2, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((stage / "_COMPLETE").read_text())["resumed_from"] == marker["step"]
 

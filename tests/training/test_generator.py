@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.support.training import RESUME_FAULT_ENV, load_params, run_stage, write_run
+from tests.support.training import RESUME_FAULT_ENV, load_params, run_stage_process, write_run
 from tests.support.training import indexed_root as build_indexed_root
 
 pytestmark = pytest.mark.slow
@@ -34,7 +34,7 @@ def _generator_run(root: Path, run_id: str, nproc: int, arch: str, max_steps: in
         "max_length": 96, "global_batch_size": 8, "max_steps": max_steps,
         "optim": {"lr": 3e-3, "warmup_steps": 2, "grad_clip": 1.0}},
         checkpoint={"every_steps": 2, "async_save": True, "keep_latest_k": 2})
-    return run_stage("generator", spec, nproc=nproc, timeout=300, **env)
+    return run_stage_process("generator", spec, nproc=nproc, timeout=300, **env)
 
 
 def _params(root: Path, run_id: str) -> dict:

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from training.demo import synthetic
-from tests.support.training import run_stage, write_run
+from tests.support.training import run_stage_process, write_run
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +25,7 @@ def pipeline_run(tmp_path_factory):
                      evaluate={"compare_pretrained": True, "recall_at": [1, 3]},
                      checkpoint={"every_steps": 50, "keep_latest_k": 1},
                      metrics={"port": 0, "log_every": 25})
-    out = run_stage("pipeline", spec, nproc=2, timeout=540)
+    out = run_stage_process("pipeline", spec, nproc=2, timeout=540)
     assert out.returncode == 0, out.stderr[-4000:]
     return shared / "runs" / "e2e", spec, out
 
@@ -61,7 +61,7 @@ def test_generator_answer_loss_falls(pipeline_run) -> None:
 def test_rerun_skips_complete_stages(pipeline_run) -> None:
     run_dir, spec, _ = pipeline_run
     before = {s: (run_dir / s / "_COMPLETE").stat().st_mtime_ns for s in ("retriever", "index", "generator", "evaluate")}
-    again = run_stage("pipeline", spec, timeout=120)
+    again = run_stage_process("pipeline", spec, timeout=120)
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stderr.count("complete, skipped") == 4
     after = {s: (run_dir / s / "_COMPLETE").stat().st_mtime_ns for s in before}
@@ -73,7 +73,7 @@ def test_rerun_with_other_settings_refuses_instead_of_reusing(pipeline_run) -> N
     marker = json.loads((run_dir / "generator" / "_COMPLETE").read_text())
     assert len(marker["config_fingerprint"]) == 16
     before = {s: (run_dir / s / "_COMPLETE").read_bytes() for s in ("retriever", "index", "generator", "evaluate")}
-    again = run_stage("pipeline", spec, overrides=["--generator.max_steps=151"], timeout=120)
+    again = run_stage_process("pipeline", spec, overrides=["--generator.max_steps=151"], timeout=120)
     assert again.returncode == 2, again.stderr[-3000:]
     assert "stage generator of run e2e was completed with other settings" in again.stderr
     assert again.stderr.count("complete, skipped") == 2  # retriever and index still match

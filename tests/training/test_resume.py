@@ -13,7 +13,7 @@ import torch
 
 from training.exit_codes import RETRIABLE
 from tests.support.waits import wait_for
-from tests.support.training import REPO, RESUME_FAULT_ENV, child_env, free_port, load_params, run_stage, stage_cmd, write_run
+from tests.support.training import REPO, RESUME_FAULT_ENV, stage_env, free_port, load_params, run_stage_process, stage_cmd, write_run
 
 pytestmark = pytest.mark.slow
 
@@ -27,12 +27,12 @@ def _spec(shared, run_id, encoder, **retriever):
 
 def test_sigkill_then_resume_is_bit_exact(shared_root, tiny_encoder_dir) -> None:
     # Straight: 6 steps (dropout on, so RNG state restore matters).
-    straight = run_stage("retriever", _spec(shared_root, "straight", tiny_encoder_dir), nproc=2)
+    straight = run_stage_process("retriever", _spec(shared_root, "straight", tiny_encoder_dir), nproc=2)
     assert straight.returncode == 0, straight.stderr[-3000:]
 
     spec = _spec(shared_root, "killed", tiny_encoder_dir)
     ckpts = shared_root / "runs" / "killed" / "retriever" / "checkpoints"
-    killed = run_stage("retriever", spec, nproc=2, **{RESUME_FAULT_ENV: "3"})
+    killed = run_stage_process("retriever", spec, nproc=2, **{RESUME_FAULT_ENV: "3"})
     assert killed.returncode != 0  # SIGKILLed after step 3: the checkpoint of step 2 is the newest
     assert sorted(p.name for p in ckpts.iterdir() if not p.name.startswith(".")) == ["step_000002"]
     assert not (ckpts.parent / "_COMPLETE").exists()
@@ -41,7 +41,7 @@ def test_sigkill_then_resume_is_bit_exact(shared_root, tiny_encoder_dir) -> None
     shutil.copytree(ckpts / "step_000002", fake)
     (fake / "model.pt").write_bytes((fake / "model.pt").read_bytes()[:1000])
 
-    resumed = run_stage("retriever", spec, nproc=2)
+    resumed = run_stage_process("retriever", spec, nproc=2)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "skipping checkpoint" in resumed.stderr and "step_000003" in resumed.stderr
     marker = json.loads((ckpts.parent / "_COMPLETE").read_text())
@@ -71,7 +71,7 @@ def test_sigterm_checkpoints_and_exits_retriable(shared_root, tiny_encoder_dir, 
                      checkpoint={"every_steps": 0}, metrics={"port": port, "addr": "127.0.0.1", "log_every": 1})
     log = tmp_path / "term.log"
     with log.open("w") as fh:
-        proc = subprocess.Popen(stage_cmd("retriever", spec, []), cwd=REPO, env=child_env(), stdout=fh, stderr=fh)
+        proc = subprocess.Popen(stage_cmd("retriever", spec, []), cwd=REPO, env=stage_env(), stdout=fh, stderr=fh)
         try:
             _wait_for(log, "step 2/60", proc)
             # While training: this rank's endpoint serves the training metrics with its labels.
@@ -95,7 +95,7 @@ def test_sigterm_checkpoints_and_exits_retriable(shared_root, tiny_encoder_dir, 
     preempted = json.loads((stage / "_PREEMPTED").read_text())
     assert preempted["step"] == step and preempted["exit_code"] == 75
     # Rerunning the same command resumes from that checkpoint and finishes.
-    again = run_stage("retriever", spec, ["--metrics.port=0"])
+    again = run_stage_process("retriever", spec, ["--metrics.port=0"])
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((stage / "_COMPLETE").read_text())["resumed_from"] == step
     assert not (stage / "_PREEMPTED").exists()
@@ -109,7 +109,7 @@ def test_sigterm_to_torchrun_leaves_checkpoint_and_preempted_marker(shared_root,
                      checkpoint={"every_steps": 0})
     log = tmp_path / "term2.log"
     with log.open("w") as fh:
-        proc = subprocess.Popen(stage_cmd("retriever", spec, [], nproc=2), cwd=REPO, env=child_env(),
+        proc = subprocess.Popen(stage_cmd("retriever", spec, [], nproc=2), cwd=REPO, env=stage_env(),
                                 stdout=fh, stderr=fh)
         try:
             _wait_for(log, "step 2/60", proc)

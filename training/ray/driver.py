@@ -309,7 +309,7 @@ def run_evaluate(cfg: RunConfig, placement: StagePlacement) -> dict[str, Any]:
                        .remote(cfg.to_dict(), gpus, cpus))
 
 
-def run_stage(tree: dict[str, Any], stage: str, upstream: dict[str, Any] | None) -> dict[str, Any]:
+def coordinate_stage(tree: dict[str, Any], stage: str, upstream: dict[str, Any] | None) -> dict[str, Any]:
     """Coordinator task of one stage: skip it when complete with these settings, else place it and run it
     (the stage's own code writes its outputs and its ``_COMPLETE`` marker).
 
@@ -343,7 +343,7 @@ def submit(cfg: RunConfig) -> Any:
     """Submit the whole stage chain; returns the last stage's object ref (all summaries)."""
     import ray
 
-    coordinator = ray.remote(run_stage)
+    coordinator = ray.remote(coordinate_stage)
     tree = cfg.to_dict()
     # The stage tasks (and the tasks and Ray Train workers they start) see this driver's variables
     # of _WORKER_ENV, whatever environment the cluster's processes were started with.

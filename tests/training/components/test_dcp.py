@@ -118,11 +118,11 @@ def worker(mode: str, root: Path) -> None:
 
 
 def _torchrun(mode: str, root: Path, nproc: int, timeout: int = 180) -> subprocess.CompletedProcess[str]:
-    from tests.support.training import child_env
+    from tests.support.training import stage_env
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            str(Path(__file__).resolve()), mode, str(root)]
-    return subprocess.run(cmd, cwd=REPO, env={**child_env(), "PYTHONPATH": str(REPO)}, capture_output=True,
+    return subprocess.run(cmd, cwd=REPO, env={**stage_env(), "PYTHONPATH": str(REPO)}, capture_output=True,
                           text=True, timeout=timeout)
 
 

@@ -150,10 +150,10 @@ D.destroy()
     import subprocess
     import sys
 
-    from tests.support.training import REPO, child_env
+    from tests.support.training import REPO, stage_env
 
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                          str(script), str(tmp_path)], cwd=REPO, env=child_env(), capture_output=True, text=True,
+                          str(script), str(tmp_path)], cwd=REPO, env=stage_env(), capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert (tmp_path / "ok0").is_file() and (tmp_path / "ok1").is_file()

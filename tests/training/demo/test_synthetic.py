@@ -7,13 +7,13 @@ import subprocess
 import sys
 
 from training.demo.synthetic import generate
-from tests.support.training import REPO, child_env
+from tests.support.training import REPO, stage_env
 
 
 def test_same_seed_same_bytes_and_cli(tmp_path) -> None:
     for d in ("a", "b"):
         subprocess.run([sys.executable, "-m", "training.demo.synthetic", "--out", str(tmp_path / d), "--seed", "5",
-                        "--n-entities", "12"], cwd=REPO, env=child_env(), check=True, capture_output=True)
+                        "--n-entities", "12"], cwd=REPO, env=stage_env(), check=True, capture_output=True)
     for name in ("corpus.jsonl", "qa_train.jsonl", "qa_eval.jsonl", "manifest.json"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
     assert generate(5, 12) != generate(6, 12)
@@ -39,5 +39,5 @@ def test_eval_entities_are_never_trained_on() -> None:
 
 def test_bad_arguments_exit_2(tmp_path) -> None:
     out = subprocess.run([sys.executable, "-m", "training.demo.synthetic", "--out", str(tmp_path), "--n-entities", "2"],
-                         cwd=REPO, env=child_env(), capture_output=True, text=True)
+                         cwd=REPO, env=stage_env(), capture_output=True, text=True)
     assert out.returncode == 2 and "n_entities=2" in out.stderr

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.training import free_port, run_stage, write_run
+from tests.support.training import free_port, run_stage_process, write_run
 from tests.training.ray.conftest import needs_ray, ray_env, ray_temp_dir
 from training.config import load_run_config
 from training.demo import synthetic
@@ -76,7 +76,7 @@ def _layout(run_dir: Path) -> set[str]:
 def test_ray_executor_matches_the_torchrun_path(shared, tiny_encoder_dir, local_ray) -> None:
     sections = _sections(tiny_encoder_dir)
     torchrun_cfg = write_run(shared, "via-torchrun", **sections)
-    out = run_stage("pipeline", torchrun_cfg, timeout=400)
+    out = run_stage_process("pipeline", torchrun_cfg, timeout=400)
     assert out.returncode == 0, out.stderr[-3000:]
     ray_cfg = write_run(shared, "via-ray", **sections)
     assert _drive(ray_cfg) == 0

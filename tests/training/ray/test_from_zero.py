@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.training import run_stage, write_run
+from tests.support.training import run_stage_process, write_run
 from tests.training.ray.conftest import needs_ray, ray_env
 from tests.training.ray.test_driver import _layout, _sections
 from training.demo import synthetic
@@ -110,7 +110,7 @@ def test_a_ray_run_on_an_idle_cluster_scales_up_its_pool_completes_and_scales_do
         assert f"on pool '{POOL_A}'" in summaries[stage]["placement"], summaries[stage]
     # The same outputs as the torchrun path of today.
     torchrun_cfg = write_run(shared, "from-zero-torchrun", stages=stages, **sections)
-    out = run_stage("pipeline", torchrun_cfg, timeout=400)
+    out = run_stage_process("pipeline", torchrun_cfg, timeout=400)
     assert out.returncode == 0, out.stderr[-3000:]
     r_dir, t_dir = shared / "runs" / "from-zero", shared / "runs" / "from-zero-torchrun"
     assert _layout(r_dir) == _layout(t_dir)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.training import free_port, run_stage, step_losses, write_run
+from tests.support.training import free_port, run_stage_process, step_losses, write_run
 from tests.training.ray.conftest import needs_ray, ray_env, ray_temp_dir
 from training.demo import synthetic
 
@@ -52,11 +52,11 @@ def test_ray_train_fsdp_matches_torchrun(tmp_path, tiny_encoder_no_dropout, loca
 
     synthetic.write(tmp_path / "datasets" / "synthetic", seed=3, n_entities=12)
     base = write_run(tmp_path, "base", **{**_sections(tiny_encoder_no_dropout), "stages": ["index"]})
-    out = run_stage("index", base, timeout=240)
+    out = run_stage_process("index", base, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     for run_id in ("via-torchrun", "via-ray"):
         shutil.copytree(tmp_path / "runs" / "base" / "index", tmp_path / "runs" / run_id / "index")
-    out = run_stage("generator", write_run(tmp_path, "via-torchrun", **_sections(tiny_encoder_no_dropout)), nproc=2)
+    out = run_stage_process("generator", write_run(tmp_path, "via-torchrun", **_sections(tiny_encoder_no_dropout)), nproc=2)
     assert out.returncode == 0, out.stderr[-3000:]
     assert driver.main(["--config", str(write_run(tmp_path, "via-ray", **_sections(tiny_encoder_no_dropout)))]) == 0
 

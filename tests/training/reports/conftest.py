@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.training import run_stage, write_run
+from tests.support.training import run_stage_process, write_run
 
 RUN_ID = "rep1"
 RETRIEVER_STEPS = 5
@@ -27,6 +27,6 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory, tiny_encoder_dir: Pat
                                 "tiny": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}},
                      evaluate={"compare_pretrained": True, "max_questions": 8},
                      checkpoint={"every_steps": 2})
-    out = run_stage("pipeline", spec, timeout=600, RAGPOOL_LOG_FORMAT="json")
+    out = run_stage_process("pipeline", spec, timeout=600, RAGPOOL_LOG_FORMAT="json")
     assert out.returncode == 0, out.stderr[-3000:]
     return shared, out

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from infra.cli import main as ragpool
-from tests.support.training import REPO, child_env, free_port
+from tests.support.training import REPO, stage_env, free_port
 from tests.training.reports.conftest import RETRIEVER_STEPS, RUN_ID
 from training import exit_codes
 from training.reports.logs import APPLICATION_LOG_GROUP, CloudWatchSource, LogFilter, parse_lines, parse_since
@@ -84,7 +84,7 @@ def test_follow_prints_lines_appended_later(finished_run) -> None:
     shared, _ = finished_run
     _worker_log(shared, [_rec("retriever", 0, "first", time.time())])
     proc = subprocess.Popen([sys.executable, "-m", "infra.cli", "logs", RUN_ID, "--shared-root", str(shared),
-                             "--follow", "--follow-seconds", "8"], cwd=REPO, env=child_env(),
+                             "--follow", "--follow-seconds", "8"], cwd=REPO, env=stage_env(),
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     assert "first" in proc.stdout.readline()
