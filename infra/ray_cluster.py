@@ -41,11 +41,12 @@ import pulumi_random as random
 
 from dashboards.boards.ray import committed as ray_dashboards
 from infra.aliases import RagpoolComponent
-from infra.charts import KUBERAY_CRD_DIR, KUBERAY_CRD_FILES, KUBERAY_OPERATOR, RAY_VERSION
+from infra.charts import KUBERAY_CRD_DIR, KUBERAY_CRD_FILES, KUBERAY_OPERATOR
 from infra.common import GPU_TOLERATION, POOL_LABEL, SHARED_MOUNT_PATH, SYSTEM_NODE_SELECTOR, TRAINING_UID, child, k8s_labels, load_values
 from infra.config import GpuPoolConfig, StackConfig
 from infra.pod_security import container_security_context, pod_security_context
 from training.ray.auth import TOKEN_MODE, TOKEN_SECRET_KEY
+from training.ray import RAY_VERSION
 from training.ray.pools import format_pools
 from infra.training_namespace import (
     RAY_AUTOSCALER_METRICS_PORT, RAY_CLIENT_PORT, RAY_DASHBOARD_AGENT_GRPC_PORT, RAY_DASHBOARD_AGENT_LISTEN_PORT,

@@ -3,7 +3,7 @@
 Ray ships its dashboards as code (``ray.dashboard.modules.metrics.grafana_dashboard_factory``);
 ragpool does not hand-write them. ``python -m dashboards.boards.ray --write`` regenerates
 ``dashboards/boards/ray-generated/*.json`` with the installed Ray, which must be the pinned version
-(``infra.charts.RAY_VERSION``); a test regenerates them and compares bytes, so the committed
+(``training.ray.RAY_VERSION``); a test regenerates them and compares bytes, so the committed
 files cannot drift from the Ray the cluster runs. The files are committed so the offline
 plan and ``pulumi up`` need no Ray import; infra/ray_cluster.py ships them as Grafana
 ConfigMaps (label ``grafana_dashboard``).
@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from infra.charts import RAY_VERSION
+from training.ray import RAY_VERSION
 
 RAY_BOARDS_DIR = Path(__file__).resolve().parent / "ray-generated"
 # Output stem -> name of the generator in ray's grafana_dashboard_factory. Ray Core (nodes,
@@ -41,7 +41,7 @@ def generate() -> dict[str, str]:
 
     if ray.__version__ != RAY_VERSION:
         raise RayVersionError(f"installed ray is {ray.__version__}, the pin is {RAY_VERSION} "
-                              f"(infra/charts.py RAY_VERSION): install ray=={RAY_VERSION}")
+                              f"(training/ray/__init__.py RAY_VERSION): install ray=={RAY_VERSION}")
     out = {}
     for stem, function in GENERATORS.items():
         content, _uid = getattr(factory, function)()

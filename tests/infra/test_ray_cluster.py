@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from infra.charts import KUBERAY_COMMIT, KUBERAY_CRD_FILES, KUBERAY_OPERATOR, RAY_VERSION
+from infra.charts import KUBERAY_COMMIT, KUBERAY_CRD_FILES, KUBERAY_OPERATOR
+from training.ray import RAY_VERSION
 from infra.common import GPU_TAINT, POOL_LABEL, SHARED_MOUNT_PATH, TRAINING_UID
 from infra.config import ConfigError, parse
 from infra.plan import plan
