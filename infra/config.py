@@ -44,6 +44,9 @@ _IMAGE_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 _REGION = re.compile(r"[a-z]{2}(-gov)?-[a-z]+-\d")
 # Longest text of one value quoted in an error message.
 MAX_SHOWN = 120
+TEAM_NAMESPACE_PREFIX = "ragpool-team-"
+"""A trainingTeams team's namespace is this plus its name (TeamConfig.namespace; policy/checks.py
+counts such namespaces as training namespaces)."""
 
 
 def is_gpu_instance_type(instance_type: Any) -> bool:
@@ -185,7 +188,7 @@ SCHEMA: tuple[ConfigKey, ...] = (
     ),
     ConfigKey(
         "trainingTeams", None,
-        "Teams that get their own training namespace ragpool-team-<name>: {name, gpuQuota}. Each has its own "
+        f"Teams that get their own training namespace {TEAM_NAMESPACE_PREFIX}<name>: {{name, gpuQuota}}. Each has its own "
         "GPU quota, shared-storage directory (its own EFS access point), queue (RAGPOOL_QUEUE_NAMESPACE=<name>) "
         "and worker Job templates. The main namespace ragpool-training always exists.",
         [],
@@ -238,7 +241,7 @@ class TeamConfig:
 
     @property
     def namespace(self) -> str:
-        return f"ragpool-team-{self.name}"
+        return f"{TEAM_NAMESPACE_PREFIX}{self.name}"
 
 
 @dataclass(frozen=True)

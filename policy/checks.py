@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infra.config import GPU_INSTANCE_FAMILIES, is_gpu_instance_type  # Pulumi-free: the one GPU-family rule
+from infra.config import TEAM_NAMESPACE_PREFIX
 from infra.pod_security import restricted_problems  # Pulumi-free: the one home of the restricted context
 from policy.k8s_scheduling import untolerated_taints
 from training.ray.placement import POOL_LABEL
@@ -444,8 +445,7 @@ def _containers(pod_spec: Any) -> list[Any]:
     return _as_list(_get(pod_spec, "initContainers")) + _as_list(_get(pod_spec, "containers"))
 
 
-#: Team namespaces (infra/config.py trainingTeams) are training namespaces too.
-TEAM_NAMESPACE_PREFIX = "ragpool-team-"
+#: Team namespaces (infra/config.py trainingTeams, TEAM_NAMESPACE_PREFIX) are training namespaces too.
 
 
 def training_namespaces(ctx: Context) -> set[str]:
