@@ -207,8 +207,9 @@ def _commit(root: Path, tmp: Path, final: Path, manifest: dict[str, Any]) -> Non
     _fsync_dir(root)
 
 
-def verify_checkpoint_dir(path: Path, check_crc: bool = True) -> str | None:
-    """``None`` if ``path`` is a complete checkpoint, else why it is not."""
+def verify_checkpoint_dir(path: Path, check_crc: bool = True, share: tuple[int, int] = (0, 1)) -> str | None:
+    """``None`` if ``path`` is a complete checkpoint, else why it is not. ``share=(i, n)`` checks the
+    i-th of n interleaved shares of its files only (ranks splitting the reading of a large checkpoint)."""
     mpath = path / "manifest.json"
     if not mpath.is_file():
         return "no manifest.json (incomplete write)"
@@ -217,7 +218,8 @@ def verify_checkpoint_dir(path: Path, check_crc: bool = True) -> str | None:
         files = manifest["files"]
     except (ValueError, KeyError, TypeError) as err:
         return f"unreadable manifest.json ({err})"
-    for name, meta in files.items():
+    for name in sorted(files)[share[0]::share[1]]:
+        meta = files[name]
         f = path / name
         if not f.is_file():
             return f"{name} missing"
@@ -313,6 +315,24 @@ def save_dcp_checkpoint(root: Path, step: int, model: torch.nn.Module, optimizer
             shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
+
+
+def newest_verified(root: Path, env: Any) -> int | None:
+    """Collective: the step of the newest checkpoint under ``root`` that every rank finds complete, each
+    rank reading the sizes and CRC32Cs of 1/world of its files (a sharded checkpoint is the whole model:
+    no rank reads it all); rank 0 warns about each one skipped. None when there is none."""
+    from training.components import distributed as D
+
+    steps = D.broadcast_object(env, [s for s, _ in list_checkpoints(root)] if env.is_main else None)
+    for step in reversed(steps):
+        path = root / step_dir_name(step)
+        problems = [p for p in D.all_gather_object(env, verify_checkpoint_dir(path, share=(env.rank, env.world_size)))
+                    if p]
+        if not problems:
+            return step
+        if env.is_main:
+            log.warning("skipping checkpoint %s: %s", path, problems[0])
+    return None
 
 
 def load_dcp_state(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:

@@ -31,7 +31,7 @@ import torch
 from training.components import distributed as D
 from training.components import sharding as S
 from training.components.checkpoint import (Checkpointer, checkpoint_format, load_checkpoint_dir, load_dcp_state,
-                                            save_dcp_checkpoint, step_dir_name)
+                                            newest_verified, save_dcp_checkpoint, step_dir_name)
 from training.components.data import ResumableOrder
 from training.components.logs import Progress, get_logger
 from training.components.metrics import process_metrics
@@ -256,14 +256,21 @@ class Trainer:
         return self._result(OK)
 
     def resume(self) -> None:
-        """Load the newest complete checkpoint (rank 0 chooses it for every rank), if any."""
+        """Load the newest complete checkpoint (rank 0 chooses it for every rank; sharded runs verify
+        it together, each rank reading a share of its files), if any."""
         env = self.env
         found = None
         if env.is_main:
             self.ckpt.clean_temp()
-            found = self.ckpt.latest()
-        chosen = D.broadcast_object(env, (found[0], checkpoint_format(self.ckpt.root / step_dir_name(found[0])))
-                                    if found else None)
+        if self.sharded:
+            D.barrier(env)  # the temp dirs are gone before any rank lists
+            step = newest_verified(self.ckpt.root, env)
+            chosen = None if step is None else (step, checkpoint_format(self.ckpt.root / step_dir_name(step)))
+        else:
+            if env.is_main:
+                found = self.ckpt.latest()
+            chosen = D.broadcast_object(env, (found[0], checkpoint_format(self.ckpt.root / step_dir_name(found[0])))
+                                        if found else None)
         if chosen is None:
             return
         path = self.ckpt.root / step_dir_name(chosen[0])

@@ -69,15 +69,17 @@ def _save(root: Path, step: int, model, opt, env) -> None:
 
 
 def _load_latest(root: Path, model, opt, env) -> int:
+    """As the Trainer resumes: sharded ranks verify the newest checkpoint together, one process alone."""
     from training.components import distributed as D
-    from training.components.checkpoint import Checkpointer, load_dcp_state, step_dir_name
+    from training.components.checkpoint import Checkpointer, load_dcp_state, newest_verified, step_dir_name
 
     ckpt = Checkpointer(root, 3, env.is_main)
-    found = None
-    if env.is_main:
-        ckpt.clean_temp()
-        found = ckpt.latest()
-    step = D.broadcast_object(env, found[0] if found else None)
+    ckpt.clean_temp()
+    if env.world_size > 1:
+        D.barrier(env)
+        step = newest_verified(root, env)
+    else:
+        step = ckpt.latest()[0]
     load_dcp_state(root / step_dir_name(step), model, opt)
     return step
 
@@ -177,6 +179,27 @@ def test_sigkill_during_dcp_save_leaves_the_previous_checkpoint(tmp_path) -> Non
     assert out.returncode == 0, out.stderr[-3000:]
     _assert_same_state(tmp_path / "full-saved-2.pt", tmp_path / "full-loaded-2-from-2.pt")
     assert not any(p.name.startswith(".tmp-") for p in tmp_path.iterdir()), "resume cleans the crashed temp dir"
+
+
+@pytest.mark.slow
+def test_a_corrupt_shard_is_found_by_the_rank_that_reads_it_and_the_previous_checkpoint_loads(tmp_path) -> None:
+    """Ranks split the CRC reading of a sharded checkpoint; a shard only rank 1 reads is corrupt
+    (same size, one byte flipped): every rank skips that checkpoint and loads the one before."""
+    for mode in ("train-save", "load-save"):  # step 2, then step 3 (the same state)
+        out = _torchrun(mode, tmp_path, 2)
+        assert out.returncode == 0, out.stderr[-3000:]
+    newest = tmp_path / "step_000003"
+    files = sorted(json.loads((newest / "manifest.json").read_text())["files"])
+    victim = newest / files[1]  # sorted(files)[1::2] is rank 1's share
+    assert victim.name.endswith(".distcp"), files
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    (tmp_path / "full-loaded-2-from-2.pt").unlink()
+    out = _torchrun("load-save", tmp_path, 2)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "skipping checkpoint" in out.stderr and "CRC32C mismatch" in out.stderr, out.stderr[-3000:]
+    _assert_same_state(tmp_path / "full-saved-2.pt", tmp_path / "full-loaded-2-from-2.pt")
 
 
 if __name__ == "__main__":
