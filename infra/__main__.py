@@ -7,11 +7,11 @@ the project virtualenv, so ``infra.*`` imports resolve) and, offline, by
 
 import pulumi
 
-from infra.config import ConfigError, from_pulumi
+from infra.config import StackConfigError, from_pulumi
 
 try:
     cfg = from_pulumi()
-except ConfigError as exc:
+except StackConfigError as exc:
     # RunError: Pulumi prints the message alone, without a Python traceback.
     raise pulumi.RunError(str(exc)) from None
 

@@ -3,7 +3,7 @@
 ``SCHEMA`` is the single source of truth: ``Pulumi.yaml``'s ``config:`` block is
 generated from it (``python -m infra.config --pulumi-yaml``; a test keeps the two in
 sync) and :func:`parse` validates against it. Every problem is collected and raised
-as one :class:`ConfigError` whose lines each name the key, the value and what is
+as one :class:`StackConfigError` whose lines each name the key, the value and what is
 allowed, so an operator fixes a broken stack file in one pass.
 """
 
@@ -125,7 +125,7 @@ def _duration_days(value: Any) -> float:
     return int(m.group(1)) * _DURATION_DAYS[m.group(2)] if m else -1
 
 
-class ConfigError(ValueError):
+class StackConfigError(ValueError):
     """One or more invalid stack config values; ``problems`` holds one line each."""
 
     def __init__(self, problems: list[str], source: str = "stack config"):
@@ -772,7 +772,7 @@ def parse(raw: Mapping[str, Any], *, stack: str, region: str | None, project: st
     """Validate raw ``ragpool:`` values (keys without the namespace) into a StackConfig.
 
     ``raw`` values may be Pulumi's wire form (strings, JSON text) or native YAML values.
-    Raises one ConfigError listing every problem.
+    Raises one StackConfigError listing every problem.
     """
     r = _Reader(raw)
     _check_unknown_keys(r)
@@ -791,7 +791,7 @@ def parse(raw: Mapping[str, Any], *, stack: str, region: str | None, project: st
         **_parse_ray(r, gpu["gpu_pools"]),
     }
     if r.problems:
-        raise ConfigError(r.problems, source or f"stack {stack}")
+        raise StackConfigError(r.problems, source or f"stack {stack}")
     return StackConfig(project=project, stack=stack, region=region, network=network, cluster=cluster,
                        **identity, **groups)
 
@@ -809,7 +809,7 @@ def from_pulumi() -> StackConfig:
     if not _under_mocks():
         problems = deploy_problems(cfg)
         if problems:
-            raise ConfigError(problems, f"stack {cfg.stack} (deploy)")
+            raise StackConfigError(problems, f"stack {cfg.stack} (deploy)")
     return cfg
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from infra.config import ConfigError, deploy_problems
+    from infra.config import StackConfigError, deploy_problems
     from infra.plan import load_stack, validate_stack
 
     status = 0
@@ -21,8 +21,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         try:
             cfg = validate_stack(load_stack(stack, Path(args.root)))
             if args.deploy and (problems := deploy_problems(cfg)):
-                raise ConfigError(problems, f"Pulumi.{stack}.yaml")
-        except ConfigError as exc:
+                raise StackConfigError(problems, f"Pulumi.{stack}.yaml")
+        except StackConfigError as exc:
             print(f"{exc.source}: {len(exc.problems)} problem(s)", file=sys.stderr)
             for problem in exc.problems:
                 print(f"  {exc.source}: {problem}", file=sys.stderr)
@@ -37,7 +37,7 @@ def cmd_preview(args: argparse.Namespace) -> int:
     """One line per stack, ``<stack> on|off``: whether its PR preview runs against the cluster
     (ragpool:previewRoleArn set). The PR workflow picks the preview job's runner from it and
     .ci/plan-diff.sh the comment's first line."""
-    from infra.config import ConfigError
+    from infra.config import StackConfigError
     from infra.plan import load_stack, validate_stack
     from training import exit_codes
 
@@ -45,7 +45,7 @@ def cmd_preview(args: argparse.Namespace) -> int:
     for stack in args.stack:
         try:
             cfg = validate_stack(load_stack(stack, Path(args.root)))
-        except ConfigError as exc:
+        except StackConfigError as exc:
             print(f"{exc.source}: {len(exc.problems)} problem(s)", file=sys.stderr)
             for problem in exc.problems:
                 print(f"  {exc.source}: {problem}", file=sys.stderr)

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from infra.config import PROJECT, ConfigError, StackConfig, parse, shown
+from infra.config import PROJECT, StackConfigError, StackConfig, parse, shown
 from infra.langhost.mock_exec import PLACEHOLDER_SECRET, Recorded, make_mocks, make_monitor, run_under_mocks, unwrap
 from infra.langhost.mock_exec import MOCK_ACCOUNT, mock_outputs  # noqa: F401  (tests read them here)
 from training import exit_codes
@@ -143,10 +143,10 @@ def _plain(text: str, limit: int = 200) -> str:
 
 
 def read_yaml_file(path: Path) -> Any:
-    """Parse a Pulumi project or stack file, bounded in bytes, expansion and depth; ConfigError otherwise."""
+    """Parse a Pulumi project or stack file, bounded in bytes, expansion and depth; StackConfigError otherwise."""
 
-    def fail(problem: str) -> ConfigError:
-        return ConfigError([problem], source=path.name)
+    def fail(problem: str) -> StackConfigError:
+        return StackConfigError([problem], source=path.name)
 
     try:
         with path.open("rb") as f:
@@ -190,13 +190,13 @@ def _config_block(path: Path, doc: Any) -> dict[Any, Any]:
     if doc is None:
         return {}
     if not isinstance(doc, dict):
-        raise ConfigError([f"the top level must be a mapping with a config: section, not {shown(doc, 60)}"],
+        raise StackConfigError([f"the top level must be a mapping with a config: section, not {shown(doc, 60)}"],
                           source=path.name)
     block = doc.get("config")
     if block is None:
         return {}
     if not isinstance(block, dict):
-        raise ConfigError([f"config must be a mapping of `namespace:key: value` lines, not {shown(block, 60)}"],
+        raise StackConfigError([f"config must be a mapping of `namespace:key: value` lines, not {shown(block, 60)}"],
                           source=path.name)
     return block
 
@@ -205,20 +205,20 @@ def load_stack(stack: str, root: Path = REPO_ROOT, overrides: dict[str, Any] | N
     """Read Pulumi.yaml defaults and Pulumi.<stack>.yaml overrides (plus ``overrides``).
 
     Problems with the files themselves (unreadable, too large, not UTF-8, not YAML, not a
-    mapping) raise ConfigError here; problems with values (wrong types, nulls, non-string
+    mapping) raise StackConfigError here; problems with values (wrong types, nulls, non-string
     keys) are left to :func:`validate_stack`, which reports them all at once.
     """
     if not (isinstance(stack, str) and _STACK_NAME.fullmatch(stack)):
-        raise ConfigError([f"stack name {shown(stack, 60)} may only contain alphanumerics, hyphens, underscores "
+        raise StackConfigError([f"stack name {shown(stack, 60)} may only contain alphanumerics, hyphens, underscores "
                            "and periods (at most 100)"], source="stack name")
     project_file = root / "Pulumi.yaml"
     stack_file = root / f"Pulumi.{stack}.yaml"
     if not project_file.is_file():
-        raise ConfigError([f"no Pulumi.yaml in {shown(str(root.absolute()), 200)}: run in the project directory "
+        raise StackConfigError([f"no Pulumi.yaml in {shown(str(root.absolute()), 200)}: run in the project directory "
                            "(like the Pulumi CLI) or pass --root"], source=f"stack {stack}")
     if not stack_file.is_file():
         known = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in root.glob("Pulumi.*.yaml"))
-        raise ConfigError([f"no stack file {stack_file.name}; stacks here: {', '.join(known) or 'none'}"],
+        raise StackConfigError([f"no stack file {stack_file.name}; stacks here: {', '.join(known) or 'none'}"],
                           source=f"stack {stack}")
     project_config = _config_block(project_file, read_yaml_file(project_file))
     values = dict(_config_block(stack_file, read_yaml_file(stack_file)))
@@ -250,7 +250,7 @@ def load_stack(stack: str, root: Path = REPO_ROOT, overrides: dict[str, Any] | N
 
 
 def validate_stack(settings: StackSettings) -> StackConfig:
-    """Validate the stack overrides (defaults filled by the schema); ConfigError on problems."""
+    """Validate the stack overrides (defaults filled by the schema); StackConfigError on problems."""
     return parse(settings.raw, stack=settings.stack, region=settings.region, source=settings.stack_file.name)
 
 
@@ -317,7 +317,7 @@ def run_program_as_host(settings: StackSettings, program: Path = INFRA_DIR,
     running infra/langhost/mock_exec.py by path, which imports only pulumi, chdirs to the program
     directory and calls ``runpy.run_path(".", run_name="__main__")``.
 
-    ``pulumi.RunError`` from the program (bad config) raises ConfigError; any other failure
+    ``pulumi.RunError`` from the program (bad config) raises StackConfigError; any other failure
     raises ProgramError with the program's traceback."""
     import subprocess
     import tempfile
@@ -341,9 +341,9 @@ def run_program_as_host(settings: StackSettings, program: Path = INFRA_DIR,
         result = json.loads(result_path.read_text())
     sys.stderr.write(proc.stderr)  # the program's warnings, as `pulumi up` would show them
     if "run_error" in result:
-        # The program refuses the config (infra/__main__.py turns ConfigError into RunError
+        # The program refuses the config (infra/__main__.py turns StackConfigError into RunError
         # so `pulumi up` prints no traceback); here it is bad input like any other.
-        raise ConfigError([result["run_error"]], source=settings.stack_file.name)
+        raise StackConfigError([result["run_error"]], source=settings.stack_file.name)
     return HostRun(recorded=[Recorded(**r) for r in result["recorded"]], preloaded=tuple(result["preloaded"]))
 
 
@@ -534,7 +534,7 @@ def _fail(prog: str, exc: Exception | str) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     try:
         doc = plan(args.stack, Path(args.root))
-    except ConfigError as exc:
+    except StackConfigError as exc:
         return _fail("ragpool plan", exc)
     except ProgramError as exc:
         print(f"ragpool plan: {exc}", file=sys.stderr)

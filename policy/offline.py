@@ -178,12 +178,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config) if args.config else None
         if args.stack:
-            from infra.config import ConfigError  # the program's own loader; heavy, so imported here
+            from infra.config import StackConfigError  # the program's own loader; heavy, so imported here
             from infra.plan import ProgramError, plan
 
             try:
                 doc = plan(args.stack)  # the program as the Pulumi language host runs it
-            except ConfigError as exc:
+            except StackConfigError as exc:
                 print(f"{prog}: {exc}", file=sys.stderr)
                 return exit_codes.BAD_INPUT
             except ProgramError as exc:

@@ -11,7 +11,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from infra.config import DEFAULT_GPU_POOLS, SCHEMA, SCHEMA_BY_NAME, ConfigError, parse, pulumi_yaml_config
+from infra.config import DEFAULT_GPU_POOLS, SCHEMA, SCHEMA_BY_NAME, StackConfigError, parse, pulumi_yaml_config
 from infra.plan import REPO_ROOT, load_stack, validate_stack
 
 BASE = {"owner": "ml-platform", "costCenter": "rag", "publicAccessCidrs": ["198.51.100.0/24"],
@@ -120,7 +120,7 @@ BAD = [
 def test_bad_value_names_key_value_and_allowed(label, override, key, value):
     raw = {**BASE, "publicAccessCidrs": ["198.51.100.0/24"], **override}
     raw = {k: v for k, v in raw.items() if v is not None}
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(StackConfigError) as err:
         _parse(raw)
     message = str(err.value)
     assert f"ragpool:{key}" in message
@@ -136,20 +136,20 @@ def test_bad_value_names_key_value_and_allowed(label, override, key, value):
     ({"apiAccessCidrs": []}, "apiAccessCidrs", "private API endpoint"),
 ])
 def test_prod_rules(override, key, fragment):
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(StackConfigError) as err:
         _parse({**PROD, **override}, stack="prod")
     assert f"ragpool:{key}" in str(err.value) and fragment in str(err.value)
 
 
 def test_all_problems_are_reported_together():
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(StackConfigError) as err:
         _parse({**BASE, "vpcCidr": "nope", "kubernetesVersion": "0.1", "imageTag": "latest"}, region=None)
     assert len(err.value.problems) >= 4  # + aws:region missing
     assert any(p.startswith("aws:region") for p in err.value.problems)
 
 
 def test_secret_values_are_never_echoed():
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(StackConfigError) as err:
         _parse({**BASE, "publicAccessCidrs": ["198.51.100.0/24"], "alertReceiver": "bogus",
                 "alertReceiverSecret": 12345})
     assert "12345" not in str(err.value)
@@ -193,7 +193,7 @@ def test_fuzzed_configs_parse_or_fail_cleanly(raw, wire, region):
                for k, v in raw.items()}
     try:
         cfg = parse(copy.deepcopy(raw), stack="fuzz", region=region)
-    except ConfigError as exc:
+    except StackConfigError as exc:
         assert exc.problems and all(isinstance(p, str) and p for p in exc.problems)
         assert "Traceback" not in str(exc)
     else:
@@ -240,27 +240,27 @@ _POOL = {"name": "p", "instanceTypes": ["g5.xlarge"], "capacityType": "spot", "g
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_identifier_with_trailing_newline_or_control_character_is_refused(override, key):
     """re.match(r"...$") lets "x\\n" through; every identifier rule must hold for the whole value."""
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(StackConfigError) as err:
         _parse({**BASE, **override})
     assert any(p.startswith(f"ragpool:{key} = ") for p in err.value.problems), err.value.problems
 
 
 def test_region_with_trailing_newline_or_wrong_type_is_refused():
     for region in ("us-west-2\n", ["us-west-2"], 7):
-        with pytest.raises(ConfigError) as err:
+        with pytest.raises(StackConfigError) as err:
             _parse(BASE, region=region)
         assert any(p.startswith("aws:region = ") for p in err.value.problems)
 
 
 @pytest.mark.parametrize("key", [k.name for k in SCHEMA])
 def test_key_set_to_null_is_an_error_naming_it(key):
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(StackConfigError) as err:
         _parse({**BASE, key: None})
     assert any(p.startswith(f"ragpool:{key} is set to null") for p in err.value.problems), err.value.problems
 
 
 def test_non_string_keys_and_huge_values_are_named_and_bounded():
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(StackConfigError) as err:
         _parse({**BASE, 7: "x", "owner\n": 1, "gpuHoursBudget": 10**5000, "costCenter": "x" * 100_000,
                 "gpuPools": [{**_POOL, 3: "x", "labels": {1: "a"}}]})
     text = str(err.value)
@@ -275,7 +275,7 @@ def test_values_in_messages_are_bounded_even_when_shared_exponentially():
     bomb: object = "lol"
     for _ in range(30):  # 2^30 leaves if expanded
         bomb = [bomb, bomb]
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(StackConfigError) as err:
         _parse({**BASE, "owner": bomb, "gpuPools": bomb})
     assert all(len(p) < 1000 for p in err.value.problems)
 
@@ -300,7 +300,7 @@ def test_config_and_policy_agree_on_gpu_instance_types(instance_type, gpu):
     try:
         _parse({**BASE, "gpuPools": [{**_POOL, "instanceTypes": [instance_type]}]})
         accepted = True
-    except ConfigError:
+    except StackConfigError:
         accepted = False
     assert accepted is gpu
     assert is_gpu_nodepool(nodepool("node.kubernetes.io/instance-type", [instance_type])) is gpu

@@ -89,10 +89,10 @@ def real_engine(monkeypatch):
 
 
 def test_a_real_engine_refuses_the_placeholder_and_accepts_a_real_role(real_engine):
-    from infra.config import ConfigError, from_pulumi
+    from infra.config import StackConfigError, from_pulumi
 
     real_engine("prod")
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(StackConfigError) as err:
         from_pulumi()
     assert "ragpool:deployRoleArn" in str(err.value) and "111122223333" in str(err.value)
     real_engine("prod", {"ragpool:deployRoleArn": DEPLOY})

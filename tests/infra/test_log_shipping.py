@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from infra import log_shipping as ls
-from infra.config import CLOUDWATCH_RETENTION_DAYS, ConfigError, parse
+from infra.config import CLOUDWATCH_RETENTION_DAYS, StackConfigError, parse
 from tests.infra.iam_eval import Request, evaluate
 from tests.infra.test_gpu_node_scheduling import helm_merge
 
@@ -254,7 +254,7 @@ def test_log_retention_comes_from_config():
 
 @pytest.mark.parametrize("bad", [10, 0, -1, 3654])
 def test_a_retention_cloudwatch_does_not_accept_is_refused_with_the_allowed_values(bad):
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(StackConfigError) as err:
         parse({**BASE, "logRetentionDays": bad}, stack="dev", region=REGION)
     message = str(err.value)
     assert f"logRetentionDays = {bad}" in message and "1, 3, 5, 7, 14, 30" in message and "3653" in message
@@ -262,5 +262,5 @@ def test_a_retention_cloudwatch_does_not_accept_is_refused_with_the_allowed_valu
 
 @pytest.mark.parametrize("bad", [True, "seven"])
 def test_a_retention_that_is_not_an_integer_is_refused(bad):
-    with pytest.raises(ConfigError, match="logRetentionDays.*integer"):
+    with pytest.raises(StackConfigError, match="logRetentionDays.*integer"):
         parse({**BASE, "logRetentionDays": bad}, stack="dev", region=REGION)

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from infra.cluster import PREVIEW_EXCLUDED, PREVIEW_GROUP, preview_rules
-from infra.config import ConfigError, parse
+from infra.config import StackConfigError, parse
 from infra.plan import REPO_ROOT, plan
 from policy.cel_eval import crd_documents
 
@@ -131,7 +131,7 @@ BASE = {"owner": "t", "costCenter": "c", "deployRoleArn": "arn:aws:iam::44445555
     ("arn:aws:iam::444455556666:role/ragpool-deploy", "must not be the deploy role or an admin role"),
 ])
 def test_a_bad_preview_role_is_refused_naming_the_key(value, fragment):
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(StackConfigError) as err:
         parse({**BASE, "previewRoleArn": value}, stack="dev", region="us-west-2")
     assert any("previewRoleArn" in p and fragment in p for p in err.value.problems), err.value.problems
     assert parse({**BASE, "previewRoleArn": PREVIEW}, stack="dev", region="us-west-2").cluster.cluster_preview

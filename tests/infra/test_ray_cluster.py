@@ -13,7 +13,7 @@ import pytest
 from infra.charts import KUBERAY_COMMIT, KUBERAY_CRD_FILES, KUBERAY_OPERATOR
 from training.ray import RAY_VERSION
 from infra.common import GPU_TAINT, POOL_LABEL, SHARED_MOUNT_PATH, TRAINING_UID
-from infra.config import ConfigError, parse
+from infra.config import StackConfigError, parse
 from infra.plan import plan
 from infra.pod_security import restricted_problems
 from infra.ray_cluster import RAY_CLUSTER_NAME, RAY_HEAD_SERVICE, pool_resource
@@ -419,7 +419,7 @@ def test_ray_disabled_declares_nothing_of_ray():
 def test_bad_ray_config_is_named(override, fragment):
     raw = {"owner": "o", "costCenter": "c", "publicAccessCidrs": ["198.51.100.0/24"],
            "deployRoleArn": "arn:aws:iam::111122223333:role/deploy", **override}
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(StackConfigError) as err:
         parse(raw, stack="dev", region="us-west-2")
     assert fragment in str(err.value)
 

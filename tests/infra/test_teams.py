@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra.config import ConfigError, parse
+from infra.config import StackConfigError, parse
 from infra.plan import plan
 from tests.infra.harness import inputs_of, is_core, kubernetes_objects, validate_core, validate_custom
 
@@ -68,7 +68,7 @@ def test_team_objects_validate_and_pass_the_policies(team_plan, schemas_dir):
     ([{"name": "a"}], "trainingTeams[0].gpuQuota"),
 ])
 def test_bad_teams_are_named(teams, fragment):
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(StackConfigError) as err:
         parse({"owner": "o", "costCenter": "c", "publicAccessCidrs": ["198.51.100.0/24"], "trainingTeams": teams},
               stack="dev", region="us-west-2")
     assert f"ragpool:{fragment}" in str(err.value)
