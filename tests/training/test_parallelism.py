@@ -129,3 +129,27 @@ def test_activation_checkpointing_recomputes_each_block_with_the_same_gradients(
     assert calls == {"plain": 2, "ckpt": 4}, "each block runs again in backward only when checkpointed"
     for (name, p), (_, q) in zip(plain.named_parameters(), ckpt.named_parameters()):
         assert torch.allclose(p.grad, q.grad, atol=1e-6), name
+
+
+def test_meta_build_then_load_equals_from_pretrained_on_one_rank(tmp_path) -> None:
+    """One rank (fsdp unsharded): the meta-built model loads every tensor whole, equal to from_pretrained,
+    buffers (rotary tables) included, tied weights still tied; a bf16 file loads into fp32 parameters."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from training.components.distributed import DistEnv
+    from training.components.models import build_tiny_causal_lm, load_generator_tokenizer
+    from training.components.sharding import load_safetensors_sharded, params_on_meta, shard_model
+
+    env = DistEnv(0, 1, 0, 1, torch.device("cpu"))
+    source = build_tiny_causal_lm(load_generator_tokenizer(), "llama", 32, 2, 2, 64, 64, seed=5)
+    source.to(torch.bfloat16).save_pretrained(tmp_path)
+    ref = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    with params_on_meta():
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tmp_path))
+    assert all(p.is_meta for p in model.parameters())
+    model = shard_model(model, ParallelismConfig(strategy="fsdp"), env, "generator")
+    load_safetensors_sharded(model, env.device, tmp_path)
+    want, got = ref.state_dict(), model.state_dict()
+    assert want.keys() == got.keys()
+    assert [k for k in want if not torch.equal(want[k], got[k])] == []
+    assert model.lm_head.weight is model.model.embed_tokens.weight

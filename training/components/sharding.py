@@ -182,7 +182,17 @@ def load_safetensors_sharded(model: torch.nn.Module, device: torch.device, sourc
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    holders: dict[int, list[tuple[torch.nn.Module, str]]] = {}
+    for module in model.modules():
+        for pname, param in module._parameters.items():
+            if param is not None:
+                holders.setdefault(id(param), []).append((module, pname))
     model.to_empty(device=device)
+    for (first, first_name), *others in (h for h in holders.values() if len(h) > 1):
+        tied = getattr(first, first_name)  # to_empty gives each holder its own tensor: tie them again
+        for module, pname in others:
+            if getattr(module, pname) is not tied:
+                setattr(module, pname, tied)
     files = _safetensors_files(Path(source))
     headers = {f: _safetensors_header(f) for f in set(files.values())}
     fds: dict[Path, int] = {}
