@@ -3,9 +3,12 @@ runners, run specs, ports, a tiny local encoder."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -16,8 +19,8 @@ from training.demo.tiny_models import build_tiny_encoder
 from tests.support.faults import FAULT_ENVS, HANG_FAULT_ENV, RESUME_FAULT_ENV
 from tests.support.faults import MODULE as FAULTS_MODULE
 
-__all__ = ["HANG_FAULT_ENV", "RESUME_FAULT_ENV", "REPO", "build_tiny_encoder", "stage_env", "free_port",
-           "indexed_root", "load_params", "run_stage_process", "stage_cmd", "step_losses", "write_run"]
+__all__ = ["HANG_FAULT_ENV", "RESUME_FAULT_ENV", "REPO", "assert_sigkill_resume_is_bit_exact", "build_tiny_encoder",
+           "stage_env", "free_port", "indexed_root", "load_params", "run_stage_process", "stage_cmd", "step_losses", "write_run"]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -81,14 +84,34 @@ def indexed_root(root: Path, encoder: Path) -> Path:
 
 def step_losses(stage_dir: Path) -> dict[int, float]:
     """Global loss per optimizer step from rank 0's ``log.jsonl`` in ``stage_dir``."""
-    import json
-
     out = {}
     for line in (stage_dir / "log.jsonl").read_text().splitlines():
         rec = json.loads(line)
         if rec.get("message") == "step" and "loss" in rec.get("fields", {}):
             out[rec["step"]] = rec["fields"]["loss"]
     return out
+
+
+def assert_sigkill_resume_is_bit_exact(root: Path, stage: str, prefix: str, run: Callable[..., Any]) -> dict:
+    """``run(run_id, **env)`` runs ``stage`` to step 6 with a checkpoint every 2 steps. A run SIGKILLed
+    after step 3 keeps only step 2's checkpoint; rerun, it resumes there and ends with the straight
+    run's weights bit for bit. Returns those weights."""
+    import torch
+
+    straight = run(f"{prefix}-straight")
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    killed = run(f"{prefix}-killed", **{RESUME_FAULT_ENV: "3"})
+    assert killed.returncode != 0
+    ckpts = root / "runs" / f"{prefix}-killed" / stage / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir() if not p.name.startswith(".")) == ["step_000002"]
+    resumed = run(f"{prefix}-killed")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    marker = json.loads((ckpts.parent / "_COMPLETE").read_text())
+    assert marker["resumed_from"] == 2 and marker["steps"] == 6
+    a, b = (load_params(root / "runs" / f"{prefix}-{r}" / stage / "model") for r in ("straight", "killed"))
+    unequal = [k for k in a if not torch.equal(a[k], b[k])]
+    assert a.keys() == b.keys() and unequal == [], f"not bit-exact: {unequal[:5]}"
+    return a
 
 
 def load_params(model_dir: Path) -> dict[str, "object"]:

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.support.training import RESUME_FAULT_ENV, load_params, run_stage_process, step_losses, write_run
+from tests.support.training import (RESUME_FAULT_ENV, assert_sigkill_resume_is_bit_exact, load_params, run_stage_process,
+                                    step_losses, write_run)
 from tests.support.training import indexed_root as build_indexed_root
 
 pytestmark = pytest.mark.slow
@@ -134,19 +135,8 @@ def test_pretrained_model_loads_shard_by_shard_from_the_meta_device(indexed_root
 
 
 def test_fsdp_sigkill_then_resume_is_bit_exact(indexed_root) -> None:
-    straight = _run(indexed_root, "f-straight", 2, "fsdp", max_steps=6)
-    assert straight.returncode == 0, straight.stderr[-3000:]
-    killed = _run(indexed_root, "f-killed", 2, "fsdp", max_steps=6, **{RESUME_FAULT_ENV: "3"})
-    assert killed.returncode != 0
-    ckpts = indexed_root / "runs" / "f-killed" / "generator" / "checkpoints"
-    assert sorted(p.name for p in ckpts.iterdir() if not p.name.startswith(".")) == ["step_000002"]
-    resumed = _run(indexed_root, "f-killed", 2, "fsdp", max_steps=6)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    marker = json.loads((ckpts.parent / "_COMPLETE").read_text())
-    assert marker["resumed_from"] == 2 and marker["steps"] == 6
-    a, b = _params(indexed_root, "f-straight"), _params(indexed_root, "f-killed")
-    unequal = [k for k in a if not torch.equal(a[k], b[k])]
-    assert a.keys() == b.keys() and unequal == [], f"not bit-exact: {unequal[:5]}"
+    assert_sigkill_resume_is_bit_exact(indexed_root, "generator", "f",
+                                       lambda run_id, **env: _run(indexed_root, run_id, 2, "fsdp", max_steps=6, **env))
 
 
 def test_sigterm_to_torchrun_writes_a_dcp_checkpoint_and_exits_retriable(indexed_root, tmp_path) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.support.training import RESUME_FAULT_ENV, load_params, run_stage_process, write_run
+from tests.support.training import assert_sigkill_resume_is_bit_exact, load_params, run_stage_process, write_run
 from tests.support.training import indexed_root as build_indexed_root
 
 pytestmark = pytest.mark.slow
@@ -65,19 +65,8 @@ def test_generator_two_process_ddp_matches_one_process(indexed_root) -> None:
 
 def test_generator_sigkill_then_resume_is_bit_exact(indexed_root) -> None:
     # GPT-2 has dropout 0.1: the resumed run must restore every rank's RNG to match.
-    straight = _generator_run(indexed_root, "gen-straight", 2, "gpt2", max_steps=6)
-    assert straight.returncode == 0, straight.stderr[-3000:]
-    killed = _generator_run(indexed_root, "gen-killed", 2, "gpt2", max_steps=6, **{RESUME_FAULT_ENV: "3"})
-    assert killed.returncode != 0
-    ckpts = indexed_root / "runs" / "gen-killed" / "generator" / "checkpoints"
-    assert sorted(p.name for p in ckpts.iterdir() if not p.name.startswith(".")) == ["step_000002"]
-    resumed = _generator_run(indexed_root, "gen-killed", 2, "gpt2", max_steps=6)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    marker = json.loads((ckpts.parent / "_COMPLETE").read_text())
-    assert marker["resumed_from"] == 2 and marker["steps"] == 6
-    a, b = _params(indexed_root, "gen-straight"), _params(indexed_root, "gen-killed")
-    assert a.keys() == b.keys()
-    unequal = [k for k in a if not torch.equal(a[k], b[k])]
-    assert unequal == [], f"not bit-exact: {unequal[:5]}"
+    a = assert_sigkill_resume_is_bit_exact(
+        indexed_root, "generator", "gen", lambda run_id, **env: _generator_run(indexed_root, run_id, 2, "gpt2",
+                                                                              max_steps=6, **env))
     init = _initial_params("gpt2")  # vacuity guard: training really changed the weights
     assert any(not torch.equal(a[k], init[k]) for k in a if k in init)
