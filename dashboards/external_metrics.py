@@ -41,7 +41,7 @@ Sources and what each needs from the deployment (see ``dashboards/README.md``):
   ``keda_scaler_detail_errors_total`` is not, for ScaledJobs, at that tag).
 * kube-state-metrics Jobs and pods (internal/store/job.go, pod.go at v2.20.0): KEDA's Jobs carry
   the ScaledJob as controller owner (``kube_job_owner{owner_kind="ScaledJob"}``), their pods the
-  Job (``kube_pod_owner{owner_kind="Job"}``); ``kube_job_complete``/``kube_job_failed`` and
+  Job (``kube_pod_owner{owner_kind="Job"}``); ``kube_job_created`` (a creation timestamp), ``kube_job_complete``/``kube_job_failed`` and
   ``kube_pod_status_ready`` carry ``condition`` (true|false|unknown), ``kube_pod_status_phase``
   ``phase``.
 """
@@ -93,6 +93,8 @@ EXTERNAL_METRICS: tuple[ExternalMetric, ...] = (
                    "finished Jobs (condition=true): no longer counted by KEDA"),
     ExternalMetric("kube_job_failed", "kube-state-metrics", ("namespace", "job_name", "condition"),
                    "failed Jobs (condition=true): no longer counted by KEDA"),
+    ExternalMetric("kube_job_created", "kube-state-metrics", ("namespace", "job_name"),
+                   "a Job's creation time: failed worker Jobs of the last 15 minutes (RagpoolLaneWorkerJobsFailing)"),
     ExternalMetric("kube_pod_owner", "kube-state-metrics", ("namespace", "pod", "owner_kind", "owner_name"),
                    "worker pod -> its Job"),
     ExternalMetric("kube_pod_status_ready", "kube-state-metrics", ("namespace", "pod", "condition"),
