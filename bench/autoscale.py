@@ -47,13 +47,12 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import sys
 import time
 from pathlib import Path
 
-from training import exit_codes
+from bench.report import finish
 
 REPLACEMENT_SLACK_S = 5.0
 """``replacement_s`` goal: lease + polling interval + this."""
@@ -203,12 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         problems.append("--runs must be at least 3 (a mix of lanes and priorities)")
     if args.run_steps < 1:
         problems.append("--run-steps must be at least 1")
-    if problems:
-        print("bench.autoscale: " + "; ".join(problems), file=sys.stderr)
-        return exit_codes.BAD_INPUT
-    result = measure(args)
-    print(json.dumps(result, sort_keys=True), flush=True)
-    return 0 if all(result["goals"].values()) else 1
+    return finish("bench.autoscale", problems, lambda: measure(args))
 
 
 if __name__ == "__main__":

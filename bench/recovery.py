@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 
 from bench import recovery_pause
-from training import exit_codes
+from bench.report import finish
 from training.components.loop import HOOKS_ENV
 from training.demo.tiny_models import build_tiny_encoder
 from training.paths import child_env
@@ -358,12 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         problems.append("--checkpoint-every, --nproc and --lease-seconds must be positive, --max-steps at least 2")
     if not 0 < args.kill_at_step < args.max_steps:
         problems.append(f"--kill-at-step must be in [1, {args.max_steps - 1}]")
-    if problems:
-        print("bench.recovery: " + "; ".join(problems), file=sys.stderr)
-        return exit_codes.BAD_INPUT
-    result = measure(args)
-    print(json.dumps(result, sort_keys=True), flush=True)
-    return 0 if all(result["goals"].values()) else 1
+    return finish("bench.recovery", problems, lambda: measure(args))
 
 
 if __name__ == "__main__":
