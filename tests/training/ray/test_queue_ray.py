@@ -178,7 +178,11 @@ def test_a_failed_ray_driver_is_recorded_once_with_the_ray_jobs_error(ray_queue,
     last = info.last_error.rstrip().splitlines()[-1]
     assert last.startswith("ragpool ray job ray-bad-data-a1 FAILED: ragpool ray driver: "), last
     assert last.endswith(f"DataError: {missing}: file not found"), "the driver's one line, not Ray's last words"
-    assert f"{missing}: file not found" in job.message  # the Ray job's own error, not only an exit code
+    # The Ray job's own log names the error, not only an exit code. (Not JobInfo.message: that is a
+    # truncated tail of the log, from which Ray's own later lines, e.g. a task worker dying with the
+    # driver, can push the driver's line out.)
+    client = JobSubmissionClient(ray_head.address, headers=ray_head.auth_headers())
+    assert f"{missing}: file not found" in client.get_job_logs("ray-bad-data-a1")
 
 
 # ------------------------------------------------------------------ token authentication
