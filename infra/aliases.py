@@ -1,5 +1,7 @@
 """Renamed and moved components, recorded so `pulumi up` keeps existing resources.
 
+``infra/component.py`` (``RagpoolComponent``, every component's base) reads ``MOVES``.
+
 Renaming or retyping a component would otherwise change its URN (and, for a retype,
 every child's URN, which embeds the parent's type): Pulumi would delete and recreate
 the cluster, the file system and the queue. To rename, change the name in
@@ -12,8 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import pulumi
-
 
 @dataclass(frozen=True)
 class Moved:
@@ -25,25 +25,3 @@ class Moved:
 
 # (type token, current name) -> previous identity. Empty until something moves.
 MOVES: dict[tuple[str, str], Moved] = {}
-
-
-class RagpoolComponent(pulumi.ComponentResource):
-    """Base of every ragpool component: applies recorded moves and a stable child prefix.
-
-    ``k8s_provider``: the cluster's Kubernetes provider. The component passes it on to its
-    children (Pulumi's ``providers`` option), so every Kubernetes object it declares uses it
-    without naming it, and none can fall back to the ambient kubeconfig.
-    """
-
-    child_prefix: str
-
-    def __init__(self, type_token: str, name: str, opts: pulumi.ResourceOptions | None = None, *,
-                 k8s_provider: pulumi.ProviderResource | None = None):
-        moved = MOVES.get((type_token, name))
-        if moved:
-            alias = pulumi.Alias(name=moved.old_name or name, type_=moved.old_type or type_token)
-            opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(aliases=[alias]))
-        if k8s_provider is not None:
-            opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(providers=[k8s_provider]))
-        super().__init__(type_token, name, None, opts)
-        self.child_prefix = moved.old_name if moved and moved.old_name else name

@@ -15,7 +15,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from infra.aliases import RagpoolComponent
+from infra.component import RagpoolComponent
 from infra import iam
 from infra.common import GPU_TOLERATION, SYSTEM_NODE_SELECTOR, aws_tags, child, stateful
 from infra.config import StackConfig

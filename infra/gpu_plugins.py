@@ -20,7 +20,7 @@ from pathlib import Path
 import pulumi
 import pulumi_kubernetes as k8s
 
-from infra.aliases import RagpoolComponent
+from infra.component import RagpoolComponent
 from infra.charts import DCGM_EXPORTER, NVIDIA_DEVICE_PLUGIN
 from infra.common import POOL_LABEL, child, deep_merge, k8s_labels, load_values
 

@@ -17,7 +17,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from infra.aliases import RagpoolComponent
+from infra.component import RagpoolComponent
 from infra import iam
 from infra.charts import KARPENTER
 from infra.common import GPU_TAINT, POOL_LABEL, PART_OF, aws_tags, child, deep_merge, load_values

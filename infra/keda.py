@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 import pulumi
 import pulumi_kubernetes as k8s
 
-from infra.aliases import RagpoolComponent
+from infra.component import RagpoolComponent
 from infra.charts import KEDA
 from infra.common import SYSTEM_NODE_SELECTOR, TRAINING_UID, child, k8s_labels, load_values
 from infra.config import GpuPoolConfig, StackConfig

@@ -28,7 +28,7 @@ import pulumi
 import pulumi_aws as aws
 
 from infra import iam
-from infra.aliases import RagpoolComponent
+from infra.component import RagpoolComponent
 from infra.common import aws_tags, child, stateful
 from infra.config import StackConfig
 from training.reports.logs import APPLICATION_LOG_GROUP

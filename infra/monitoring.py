@@ -23,7 +23,7 @@ from dashboards.build import render_all
 from dashboards.external_metrics import YACE_EFS_JOB
 from dashboards.rulefiles import deployment_rule_groups
 from infra import iam
-from infra.aliases import RagpoolComponent
+from infra.component import RagpoolComponent
 from infra.charts import KUBE_PROMETHEUS_STACK
 from infra.common import SYSTEM_NODE_SELECTOR, aws_tags, child, deep_merge, k8s_labels, load_values
 from infra.config import StackConfig

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from infra.aliases import RagpoolComponent
+from infra.component import RagpoolComponent
 from infra.common import aws_tags, child
 from infra.config import NetworkConfig, StackConfig
 

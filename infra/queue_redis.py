@@ -21,7 +21,7 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 import pulumi_random as random
 
-from infra.aliases import RagpoolComponent
+from infra.component import RagpoolComponent
 from infra.common import SYSTEM_NODE_SELECTOR, aws_tags, child, k8s_labels, stateful
 from infra.config import StackConfig
 from infra.pod_security import container_security_context, pod_security_context

@@ -40,7 +40,7 @@ import pulumi_kubernetes as k8s
 import pulumi_random as random
 
 from dashboards.boards.ray import committed as ray_dashboards
-from infra.aliases import RagpoolComponent
+from infra.component import RagpoolComponent
 from infra.charts import KUBERAY_CRD_DIR, KUBERAY_CRD_FILES, KUBERAY_OPERATOR
 from infra.common import GPU_TOLERATION, POOL_LABEL, SHARED_MOUNT_PATH, SYSTEM_NODE_SELECTOR, TRAINING_UID, child, k8s_labels, load_values
 from infra.config import GpuPoolConfig, StackConfig

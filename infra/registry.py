@@ -10,7 +10,7 @@ from pathlib import Path
 import pulumi
 import pulumi_aws as aws
 
-from infra.aliases import RagpoolComponent
+from infra.component import RagpoolComponent
 from infra.common import aws_tags, child
 from infra.config import StackConfig
 

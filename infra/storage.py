@@ -14,7 +14,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from infra.aliases import RagpoolComponent
+from infra.component import RagpoolComponent
 from infra import iam
 from infra.common import TRAINING_UID, aws_tags, child, k8s_labels, stateful
 from infra.config import StackConfig
