@@ -64,7 +64,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from training.config import MODEL_PATH_KEYS, STAGES, ConfigError, deep_merge, load_run_config, nest, shown
+from training.config import MODEL_PATH_KEYS, STAGES, ConfigError, RunConfig, deep_merge, load_run_config, nest, shown
 from training.paths import RUN_ID_RULE, PathError, confine, is_valid_run_id, shared_root_from_env
 
 PRIORITIES: tuple[str, ...] = ("high", "normal", "low")
@@ -195,8 +195,9 @@ class RunSpec:
         return json.dumps(self.to_payload(), sort_keys=True, separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, text: str) -> "RunSpec":
-        return parse_spec(json.loads(text), source="stored spec")
+    def from_json(cls, text: str, *, shared_root: str | None = None) -> "RunSpec":
+        """Validate a stored spec again (a worker: against its own ``shared_root`` and environment)."""
+        return parse_spec(json.loads(text), source="stored spec", shared_root=shared_root)
 
 
 def _key(value: Any) -> str:
@@ -384,14 +385,15 @@ def parse_spec(raw: Any, *, source: str = "run spec", shared_root: str | None = 
     size = len(spec.to_json().encode())
     if size > MAX_SPEC_BYTES:
         raise SpecError([("(payload)", f"{size} bytes once encoded; the limit is {MAX_SPEC_BYTES}")], source)
-    problem = _training_config_problem(spec, shared_root)
-    if problem:
-        raise SpecError([problem], source)
-    problems = parallelism_problems(spec, shared_root)
+    try:  # the derived training config, checked once by the run config's own dataclasses
+        cfg = load_run_config(spec.to_training_config(shared_root))
+    except ConfigError as exc:
+        raise SpecError([(_spec_field(spec, exc.key), str(exc))], source) from None
+    problems = parallelism_problems(spec, shared_root, cfg)
     if problems:
         raise SpecError(problems, source)
     if spec.executor == "ray":
-        problems = ray_problems(spec, shared_root)
+        problems = ray_problems(spec, shared_root, cfg)
         if problems:
             raise SpecError(problems, source)
     return spec
@@ -422,8 +424,9 @@ def _pool_field(raw: Mapping, executor: str, problems: list) -> str | None:
     return pool
 
 
-def ray_problems(spec: RunSpec, shared_root: str) -> list[tuple[str, str]]:
-    """A ray run's stages must name declared pools whose nodes hold their GPUs per worker."""
+def ray_problems(spec: RunSpec, shared_root: str, cfg: RunConfig | None = None) -> list[tuple[str, str]]:
+    """A ray run's stages must name declared pools whose nodes hold their GPUs per worker
+    (``cfg``: the spec's training config when already loaded)."""
     from training.config import RAY_STAGES
     from training.ray.pools import PoolsError, declared_pools, pool_problems
 
@@ -431,7 +434,7 @@ def ray_problems(spec: RunSpec, shared_root: str) -> list[tuple[str, str]]:
         pools = declared_pools()
     except PoolsError as err:
         return [("(environment)", str(err))]
-    cfg = load_run_config(spec.to_training_config(shared_root))
+    cfg = cfg or load_run_config(spec.to_training_config(shared_root))
     wanted = {s: (cfg.ray.stage(s).pool, cfg.ray.stage(s).gpus) for s in RAY_STAGES
               if s == "prepare" or s in spec.stages}
     return [(_spec_field(spec, key), message) for key, message in pool_problems(wanted, pools)]
@@ -453,11 +456,12 @@ def _spec_field(spec: RunSpec, key: str | None) -> str:
     return f"hyperparameters.{RUN_SECTION}.{key}"
 
 
-def parallelism_problems(spec: RunSpec, shared_root: str) -> list[tuple[str, str]]:
+def parallelism_problems(spec: RunSpec, shared_root: str, cfg: RunConfig | None = None) -> list[tuple[str, str]]:
     """``hsdp`` replicates across nodes and shards within one: it needs a torchrun run of ``nodes`` >= 2
     (the world is nodes x gpus_per_node, so it divides into nodes). Which stage may shard at all is the
-    run config's own check (its ``parallelism`` types); ``fsdp`` on one rank is allowed (it warns)."""
-    cfg = load_run_config(spec.to_training_config(shared_root))
+    run config's own check (its ``parallelism`` types); ``fsdp`` on one rank is allowed (it warns).
+    ``cfg``: the spec's training config when already loaded."""
+    cfg = cfg or load_run_config(spec.to_training_config(shared_root))
     out = []
     for stage in spec.stages:
         if getattr(getattr(cfg, stage), "parallelism", None) is None \
@@ -471,15 +475,6 @@ def parallelism_problems(spec: RunSpec, shared_root: str) -> list[tuple[str, str
             out.append((key, f"hsdp shards within a node and replicates across nodes, but nodes: {spec.nodes} "
                              "gives one node: use fsdp, or nodes >= 2"))
     return out
-
-
-def _training_config_problem(spec: RunSpec, shared_root: str) -> tuple[str, str] | None:
-    """Check the derived training config with the run config's own dataclasses."""
-    try:
-        load_run_config(spec.to_training_config(shared_root))
-    except ConfigError as exc:
-        return _spec_field(spec, exc.key), str(exc)
-    return None
 
 
 class _SpecLoader(yaml.SafeLoader):
