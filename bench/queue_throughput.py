@@ -42,7 +42,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from training.scheduler.run_queue import TaskQueue, lane  # noqa: E402
-from training.demo.redis_server import LocalRedisServer  # noqa: E402
+from training.localdev.redis_server import LocalRedisServer  # noqa: E402
 
 
 def _client(port: int):

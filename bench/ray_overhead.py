@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 from training import exit_codes
+from training.ports import free_port
 
 
 def _config(shared: Path, run_id: str, steps: int, **extra: object) -> dict:
@@ -49,14 +50,6 @@ def _config(shared: Path, run_id: str, steps: int, **extra: object) -> dict:
             "checkpoint": {"every_steps": 0, "keep_latest_k": 1},
             "ray": {"placement_timeout_s": 300, "retriever": {"workers": 2, "cpus": 1}}}
     return deep_merge(base, extra)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     temp = tempfile.mkdtemp(prefix="rgb", dir="/tmp")
     t0 = time.monotonic()
     # Dashboard on (as on a KubeRay head): its State API lets Ray Train release the trials Tune stops.
-    ray.init(num_cpus=2, include_dashboard=True, dashboard_port=_free_port(), _temp_dir=temp, log_to_driver=False)
+    ray.init(num_cpus=2, include_dashboard=True, dashboard_port=free_port(), _temp_dir=temp, log_to_driver=False)
     ray_start_s = time.monotonic() - t0
     try:
         ray_s = {}

@@ -3,7 +3,7 @@ and another worker picks the run up from its last checkpoint.
 
     python -m bench.recovery [--lease-seconds 15] [--checkpoint-every 8] [--max-steps 32] [--nproc 2]
 
-1. A local ``redis-server`` (training/demo/redis_server.py), the synthetic dataset and a tiny
+1. A local ``redis-server`` (training/localdev/redis_server.py), the synthetic dataset and a tiny
    encoder under ``--out``.
 2. Reference: the run (retriever fine-tuning, CPU, ``--nproc`` ranks, a checkpoint every
    ``--checkpoint-every`` steps) goes through the queue to one worker, uninterrupted.
@@ -210,7 +210,7 @@ def final_params(run_dir: Path) -> dict:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from training.demo.redis_server import LocalRedisServer
+    from training.localdev.redis_server import LocalRedisServer
     from training.scheduler.redis_conn import connect, settings_from_env
     from training.scheduler.run_queue import TaskQueue
     from training.scheduler.spec import parse_spec

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from training.demo.redis_server import LocalRedisServer, LocalSentinelGroup, find_redis_sentinel, find_redis_server
+from training.localdev.redis_server import LocalRedisServer, LocalSentinelGroup, find_redis_sentinel, find_redis_server
 from training.scheduler.run_queue import TaskQueue
 from training.paths import child_env
 from training.scheduler.spec import parse_spec

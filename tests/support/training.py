@@ -13,14 +13,13 @@ from typing import Any
 import yaml
 
 from training import paths
-from training.demo.redis_server import free_port
 from training.demo.tiny_models import build_tiny_encoder
 
 from tests.support.faults import FAULT_ENVS, HANG_FAULT_ENV, RESUME_FAULT_ENV
 from tests.support.faults import MODULE as FAULTS_MODULE
 
 __all__ = ["HANG_FAULT_ENV", "RESUME_FAULT_ENV", "REPO", "assert_sigkill_resume_is_bit_exact", "build_tiny_encoder",
-           "stage_env", "free_port", "indexed_root", "load_params", "run_stage_process", "stage_cmd", "step_losses", "write_run"]
+           "stage_env", "indexed_root", "load_params", "run_stage_process", "stage_cmd", "step_losses", "write_run"]
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -93,7 +93,8 @@ def test_hsdp_over_two_nodes_with_activation_checkpointing_matches_ddp(indexed_r
     import subprocess
     import sys
 
-    from tests.support.training import REPO, stage_env, free_port
+    from tests.support.training import REPO, stage_env
+    from training.ports import free_port
 
     spec = _spec(indexed_root, "hsdp", "hsdp", grad_accum=2, activation_checkpointing=True)
     port = free_port()

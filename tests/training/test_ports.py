@@ -54,3 +54,14 @@ def test_the_check_sees_a_literal(tmp_path):
     sample = tmp_path / "sample.py"
     sample.write_text('"""Listens on 9300."""\nPORT = 9300  # 9400\n')
     assert port_literals(sample) == [(2, "PORT = 9300  # 9400")]
+
+
+def test_free_ports_are_distinct_and_free_on_loopback():
+    """The local servers' ports (training.localdev): distinct, and each one can be bound right away."""
+    import socket
+
+    picked = ports.free_ports(6)
+    assert len(set(picked)) == 6, picked
+    for port in [*picked, ports.free_port()]:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", port))

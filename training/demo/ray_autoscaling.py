@@ -12,7 +12,7 @@ builds (Ray 2.58, python/ray/cluster_utils.py): the same autoscaling config (nod
 with ``max_workers: 0``, ``provider.launch_multiple`` and ``provider.head_node_id`` for v2) and the
 same environment (``RAY_FAKE_CLUSTER``, ``RAY_enable_autoscaler_v2``, ``RAY_CLOUD_INSTANCE_ID`` and
 ``RAY_OVERRIDE_NODE_ID_FOR_TESTING`` of the fake head, ``AUTOSCALER_UPDATE_INTERVAL_S=1``), started by
-:class:`training.demo.ray_head.LocalRayHead` rather than by ``AutoscalingCluster.start``, for two reasons
+:class:`training.localdev.ray_head.LocalRayHead` rather than by ``AutoscalingCluster.start``, for two reasons
 read in that file:
 
 - ``AutoscalingCluster.start()`` and ``shutdown()`` run ``ray stop --force``, which kills every Ray of
@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from training.demo.ray_head import LocalRayHead
+from training.localdev.ray_head import LocalRayHead
 
 FAKE_PROVIDER_CLASS = "ray.autoscaler._private.fake_multi_node.node_provider.FakeMultiNodeProvider"
 """The fake multi-node provider, loaded through Ray's ``external`` provider type (module docstring)."""

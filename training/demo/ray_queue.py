@@ -3,7 +3,7 @@
 :func:`run` is called by :mod:`training.demo.through_queue` (``--executors torchrun,ray``) while its
 local redis-server runs, after the torchrun run:
 
-1. starts a local Ray head (:class:`training.demo.ray_head.LocalRayHead`: ``ray start --head`` on free
+1. starts a local Ray head (:class:`training.localdev.ray_head.LocalRayHead`: ``ray start --head`` on free
    ports with the Jobs API and Ray token authentication, 2 logical CPUs, node label ``ragpool.io/pool=gpu-spot`` standing in for the
    GPU pool of a real cluster), or waits for the one :func:`launch_head` began (``make demo`` launches
    it before its torchrun run, so the head's ~15 s start-up overlaps that run);
@@ -84,9 +84,9 @@ def _write(path: Path, spec: dict[str, Any]) -> Path:
 
 
 def launch_head() -> Any:
-    """Step 1 begun: the local head (:class:`training.demo.ray_head.LocalRayHead`) launched, not yet
+    """Step 1 begun: the local head (:class:`training.localdev.ray_head.LocalRayHead`) launched, not yet
     waited for, so that it comes up while the demo's torchrun run trains; :func:`run` waits for it."""
-    from training.demo.ray_head import LocalRayHead
+    from training.localdev.ray_head import LocalRayHead
 
     return LocalRayHead(num_cpus=RAY_CPUS, pool=POOL).launch()
 
@@ -96,7 +96,7 @@ def run(out: Path, shared: Path, env: dict[str, str], run_worker, tune_trials: i
     ``run_worker(env)`` runs one queue worker to an empty queue; ``head`` is a head from
     :func:`launch_head` (else one is started here); it is stopped here in every case.
     0 when the run and the search succeeded."""
-    from training.demo.ray_head import RayHeadError
+    from training.localdev.ray_head import RayHeadError
     from training.ray.pools import POOLS_ENV
     from training.scheduler import cli as runs_cli
     from training.scheduler.redis_conn import connect

@@ -121,7 +121,7 @@ def remove_previous_runs(shared: Path, run_ids: list[str]) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from training.demo.redis_server import LocalRedisServer, RedisServerError
+    from training.localdev.redis_server import LocalRedisServer, RedisServerError
 
     parser = argparse.ArgumentParser(prog="python -m training.demo.through_queue", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=".local/demo", help="where the shared root and spec go (default .local/demo)")
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if "ray" in executors:
                 from training.demo import ray_queue
-                from training.demo.ray_head import RayHeadError
+                from training.localdev.ray_head import RayHeadError
 
                 try:  # the Ray head comes up while the torchrun run trains (ray_queue.run waits for it)
                     head = ray_queue.launch_head()

@@ -60,7 +60,7 @@ def test_the_local_head_turns_off_only_ray_trains_preemption_watcher() -> None:
     pytest.importorskip("ray.train")
     from ray.train.v2._internal.constants import ENABLE_PREEMPTION_WATCHER_ENV_VAR
 
-    from training.demo.ray_head import PREEMPTION_WATCHER_ENV, LocalRayHead
+    from training.localdev.ray_head import PREEMPTION_WATCHER_ENV, LocalRayHead
 
     assert PREEMPTION_WATCHER_ENV == ENABLE_PREEMPTION_WATCHER_ENV_VAR
     env = LocalRayHead().process_env()

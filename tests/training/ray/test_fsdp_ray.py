@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.training import free_port, run_stage_process, step_losses, write_run
+from tests.support.training import run_stage_process, step_losses, write_run
+from training.ports import free_port
 from tests.training.ray.conftest import needs_ray, ray_env, ray_temp_dir
 from training.demo import synthetic
 

@@ -3,7 +3,7 @@
 A run is submitted with ``ragpool submit``, a worker with ``RAGPOOL_EXECUTORS=ray`` claims it and
 follows its Ray job (``python -m training.ray.job``): a cancel stops the Ray job and ends the run
 ``cancelled``; a driver that fails at run time is recorded once with the Ray job's error. One Ray head
-for the module (:class:`training.demo.ray_head.LocalRayHead`, as ``make demo`` starts it), in token
+for the module (:class:`training.localdev.ray_head.LocalRayHead`, as ``make demo`` starts it), in token
 mode as every ragpool RayCluster: the worker sends the token on every Jobs API call; a client without
 it is refused on the Jobs API and by the GCS; a wrong token is a clear error naming the Secret, exit 4,
 and the run is handed back with its attempt unspent.
@@ -35,7 +35,7 @@ SECRET = "ragpool-training/ragpool-ray-auth"
 
 @pytest.fixture(scope="module")
 def ray_head():
-    from training.demo.ray_head import LocalRayHead
+    from training.localdev.ray_head import LocalRayHead
 
     ray_env()
     head = LocalRayHead(num_cpus=2, pool=POOL, auth=True).start()

@@ -10,7 +10,8 @@ import time
 import pytest
 
 from infra.cli import main as ragpool
-from tests.support.training import REPO, stage_env, free_port
+from tests.support.training import REPO, stage_env
+from training.ports import free_port
 from tests.training.reports.conftest import RETRIEVER_STEPS, RUN_ID
 from training import exit_codes
 from training.reports.logs import APPLICATION_LOG_GROUP, CloudWatchSource, LogFilter, parse_lines, parse_since

@@ -15,7 +15,7 @@ from tests.support.redis_fixtures import make_spec, subprocess_env
 from tests.support.waits import wait_for
 
 from training import exit_codes
-from training.demo.redis_server import free_port
+from training.ports import free_port
 from training.scheduler.keeper import DEFAULT_INTERVAL_S, NAMESPACES_ENV, namespaces_from_env
 from training.scheduler.lanes import Lane
 from training.scheduler.run_queue import FREE_RELEASES, Release, TaskQueue

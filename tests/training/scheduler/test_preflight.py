@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 from tests.support.redis_fixtures import make_spec, subprocess_env
-from tests.support.training import free_port
+from training.ports import free_port
 from tests.support.waits import wait_for
 
 from training import exit_codes

@@ -12,7 +12,7 @@ import redis
 from tests.support.redis_fixtures import make_spec
 
 from training.scheduler.run_queue import TaskQueue
-from training.demo.redis_server import make_tls_files
+from training.localdev.redis_server import make_tls_files
 from training.scheduler.exporter import queue_registry
 from training.scheduler.redis_conn import RedisConfigError, RedisSettings, connect, redact_url, settings_from_env
 

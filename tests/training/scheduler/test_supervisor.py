@@ -265,7 +265,7 @@ def test_sigterm_through_torchrun_reaches_ranks_and_releases(redis_server, names
 @pytest.mark.slow
 def test_two_node_indexed_job_joins_one_torchrun_rendezvous(redis_server, namespace, make_queue, tmp_path):
     """Two worker 'pods' (indices 0 and 1) on this machine: one claim, one c10d rendezvous, world size 2."""
-    from training.demo.redis_server import free_port
+    from training.ports import free_port
 
     q, entrypoint = submit_tiny_ddp(make_queue, tmp_path, "two-node-ddp", nodes=2, gpus_per_node=1)
     group = dict(RAGPOOL_NNODES="2", RAGPOOL_WORKER_GROUP="job-ddp", RAGPOOL_RDZV_HOST="127.0.0.1",
@@ -364,7 +364,7 @@ def test_chaos_sigkilled_workers_lose_nothing_and_complete_each_task_once(redis_
 def test_worker_serves_queue_metrics(redis_server, namespace, make_queue, tmp_path):
     import urllib.request
 
-    from training.demo.redis_server import free_port
+    from training.ports import free_port
 
     q = make_queue()
     q.submit(make_spec("metered", priority="low", nodes=2))  # waits: no 2-node group here

@@ -31,7 +31,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from training.ports import free_ports
 
 MARKER_ENV = "RAGPOOL_LOCAL_RAY_HEAD"
 """Set to the head's temp dir in every process of the head (how :meth:`LocalRayHead.stop` finds them)."""
@@ -54,21 +55,6 @@ PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 
 class RayHeadError(RuntimeError):
     """The local Ray head could not be started (the message carries the end of its log)."""
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports on 127.0.0.1 that nothing listens on right now (all held open
-    while picking, so no two are the same)."""
-    socks = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            socks.append(sock)
-        return [sock.getsockname()[1] for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
 
 
 def find_ray() -> str | None:
