@@ -11,12 +11,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
-from dashboards.boards import ALL
+from dashboards.boards import ALL, PER_LANE
+from training.scheduler.lanes import Lane
 
 
 def to_dict(board: Any) -> dict[str, Any]:
@@ -29,12 +31,13 @@ def render(board: Any) -> str:
     return json.dumps(to_dict(board), sort_keys=True, indent=2, ensure_ascii=False) + "\n"
 
 
-def render_all() -> dict[str, str]:
-    """File name -> JSON text for every dashboard, checking UIDs are unique."""
+def render_all(lanes: Sequence[Lane] | None = None) -> dict[str, str]:
+    """File name -> JSON text for every dashboard, checking UIDs are unique. ``lanes``: the stack's
+    lanes, one row each on the boards of :data:`~dashboards.boards.PER_LANE` (None: their default)."""
     out: dict[str, str] = {}
     seen: dict[str, str] = {}
     for stem, build in ALL.items():
-        board = build()
+        board = build(lanes) if lanes is not None and stem in PER_LANE else build()
         uid = board.uid
         if not uid:
             raise ValueError(f"dashboard {stem!r} has no uid")
@@ -45,11 +48,11 @@ def render_all() -> dict[str, str]:
     return out
 
 
-def write_all(out_dir: Path) -> list[Path]:
+def write_all(out_dir: Path, lanes: Sequence[Lane] | None = None) -> list[Path]:
     """Write every dashboard under ``out_dir`` (created if missing); returns the paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, text in render_all().items():
+    for name, text in render_all(lanes).items():
         path = out_dir / name
         path.write_text(text, encoding="utf-8")
         written.append(path)

@@ -18,20 +18,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "Import them in Grafana via Dashboards > New > Import, or load them from ConfigMaps.",
     )
     parser.add_argument("--out", required=True, type=Path, metavar="DIR", help="output directory (created if missing)")
+    parser.add_argument("--lanes", metavar="LANE[,LANE...]", default=None,
+                        help="the lanes of your stack, one Autoscaling row each (lane names as in RAGPOOL_LANES: "
+                             "torchrun, torchrun.n<N>, pool.<pool>[.n<N>], ray); default: torchrun,ray. "
+                             "A deployed stack's Grafana gets its own lanes from the Pulumi program.")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from dashboards.build import write_all  # the SDK import stays out of `ragpool --help`
 
+    from training.scheduler.lanes import LaneError, parse_lane
+
     out: Path = args.out
     if out.exists() and not out.is_dir():
         print(f"ragpool dashboards: --out {out} exists and is not a directory", file=sys.stderr)
         return 2
+    lanes = None
+    if getattr(args, "lanes", None) is not None:
+        try:
+            lanes = [parse_lane(item) for item in args.lanes.split(",") if item.strip()]
+            if not lanes:
+                raise LaneError("--lanes names no lane")
+        except LaneError as exc:
+            print(f"ragpool dashboards: --lanes {args.lanes!r}: {exc}", file=sys.stderr)
+            return 2
     try:
-        written = write_all(out)
+        written = write_all(out, lanes)
     except OSError as exc:
         print(f"ragpool dashboards: cannot write to {out}: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # lanes whose kube-state-metrics labels collide (dashboards/boards/autoscaling.py)
+        print(f"ragpool dashboards: --lanes {args.lanes!r}: {exc}", file=sys.stderr)
         return 2
     for path in written:
         print(path)

@@ -39,6 +39,14 @@ Sources and what each needs from the deployment (see ``dashboards/README.md``):
   value is the list's length), ``keda_build_info`` and ``keda_scaled_job_errors_total{namespace, scaledJob}`` (counted
   for every failed read in pkg/scaling/scale_handler.go getScaledJobMetrics; the per-scaler
   ``keda_scaler_detail_errors_total`` is not, for ScaledJobs, at that tag).
+* kube-state-metrics lane labels: a worker Job and its pods carry ``lane.ragpool.io/<lane>: "true"``
+  for every lane their worker claims (training/scheduler/lanes.py ``lane_labels``); ``kube_job_labels``
+  and ``kube_pod_labels`` carry them as ``label_lane_ragpool_io_<lane>`` (:func:`ksm_label`) because
+  ``KSM_METRIC_LABELS_ALLOWLIST`` allows the key pattern ``lane.ragpool.io/*`` for jobs and pods: one
+  ``*`` per key is a partial wildcard since kube-state-metrics v2.20.0 (kubernetes/kube-state-metrics
+  v2.20.0 internal/store/utils.go createPrometheusLabelKeysValues, pkg/options/types.go
+  MaxPartialWildcardsPerLabel; commit a3d2f640). The lane names change with the stack's pools, the
+  pattern does not.
 * kube-state-metrics Jobs and pods (internal/store/job.go, pod.go at v2.20.0): KEDA's Jobs carry
   the ScaledJob as controller owner (``kube_job_owner{owner_kind="ScaledJob"}``), their pods the
   Job (``kube_pod_owner{owner_kind="Job"}``); ``kube_job_created`` (a creation timestamp), ``kube_job_complete``/``kube_job_failed`` and
@@ -48,10 +56,12 @@ Sources and what each needs from the deployment (see ``dashboards/README.md``):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
 from training.ray.placement import POOL_LABEL
+from training.scheduler.lanes import LANE_LABEL_PREFIX, Lane
 
 Source = Literal["kube-state-metrics", "redis_exporter", "yace", "kuberay-operator", "ray", "keda"]
 
@@ -81,8 +91,13 @@ EXTERNAL_METRICS: tuple[ExternalMetric, ...] = (
                    "allocatable GPUs (the device plugin withholds unhealthy ones)"),
     ExternalMetric("kube_node_status_condition", "kube-state-metrics", ("node", "condition", "status"),
                    "Ready condition of GPU nodes"),
-    ExternalMetric("kube_pod_labels", "kube-state-metrics", ("namespace", "pod", "label_ragpool_io_run_id"),
-                   "pod -> run id, to name the run holding an idle GPU; needs the pod allow-list"),
+    ExternalMetric("kube_pod_labels", "kube-state-metrics",
+                   ("namespace", "pod", "label_ragpool_io_run_id", "label_lane_ragpool_io_<lane>"),
+                   "pod -> run id, to name the run holding an idle GPU; worker pod -> the lanes it claims "
+                   "(Autoscaling dashboard, a row per lane); needs the pod allow-list"),
+    ExternalMetric("kube_job_labels", "kube-state-metrics", ("namespace", "job_name", "label_lane_ragpool_io_<lane>"),
+                   "worker Job -> the lanes its worker claims (Autoscaling dashboard, a row per lane); needs the "
+                   "job allow-list"),
     ExternalMetric("kube_pod_container_resource_requests", "kube-state-metrics",
                    ("namespace", "pod", "node", "resource"), "GPUs requested by pods (allocation vs capacity)"),
     ExternalMetric("kube_pod_container_status_ready", "kube-state-metrics", ("namespace", "pod", "container"),
@@ -129,8 +144,26 @@ EXTERNAL_METRICS: tuple[ExternalMetric, ...] = (
 #: ``kube-state-metrics.metricLabelsAllowlist`` entries the rules and dashboards assume.
 KSM_METRIC_LABELS_ALLOWLIST: tuple[str, ...] = (
     f"nodes=[karpenter.sh/capacity-type,{POOL_LABEL},node.kubernetes.io/instance-type]",
-    "pods=[ragpool.io/run-id]",
+    f"pods=[ragpool.io/run-id,{LANE_LABEL_PREFIX}*]",
+    f"jobs=[{LANE_LABEL_PREFIX}*]",
 )
+
+_KSM_INVALID_LABEL_CHAR = re.compile(r"[^a-zA-Z0-9_]")
+_KSM_ALL_CAP = re.compile(r"([a-z0-9])([A-Z])")
+
+
+def ksm_label(key: str) -> str:
+    """kube-state-metrics' label name for the Kubernetes label ``key`` on a ``kube_<kind>_labels``
+    series: ``label_`` + the key with every character outside ``[a-zA-Z0-9_]`` made ``_``, then
+    snake-cased and lower-cased (kubernetes/kube-state-metrics v2.20.0 internal/store/utils.go
+    labelName, SanitizeLabelName, lintLabelName)."""
+    return "label_" + _KSM_ALL_CAP.sub(r"\1_\2", _KSM_INVALID_LABEL_CHAR.sub("_", key)).lower()
+
+
+def lane_ksm_label(lane: Lane) -> str:
+    """The label of ``kube_job_labels`` / ``kube_pod_labels`` that is ``"true"`` on the worker Jobs and
+    pods claiming ``lane`` (training/scheduler/lanes.py ``lane_labels``)."""
+    return ksm_label(LANE_LABEL_PREFIX + lane.name)
 
 #: CloudWatch period (seconds) the YACE EFS job uses; ``aws_efs_metered_iobytes_sum`` is a
 #: per-period sum, so the throughput rule divides by it.

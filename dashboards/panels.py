@@ -49,6 +49,8 @@ class Row:
     panels: Sequence[PanelBuilder]
     repeat: str | None = None
     """A dashboard variable: Grafana repeats the row (and its panels) once per selected value."""
+    collapsed: bool = False
+    """Folded when the dashboard opens: its panels (nested in the row) query only once unfolded."""
 
 
 def _target(query: Query, ref_id: str) -> prom_b.Dataquery:
@@ -212,8 +214,17 @@ def dashboard(
     panel_id = 1
     for row in rows:
         row_builder = dash_b.Row(row.title).id(panel_id)
-        board = board.with_row(row_builder.repeat(row.repeat) if row.repeat else row_builder)
+        if row.repeat:
+            row_builder = row_builder.repeat(row.repeat)
         panel_id += 1
+        if row.collapsed:  # a collapsed row holds its panels
+            row_builder = row_builder.collapsed(True)
+            for panel in row.panels:
+                row_builder = row_builder.with_panel(panel.id(panel_id))
+                panel_id += 1
+            board = board.with_row(row_builder)
+            continue
+        board = board.with_row(row_builder)
         for panel in row.panels:
             board = board.with_panel(panel.id(panel_id))
             panel_id += 1

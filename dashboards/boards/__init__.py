@@ -17,3 +17,5 @@ ALL: dict[str, Callable[[], Dashboard]] = {
     "capacity-cost": capacity_cost.build,
     "autoscaling": autoscaling.build,
 }
+#: Stems whose builder takes the stack's lanes (a row per lane; called without them, a default set).
+PER_LANE: frozenset[str] = frozenset({"autoscaling"})

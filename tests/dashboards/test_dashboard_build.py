@@ -161,3 +161,26 @@ def test_cli_requires_out():
     with pytest.raises(SystemExit) as exc:
         _parser().parse_args(["dashboards"])
     assert exc.value.code == 2
+
+
+def test_cli_renders_a_row_per_lane_given(tmp_path):
+    out = tmp_path / "out"
+    args = _parser().parse_args(["dashboards", "--out", str(out), "--lanes", "pool.gpu-a,torchrun,pool.gpu-a.n2,ray"])
+    assert args.handler(args) == 0
+    board = json.loads((out / "autoscaling.json").read_text())
+    rows = [p["title"] for p in board["panels"] if p["type"] == "row"]
+    assert rows == ["Overview", "Lane pool.gpu-a", "Lane torchrun", "Lane pool.gpu-a.n2", "Lane ray"]
+
+
+@pytest.mark.parametrize(("lanes", "message"), [
+    ("pool.gpu-a,gpu-b", "'gpu-b' is not one of"),
+    (",", "names no lane"),
+    ("pool.x-n2,pool.x.n2", "both 'label_lane_ragpool_io_pool_x_n2'"),
+])
+def test_cli_refuses_bad_lanes_with_exit_2(tmp_path, capsys, lanes, message):
+    out = tmp_path / "out"
+    args = _parser().parse_args(["dashboards", "--out", str(out), "--lanes", lanes])
+    assert args.handler(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err
+    assert not (out / "autoscaling.json").exists()

@@ -140,21 +140,48 @@ def test_yace_names_follow_from_the_yace_job():
     assert f"/ {external_metrics.YACE_EFS_PERIOD_SECONDS}" in storage
 
 
-def _ksm_label(key: str) -> str:
-    """kube-state-metrics' label name for a Kubernetes label key."""
-    return "label_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)
+def test_ksm_label_names_follow_kube_state_metrics():
+    # internal/store/utils.go at v2.20.0: "label_" + key, [^a-zA-Z0-9_] -> "_", camelCase -> snake_case.
+    assert external_metrics.ksm_label("ragpool.io/run-id") == "label_ragpool_io_run_id"
+    assert external_metrics.ksm_label("lane.ragpool.io/pool.gpu-spot.n2") == "label_lane_ragpool_io_pool_gpu_spot_n2"
+    assert external_metrics.ksm_label("example.com/fooBar") == "label_example_com_foo_bar"
+
+
+_LABELS_METRIC = {"kube_node_labels": "nodes", "kube_pod_labels": "pods", "kube_job_labels": "jobs"}
+
+
+def _allowed_patterns() -> dict[str, list[re.Pattern[str]]]:
+    """Resource -> the label names kube-state-metrics emits for its allow-list entry: one exact
+    name per key, a prefix pattern per key ending in the partial wildcard ``*`` (KSM v2.20.0)."""
+    patterns: dict[str, list[re.Pattern[str]]] = {}
+    for entry in external_metrics.KSM_METRIC_LABELS_ALLOWLIST:
+        match = re.fullmatch(r"(nodes|pods|jobs)=\[(.+)\]", entry)
+        assert match, entry
+        for key in match.group(2).split(","):
+            assert key.count("*") <= 1 and (key.count("*") == 0 or key.endswith("*")), key
+            if key.endswith("*"):
+                pattern = re.compile(re.escape(external_metrics.ksm_label(key[:-1])) + r"[a-z0-9_]+")
+            else:
+                pattern = re.compile(re.escape(external_metrics.ksm_label(key)))
+            patterns.setdefault(match.group(1), []).append(pattern)
+    return patterns
 
 
 def test_every_kube_label_read_is_in_the_ksm_allow_list():
-    allowed: set[str] = set()
-    for entry in external_metrics.KSM_METRIC_LABELS_ALLOWLIST:
-        match = re.fullmatch(r"(nodes|pods)=\[(.+)\]", entry)
-        assert match, entry
-        allowed |= {_ksm_label(key) for key in match.group(2).split(",")}
-    read: set[str] = set()
+    """A ``label_*`` an expression reads is allowed for a resource whose ``kube_<kind>_labels`` it
+    reads; every allow-list entry is read."""
+    patterns = _allowed_patterns()
+    unlisted, matched = [], set()
     for expression in inventory.all_expressions():
-        if metric_names(expression.expr) & {"kube_node_labels", "kube_pod_labels"}:
-            read |= set(re.findall(r"\blabel_[a-z0-9_]+\b(?!\s*\()", expression.expr))
-    assert read, "no rule reads kube_*_labels label_* labels?"
-    assert read <= allowed, f"label_* read but not allow-listed: {sorted(read - allowed)}"
-    assert allowed <= read, f"allow-listed but never read: {sorted(allowed - read)}"
+        resources = [_LABELS_METRIC[n] for n in metric_names(expression.expr) if n in _LABELS_METRIC]
+        if not resources:
+            continue
+        for name in set(re.findall(r"\blabel_[a-z0-9_]+\b(?!\s*\()", expression.expr)):
+            hits = [p for r in resources for p in patterns.get(r, []) if p.fullmatch(name)]
+            if not hits:
+                unlisted.append((expression.where, name))
+            matched |= {p.pattern for p in hits}
+    assert matched, "no rule reads kube_*_labels label_* labels?"
+    assert not unlisted, f"label_* read but not allow-listed for the resource read: {unlisted}"
+    unread = sorted({p.pattern for ps in patterns.values() for p in ps} - matched)
+    assert not unread, f"allow-listed but never read: {unread}"
