@@ -20,15 +20,17 @@ import pulumi_random as random
 import yaml
 
 from dashboards.build import render_all
-from dashboards.external_metrics import YACE_EFS_JOB
+from dashboards.external_metrics import KSM_METRIC_LABELS_ALLOWLIST, YACE_EFS_JOB
 from dashboards.rulefiles import deployment_rule_groups
 from infra import iam
 from infra.component import RagpoolComponent
 from infra.charts import KUBE_PROMETHEUS_STACK
 from infra.common import SYSTEM_NODE_SELECTOR, aws_tags, child, deep_merge, k8s_labels, load_values
 from infra.config import StackConfig
+from infra.keda import worker_kinds
 from infra.pod_security import container_security_context, pod_security_context
 from infra.training_namespace import MAX_RANKS_PER_POD
+from training.scheduler.lanes import Lane
 
 # Port names the PodMonitor scrapes: the worker's queue metrics, rank r's metrics, Redis.
 SCRAPED_PORTS = ["queue-metrics", *(f"rank-{r}" for r in range(MAX_RANKS_PER_POD)), "redis-metrics"]
@@ -56,6 +58,13 @@ def yace_config(cfg: StackConfig) -> dict[str, Any]:
     job = {**YACE_EFS_JOB, "regions": [cfg.region],
            "searchTags": [{"key": "project", "value": cfg.project}, {"key": "stack", "value": cfg.stack}]}
     return {"apiVersion": "v1alpha1", "discovery": {"jobs": [job]}}
+
+
+def dashboard_lanes(cfg: StackConfig) -> list[Lane]:
+    """The lanes the stack's workers claim, one Autoscaling dashboard row each: the main namespace's
+    (a team's GPU quota only removes lanes), single-pod lanes first."""
+    kinds = worker_kinds(cfg, None, 1 if cfg.ray.enabled else None)
+    return sorted(dict.fromkeys(lane for kind in kinds for lane in kind.lanes), key=lambda lane: lane.nodes)
 
 
 def alertmanager_config(receiver: str, secret: str | None) -> dict[str, Any]:
@@ -104,6 +113,9 @@ class Monitoring(RagpoolComponent):
             }},
             "alertmanager": {"config": alertmanager_config(cfg.alert_receiver, cfg.alert_receiver_secret)},
             "grafana": {"admin": {"existingSecret": GRAFANA_ADMIN_SECRET}},
+            # The Kubernetes labels the rules and dashboards read (nodes' pool, pods' run, Jobs' and
+            # pods' lanes), from their one home.
+            "kube-state-metrics": {"metricLabelsAllowlist": list(KSM_METRIC_LABELS_ALLOWLIST)},
         }
         values: Any = deep_merge(load_values("kube-prometheus-stack.yaml"), computed)
         if cfg.alert_receiver_secret:
@@ -124,7 +136,7 @@ class Monitoring(RagpoolComponent):
                 opts=child(self, depends_on=[self.release]))
 
         # Dashboards as ConfigMaps; Grafana's sidecar loads every one labelled grafana_dashboard.
-        for filename, body in sorted(render_all().items()):
+        for filename, body in sorted(render_all(dashboard_lanes(cfg)).items()):
             stem = filename.removesuffix(".json").replace("_", "-")
             k8s.core.v1.ConfigMap(
                 f"{name}-dashboard-{stem}",

@@ -37,8 +37,8 @@ def test_the_system_services_land_on_the_system_nodes():
         for selector in selectors:
             assert selector[POOL_LABEL] == SYSTEM_POOL, (name, selector)
     assert rendered["karpenter.yaml"] == [{"kubernetes.io/os": "linux", **SYSTEM_NODE_SELECTOR}]
-    allowlist = load_values("kube-prometheus-stack.yaml")["kube-state-metrics"]["metricLabelsAllowlist"]
-    assert allowlist[0].startswith(f"nodes=[{POOL_LABEL},"), allowlist
+    # kube-state-metrics' label allow-list is set by infra/monitoring.py (tests/infra/test_monitoring.py).
+    assert "kube-state-metrics" not in load_values("kube-prometheus-stack.yaml")
 
 
 def test_the_tags_follow_their_home(monkeypatch, tmp_path):
