@@ -16,6 +16,7 @@ except StackConfigError as exc:
     raise pulumi.RunError(str(exc)) from None
 
 from infra.cluster import Cluster, ClusterArgs  # noqa: E402
+from infra.gpu_memory import pool_gpus  # noqa: E402
 from infra.gpu_plugins import GpuPlugins, GpuPluginsArgs  # noqa: E402
 from infra.gpu_pools import GpuPools, GpuPoolsArgs  # noqa: E402
 from infra.keda import Keda, KedaArgs, KedaQueue  # noqa: E402
@@ -66,12 +67,13 @@ workers = WorkerJobs("workers", WorkerJobsArgs(
     redis_secret=redis.secret_name, shared_claim=storage.claim_name, depends_on=[redis, storage, keda],
     ray=ray_endpoint(cfg, TRAINING_NAMESPACE) if cfg.ray.enabled else None, keda=keda_queue,
     keeper_queue_namespaces=(DEFAULT_NAMESPACE, *(t.name for t in cfg.teams))))
-for team, team_ns in zip(cfg.teams, teams):
+team_workers = [
     WorkerJobs(f"workers-{team.name}", WorkerJobsArgs(
         config=cfg, k8s_provider=cluster.provider, namespace=team_ns.name, image=registry.image_ref,
         redis_secret=redis.secret_name, shared_claim=storage.claim_name, depends_on=[redis, team_ns, keda],
         queue_namespace=team.name, ray=ray_endpoint(cfg, team.namespace, team.gpu_quota) if cfg.ray.enabled else None,
         gpu_quota=team.gpu_quota, keda=keda_queue))
+    for team, team_ns in zip(cfg.teams, teams)]
 gpu_plugins = GpuPlugins("gpu-plugins", GpuPluginsArgs(
     k8s_provider=cluster.provider, gpu_pool_names=[p.name for p in cfg.gpu_pools],
     monitoring_namespace=monitoring.namespace_name, depends_on=[monitoring.release]))
@@ -100,3 +102,8 @@ pulumi.export("workerJobTemplates", workers.templates)
 pulumi.export("applicationLogGroup", log_shipping.application_log_group)
 # RAGPOOL_RAY_POOLS per training namespace, for `ragpool submit` of executor: ray runs (README).
 pulumi.export("rayPools", ray.pools if ray else {})
+# RAGPOOL_SERVED_LANES per training namespace (the lanes its ScaledJobs start workers for) and
+# RAGPOOL_POOL_GPUS (GPUs per worker and GiB per GPU of each pool), for `ragpool submit` (README).
+pulumi.export("servedLanes", {TRAINING_NAMESPACE: workers.served_lanes,
+                              **{t.namespace: w.served_lanes for t, w in zip(cfg.teams, team_workers)}})
+pulumi.export("poolGpus", pool_gpus(cfg))

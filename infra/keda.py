@@ -25,6 +25,7 @@ Why the trigger counts exactly the runs that need a worker, and why ``accurate``
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ from infra.pod_security import container_security_context, pod_security_context
 from infra.training_namespace import baseline_policies, redis_peer
 from training.scheduler.keeper import DEFAULT_INTERVAL_S as KEEPER_INTERVAL_S
 from training.scheduler.keeper import NAMESPACES_ENV as QUEUE_NAMESPACES_ENV
-from training.scheduler.lanes import MAX_NODES, Lane, worker_lanes
+from training.scheduler.lanes import MAX_NODES, Lane, format_lane_set, worker_lanes
 from training.scheduler.supervisor import WorkerConfig
 from training.ports import QUEUE_METRICS_PORT, REDIS_PORT
 
@@ -153,6 +154,14 @@ def worker_kinds(cfg: StackConfig, gpu_quota: int | None, ray_max_jobs: int | No
 def ray_worker_lanes() -> tuple[Lane, ...]:
     """The CPU Ray worker's lanes: the ray lane."""
     return worker_lanes(None, is_default_pool=False, executors=("ray",))
+
+
+def served_lanes(kinds: Iterable[WorkerKind]) -> str:
+    """``RAGPOOL_SERVED_LANES`` of a training namespace whose ScaledJobs are ``kinds`` (its
+    :func:`worker_kinds`): every lane one of its workers claims, i.e. every lane a run can wait in
+    and be started from. The stack exports it per namespace (``servedLanes``) for ``ragpool submit``,
+    which refuses a run whose lane is not among them (training/scheduler/fit.py)."""
+    return format_lane_set(lane for kind in kinds for lane in kind.lanes)
 
 
 def redis_triggers(lanes: tuple[Lane, ...], queue_namespace: str, queue: KedaQueue) -> list[dict[str, Any]]:

@@ -36,7 +36,7 @@ from infra.common import GPU_TOLERATION, POOL_LABEL, SHARED_MOUNT_PATH, SYSTEM_N
 from infra.config import GpuPoolConfig, StackConfig
 from infra.keda import (
     KEDA_EXCLUDED_LABELS, KEEPER_NAME, KedaQueue, WorkerKind, keeper_deployment_spec, keeper_network_policy, ray_worker_lanes, scaled_job_spec,
-    worker_kinds,
+    served_lanes, worker_kinds,
 )
 from infra.pod_security import container_security_context, pod_security_context
 from infra.queue_redis import REQUIRED_REPLICAS_KEY
@@ -325,7 +325,10 @@ class WorkerJobs(RagpoolComponent):
         cfg = args.config
         self.templates: list[str] = []
         ray_max_jobs = sum(max_workers(cfg, p, args.gpu_quota) for p in cfg.gpu_pools) if args.ray else None
-        for kind in worker_kinds(cfg, args.gpu_quota, ray_max_jobs):
+        kinds = worker_kinds(cfg, args.gpu_quota, ray_max_jobs)
+        self.served_lanes: str = served_lanes(kinds) if args.keda is not None else ""
+        """``RAGPOOL_SERVED_LANES`` of this namespace: the lanes its ScaledJobs start workers for."""
+        for kind in kinds:
             if kind.pool is None:
                 job = pulumi.Output.from_input(args.image).apply(
                     lambda image: ray_worker_job_spec(image, args.redis_secret, args.shared_claim,
@@ -364,4 +367,4 @@ class WorkerJobs(RagpoolComponent):
             k8s.networking.v1.NetworkPolicy(
                 f"{name}-keeper", metadata=meta, spec=keeper_network_policy(cfg),
                 opts=child(self, depends_on=args.depends_on))
-        self.register_outputs({"templates": self.templates})
+        self.register_outputs({"templates": self.templates, "servedLanes": self.served_lanes})

@@ -53,6 +53,11 @@ LANES_ENV = "RAGPOOL_LANES"
 POOLS_ENV = "RAGPOOL_POOLS"
 """Submitter environment: the stack's GPU pool names, comma-separated (the stack's ``gpuPools``
 output, first = default pool). When set, ``ragpool submit`` refuses a ``pool:`` not listed."""
+SERVED_LANES_ENV = "RAGPOOL_SERVED_LANES"
+"""Submitter environment: the lanes that have a worker (a KEDA ScaledJob) in the namespace the run goes
+to, lane names comma-separated (the stack's ``servedLanes`` output for that namespace; infra/keda.py
+``served_lanes`` of the namespace's ``worker_kinds``). When set, ``ragpool submit`` refuses a run whose
+lane is not listed (training/scheduler/fit.py): it would wait forever. Unset: not checked."""
 LANE_LABEL_PREFIX = "lane.ragpool.io/"
 """Kubernetes label key prefix: a worker Job and its pods carry ``lane.ragpool.io/<lane name>: "true"``
 for *every* lane their worker claims (:func:`lane_labels`; a Job of the default pool claims its pinned
@@ -142,10 +147,21 @@ def parse_lane(name: str) -> Lane:
     return lane
 
 
+def parse_lane_set(text: str) -> tuple[Lane, ...]:
+    """``"pool.a,torchrun,torchrun.n2"`` -> lanes in that order, duplicates dropped, any node counts
+    (:data:`SERVED_LANES_ENV`); empty text: no lane. Raises :class:`LaneError` on a bad name."""
+    return tuple(dict.fromkeys(parse_lane(item) for item in text.split(",") if item.strip()))
+
+
+def format_lane_set(lanes: Iterable[Lane]) -> str:
+    """The :data:`SERVED_LANES_ENV` value of ``lanes`` (duplicates dropped, sorted by name)."""
+    return ",".join(sorted({lane.name for lane in lanes}))
+
+
 def parse_lanes(text: str) -> tuple[Lane, ...]:
     """``"pool.a,torchrun"`` -> lanes in that order (duplicates dropped); raises :class:`LaneError`
     when empty or when the lanes differ in ``nodes`` (one worker Job has one pod count)."""
-    lanes = tuple(dict.fromkeys(parse_lane(item) for item in text.split(",") if item.strip()))
+    lanes = parse_lane_set(text)
     if not lanes:
         raise LaneError(f"{LANES_ENV} is set but names no lane")
     if len({lane.nodes for lane in lanes}) > 1:
@@ -220,6 +236,17 @@ def declared_pools(environ: Mapping[str, str] | None = None) -> tuple[str, ...] 
     if POOLS_ENV not in env:
         return None
     return tuple(p.strip() for p in env[POOLS_ENV].split(",") if p.strip())
+
+
+def declared_lanes(environ: Mapping[str, str] | None = None) -> tuple[Lane, ...] | None:
+    """The lanes of :data:`SERVED_LANES_ENV` (empty: the namespace has no worker at all), or None when unset."""
+    env = os.environ if environ is None else environ
+    if SERVED_LANES_ENV not in env:
+        return None
+    try:
+        return parse_lane_set(env[SERVED_LANES_ENV])
+    except LaneError as err:
+        raise LaneError(str(err).replace(LANES_ENV, SERVED_LANES_ENV)) from None
 
 
 def known_lanes(suffixes: Iterable[str]) -> list[Lane]:

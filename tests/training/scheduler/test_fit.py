@@ -1,0 +1,171 @@
+"""``ragpool submit`` refuses a run that cannot run in the stack it goes to (training/scheduler/fit.py):
+a lane with no worker in its namespace (RAGPOOL_SERVED_LANES), or a training stage whose per-rank state
+cannot fit the pool's GPUs (RAGPOOL_POOL_GPUS, training/rank_memory.py). Exit 2 naming the key, nothing
+enqueued; with the variables unset nothing changes. Against a real redis-server."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+
+from tests.training.scheduler.test_cli import _cli_at
+from training import exit_codes
+from training.rank_memory import GIB, config_parameters, fits, model_parameters, state_bytes_per_rank
+from training.scheduler.fit import POOL_GPUS_ENV, FitError, PoolGpus, format_pool_gpus, parse_pool_gpus
+from training.scheduler.lanes import POOLS_ENV, SERVED_LANES_ENV
+
+# Lanes of a namespace whose quota fits 4 one-GPU workers of gpu-spot (the default pool), and no
+# worker of gpu-big; plus the Ray worker. (tests/infra/test_served_lanes.py checks that the stack
+# exports exactly what infra/keda.py declares.)
+SERVED = "pool.gpu-spot,pool.gpu-spot.n2,pool.gpu-spot.n4,torchrun,torchrun.n2,torchrun.n4,ray"
+# Llama-2-7B's config.json (meta-llama/Llama-2-7b-hf): 6.74e9 parameters.
+LLAMA_7B = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 11008,
+            "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
+            "vocab_size": 32000, "tie_word_embeddings": False, "hidden_act": "silu"}
+
+
+@pytest.fixture
+def submit(redis_server, namespace, monkeypatch, tmp_path, capsys):
+    """``submit(spec_text, **env) -> (exit code, stderr, queued?)``, the fit variables exactly ``env``."""
+
+    def run(text: str, **env: str):
+        for name in (SERVED_LANES_ENV, POOL_GPUS_ENV, POOLS_ENV):
+            monkeypatch.delenv(name, raising=False)
+        path = tmp_path / "run.yaml"
+        path.write_text(text)
+        cli = _cli_at(redis_server.url, monkeypatch, tmp_path, namespace, **env)
+        code = cli("submit", str(path))
+        err = capsys.readouterr().err
+        run_id = text.split("run_id:", 1)[1].split()[0]
+        return code, err, redis_server.client().exists(f"{namespace}:task:{run_id}") == 1
+
+    return run
+
+
+def refused(result, key: str) -> str:
+    code, err, queued = result
+    assert code == exit_codes.BAD_INPUT, err
+    assert f"  {key}: " in err and "nothing was submitted" in err and "Traceback" not in err
+    assert not queued, "nothing enqueued"
+    return err
+
+
+# ------------------------------------------------------------------ lanes
+
+
+@pytest.mark.parametrize("spec, key, says", [
+    ("nodes: 8", "nodes", "takes 8-node runs of unpinned runs"),
+    ("pool: gpu-big", "pool", "takes pool 'gpu-big' (lane pool.gpu-big)"),
+    ("pool: gpu-spot\nnodes: 3", "nodes", "gangs of at most 4 node(s)"),
+])
+def test_a_lane_with_no_worker_in_the_namespace_is_refused(submit, namespace, spec, key, says):
+    err = refused(submit(f"run_id: r1\nstages: [retriever]\n{spec}\n",
+                         **{SERVED_LANES_ENV: SERVED, POOLS_ENV: "gpu-spot,gpu-big"}), key)
+    assert says in err and f"namespace {namespace!r}" in err
+    assert f"{SERVED_LANES_ENV}: pool.gpu-spot, pool.gpu-spot.n2, pool.gpu-spot.n4, ray, torchrun" in err
+
+
+def test_unpinned_runs_in_a_namespace_without_the_default_pool_name_pool(submit):
+    """A team whose quota fits no worker of the default pool: its unpinned lane has no ScaledJob."""
+    err = refused(submit("run_id: r2\nstages: [retriever]\n", **{SERVED_LANES_ENV: "pool.gpu-small,ray"}), "pool")
+    assert "unpinned runs" in err and "pin one of its pools: gpu-small" in err
+    code, err, queued = submit("run_id: r3\nstages: [retriever]\npool: gpu-small\n",
+                               **{SERVED_LANES_ENV: "pool.gpu-small,ray"})
+    assert code == 0 and queued, err
+    err = refused(submit("run_id: r4\nstages: [retriever]\nexecutor: ray\n", **{SERVED_LANES_ENV: "torchrun"}),
+                  "executor")
+    assert "executor: ray" in err
+
+
+def test_served_lanes_accept_and_unset_changes_nothing(submit):
+    for run_id, spec in (("a1", ""), ("a2", "nodes: 4"), ("a3", "pool: gpu-spot\nnodes: 2")):
+        code, err, queued = submit(f"run_id: {run_id}\nstages: [retriever]\n{spec}\n", **{SERVED_LANES_ENV: SERVED})
+        assert code == 0 and queued, err
+    code, err, queued = submit("run_id: a4\nstages: [retriever]\nnodes: 64\n")
+    assert code == 0 and queued, "unset: not checked (as before)"
+    err = refused(submit("run_id: a5\nstages: [retriever]\n", **{SERVED_LANES_ENV: "torchrun,bogus"}), "(environment)")
+    assert SERVED_LANES_ENV in err and "bogus" in err
+
+
+# ------------------------------------------------------------------ memory
+
+
+def llama_7b(root) -> str:
+    model = root / "shared" / "models" / "llama-7b"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps(LLAMA_7B))
+    return "models/llama-7b"
+
+
+def generator_run(run_id: str, model: str, strategy: str, nodes: int = 1) -> str:
+    return (f"run_id: {run_id}\nstages: [generator]\nmodels: {{generator: {model}}}\nnodes: {nodes}\n"
+            f"hyperparameters:\n  generator: {{parallelism.strategy: {strategy}}}\n")
+
+
+def test_a_7b_model_with_ddp_on_a_24_gib_pool_is_refused_with_the_arithmetic(submit, tmp_path):
+    env = {POOL_GPUS_ENV: "gpu-spot=1x24", POOLS_ENV: "gpu-spot", SERVED_LANES_ENV: SERVED + ",torchrun.n8"}
+    err = refused(submit(generator_run("big-ddp", llama_7b(tmp_path), "ddp"), **env),
+                  "hyperparameters.generator.parallelism.strategy")
+    # 6,738,149,376 parameters x 16 B = 100.4 GiB per rank against 90 % of 24 GiB.
+    assert "6738149376 parameters" in err and "6.74e9 parameters x 16 B" in err
+    assert "100.4 GiB per rank" in err and "21.6 GiB usable (90% of 24 GiB per GPU)" in err
+    assert "pool 'gpu-spot'" in err and "at least 5 ranks" in err
+    # The same model sharded with fsdp over 8 one-GPU nodes: 12.6 GiB per rank.
+    code, err, queued = submit(generator_run("big-fsdp", "models/llama-7b", "fsdp", nodes=8), **env)
+    assert code == 0 and queued, err
+    # ... but not over 4: 25.1 GiB per rank.
+    err = refused(submit(generator_run("big-fsdp4", "models/llama-7b", "fsdp", nodes=4), **env),
+                  "hyperparameters.generator.parallelism.strategy")
+    assert "/ 4 ranks = 25.1 GiB per rank" in err
+
+
+def test_unknown_gpu_memory_or_an_unreadable_model_skips_with_a_note(submit, tmp_path):
+    llama_7b(tmp_path)
+    code, err, queued = submit(generator_run("u1", "models/llama-7b", "ddp"),
+                               **{POOL_GPUS_ENV: "gpu-spot=1", POOLS_ENV: "gpu-spot"})
+    assert code == 0 and queued, err
+    assert "note: memory check of generator skipped: pool 'gpu-spot' has an instance family whose GPU memory " \
+           "is not recorded" in err
+    code, err, queued = submit(generator_run("u2", "models/not-here", "ddp"), **{POOL_GPUS_ENV: "gpu-spot=1x24"})
+    assert code == 0 and queued and "cannot read the size of" in err, err
+    code, err, queued = submit(generator_run("u3", "models/llama-7b", "ddp"))
+    assert code == 0 and queued and "note" not in err, "unset: not checked (as before)"
+
+
+def test_the_arithmetic():
+    params = config_parameters(LLAMA_7B)
+    assert params == 6_738_149_376  # embeddings 2 x 32000 x 4096 + 32 x (4 x 4096^2 + 3 x 4096 x 11008)
+    assert state_bytes_per_rank(params, "ddp", 8, 8) == 16 * params
+    assert state_bytes_per_rank(params, "fsdp", 16, 8) == 16 * params // 16
+    assert state_bytes_per_rank(params, "hsdp", 16, 8) == 16 * params // 8, "hsdp shards within a node only"
+    assert fits(params, "ddp", 1, 1, 141)[0] and not fits(params, "ddp", 1, 1, 80)[0]
+    assert fits(10**9, "ddp", 1, 1, 24)[0] and not fits(2 * 10**9, "ddp", 1, 1, 24)[0]
+    assert 16 * 10**9 / GIB < 0.9 * 24 < 32 * 10**9 / GIB
+
+
+def test_safetensors_headers_give_the_exact_count(tmp_path):
+    def write(name: str, shapes: dict[str, list[int]]):
+        offset, header = 0, {"__metadata__": {"format": "pt"}}
+        for key, shape in shapes.items():
+            size = 4 * (1 if not shape else __import__("math").prod(shape))
+            header[key] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + size]}
+            offset += size
+        raw = json.dumps(header).encode()
+        (tmp_path / name).write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * offset)
+
+    write("model-00001-of-00002.safetensors", {"embed.weight": [100, 8], "norm.weight": [8]})
+    write("model-00002-of-00002.safetensors", {"lm_head.weight": [100, 8], "scalar": []})
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_7B))  # ignored: the headers are exact
+    assert model_parameters(tmp_path) == (1609, "the headers of 2 safetensors file(s)")
+
+
+def test_pool_gpus_round_trip_and_bad_values():
+    pools = {"gpu-spot": PoolGpus(1, 24.0), "gpu-big": PoolGpus(8, None), "h200": PoolGpus(8, 141.0)}
+    assert format_pool_gpus(pools) == "gpu-spot=1x24,gpu-big=8,h200=8x141"
+    assert parse_pool_gpus(format_pool_gpus(pools)) == pools
+    assert list(parse_pool_gpus("b=1,a=2")) == ["b", "a"], "order kept: the first is the default pool"
+    for bad in ("gpu-spot", "gpu-spot=0x24", "Gpu=1x24", "gpu=1x", "gpu=1x24GiB"):
+        with pytest.raises(FitError, match=POOL_GPUS_ENV):
+            parse_pool_gpus(bad)

@@ -1,0 +1,181 @@
+"""Does a run fit the stack it is submitted to? (torch-free; ``ragpool submit`` runs it before enqueueing)
+
+Two facts of the stack reach the submitter as environment variables, each from a stack output
+(README "Runs"), like ``RAGPOOL_POOLS`` (``gpuPools``) and ``RAGPOOL_RAY_POOLS`` (``rayPools``):
+
+- ``RAGPOOL_SERVED_LANES`` (``lanes.SERVED_LANES_ENV``; stack output ``servedLanes``, one value per
+  training namespace): the lanes that have a worker (a KEDA ScaledJob) in the namespace the run is
+  submitted to. A run whose lane is not among them would wait forever: refused, exit 2, naming
+  ``pool`` (no lane of its pool here, or none for unpinned runs), ``nodes`` (its pool has lanes here,
+  but no ``n<N>`` gang of that size) or ``executor`` (no ray lane), the namespace and the lanes it has.
+- ``RAGPOOL_POOL_GPUS`` (:data:`POOL_GPUS_ENV`; stack output ``poolGpus``): per GPU pool, the GPUs of
+  one worker pod and the memory of one GPU (the smallest among the pool's instance types,
+  infra/reference/gpu_memory.yaml): ``gpu-spot=1x24,gpu-ondemand=8x80``; a pool with an instance family
+  whose GPU memory is not recorded has no ``x<GiB>`` (``gpu-x=8``). A training stage whose model's
+  state per rank cannot fit that memory (training/rank_memory.py) is refused, exit 2, naming the
+  stage's ``parallelism.strategy`` key and the arithmetic. It is skipped, with a note, when the pool's
+  memory is unknown or the model directory cannot be read from the submitting machine; the packaged
+  default models (``model: ""``) are tiny and not checked.
+
+Either variable unset: that check is not made (what ``ragpool submit`` did before them).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from training.rank_memory import GIB, STATE_BYTES_PER_PARAMETER, USABLE_FRACTION, ModelSizeError, fits, model_parameters
+from training.scheduler.lanes import SERVED_LANES_ENV, LaneError, declared_lanes, declared_pools, lane_of
+from training.scheduler.spec import RunSpec, _spec_field
+
+POOL_GPUS_ENV = "RAGPOOL_POOL_GPUS"
+"""Submitter environment: ``pool=GPUSxGiB`` per GPU pool, comma-separated, in the stack's pool order
+(first = default pool), ``xGiB`` left out when the pool's GPU memory is not known (the stack output
+``poolGpus``)."""
+_ITEM = re.compile(r"([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)=([1-9][0-9]{0,3})(?:x([0-9]+(?:\.[0-9]+)?))?")
+
+
+class FitError(ValueError):
+    """A fit variable is malformed; the message names the variable and the bad item."""
+
+
+@dataclass(frozen=True)
+class PoolGpus:
+    """What a worker pod of one GPU pool has."""
+
+    gpus: int
+    """GPUs of one worker pod (the pool's ``gpusPerWorker``)."""
+    gib: float | None
+    """Memory of one GPU in GiB (the smallest of the pool's instance types); None: not known."""
+
+
+def parse_pool_gpus(text: str) -> dict[str, PoolGpus]:
+    """``"a=1x24,b=8"`` -> ``{"a": PoolGpus(1, 24.0), "b": PoolGpus(8, None)}`` in that order."""
+    out: dict[str, PoolGpus] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        m = _ITEM.fullmatch(item)
+        if not m:
+            raise FitError(f"{POOL_GPUS_ENV}: {item[:80]!r} is not pool=GPUSxGiB (e.g. gpu-spot=1x24) or pool=GPUS")
+        out[m.group(1)] = PoolGpus(int(m.group(3)), float(m.group(4)) if m.group(4) else None)
+    return out
+
+
+def format_pool_gpus(pools: Mapping[str, PoolGpus]) -> str:
+    """The :data:`POOL_GPUS_ENV` value of ``pools`` (what :func:`parse_pool_gpus` reads back), in their order."""
+    return ",".join(f"{name}={p.gpus}" + (f"x{p.gib:g}" if p.gib is not None else "") for name, p in pools.items())
+
+
+def declared_pool_gpus(environ: Mapping[str, str] | None = None) -> dict[str, PoolGpus] | None:
+    """The pools of :data:`POOL_GPUS_ENV`, or None when unset."""
+    env = os.environ if environ is None else environ
+    return parse_pool_gpus(env[POOL_GPUS_ENV]) if POOL_GPUS_ENV in env else None
+
+
+def _queue_namespace(env: Mapping[str, str]) -> str:
+    from training.scheduler.run_queue import DEFAULT_NAMESPACE, NAMESPACE_ENV
+
+    return env.get(NAMESPACE_ENV) or DEFAULT_NAMESPACE
+
+
+def lane_problems(spec: RunSpec, environ: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+    """``[(key, message)]`` when :data:`SERVED_LANES_ENV` is set and the run's lane is not in it."""
+    env = os.environ if environ is None else environ
+    try:
+        served = declared_lanes(env)
+    except LaneError as err:
+        return [("(environment)", str(err))]
+    if served is None:
+        return []
+    lane = lane_of(spec.executor, spec.nodes, spec.pool)
+    if lane in served:
+        return []
+    have = ", ".join(sorted(x.name for x in served)) or "none"
+    where = f"namespace {_queue_namespace(env)!r} ({SERVED_LANES_ENV}: {have})"
+    if spec.executor == "ray":
+        return [("executor", f"no worker in {where} takes executor: ray runs (lane {lane.name}): it would wait "
+                             "forever; submit it where a Ray cluster runs, or as a torchrun run")]
+    same_pool = [x for x in served if x.executor == "torchrun" and x.pool == lane.pool]
+    what = f"pool {spec.pool!r}" if spec.pool else "unpinned runs (the stack's default pool)"
+    if same_pool:
+        most = max(x.nodes for x in same_pool)
+        return [("nodes", f"no worker in {where} takes {spec.nodes}-node runs of {what} (lane {lane.name}): it "
+                          f"would wait forever; this namespace runs gangs of at most {most} node(s) of it")]
+    pools = sorted({x.pool for x in served if x.pool})
+    hint = f"pin one of its pools: {', '.join(pools)}" if pools else "it has no GPU worker"
+    return [("pool", f"no worker in {where} takes {what} (lane {lane.name}): it would wait forever (the "
+                     f"namespace's GPU quota fits no worker of that pool); {hint}")]
+
+
+def _default_pool(pools: Mapping[str, PoolGpus], env: Mapping[str, str]) -> str | None:
+    """The stack's default pool: the first of ``RAGPOOL_POOLS``, else the first of ``RAGPOOL_POOL_GPUS``."""
+    named = declared_pools(env)
+    if named:
+        return named[0]
+    return next(iter(pools), None)
+
+
+def memory_problems(spec: RunSpec, shared_root: str,
+                    environ: Mapping[str, str] | None = None) -> tuple[list[tuple[str, str]], list[str]]:
+    """``(problems, notes)`` of the per-rank memory check of each training stage (see the module doc)."""
+    from training.config import load_run_config
+
+    env = os.environ if environ is None else environ
+    try:
+        pools = declared_pool_gpus(env)
+    except FitError as err:
+        return [("(environment)", str(err))], []
+    if pools is None:
+        return [], []
+    cfg = load_run_config(spec.to_training_config(shared_root))
+    problems: list[tuple[str, str]] = []
+    notes: list[str] = []
+    for stage in spec.stages:
+        section = getattr(cfg, stage)
+        par = getattr(section, "parallelism", None)
+        if par is None or not section.model:
+            continue  # not a training stage, or the packaged default model (tiny)
+        if spec.executor == "ray":
+            ray = cfg.ray.stage(stage)
+            pool, world, per_node = ray.pool, ray.workers, ray.workers
+        else:
+            pool = spec.pool or _default_pool(pools, env)
+            per_node = spec.gpus_per_node or (pools[pool].gpus if pool in pools else 0)
+            world = spec.nodes * per_node
+        skip = f"memory check of {stage} skipped"
+        if not pool or pool not in pools:
+            notes.append(f"{skip}: pool {pool or '(any)'!r} is not in {POOL_GPUS_ENV}")
+            continue
+        gib = pools[pool].gib
+        if gib is None:
+            notes.append(f"{skip}: pool {pool!r} has an instance family whose GPU memory is not recorded "
+                         "(infra/reference/gpu_memory.yaml)")
+            continue
+        try:
+            params, how = model_parameters(section.model)
+        except (ModelSizeError, OSError) as err:
+            notes.append(f"{skip}: cannot read the size of {section.model} from here ({err}); mount the shared "
+                         "root (RAGPOOL_SHARED_ROOT) to check it")
+            continue
+        ok, arithmetic = fits(params, par.strategy, world, per_node, gib)
+        if ok:
+            continue
+        need = math.ceil(STATE_BYTES_PER_PARAMETER * params / (USABLE_FRACTION * gib * GIB))
+        problems.append((_spec_field(spec, f"{stage}.parallelism.strategy"),
+                         f"the {stage} model ({Path(section.model).name}, {params} parameters from {how}) cannot "
+                         f"fit a GPU of pool {pool!r}: {arithmetic}; shard it over at least {need} ranks "
+                         f"(fsdp over nodes x gpus_per_node, or hsdp over a node's GPUs)"))
+    return problems, notes
+
+
+def fit_problems(spec: RunSpec, shared_root: str,
+                 environ: Mapping[str, str] | None = None) -> tuple[list[tuple[str, str]], list[str]]:
+    """``(problems, notes)``: the lane check, then the memory check."""
+    problems, notes = memory_problems(spec, shared_root, environ)
+    return lane_problems(spec, environ) + problems, notes
