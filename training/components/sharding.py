@@ -13,6 +13,9 @@ copy per rank: built with meta parameters, sharded, then each rank reads only it
 
 :func:`full_model_state` gathers the full state dict to rank 0's CPU memory one tensor at a
 time (``full_state_dict`` + ``cpu_offload``), so no GPU ever holds the whole model.
+
+What each rank then holds per strategy, and the submit-time check against the pool's GPU memory:
+training/rank_memory.py (torch-free, so ``ragpool submit`` can use it).
 """
 
 from __future__ import annotations

@@ -169,3 +169,26 @@ def test_pool_gpus_round_trip_and_bad_values():
     for bad in ("gpu-spot", "gpu-spot=0x24", "Gpu=1x24", "gpu=1x", "gpu=1x24GiB"):
         with pytest.raises(FitError, match=POOL_GPUS_ENV):
             parse_pool_gpus(bad)
+
+
+def test_a_ray_stage_is_checked_on_its_own_pool_and_workers(tmp_path, monkeypatch):
+    from training.ray.pools import POOLS_ENV as RAY_POOLS_ENV
+    from training.scheduler.fit import memory_problems
+    from training.scheduler.spec import parse_spec
+
+    llama_7b(tmp_path)
+    monkeypatch.setenv(RAY_POOLS_ENV, "gpu-spot=1,gpu-big=8")
+    root = str(tmp_path / "shared")
+
+    def ray_run(strategy: str, workers: int):
+        return parse_spec({"run_id": "r", "stages": ["generator"], "executor": "ray",
+                           "models": {"generator": "models/llama-7b"},
+                           "hyperparameters": {"generator": {"parallelism.strategy": strategy},
+                                               "run": {"ray.generator.pool": "gpu-spot", "ray.generator.gpus": 1,
+                                                       "ray.generator.workers": workers}}}, shared_root=root)
+
+    env = {POOL_GPUS_ENV: "gpu-big=8x80,gpu-spot=1x24"}  # the default pool does not matter: the stage names its own
+    problems, notes = memory_problems(ray_run("ddp", 8), root, env)
+    assert [k for k, _ in problems] == ["hyperparameters.generator.parallelism.strategy"] and not notes
+    assert "pool 'gpu-spot'" in problems[0][1] and "100.4 GiB per rank" in problems[0][1]
+    assert memory_problems(ray_run("fsdp", 8), root, env) == ([], []), "fsdp over 8 Ray Train workers: 12.6 GiB"
