@@ -16,6 +16,8 @@ import re
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Mapping
 
+from training.messages import shown
+
 PROJECT = "ragpool"
 
 # Kubernetes minor versions EKS offers in standard support for this release of
@@ -42,8 +44,6 @@ _LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 _RESERVED_LABEL_DOMAINS = ("kubernetes.io", "k8s.io", "karpenter.sh", "karpenter.k8s.aws", "ragpool.io")
 _IMAGE_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 _REGION = re.compile(r"[a-z]{2}(-gov)?-[a-z]+-\d")
-# Longest text of one value quoted in an error message.
-MAX_SHOWN = 120
 TEAM_NAMESPACE_PREFIX = "ragpool-team-"
 """A trainingTeams team's namespace is this plus its name (TeamConfig.namespace; policy/checks.py
 counts such namespaces as training namespaces)."""
@@ -53,60 +53,6 @@ def is_gpu_instance_type(instance_type: Any) -> bool:
     """An EC2 instance type of one of GPU_INSTANCE_FAMILIES, e.g. g6e.12xlarge (the one rule; policy uses it too)."""
     m = _INSTANCE_TYPE.fullmatch(instance_type) if isinstance(instance_type, str) else None
     return bool(m) and m.group("family") in GPU_INSTANCE_FAMILIES
-
-
-def shown(value: Any, limit: int = MAX_SHOWN) -> str:
-    """``value`` as an error message quotes it: JSON-like, control characters escaped, at most ``limit`` characters.
-
-    Bounded in time too: a value that shares sub-lists (a YAML alias bomb) is walked only
-    until the text is full, and a huge integer is described rather than converted.
-    """
-    out: list[str] = []
-    used = 0
-
-    class _Full(Exception):
-        pass
-
-    def emit(text: str) -> None:
-        nonlocal used
-        out.append(text)
-        used += len(text)
-        if used > limit:
-            raise _Full
-
-    def walk(v: Any, depth: int) -> None:
-        if depth > 32:
-            emit("...")
-            raise _Full
-        if isinstance(v, Mapping):
-            emit("{")
-            for i, (k, x) in enumerate(v.items()):
-                emit(", " if i else "")
-                walk(k, depth + 1)
-                emit(": ")
-                walk(x, depth + 1)
-            emit("}")
-        elif isinstance(v, (list, tuple)):
-            emit("[")
-            for i, x in enumerate(v):
-                emit(", " if i else "")
-                walk(x, depth + 1)
-            emit("]")
-        elif v is None or isinstance(v, (bool, float)):
-            emit(json.dumps(v))
-        elif isinstance(v, int):
-            emit(str(v) if v.bit_length() <= 256 else f"<{v.bit_length()}-bit integer>")
-        elif isinstance(v, str):
-            emit(json.dumps(v[:limit + 1]))
-        else:  # a YAML date, binary, set...: its text unquoted, so it does not read as a string
-            emit(json.dumps(str(v)[:limit + 1])[1:-1])
-
-    try:
-        walk(value, 0)
-    except _Full:
-        pass
-    text = "".join(out)
-    return text if len(text) <= limit else text[:limit] + "...(truncated)"
 
 
 def shown_key(key: Any) -> str:

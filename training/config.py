@@ -29,6 +29,7 @@ import yaml
 
 from training.paths import DEFAULT_SHARED_ROOT, RUN_ID_RULE, PathError, confine, is_valid_run_id
 from training.paths import run_dir as _run_dir
+from training.messages import shown
 from training.ports import RANK_METRICS_PORT
 
 Stage = Literal["retriever", "index", "generator", "evaluate"]
@@ -40,15 +41,6 @@ STAGES: tuple[str, ...] = typing.get_args(Stage)
 #: Keys that name a model or tokenizer directory (empty = the packaged default). A run spec
 #: confines them to the shared root like its data paths (``training.scheduler.spec``).
 MODEL_PATH_KEYS: tuple[str, ...] = ("retriever.model", "generator.model", "generator.tokenizer")
-
-
-def shown(value: Any, limit: int = 80) -> str:
-    """``repr(value)`` cut to ``limit`` characters: a message never echoes a huge value."""
-    try:
-        text = repr(value)
-    except ValueError:  # an int past Python's digit limit
-        text = f"<{type(value).__name__} too large to show>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class ConfigError(ValueError):

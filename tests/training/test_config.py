@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import subprocess
 import sys
@@ -45,25 +46,25 @@ def test_round_trip_through_to_dict() -> None:
 @pytest.mark.parametrize(("source", "overrides", "needle"), [
     ({"bogus": 1}, [], "bogus=1: unknown key"),
     ({"retriever": {"lr": 1}}, [], "retriever.lr=1: unknown key"),
-    ({}, ["--retriever.optim.lrr=3"], "retriever.optim.lrr='3': unknown key"),
-    ({"retriever": {"max_steps": "ten"}}, [], "retriever.max_steps='ten': must be an integer"),
+    ({}, ["--retriever.optim.lrr=3"], "retriever.optim.lrr=\"3\": unknown key"),
+    ({"retriever": {"max_steps": "ten"}}, [], "retriever.max_steps=\"ten\": must be an integer"),
     ({}, ["--retriever.optim.lr=-1"], "retriever.optim.lr=-1.0: must be > 0"),
-    ({"stages": ["retriever", "train"]}, [], "stages[1]='train': must be one of retriever, index, generator, evaluate"),
-    ({}, ["--device=gpu"], "device='gpu': must be one of auto, cpu, cuda"),
-    ({"generator": {"tiny": {"arch": "bert"}}}, [], "generator.tiny.arch='bert': must be one of llama, gpt2"),
-    ({"stages": []}, [], "stages=(): must list at least one"),
-    ({"data": {"corpus": "../etc/passwd"}}, [], "data.corpus='../etc/passwd': must not contain '..'"),
-    ({"data": {"qa_train": "/etc/passwd"}}, [], "data.qa_train='/etc/passwd': must be relative"),
-    ({"run_id": "Bad Id!"}, [], "run_id='Bad Id!'"),
-    ({"index": {"kind": "annoy"}}, [], "index.kind='annoy': must be one of flat, ivf, hnsw"),
+    ({"stages": ["retriever", "train"]}, [], "stages[1]=\"train\": must be one of retriever, index, generator, evaluate"),
+    ({}, ["--device=gpu"], "device=\"gpu\": must be one of auto, cpu, cuda"),
+    ({"generator": {"tiny": {"arch": "bert"}}}, [], "generator.tiny.arch=\"bert\": must be one of llama, gpt2"),
+    ({"stages": []}, [], "stages=[]: must list at least one"),
+    ({"data": {"corpus": "../etc/passwd"}}, [], "data.corpus=\"../etc/passwd\": must not contain '..'"),
+    ({"data": {"qa_train": "/etc/passwd"}}, [], "data.qa_train=\"/etc/passwd\": must be relative"),
+    ({"run_id": "Bad Id!"}, [], "run_id=\"Bad Id!\""),
+    ({"index": {"kind": "annoy"}}, [], "index.kind=\"annoy\": must be one of flat, ivf, hnsw"),
     ({"retriever": {"global_batch_size": 10, "grad_accum": 3}}, [], "must be divisible by grad_accum=3"),
-    ({"checkpoint": {"async_save": "maybe"}}, [], "checkpoint.async_save='maybe': must be a boolean"),
+    ({"checkpoint": {"async_save": "maybe"}}, [], "checkpoint.async_save=\"maybe\": must be a boolean"),
     ({"retriever": []}, [], "retriever=[]: must be a mapping"),
     ({}, ["--seed"], "override must look like --key=value"),
-    ({}, ["--distributed.grad_compression=fp8"], "distributed.grad_compression='fp8': must be one of none, bf16"),
+    ({}, ["--distributed.grad_compression=fp8"], "distributed.grad_compression=\"fp8\": must be one of none, bf16"),
     ({"distributed": {"bucket_cap_mb": 0}}, [], "distributed.bucket_cap_mb=0: must be in [1, 1024]"),
     ({}, ["--distributed.sparse_embedding_grads=on"],
-     "distributed.sparse_embedding_grads='on': must be one of auto, always, never"),
+     "distributed.sparse_embedding_grads=\"on\": must be one of auto, always, never"),
 ])
 def test_bad_values_name_key_and_value(source, overrides, needle) -> None:
     with pytest.raises(ConfigError) as err:
@@ -97,7 +98,7 @@ def test_choice_fields_are_literals_checked_by_the_loader() -> None:
             as_yaml = [bad] if key.endswith("[0]") else bad
             with pytest.raises(ConfigError) as err:
                 load_run_config(nest({dotted: as_yaml}))
-            assert f"{key}={bad!r}: must be one of {', '.join(allowed)}" in str(err.value), key
+            assert f"{key}={json.dumps(bad)}: must be one of {', '.join(allowed)}" in str(err.value), key
 
 
 @pytest.mark.parametrize(("load", "error"), [(load_run_config, ConfigError), (load_spec, SpecError)],

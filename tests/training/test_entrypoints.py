@@ -16,14 +16,14 @@ def test_unknown_key_exits_2_naming_it(shared_root) -> None:
     spec = write_run(shared_root, "bad")
     out = run_stage_process("retriever", spec, ["--retriever.learning_rate=3"])
     assert out.returncode == BAD_INPUT
-    assert "retriever.learning_rate='3': unknown key" in out.stderr
+    assert 'retriever.learning_rate="3": unknown key' in out.stderr
 
 
 def test_escaping_data_path_exits_2(shared_root) -> None:
     spec = write_run(shared_root, "esc")
     out = run_stage_process("index", spec, ["--data.corpus=../../etc/passwd"])
     assert out.returncode == BAD_INPUT
-    assert "data.corpus='../../etc/passwd'" in out.stderr and "'..'" in out.stderr
+    assert 'data.corpus="../../etc/passwd"' in out.stderr and "'..'" in out.stderr
 
 
 def test_bad_record_exits_2_with_file_and_line(shared_root, tiny_encoder_dir) -> None:

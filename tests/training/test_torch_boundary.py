@@ -22,7 +22,8 @@ import training.scheduler
 
 REPO = Path(__file__).resolve().parents[2]
 FORBIDDEN = ("torch", "transformers", "faiss")
-CONTRACTS = ("training", "training.config", "training.exit_codes", "training.paths", "training.ports", "training.worker")
+CONTRACTS = ("training", "training.config", "training.exit_codes", "training.messages", "training.paths", "training.ports",
+             "training.worker")
 
 
 def torch_free_modules() -> list[str]:

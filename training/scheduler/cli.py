@@ -37,7 +37,7 @@ import sys
 import time
 
 from training import exit_codes
-from training.config import shown
+from training.messages import shown
 
 
 def register(subparsers) -> None:

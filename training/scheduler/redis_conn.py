@@ -64,6 +64,7 @@ from redis.exceptions import AuthenticationError, AuthorizationError, NoPermissi
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
+from training.messages import shown
 from training.ports import REDIS_PORT, REDIS_SENTINEL_PORT
 
 DEFAULT_URL = f"redis://127.0.0.1:{REDIS_PORT}/0"
@@ -83,12 +84,6 @@ _MASTER_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 
 class RedisConfigError(ValueError):
     """The Redis connection settings are invalid (names the variable)."""
-
-
-def _shown(value: str, limit: int = 80) -> str:
-    """``repr`` of a value for a message, bounded."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @dataclass(frozen=True)
@@ -135,7 +130,7 @@ class RedisSettings:
             raise RedisConfigError("REDIS_SENTINEL_MASTER: required when REDIS_SENTINELS is set "
                                    "(the name the Sentinels monitor, e.g. mymaster)")
         if self.sentinel_master is not None and not _MASTER_NAME.fullmatch(self.sentinel_master):
-            raise RedisConfigError(f"REDIS_SENTINEL_MASTER: {_shown(self.sentinel_master)} is not a master name "
+            raise RedisConfigError(f"REDIS_SENTINEL_MASTER: {shown(self.sentinel_master)} is not a master name "
                                    "(letters, digits, '_', '.', '-'; at most 128)")
         if not 0 <= self.required_replicas <= MAX_REQUIRED_REPLICAS:
             raise RedisConfigError(f"{REQUIRED_REPLICAS_ENV}: {self.required_replicas} is out of range; use 0 "
@@ -188,7 +183,7 @@ def parse_sentinels(raw: str) -> tuple[tuple[str, int], ...]:
         m = _HOST_PORT.fullmatch(item)
         port = int(m["port"]) if m and m["port"] else DEFAULT_SENTINEL_PORT
         if m is None or not 0 < port < 65536:
-            raise RedisConfigError(f"REDIS_SENTINELS: {_shown(item)} is not host:port "
+            raise RedisConfigError(f"REDIS_SENTINELS: {shown(item)} is not host:port "
                                    "(e.g. REDIS_SENTINELS=10.0.0.5:26379,10.0.0.6:26379)")
         out.append((m["v6"] or m["host"], port))
     if not out:
@@ -201,7 +196,7 @@ def _int_env(env, name: str, default: int, unit: str) -> int:
     if raw is None or raw == "":
         return default
     if not re.fullmatch(r"[0-9]{1,9}", raw.strip()):
-        raise RedisConfigError(f"{name}: {_shown(raw)} is not a whole number of {unit}")
+        raise RedisConfigError(f"{name}: {shown(raw)} is not a whole number of {unit}")
     return int(raw.strip())
 
 

@@ -64,7 +64,8 @@ from typing import Any, Mapping
 
 import yaml
 
-from training.config import MODEL_PATH_KEYS, STAGES, ConfigError, RunConfig, deep_merge, load_run_config, nest, shown
+from training.config import MODEL_PATH_KEYS, STAGES, ConfigError, RunConfig, deep_merge, load_run_config, nest
+from training.messages import shown
 from training.paths import RUN_ID_RULE, PathError, confine, is_valid_run_id, shared_root_from_env
 
 PRIORITIES: tuple[str, ...] = ("high", "normal", "low")

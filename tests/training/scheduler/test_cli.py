@@ -71,7 +71,7 @@ def test_not_found_is_exit_3(cli, capsys):
     assert cli("status", "nope") == 3
     assert cli("cancel", "nope") == 3
     assert cli("retry", "nope") == 3
-    assert "no run 'nope'" in capsys.readouterr().err
+    assert 'no run "nope"' in capsys.readouterr().err
 
 
 def test_retry_from_dead_letter(cli, make_queue, capsys):

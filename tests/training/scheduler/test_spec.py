@@ -219,7 +219,7 @@ def test_identifiers_with_a_trailing_newline_are_refused():
     for text in ("run_id: |\n  exp1\nstages: [retriever]\n", '{"run_id": "exp1\\n", "stages": ["retriever"]}'):
         with pytest.raises(SpecError) as info:
             parse_spec_text(text, shared_root=ROOT)
-        assert "'exp1\\n'" in dict(info.value.problems)["run_id"]
+        assert '"exp1\\n"' in dict(info.value.problems)["run_id"]
     with pytest.raises(SpecError) as info:
         parse_spec(_with(hyperparameters={"run": {"ray.retriever.pool": "gpu\n"}}), shared_root=ROOT)
     assert "hyperparameters.run.ray.retriever.pool" in dict(info.value.problems)
