@@ -190,7 +190,11 @@ def ray_pools(cfg: StackConfig, gpu_quota: int | None = None) -> dict[str, int]:
 
 def ray_endpoint(cfg: StackConfig, namespace: str, gpu_quota: int | None = None) -> RayEndpoint:
     """The Ray cluster of ``namespace`` as its worker template and ``ragpool submit`` see it."""
-    return RayEndpoint(ray_address(namespace), format_pools(ray_pools(cfg, gpu_quota)), namespace, RAY_AUTH_SECRET)
+    pools = ray_pools(cfg, gpu_quota)
+    # ... and each pool's most Ray workers there (its group's maxReplicas): what Ray Tune can run at
+    # once on an idle cluster (training/ray/tune.py concurrency).
+    nodes = {p.name: max_workers(cfg, p, gpu_quota) for p in cfg.gpu_pools if p.name in pools}
+    return RayEndpoint(ray_address(namespace), format_pools(pools, nodes), namespace, RAY_AUTH_SECRET)
 
 
 def auth_options() -> dict[str, Any]:

@@ -256,6 +256,23 @@ def _ray_ports(group: dict) -> set[int]:
     return ports
 
 
+def test_each_ray_worker_declares_its_pools_most_nodes(team_plan):
+    """RAGPOOL_RAY_POOLS carries each pool's maxReplicas in the namespace (``name=GPUSxNODES``): what
+    Ray Tune runs at once on an idle cluster (training/ray/tune.py concurrency)."""
+    from training.ray.pools import POOLS_ENV, parse_pool_nodes
+
+    declared = {}
+    for cron in inputs_of(team_plan, CRONJOB):
+        if cron["metadata"]["name"] == "ragpool-worker-ray":
+            container = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
+            env = {e["name"]: e.get("value") for e in container["env"]}
+            declared[cron["metadata"]["namespace"]] = parse_pool_nodes(env[POOLS_ENV])
+    groups = {ns: {g["groupName"]: g["maxReplicas"] for g in c["spec"]["workerGroupSpecs"] if g["maxReplicas"] > 0}
+              for ns, c in clusters(team_plan).items()}
+    assert declared == groups, (declared, groups)
+    assert declared["ragpool-team-search"] != declared["ragpool-training"]  # the team's quota bounds it
+
+
 def test_network_policies_admit_exactly_rays_flows(team_plan):
     doc = team_plan
     for ns, cluster in clusters(doc).items():

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -165,14 +166,35 @@ def trial(config: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------- the search
 
 
-def concurrency(cfg: RunConfig, nodes: list[dict[str, Any]]) -> int:
-    """Trials at once: ``ray.tune.max_concurrent``, else what the retriever's pool can hold at once
-    (its GPUs / GPUs per trial; its CPUs / CPUs per trial on a CPU-only pool), at least 1."""
+def concurrency(cfg: RunConfig, nodes: list[dict[str, Any]], declared: str | None = None) -> int:
+    """Trials at once: ``ray.tune.max_concurrent``; else what the retriever's pool can hold at once.
+
+    From the namespace's declaration (``declared``, the ``RAGPOOL_RAY_POOLS`` text; None = this
+    process's) when it gives the pool's GPUs per node and most nodes (``name=GPUSxNODES``,
+    training/ray/pools.py) and a trial uses GPUs: each node holds GPUS // ``gpus`` of a trial's
+    workers, so the pool holds NODES x that // ``workers`` trials (an empty pool, "any node": the sum
+    over every declared pool, when each declares its nodes). On an idle cluster (Ray autoscaling from
+    zero) no node is alive, and counting live nodes would start one trial at a time; starting as many
+    as the pool will hold lets Ray's autoscaler scale for all of them at once.
+
+    Otherwise (no declaration of the pool's nodes, or CPU-only trials: the declaration carries no
+    CPUs) from the live nodes: their GPUs / GPUs per trial, or their CPUs / CPUs per trial on a
+    CPU-only pool. At least 1."""
     if cfg.ray.tune.max_concurrent:
         return cfg.ray.tune.max_concurrent
     from training.ray.placement import pool_nodes
+    from training.ray.pools import POOLS_ENV, parse_pool_nodes, parse_pools
 
     res = cfg.ray.retriever
+    text = os.environ.get(POOLS_ENV, "") if declared is None else declared
+    try:
+        gpus_per_node, most_nodes = parse_pools(text), parse_pool_nodes(text)
+    except ValueError as err:  # PoolsError: the same message the placement plan gives
+        raise ConfigError(str(err), POOLS_ENV) from None
+    pools = [res.pool] if res.pool else list(gpus_per_node)
+    if res.gpus and pools and all(p in gpus_per_node and p in most_nodes for p in pools):
+        trials = sum(most_nodes[p] * (gpus_per_node[p] // res.gpus) for p in pools) // res.workers
+        return max(1, trials)
     members = pool_nodes(nodes, res.pool)
     if res.gpus:
         total, per = sum(n["Resources"].get("GPU", 0) for n in members), res.gpus * res.workers

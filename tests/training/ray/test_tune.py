@@ -1,0 +1,77 @@
+"""Ray Tune's trials at once (training/ray/tune.py ``concurrency``), without starting Ray: from the
+namespace's declared pools (``RAGPOOL_RAY_POOLS`` with each pool's most nodes) when it declares them,
+so an idle cluster autoscaling from zero starts every trial the pool will hold at once; from the live
+nodes otherwise."""
+
+from __future__ import annotations
+
+import pytest
+
+from training.config import ConfigError, load_run_config
+from training.ray.placement import POOL_LABEL
+from training.ray.pools import POOLS_ENV, format_pools, parse_pool_nodes, parse_pools
+from training.ray.tune import TRIAL_DRIVER_CPUS, concurrency
+
+
+def _cfg(pool: str = "gpu-spot", gpus: int = 1, workers: int = 2, cpus: int = 1, max_concurrent: int = 0):
+    return load_run_config({"run_id": "t", "stages": ["retriever"], "ray": {
+        "retriever": {"pool": pool, "gpus": gpus, "workers": workers, "cpus": cpus},
+        "tune": {"max_concurrent": max_concurrent}}})
+
+
+def _node(pool: str, gpus: int = 0, cpus: int = 8) -> dict:
+    return {"Alive": True, "Labels": {POOL_LABEL: pool}, "Resources": {"CPU": float(cpus), "GPU": float(gpus)}}
+
+
+IDLE: list[dict] = []  # autoscaling from zero: no worker node alive (the head is in no pool)
+
+
+def test_an_idle_cluster_runs_as_many_trials_as_the_declared_pool_holds():
+    # gpu-spot: 4 nodes of 4 GPUs; a trial is 2 workers of 1 GPU: 4 x 4 // 2 = 8 trials, not 1.
+    assert concurrency(_cfg(), IDLE, "gpu-spot=4x4,gpu-ondemand=8x1") == 8
+    # 3 GPUs a worker: one per 4-GPU node (the 4th GPU idles), 4 workers // 2 per trial = 2.
+    assert concurrency(_cfg(gpus=3), IDLE, "gpu-spot=4x4") == 2
+    # Declared, the live nodes do not matter: one alive node would otherwise say 2.
+    assert concurrency(_cfg(), [_node("gpu-spot", gpus=4)], "gpu-spot=4x4") == 8
+    # A trial bigger than the pool still gets one slot (plan() refuses what can never fit).
+    assert concurrency(_cfg(workers=32), IDLE, "gpu-spot=4x4") == 1
+
+
+def test_any_node_sums_every_declared_pool():
+    assert concurrency(_cfg(pool=""), IDLE, "gpu-spot=4x4,gpu-ondemand=8x2,cpu=0x3") == (16 + 16) // 2
+    # One pool without its node count: the sum is unknown, so the live nodes decide.
+    live = [_node("gpu-spot", gpus=4), _node("gpu-ondemand", gpus=8)]
+    assert concurrency(_cfg(pool=""), live, "gpu-spot=4x4,gpu-ondemand=8") == (4 + 8) // 2
+
+
+def test_without_a_declared_node_count_the_live_nodes_decide():
+    live = [_node("gpu-spot", gpus=4), _node("gpu-spot", gpus=4), _node("other", gpus=8)]
+    assert concurrency(_cfg(), live, "gpu-spot=4") == 4  # 8 live GPUs of the pool // 2 per trial
+    assert concurrency(_cfg(), live, "") == 4  # nothing declared
+    assert concurrency(_cfg(), IDLE, "gpu-spot=4") == 1  # idle, and no size declared: one at a time
+    # Another pool's node count says nothing about this one.
+    assert concurrency(_cfg(), live, "gpu-spot=4,other=8x9") == 4
+
+
+def test_cpu_trials_count_live_cpus_the_declaration_has_none():
+    live = [_node("cpu", cpus=9)]
+    per_trial = 2 * 2 + TRIAL_DRIVER_CPUS
+    assert concurrency(_cfg(pool="cpu", gpus=0, cpus=2), live, "cpu=0x10") == int(9 // per_trial) == 2
+
+
+def test_max_concurrent_wins_and_the_environment_is_the_default(monkeypatch):
+    assert concurrency(_cfg(max_concurrent=3), IDLE, "gpu-spot=4x4") == 3
+    monkeypatch.setenv(POOLS_ENV, "gpu-spot=4x4")
+    assert concurrency(_cfg(), IDLE) == 8
+    monkeypatch.setenv(POOLS_ENV, "gpu-spot=4xfour")
+    with pytest.raises(ConfigError, match="gpu-spot=4xfour") as bad:
+        concurrency(_cfg(), IDLE)
+    assert bad.value.key == POOLS_ENV
+
+
+def test_pool_sizes_round_trip_and_old_items_still_parse():
+    text = format_pools({"b": 8, "a": 1}, {"b": 2})
+    assert text == "a=1,b=8x2"
+    assert parse_pools(text) == {"a": 1, "b": 8} and parse_pool_nodes(text) == {"b": 2}
+    assert parse_pools("gpu-spot=1,gpu-ondemand=8") == {"gpu-spot": 1, "gpu-ondemand": 8}
+    assert parse_pool_nodes("gpu-spot=1,gpu-ondemand=8") == {}
