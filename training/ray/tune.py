@@ -10,8 +10,10 @@ Each trial is a driver function that builds a Ray Train ``TorchTrainer`` (with
 shared training loop, in ``runs/<run_id>/tune/<trial>/retriever/`` with checkpoints like a normal
 stage (a restarted worker group resumes from them). A step hook scores the model on the eval
 split (recall@k and MRR) every ``max_steps / ray.tune.rungs`` steps and reports it; ASHA stops
-the weaker trials at those milestones. Trials at once are bounded by the cluster's GPUs (CPU
-workers on a CPU-only cluster) unless ``ray.tune.max_concurrent`` says otherwise. A trial ASHA
+the weaker trials at those milestones. Trials at once are what the retriever's pool can hold: from
+the namespace's declaration (``RAGPOOL_RAY_POOLS`` with each pool's most nodes) when it has one, so
+an idle cluster autoscaling from zero starts them together, else from the live nodes' GPUs (CPUs on a
+CPU-only pool), unless ``ray.tune.max_concurrent`` says otherwise (:func:`concurrency`). A trial ASHA
 stops has its worker group's placement group released by Ray Train's cleaner, which asks the
 State API (the dashboard, ``ray[default]``; KubeRay heads run it): without it those resources leak.
 
