@@ -15,7 +15,9 @@ ones are skipped with a warning. Only rank 0 writes (DDP state is replicated).
 Under ``fsdp``/``hsdp`` the model and optimizer are sharded: :func:`save_dcp_checkpoint` has every
 rank write its shards with ``torch.distributed.checkpoint`` into ``dcp/`` of the same temp dir
 (manifest ``"format": "dcp"``), and :func:`load_dcp_state` reshards them on load, so a run saved by
-N ranks resumes on M. These saves are blocking (``async_save`` applies to ``.pt`` saves).
+N ranks resumes on M. With ``async_save`` they are written in the background too (:class:`DcpAsyncSave`):
+each rank's shards are staged to CPU memory while the next step runs, then written and committed
+(manifest, rename, prune) by a writer thread once every rank's shards are on disk.
 
 Background saves copy the state to CPU memory on a writer thread while the next
 forward/backward runs (the training loop waits for the copy before ``optimizer.step()``
@@ -270,51 +272,153 @@ def _files_under(path: Path) -> list[Path]:
     return sorted(p for p in path.rglob("*") if p.is_file())
 
 
+def _dcp_temp_dir(root: Path, step: int, env: Any) -> Path:
+    """Rank 0 creates the save's temp dir (with ``dcp/`` in it) and tells every rank its name (a collective)."""
+    from training.components import distributed as D
+
+    name = None
+    if env.is_main:
+        root.mkdir(parents=True, exist_ok=True)
+        name = f".tmp-{step_dir_name(step)}-{uuid.uuid4().hex[:8]}"
+        (root / name / DCP_DIR).mkdir(parents=True)
+    return root / D.broadcast_object(env, name)
+
+
+def _gather(env: Any, obj: Any, group: Any) -> list[Any]:
+    """Every rank's ``obj``: over ``group`` (a background save's own process group), else the default one."""
+    from training.components import distributed as D
+
+    if group is None or not env.distributed:
+        return D.all_gather_object(env, obj)
+    out: list[Any] = [None] * env.world_size
+    torch.distributed.all_gather_object(out, obj, group=group)
+    return out
+
+
+def _barrier(env: Any, group: Any) -> None:
+    from training.components import distributed as D
+
+    if group is None or not env.distributed:
+        D.barrier(env)
+    else:
+        torch.distributed.barrier(group=group)
+
+
+def _commit_dcp(root: Path, tmp: Path, step: int, extra: dict[str, Any], env: Any, keep_latest_k: int,
+                group: Any = None) -> Path:
+    """After every rank's ``dcp.save`` into ``tmp/dcp`` returned (its shards fsynced, rank 0's ``.metadata``
+    written): rank 0 writes ``extra`` as ``.pt``; each rank checksums a share of the DCP files (its own, fresh
+    in its page cache); rank 0 writes the manifest with every file's size and CRC32C last, renames ``tmp``
+    into place and prunes to ``keep_latest_k``. A collective over ``group`` (None: the default group)."""
+    files: dict[str, dict[str, int]] = {}
+    if env.is_main:
+        files.update({f"{name}.pt": _write_pt(tmp / f"{name}.pt", value) for name, value in extra.items()})
+    _barrier(env, group)  # every rank's shards are fsynced: share out the checksums
+    mine = _files_under(tmp / DCP_DIR)[env.rank::env.world_size]
+    files.update({str(p.relative_to(tmp)): {"bytes": p.stat().st_size,
+                                             _WRITE_CHECKSUM: _checksum(p, _WRITE_CHECKSUM)} for p in mine})
+    everyone = _gather(env, files, group)
+    final = root / step_dir_name(step)
+    if env.is_main:
+        merged = {k: v for part in everyone for k, v in part.items()}
+        _commit(root, tmp, final, {"step": step, "format": "dcp", "world_size": env.world_size, "files": merged})
+        _prune(root, keep_latest_k)
+    _barrier(env, group)
+    return final
+
+
 def save_dcp_checkpoint(root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                         extra: dict[str, Any], env: Any, keep_latest_k: int) -> Path:
-    """A collective: every rank writes its shards of the model and optimizer state with DCP
+    """A blocking collective: every rank writes its shards of the model and optimizer state with DCP
     (``get_state_dict``, any world size can load them back), rank 0 the ``extra`` states as ``.pt``.
 
-    The same scheme as :func:`write_checkpoint_dir`: all of it goes into one temp dir; each rank then
-    checksums a share of the files (its own, fresh in its page cache), rank 0 writes the manifest
-    with every file's size and CRC32C last, renames the dir into place and prunes to
-    ``keep_latest_k``. A rank killed mid-save leaves only the temp dir (ignored, cleaned on resume).
+    The same scheme as :func:`write_checkpoint_dir`: all of it goes into one temp dir, committed by
+    :func:`_commit_dcp` (manifest last, rename, prune). A rank killed mid-save leaves only the temp dir
+    (ignored, cleaned on resume). :class:`DcpAsyncSave` is the same save with the writing in the background.
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    from training.components import distributed as D
-
-    final = root / step_dir_name(step)
-    tmp_name = None
-    if env.is_main:
-        root.mkdir(parents=True, exist_ok=True)
-        tmp_name = f".tmp-{step_dir_name(step)}-{uuid.uuid4().hex[:8]}"
-        (root / tmp_name / DCP_DIR).mkdir(parents=True)
-    tmp = root / D.broadcast_object(env, tmp_name)
+    tmp = _dcp_temp_dir(root, step, env)
     try:
         model_sd, optim_sd = get_state_dict(model, optimizer)
         with _without_torch_zip_crc():  # DCP torch.saves each tensor: its zip CRC is as redundant as in .pt files
             dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp / DCP_DIR))
-        files: dict[str, dict[str, int]] = {}
-        if env.is_main:
-            files.update({f"{name}.pt": _write_pt(tmp / f"{name}.pt", value) for name, value in extra.items()})
-        D.barrier(env)  # every rank's shards are fsynced: share out the checksums
-        mine = _files_under(tmp / DCP_DIR)[env.rank::env.world_size]
-        files.update({str(p.relative_to(tmp)): {"bytes": p.stat().st_size,
-                                                 _WRITE_CHECKSUM: _checksum(p, _WRITE_CHECKSUM)} for p in mine})
-        everyone = D.all_gather_object(env, files)
-        if env.is_main:
-            merged = {k: v for part in everyone for k, v in part.items()}
-            _commit(root, tmp, final, {"step": step, "format": "dcp", "world_size": env.world_size,
-                                       "files": merged})
-            _prune(root, keep_latest_k)
-        D.barrier(env)
+        return _commit_dcp(root, tmp, step, extra, env, keep_latest_k)
     except BaseException:
         if env.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return final
+
+
+class DcpAsyncSave:
+    """One DCP save whose writing overlaps training: what ``dcp.async_save`` does with
+    ``AsyncCheckpointerType.THREAD`` (torch 2.13 ``state_dict_saver.async_save``: stage the state dict to
+    CPU memory with an ``AsyncStager``, then ``dcp.save`` it from a worker thread over ``process_group``),
+    with our commit (:func:`_commit_dcp`) run by that same thread once ``dcp.save`` returned on every rank.
+
+    Started on every rank at the same step (a collective): rank 0 makes the temp dir, ``get_state_dict``
+    takes references to this rank's shards, and torch's ``DefaultStager`` copies them to CPU memory on its
+    staging thread (pinned, non-blocking from a side stream on CUDA) while the next forward/backward runs:
+    :meth:`wait_staged` must return before ``optimizer.step()`` changes them. The writer thread then runs
+    ``dcp.save`` of the copy and the commit over ``group``, a gloo process group of its own: collectives
+    from two threads on one group could interleave differently on each rank, and ``async_save`` requires
+    a CPU backend anyway (NCCL's default group has none). That is torchtitan's choice too
+    (pytorch/torchtitan torchtitan/components/checkpoint.py @ 0128b99b: ``dist.new_group(backend="gloo")``
+    passed to ``dcp.async_save``). Not ``dcp.async_save`` itself, because the commit must follow
+    ``dcp.save`` in the same thread and the zip-CRC switch (:func:`_without_torch_zip_crc`) must wrap it.
+    """
+
+    def __init__(self, root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 extra: dict[str, Any], env: Any, keep_latest_k: int, group: Any,
+                 on_done: Callable[[BaseException | None], None]) -> None:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        self.step = step
+        self._tmp = _dcp_temp_dir(root, step, env)
+        cuda = env.device.type == "cuda"
+        # One stager per save, closed when it is written: at most one copy of the state is held at a time.
+        self._stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
+                                                    use_async_staging=True, use_non_blocking_copy=cuda))
+        try:
+            model_sd, optim_sd = get_state_dict(model, optimizer)
+            self._staged = self._stager.stage({"model": model_sd, "optimizer": optim_sd})
+            extra = snapshot(extra) if env.is_main else {}
+        except BaseException:
+            self._stager.close()
+            if env.is_main:
+                shutil.rmtree(self._tmp, ignore_errors=True)
+            raise
+
+        def write() -> None:
+            import torch.distributed.checkpoint as dcp
+
+            err: BaseException | None = None
+            try:
+                staged = self._staged.result()
+                with _without_torch_zip_crc():
+                    dcp.save(staged, checkpoint_id=str(self._tmp / DCP_DIR), process_group=group)
+                del staged
+                _commit_dcp(root, self._tmp, step, extra, env, keep_latest_k, group)
+            except BaseException as e:  # surfaced on the training thread by the Checkpointer
+                err = e
+                if env.is_main:
+                    shutil.rmtree(self._tmp, ignore_errors=True)
+            finally:
+                self._stager.close()
+            on_done(err)
+
+        self._thread = threading.Thread(target=write, name=f"dcp-ckpt-{step}", daemon=False)
+        self._thread.start()
+
+    def wait_staged(self) -> None:
+        """Block until this rank's state is copied (re-raises a staging error)."""
+        self._staged.result()
+
+    def join(self) -> None:
+        """Block until the save is committed on every rank (or failed)."""
+        self._thread.join()
 
 
 def newest_verified(root: Path, env: Any) -> int | None:
@@ -370,6 +474,8 @@ class Checkpointer:
         self.on_saved = on_saved
         self._thread: threading.Thread | None = None
         self._snapshot_done: threading.Event | None = None
+        self._dcp: DcpAsyncSave | None = None
+        self._dcp_group: Any = None
         self._error: BaseException | None = None
         self.last_saved_step: int | None = None
 
@@ -418,11 +524,50 @@ class Checkpointer:
         self._thread = threading.Thread(target=job, name=f"ckpt-{step}", daemon=False)
         self._thread.start()
 
+    def save_dcp(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 extra: dict[str, Any], env: Any, blocking: bool) -> None:
+        """A sharded checkpoint of ``model``/``optimizer`` (every rank's shards, DCP) plus rank 0's
+        ``extra`` states at ``step``. A collective: every rank calls it at the same step.
+
+        The previous save is waited for first (on every rank), so one is in flight at most. Blocking:
+        :func:`save_dcp_checkpoint`. Non-blocking: :class:`DcpAsyncSave` (the caller calls
+        :meth:`wait_snapshot` before it next changes the weights, as for ``.pt`` saves); its commit
+        happens in the background once every rank's shards are written, and :meth:`wait` waits for it.
+        """
+        self.wait()
+        if blocking:
+            t0 = time.monotonic()
+            save_dcp_checkpoint(self.root, step, model, optimizer, extra, env, self.keep_latest_k)
+            self._saved(step, time.monotonic() - t0)
+            return
+        if env.distributed and self._dcp_group is None:
+            # Created by every rank here, at the same step of the same program: new_group is a collective.
+            self._dcp_group = torch.distributed.new_group(backend="gloo")
+        t0 = time.monotonic()
+
+        def done(err: BaseException | None) -> None:
+            if err is not None:
+                self._error = err
+            else:
+                self._saved(step, time.monotonic() - t0)
+
+        self._dcp = DcpAsyncSave(self.root, step, model, optimizer, extra, env, self.keep_latest_k,
+                                 self._dcp_group, done)
+
+    def _saved(self, step: int, seconds: float) -> None:
+        """A save of ``step`` is complete: rank 0 records it and reports its duration."""
+        if self.is_main:
+            self.last_saved_step = step
+            if self.on_saved:
+                self.on_saved(step, seconds)
+
     def wait_snapshot(self) -> None:
         """Block until the pending background save has copied its state (no-op otherwise)."""
         if self._snapshot_done is not None:
             self._snapshot_done.wait()
             self._snapshot_done = None
+        if self._dcp is not None:
+            self._dcp.wait_staged()
 
     def _write(self, step: int, state: dict[str, Any]) -> None:
         t0 = time.monotonic()
@@ -437,10 +582,14 @@ class Checkpointer:
             self.on_saved(step, time.monotonic() - t0)
 
     def wait(self) -> None:
-        """Block until the background save (if any) is finished; re-raise its error."""
+        """Block until the background save (if any) is finished; re-raise its error. A background DCP save
+        is waited for on every rank (its commit is a collective of them all)."""
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        if self._dcp is not None:
+            self._dcp.join()
+            self._dcp = None
         self.raise_if_failed()
 
     def raise_if_failed(self) -> None:

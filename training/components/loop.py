@@ -31,7 +31,7 @@ import torch
 from training.components import distributed as D
 from training.components import sharding as S
 from training.components.checkpoint import (Checkpointer, checkpoint_format, load_checkpoint_dir, load_dcp_state,
-                                            newest_verified, save_dcp_checkpoint, step_dir_name)
+                                            newest_verified, step_dir_name)
 from training.components.data import ResumableOrder
 from training.components.logs import Progress, get_logger
 from training.components.metrics import process_metrics
@@ -248,11 +248,10 @@ class Trainer:
             self.metrics.close()
         finally:
             self.stop.restore()
-            if env.is_main:
-                try:
-                    self.ckpt.wait()
-                except Exception as err:  # don't mask the original exception
-                    self.log.error("background checkpoint failed: %s", err)
+            try:  # every rank: a background DCP save's commit is a collective of them all
+                self.ckpt.wait()
+            except Exception as err:  # don't mask the original exception
+                self.log.error("background checkpoint failed: %s", err)
         return self._result(OK)
 
     def resume(self) -> None:
@@ -319,8 +318,7 @@ class Trainer:
         if task.optim.grad_clip > 0:
             # On DTensor shards the norm is reduced over the ranks: the same global norm as DDP's.
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), task.optim.grad_clip)
-        if env.is_main:
-            self.ckpt.wait_snapshot()  # a background save must have copied the weights first
+        self.ckpt.wait_snapshot()  # a background save must have copied the weights first (no-op without one)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -337,7 +335,7 @@ class Trainer:
         return summary[1].item() > 0
 
     def _periodic_save(self) -> None:
-        """Every ``checkpoint.every_steps`` (in the background with ``async_save``, unsharded only);
+        """Every ``checkpoint.every_steps`` (in the background with ``async_save``, DCP or ``.pt``);
         the last step is saved by :meth:`train` itself."""
         every = self.cfg.checkpoint.every_steps
         if every and self.step % every == 0 and self.step < self.task.max_steps:
@@ -367,13 +365,8 @@ class Trainer:
                  "trainer": {"step": self.step, "data_position": self.order.position(self.step), "rng": rngs,
                              "world_size": self.env.world_size,
                              "global_batch_size": self.task.global_batch_size}}
-        if self.par.sharded:  # every rank writes its shards (blocking), rank 0 the rest
-            t0 = time.monotonic()
-            save_dcp_checkpoint(self.ckpt.root, self.step, self.model, self.optimizer, state, self.env,
-                                self.cfg.checkpoint.keep_latest_k)
-            if self.env.is_main:
-                self.ckpt.last_saved_step = self.step
-                self.metrics.checkpoint(time.monotonic() - t0)
+        if self.par.sharded:  # every rank writes its shards, rank 0 the rest
+            self.ckpt.save_dcp(self.step, self.model, self.optimizer, state, self.env, blocking=blocking)
             return
         state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), **state}
         if self.env.is_main:

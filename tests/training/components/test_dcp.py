@@ -3,8 +3,11 @@
 Each test runs this file as a torchrun worker script (``python -m torch.distributed.run ... test_dcp.py MODE``):
 - saved by 2 ranks, loaded on 1 rank, saved again, loaded on 2 ranks: every tensor of the full model
   and optimizer state (gathered with ``full_state_dict``) equal at each hop;
-- SIGKILL of a rank inside ``dcp.save``: no new checkpoint appears, the previous one is still the newest
-  verified one and loads to exactly the state it held.
+- SIGKILL of a rank inside ``dcp.save`` (blocking, or in the writer thread of a background save while
+  training goes on): no new checkpoint appears, the previous one is still the newest verified one and
+  loads to exactly the state it held;
+- a background (``async_save``) DCP save: training takes a step while the shards are being written, and
+  the committed checkpoint holds the state of the step it was started at.
 """
 
 from __future__ import annotations
@@ -68,6 +71,20 @@ def _save(root: Path, step: int, model, opt, env) -> None:
     save_dcp_checkpoint(root, step, model, opt, {"trainer": {"step": step}}, env, keep_latest_k=3)
 
 
+def _save_async(root: Path, step: int, model, opt, env):
+    """Start a background DCP save as the Trainer does (``checkpoint.async_save``); returns its Checkpointer."""
+    from training.components.checkpoint import Checkpointer
+
+    ckpt = Checkpointer(root, 3, env.is_main)
+    ckpt.save_dcp(step, model, opt, {"trainer": {"step": step}}, env, blocking=False)
+    ckpt.wait_snapshot()  # as the loop does before optimizer.step()
+    return ckpt
+
+
+#: Bound on how long a patched ``write_data`` waits for the training thread to finish its next step.
+OVERLAP_WAIT_S = 60
+
+
 def _load_latest(root: Path, model, opt, env) -> int:
     """As the Trainer resumes: sharded ranks verify the newest checkpoint together, one process alone."""
     from training.components import distributed as D
@@ -94,7 +111,7 @@ def worker(mode: str, root: Path) -> None:
         step = _load_latest(root, model, opt, env)
         _dump_full(model, opt, env, root / f"full-loaded-{env.world_size}-from-{step}.pt")
         _save(root, step + 1, model, opt, env)
-    elif mode == "crash-in-save":
+    elif mode in ("crash-in-save", "crash-in-async-save"):
         import torch.distributed.checkpoint.filesystem as fs
 
         real = fs.FileSystemWriter.write_data
@@ -108,7 +125,34 @@ def worker(mode: str, root: Path) -> None:
 
         _train(model, opt, 1)
         fs.FileSystemWriter.write_data = write_then_die
-        _save(root, 4, model, opt, env)
+        if mode == "crash-in-save":
+            _save(root, 4, model, opt, env)
+        else:  # the writer thread dies with the process while the training thread keeps stepping
+            ckpt = _save_async(root, 4, model, opt, env)
+            _train(model, opt, 1)
+            ckpt.wait()
+    elif mode == "async-overlap":
+        import threading
+
+        import torch.distributed.checkpoint.filesystem as fs
+
+        real = fs.FileSystemWriter.write_data
+        stepped = threading.Event()
+        seen: dict[str, bool] = {}
+
+        def write_after_a_step(self, plan, planner):  # the shards are written only once training moved on
+            seen["step_done_before_write"] = stepped.wait(OVERLAP_WAIT_S)
+            return real(self, plan, planner)
+
+        _train(model, opt, 2)
+        _dump_full(model, opt, env, root / "full-saved-2.pt")
+        fs.FileSystemWriter.write_data = write_after_a_step
+        ckpt = _save_async(root, 2, model, opt, env)
+        _train(model, opt, 1)  # changes every weight while step 2's save is in flight
+        stepped.set()
+        ckpt.wait()
+        assert ckpt.last_saved_step == (2 if env.is_main else None)
+        (root / f"overlap-{env.rank}.json").write_text(json.dumps(seen))
     else:
         raise SystemExit(f"unknown mode {mode}")
     from training.components import distributed as D
@@ -167,10 +211,11 @@ def test_saved_by_2_loads_on_1_and_back_on_2(tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_sigkill_during_dcp_save_leaves_the_previous_checkpoint(tmp_path) -> None:
+@pytest.mark.parametrize("crash", ["crash-in-save", "crash-in-async-save"])
+def test_sigkill_during_dcp_save_leaves_the_previous_checkpoint(tmp_path, crash: str) -> None:
     out = _torchrun("train-save", tmp_path, 2)
     assert out.returncode == 0, out.stderr[-3000:]
-    crashed = _torchrun("crash-in-save", tmp_path, 2)
+    crashed = _torchrun(crash, tmp_path, 2)
     assert crashed.returncode != 0 and "Signal 9 (SIGKILL)" in crashed.stderr, crashed.stderr[-3000:]
     temps = [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-step_000004")]
     assert temps, f"the killed save left no temp dir: it did not die inside the save ({os.listdir(tmp_path)})"
@@ -179,6 +224,24 @@ def test_sigkill_during_dcp_save_leaves_the_previous_checkpoint(tmp_path) -> Non
     assert out.returncode == 0, out.stderr[-3000:]
     _assert_same_state(tmp_path / "full-saved-2.pt", tmp_path / "full-loaded-2-from-2.pt")
     assert not any(p.name.startswith(".tmp-") for p in tmp_path.iterdir()), "resume cleans the crashed temp dir"
+
+
+@pytest.mark.slow
+def test_async_dcp_save_writes_while_training_steps_and_commits_the_state_it_started_at(tmp_path) -> None:
+    """The writer thread's ``write_data`` waits (up to OVERLAP_WAIT_S) for the training thread to finish a
+    step after the save started: a blocking save would time out there. The committed step-2 checkpoint,
+    loaded on 2 ranks, equals the state dumped at step 2, not the state after the step taken meanwhile."""
+    out = _torchrun("async-overlap", tmp_path, 2)
+    assert out.returncode == 0, out.stderr[-3000:]
+    for rank in (0, 1):
+        seen = json.loads((tmp_path / f"overlap-{rank}.json").read_text())
+        assert seen == {"step_done_before_write": True}, f"rank {rank}: no step ran while the shards were written"
+    manifest = json.loads((tmp_path / "step_000002" / "manifest.json").read_text())
+    assert manifest["format"] == "dcp" and "trainer.pt" in manifest["files"]
+    assert sum(n.endswith(".distcp") for n in manifest["files"]) == 2
+    out = _torchrun("load-save", tmp_path, 2)
+    assert out.returncode == 0, out.stderr[-3000:]
+    _assert_same_state(tmp_path / "full-saved-2.pt", tmp_path / "full-loaded-2-from-2.pt")
 
 
 @pytest.mark.slow
