@@ -150,9 +150,25 @@ def _read_spec(command: str, path: str):
         return None
 
 
+def _fits_stack(spec, source: str) -> bool:
+    """Whether ``spec`` fits the stack the environment describes (training/scheduler/fit.py: a worker
+    lane in its namespace, GPU memory for its model); else says why (exit 2). Notes go to stderr."""
+    from training.paths import shared_root_from_env
+    from training.scheduler.fit import fit_problems
+    from training.scheduler.spec import SpecError
+
+    problems, notes = fit_problems(spec, shared_root_from_env())
+    for note in notes:
+        print(f"ragpool submit: note: {note}", file=sys.stderr)
+    if problems:
+        print(f"ragpool submit: {SpecError(problems, source)}", file=sys.stderr)
+        return False
+    return True
+
+
 def cmd_submit(args) -> int:
     spec = _read_spec("submit", args.file)
-    if spec is None:
+    if spec is None or not _fits_stack(spec, args.file):
         return exit_codes.BAD_INPUT
 
     def submit(queue) -> int:
