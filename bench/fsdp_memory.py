@@ -46,6 +46,7 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from bench.train_throughput import GEN_SHAPES, H100_BF16_PEAK_FLOPS  # noqa: E402
+from training.paths import child_env  # noqa: E402
 
 #: Shapes tried by ``--gpu``, smallest first (Llama-2/3-like proportions; vocab 32000).
 GPU_SHAPES = {
@@ -251,7 +252,7 @@ def worker_gpu(shape: str, strategy: str, out: Path, batch: int, seq: int) -> No
 
 
 def _torchrun(nproc: int, args: list[str], timeout: int) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "PYTHONPATH": str(REPO)}
+    env = child_env(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            __file__, *args]
     try:

@@ -236,7 +236,8 @@ def ddp_worker(per_rank_batch: int, steps: int, warm: int) -> dict:
 def run_ddp_scaling(per_rank_batch: int, steps: int, warm: int) -> dict:
     import statistics
 
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
+    from training.paths import child_env
+    env = child_env(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
            str(Path(__file__).resolve()), "--worker", "--per-rank-batch", str(per_rank_batch),
            "--steps", str(steps), "--warm", str(warm)]

@@ -14,7 +14,6 @@ import pytest
 
 from training.localdev.redis_server import LocalRedisServer, LocalSentinelGroup, find_redis_sentinel, find_redis_server
 from training.scheduler.run_queue import TaskQueue
-from training.paths import child_env
 from training.scheduler.spec import parse_spec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -24,12 +23,6 @@ requires_redis = pytest.mark.skipif(find_redis_server() is None,
 requires_sentinel = pytest.mark.skipif(find_redis_server() is None or find_redis_sentinel() is None,
                                        reason="redis-server/redis-sentinel not installed "
                                               "(apt-get install redis-server redis-sentinel; make sysdeps)")
-
-
-def subprocess_env(**extra: str) -> dict[str, str]:
-    """Environment for child Python processes that import ``training`` from this checkout."""
-    env = child_env(**extra)
-    return env
 
 
 def make_spec(run_id: str, **fields):

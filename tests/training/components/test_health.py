@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.support.ci_skips import hardware_reason
-from tests.support.redis_fixtures import subprocess_env
+from training.paths import child_env
 from training import exit_codes
 from training.components import health
 
@@ -29,7 +29,7 @@ def _checks(report: dict) -> dict[str, dict]:
 
 @needs_no_cuda
 def test_the_command_passes_on_cpu_and_prints_one_json_line_last():
-    env = subprocess_env()
+    env = child_env()
     env.pop(health.TEST_FAULT_ENV, None)
     env.pop(health.EXPECTED_GPUS_ENV, None)
     out = subprocess.run([sys.executable, "-m", "training.components.health", "--matmul-size", "128"],

@@ -271,11 +271,11 @@ def test_server_killed_mid_command_is_exit_4_in_a_real_process(own_redis, tmp_pa
     import sys
     import time
 
-    from tests.support.redis_fixtures import subprocess_env
+    from training.paths import child_env
 
     server = own_redis(password="pw-never-shown")
     server.client().execute_command("CLIENT", "PAUSE", 20000, "ALL")
-    env = subprocess_env(REDIS_URL=server.url, REDIS_PASSWORD="pw-never-shown", RAGPOOL_QUEUE_NAMESPACE=namespace)
+    env = child_env(REDIS_URL=server.url, REDIS_PASSWORD="pw-never-shown", RAGPOOL_QUEUE_NAMESPACE=namespace)
     proc = subprocess.Popen([sys.executable, "-m", "training.scheduler.cli", "status"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(2.0)  # the CLI has connected and sent its first command, which is paused

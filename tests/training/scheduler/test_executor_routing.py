@@ -9,7 +9,8 @@ import sys
 import time
 
 import pytest
-from tests.support.redis_fixtures import make_spec, subprocess_env
+from tests.support.redis_fixtures import make_spec
+from training.paths import child_env
 
 from training import exit_codes
 from training.scheduler.run_queue import RAY_LANE, lane
@@ -105,7 +106,7 @@ def test_worker_executors_come_from_the_environment(monkeypatch):
 
 def test_an_unknown_executor_stops_the_worker_with_exit_2_naming_the_variable(redis_server):
     proc = subprocess.run([sys.executable, "-m", "training.worker", "--idle-exit-seconds", "0"],
-                          env=subprocess_env(REDIS_URL=redis_server.url, **{EXECUTORS_ENV: "torchrun,slurm"}),
+                          env=child_env(REDIS_URL=redis_server.url, **{EXECUTORS_ENV: "torchrun,slurm"}),
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == exit_codes.BAD_INPUT, proc.stderr
     assert "RAGPOOL_EXECUTORS='torchrun,slurm'" in proc.stderr and "Traceback" not in proc.stderr

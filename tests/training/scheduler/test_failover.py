@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 from tests.support import waits
-from tests.support.redis_fixtures import make_spec, requires_sentinel, subprocess_env
+from tests.support.redis_fixtures import make_spec, requires_sentinel
+from training.paths import child_env
 
 from training.scheduler.redis_conn import NotReplicatedError, connect, is_temporary_error, settings_from_env
 from training.exit_codes import OK, UNAVAILABLE
@@ -36,7 +37,7 @@ def start_worker(env: dict[str, str], shared: Path, command: list[str], *, lease
             "--stop-grace-seconds", "10"]
     log_path = shared / f"worker-{time.monotonic_ns()}.log"
     with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(args, env=subprocess_env(**env), stdout=log_file, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(args, env=child_env(**env), stdout=log_file, stderr=subprocess.STDOUT)
     proc.log_path = log_path
     return proc
 
@@ -341,7 +342,7 @@ def cli_submit(env: dict[str, str], spec_dir: Path, run_id: str) -> CliSubmissio
     spec = spec_dir / f"{run_id}.yaml"
     spec.write_text(f"run_id: {run_id}\nstages: [retriever]\n")
     started = time.time()
-    proc = subprocess.run([sys.executable, "-m", "infra.cli", "submit", str(spec)], env=subprocess_env(**env),
+    proc = subprocess.run([sys.executable, "-m", "infra.cli", "submit", str(spec)], env=child_env(**env),
                           capture_output=True, text=True, timeout=120)
     return CliSubmission(run_id, proc.returncode, proc.stderr, started, time.time())
 

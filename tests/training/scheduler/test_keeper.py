@@ -11,7 +11,8 @@ import sys
 import urllib.request
 
 import pytest
-from tests.support.redis_fixtures import make_spec, subprocess_env
+from tests.support.redis_fixtures import make_spec
+from training.paths import child_env
 from tests.support.waits import wait_for
 
 from training import exit_codes
@@ -40,7 +41,7 @@ def test_the_keeper_moves_runs_back_with_zero_workers_and_serves_lane_gauges(red
     port = free_port()
     keeper = subprocess.Popen([sys.executable, "-m", "training.scheduler.keeper", "--interval-seconds", "0.2",
                                "--metrics-port", str(port)],
-                              env=subprocess_env(REDIS_URL=redis_server.url,
+                              env=child_env(REDIS_URL=redis_server.url,
                                                  **{NAMESPACES_ENV: f"{namespace},{namespace}-t"}),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -70,12 +71,12 @@ def test_the_keeper_moves_runs_back_with_zero_workers_and_serves_lane_gauges(red
 
 def test_bad_namespaces_exit_2_naming_the_variable(redis_server):
     proc = subprocess.run([sys.executable, "-m", "training.scheduler.keeper"],
-                          env=subprocess_env(REDIS_URL=redis_server.url, **{NAMESPACES_ENV: "ok,bad name"}),
+                          env=child_env(REDIS_URL=redis_server.url, **{NAMESPACES_ENV: "ok,bad name"}),
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == exit_codes.BAD_INPUT, proc.stderr
     assert NAMESPACES_ENV in proc.stderr and "Traceback" not in proc.stderr
     proc = subprocess.run([sys.executable, "-m", "training.scheduler.keeper", "--interval-seconds", "0"],
-                          env=subprocess_env(REDIS_URL=redis_server.url), capture_output=True, text=True, timeout=60)
+                          env=child_env(REDIS_URL=redis_server.url), capture_output=True, text=True, timeout=60)
     assert proc.returncode == exit_codes.BAD_INPUT and "--interval-seconds" in proc.stderr
 
 

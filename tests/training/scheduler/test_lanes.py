@@ -9,7 +9,8 @@ import subprocess
 import sys
 
 import pytest
-from tests.support.redis_fixtures import make_spec, subprocess_env
+from tests.support.redis_fixtures import make_spec
+from training.paths import child_env
 
 from training import exit_codes
 from training.scheduler.lanes import (
@@ -133,7 +134,7 @@ def test_submit_of_an_unknown_pool_exits_2_naming_pool(redis_server, tmp_path):
     spec = tmp_path / "run.yaml"
     spec.write_text("run_id: r1\nstages: [retriever]\npool: gpu-nope\n")
     proc = subprocess.run([sys.executable, "-m", "training.scheduler.cli", "submit", str(spec)],
-                          env=subprocess_env(REDIS_URL=redis_server.url, RAGPOOL_QUEUE_NAMESPACE="lanes-cli",
+                          env=child_env(REDIS_URL=redis_server.url, RAGPOOL_QUEUE_NAMESPACE="lanes-cli",
                                              RAGPOOL_SHARED_ROOT=str(tmp_path), **{POOLS_ENV: "gpu-spot"}),
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == exit_codes.BAD_INPUT, proc.stderr

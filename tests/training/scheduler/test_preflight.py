@@ -9,7 +9,8 @@ import threading
 import urllib.request
 
 import pytest
-from tests.support.redis_fixtures import make_spec, subprocess_env
+from tests.support.redis_fixtures import make_spec
+from training.paths import child_env
 from training.ports import free_port
 from tests.support.waits import wait_for
 
@@ -19,7 +20,7 @@ from training.scheduler import preflight
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = subprocess_env(**extra)
+    env = child_env(**extra)
     if TEST_FAULT_ENV not in extra:
         env.pop(TEST_FAULT_ENV, None)
     env.pop("RAGPOOL_EXPECTED_GPUS", None)

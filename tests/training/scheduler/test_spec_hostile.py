@@ -32,7 +32,7 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
-from tests.support.redis_fixtures import subprocess_env
+from training.paths import child_env
 
 from training import exit_codes
 from training.config import MODEL_PATH_KEYS, STAGES
@@ -403,7 +403,7 @@ def test_submit_in_a_real_process_exits_2_without_a_traceback(redis_server, name
     else:
         path = tmp_path / name
         path.write_bytes(content if isinstance(content, bytes) else content.encode())
-    env = subprocess_env(REDIS_URL=redis_server.url, RAGPOOL_QUEUE_NAMESPACE=namespace, RAGPOOL_SHARED_ROOT=ROOT)
+    env = child_env(REDIS_URL=redis_server.url, RAGPOOL_QUEUE_NAMESPACE=namespace, RAGPOOL_SHARED_ROOT=ROOT)
     proc = subprocess.run([sys.executable, "-m", "training.scheduler.cli", "submit", str(path)], env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == exit_codes.BAD_INPUT, proc.stderr

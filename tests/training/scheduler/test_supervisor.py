@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.support.redis_fixtures import make_spec, subprocess_env
+from tests.support.redis_fixtures import make_spec
+from training.paths import child_env
 from tests.support.waits import wait_for
 
 from training.config import load_run_config
@@ -37,7 +38,7 @@ def start_worker(redis_server, namespace, shared: Path, command: list[str] | Non
     # Output to a file, not a pipe nobody drains while the test waits.
     log_path = shared / f"worker-{time.monotonic_ns()}.log"
     with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(args, env=subprocess_env(**env_vars), stdout=log_file, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(args, env=child_env(**env_vars), stdout=log_file, stderr=subprocess.STDOUT)
     proc.log_path = log_path
     return proc
 
@@ -287,7 +288,7 @@ def test_worker_runs_real_pipeline_end_to_end(redis_server, namespace, make_queu
     """submit a tiny pipeline run -> worker -> torchrun -m training.pipeline -> succeeded + artifacts."""
     data = tmp_path / "datasets" / "tiny"
     subprocess.run([sys.executable, "-m", "training.demo.synthetic", "--out", str(data), "--n-entities", "12"],
-                   check=True, env=subprocess_env(), capture_output=True)
+                   check=True, env=child_env(), capture_output=True)
     spec = make_spec(
         "pipeline-e2e", stages=["retriever", "index", "generator", "evaluate"], gpus_per_node=1,
         data={"corpus": "datasets/tiny/corpus.jsonl", "qa_train": "datasets/tiny/qa_train.jsonl",
