@@ -10,8 +10,7 @@ import pytest
 from infra.plan import plan
 from tests.infra.harness import inputs_of
 from training.ray.pools import POOLS_ENV, format_pools, parse_pools, pool_problems
-from training.scheduler.spec import parse_spec
-from training.scheduler.supervisor import check_ray_pools
+from training.scheduler.spec import RunSpec, SpecError, parse_spec
 
 TEAMS = [{"name": "search", "gpuQuota": 4}, {"name": "small", "gpuQuota": 2}]
 
@@ -71,15 +70,15 @@ def test_submit_and_the_ray_worker_refuse_what_the_namespace_cannot_place(team_p
     # Submitted where RAGPOOL_RAY_POOLS was stale (bigger pools than this namespace has) ...
     monkeypatch.setenv(POOLS_ENV, "gpu-ondemand=16,gpu-spot=16")
     spec = ray_run(pool, gpus)
-    monkeypatch.delenv(POOLS_ENV)
-    assert check_ray_pools(spec, "/mnt/shared") is None, "without the variable the worker trusts submit"
-    # ... the namespace's Ray worker, whose template carries the real list, refuses it.
+    # ... the namespace's Ray worker, whose template carries the real list, refuses it when it validates
+    # the claimed spec, once, against its own environment (training/scheduler/supervisor.py run_task).
     monkeypatch.setenv(POOLS_ENV, format_pools(pools))
-    problem = check_ray_pools(spec, "/mnt/shared")
     if key is None:
-        assert problem is None
+        assert RunSpec.from_json(spec.to_json(), shared_root="/mnt/shared") == spec
     else:
-        assert problem and f"hyperparameters.run.{key}" in problem and namespace not in problem
+        with pytest.raises(SpecError) as refused:
+            RunSpec.from_json(spec.to_json(), shared_root="/mnt/shared")
+        assert f"hyperparameters.run.{key}" in str(refused.value) and namespace not in str(refused.value)
 
 
 def test_pools_text_round_trips():

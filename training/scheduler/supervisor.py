@@ -2,10 +2,17 @@
 
     python -m training.worker [--idle-exit-seconds 300] [--lease-seconds 60] [--metrics-port 9300]
 
-For each task it claims it writes the run's training config to
-``<shared>/runs/<run_id>/run.yaml`` and runs the stages with torchrun over the pod::
+(9300: ``QUEUE_METRICS_PORT``, training/ports.py, the one home of ragpool's ports; off unless
+``--metrics-port`` or ``RAGPOOL_QUEUE_METRICS_PORT`` sets it.) This module is the worker loop:
+claiming, follower mode, heartbeats, supervision. The child it starts is built in
+training/scheduler/child.py and what it records when the child ends is decided in
+training/scheduler/outcome.py.
 
-    python -m torch.distributed.run --nnodes 1 --nproc-per-node G --standalone --max-restarts 0 \\
+For each task it claims it validates the stored spec once, against this worker's shared root and
+environment, writes the run's training config to ``<shared>/runs/<run_id>/run.yaml`` (every rank
+only loads it) and runs the stages with torchrun over the pod::
+
+    python -m torch.distributed.run --nnodes 1 --nproc-per-node G --max-restarts 0 --standalone \\
         -m training.pipeline --config <shared>/runs/<run_id>/run.yaml
 
 (``G`` = the spec's ``gpus_per_node``, else the pod's CUDA device count, 1 on CPU.)
@@ -68,8 +75,8 @@ Test hooks (used only by tests; never set them in a Job): ``RAGPOOL_WORKER_TEST_
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import collections
+import dataclasses
 import json
 import logging
 import os
@@ -79,18 +86,23 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import NamedTuple
+from typing import TypeVar
 
 from training import exit_codes
-from training.paths import child_env, shared_root_from_env
+from training.paths import run_dir, shared_root_from_env
 from training.ports import RDZV_PORT
+from training.scheduler.child import run_command, write_run_config
 from training.scheduler.lanes import Lane, format_lanes, lanes_from_env
+from training.scheduler.outcome import Action, ChildExit, Decision, Outcome, StopReason, decide, outcome_of
 from training.scheduler.run_queue import DEFAULT_BACKOFF_BASE_S, DEFAULT_BACKOFF_MAX_S, DEFAULT_LEASE_S
 from training.scheduler.run_queue import Claim, Heartbeat, Key, Release, WorkerState, namespace_from_env
-from training.scheduler.spec import EXECUTORS, RunSpec, ray_problems
+from training.scheduler.spec import EXECUTORS, RunSpec
+
+__all__ = ["ChildExit", "Outcome", "StopReason", "Worker", "WorkerConfig", "build_arg_parser", "main", "worker_main"]
 
 log = logging.getLogger("ragpool.worker")
 
@@ -99,54 +111,9 @@ OUTAGE_BACKOFF_BASE_S = 0.2
 OUTAGE_BACKOFF_CAP_S = 5.0
 """Longest wait between two tries while Redis is away: a returning primary is used within this."""
 
-
-
-class Outcome(StrEnum):
-    """What the worker recorded for one claimed task (:meth:`Worker.run_task`)."""
-
-    SUCCEEDED = "succeeded"
-    """Acked: the run's completion is recorded."""
-    RETRY = "retry"
-    """A failed attempt; the queue retries it after backoff."""
-    DEAD = "dead"
-    """Failed for good (not retriable, or attempts exhausted): dead-letter list."""
-    CANCELLED = "cancelled"
-    """Stopped by ``ragpool cancel``."""
-    RELEASED = "released"
-    """Handed back without spending an attempt (the child exited with the retriable code, or a ray
-    run's child could not reach or authenticate to the Ray cluster: exit 4, the worker then stops)."""
-    INTERRUPTED = "interrupted"
-    """Handed back because this worker is shutting down (SIGTERM)."""
-    LOST = "lost"
-    """The lease was no longer ours (reaped or taken over): nothing recorded."""
-    STALE = "stale"
-    """The queue refused the record: the lease had changed hands meanwhile."""
-    GANG_TIMEOUT = "gang_timeout"
-    """Multi-node: not all pods joined within the gang deadline; handed back, no attempt spent."""
-
-
-class StopReason(StrEnum):
-    """Why the worker stopped a child before it exited on its own."""
-
-    CANCEL = "cancel"
-    """A pending cancel reported by the heartbeat."""
-    LOST = "lost"
-    """The heartbeat found the lease gone."""
-    SHUTDOWN = "shutdown"
-    """This worker got SIGTERM/SIGINT."""
-    TIMEOUT = "timeout"
-    """The attempt ran past the run's ``timeout_seconds``."""
-
-
-class ChildExit(NamedTuple):
-    """How a supervised child ended."""
-
-    code: int | None
-    """Its exit code (None when it was never started)."""
-    tail: str
-    """The last lines of its output."""
-    stopped: StopReason | None
-    """Why we stopped it, or None when it exited on its own."""
+T = TypeVar("T")
+STOPPED = object()
+"""What :meth:`Worker._until_redis_answers` returns when the worker was told to stop during an outage."""
 
 
 class Gang(StrEnum):
@@ -214,7 +181,8 @@ class WorkerConfig:
     a subprocess) and give it this long; on failure exit HEALTH_CHECK_FAILED without claiming
     (training/scheduler/preflight.py). 0 = skip; the worker Job template turns it on."""
     metrics_port: int = field(default_factory=lambda: int(os.environ.get("RAGPOOL_QUEUE_METRICS_PORT") or 0))
-    """Serve queue metrics on this port (0 = off; env RAGPOOL_QUEUE_METRICS_PORT)."""
+    """Serve queue metrics on this port (0 = off; env RAGPOOL_QUEUE_METRICS_PORT).
+    Also ``/ready``; the worker Jobs pass ``QUEUE_METRICS_PORT`` (9300, training/ports.py)."""
     run_id: str | None = field(default_factory=lambda: os.environ.get("RAGPOOL_RUN_ID") or None)
     """Only claim this run (a Job dedicated to one run)."""
     nnodes: int = field(default_factory=lambda: int(os.environ.get("RAGPOOL_NNODES") or 1))
@@ -280,55 +248,6 @@ def _json_list_env(name: str) -> list[str] | None:
     if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
         raise ValueError(f"{name} must be a JSON list of strings")
     return value
-
-
-def detect_nproc(spec: RunSpec) -> int:
-    """Processes per node: the spec's ``gpus_per_node``, else CUDA devices, else 1 (CPU)."""
-    if spec.gpus_per_node:
-        return spec.gpus_per_node
-    try:
-        import torch
-    except ImportError:
-        return 1
-    return torch.cuda.device_count() or 1
-
-
-def write_run_config(spec: RunSpec, shared_root: str) -> Path:
-    """Write ``<shared>/runs/<run_id>/run.yaml`` atomically and return its path."""
-    import yaml
-
-    run_dir = Path(shared_root) / "runs" / spec.run_id
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / "run.yaml"
-    tmp = run_dir / f".run.yaml.{os.getpid()}.tmp"
-    tmp.write_text(yaml.safe_dump(spec.to_training_config(shared_root), sort_keys=False))
-    os.replace(tmp, path)
-    return path
-
-
-def check_run_config(path: Path) -> str | None:
-    """Validate with the training package when present; the error text, or None if fine."""
-    from training.config import load_run_config
-
-    try:
-        load_run_config(str(path))
-    except Exception as exc:  # the training package's own clear message
-        return f"training config rejected: {exc}"
-    return None
-
-
-def check_ray_pools(spec: RunSpec, shared_root: str) -> str | None:
-    """A ray run's stages against the pools of this worker's Ray cluster (``RAGPOOL_RAY_POOLS``,
-    which the Ray worker template sets): ``ragpool submit`` refused what it could see, but the
-    submitter's list may be stale or unset. The problems as one text, or None (also when unset)."""
-    from training.ray.pools import POOLS_ENV
-
-    if spec.executor != "ray" or POOLS_ENV not in os.environ:  # set, even empty (no pools), is a list
-        return None
-    problems = ray_problems(spec, shared_root)
-    if not problems:
-        return None
-    return "ray run does not fit this Ray cluster: " + "; ".join(f"{key}: {msg}" for key, msg in problems)
 
 
 class Worker:
@@ -401,23 +320,20 @@ class Worker:
         self._register(WorkerState.WAITING)
         interrupted = False
         idle_since = time.monotonic()
-        outage = 0
+
+        def claim_once(_again: bool) -> Claim | None:
+            idle_left = self.config.idle_exit_seconds - (time.monotonic() - idle_since)
+            return self.queue.claim(self.config.worker_id, run_id=self.config.run_id,
+                                    nodes=self.config.nnodes, lanes=self.config.lanes,
+                                    block_s=max(0.0, min(self.config.poll_seconds, idle_left)),
+                                    poll_s=self.config.poll_seconds)
+
         while not self.stopping.is_set():
             if self.config.max_tasks and self.tasks_done >= self.config.max_tasks:
                 break
-            idle_left = self.config.idle_exit_seconds - (time.monotonic() - idle_since)
-            try:
-                claim = self.queue.claim(self.config.worker_id, run_id=self.config.run_id,
-                                         nodes=self.config.nnodes, lanes=self.config.lanes,
-                                         block_s=max(0.0, min(self.config.poll_seconds, idle_left)),
-                                         poll_s=self.config.poll_seconds)
-            except Exception as exc:  # Redis restarting / failing over / demoted: keep trying
-                if not _is_redis_error(exc):
-                    raise
-                outage += 1
-                self._wait_out_redis(outage, "queue unavailable", exc)
-                continue
-            outage = 0
+            claim = self._until_redis_answers(claim_once, "queue unavailable")
+            if claim is STOPPED:
+                break
             if claim is None:
                 if time.monotonic() - idle_since >= self.config.idle_exit_seconds:
                     log.info("worker %s: queue empty for %.0fs, exiting", self.config.worker_id,
@@ -446,17 +362,11 @@ class Worker:
         """Index > 0 of an Indexed Job: join whatever run index 0 publishes."""
         seen: tuple | None = None
         idle_since = time.monotonic()
-        outage = 0
         while not self.stopping.is_set():
-            try:
-                group = self.queue.read_group(self.config.group)
-                outage = 0
-            except Exception as exc:
-                if not _is_redis_error(exc):
-                    raise
-                outage += 1
-                self._wait_out_redis(outage, "queue unavailable", exc)
-                continue
+            group = self._until_redis_answers(lambda _again: self.queue.read_group(self.config.group),
+                                              "queue unavailable")
+            if group is STOPPED:
+                break
             key = (group["task_id"], group["attempt"]) if group else None
             if group and key != seen:
                 seen = key
@@ -466,7 +376,8 @@ class Worker:
                                 self.config.node_index, key[0])
                     break
                 self.ready.set()
-                spec = RunSpec.from_json(group["spec_json"])
+                # Index 0 validated the spec when it claimed it; the same parse here builds the same command.
+                spec = RunSpec.from_json(group["spec_json"], shared_root=self.config.shared_root)
                 cmd, env = self._command(spec, Path(group["config"]), group["attempt"])
                 # Index 0 holds the lease and heartbeats it: this pod only runs its share.
                 ended = self._supervise(cmd, env, run_id=spec.run_id, attempt=group["attempt"],
@@ -570,43 +481,21 @@ class Worker:
     # -- one task --------------------------------------------------------------------------
 
     def _command(self, spec: RunSpec, config_path: Path, attempt: int) -> tuple[list[str], dict[str, str]]:
-        # The child imports the same training package as this worker (child_env).
-        env = child_env(RAGPOOL_RUN_ID=spec.run_id, RAGPOOL_RUN_CONFIG=str(config_path),
-                        RAGPOOL_ATTEMPT=str(attempt), RAGPOOL_SHARED_ROOT=self.config.shared_root,
-                        RAGPOOL_NODE_INDEX=str(self.config.node_index))
-        if self.config.test_command:
-            subst = {"{config}": str(config_path), "{run_id}": spec.run_id, "{attempt}": str(attempt),
-                     "{node_index}": str(self.config.node_index)}
-            cmd = []
-            for part in self.config.test_command:
-                for token, value in subst.items():
-                    part = part.replace(token, value)
-                cmd.append(part)
-            return cmd, env
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(spec.nodes),
-               "--nproc-per-node", str(detect_nproc(spec)), "--max-restarts", "0"]
-        if spec.nodes == 1:
-            cmd.append("--standalone")
-        else:
-            # Index 0 hosts the c10d store; saying so beats torch's hostname guess, which
-            # cannot match a headless-Service name against the pod's own hostname.
-            is_host = "true" if self.config.node_index == 0 else "false"
-            cmd += ["--rdzv-backend", "c10d",
-                    "--rdzv-endpoint", f"{self.config.rdzv_host}:{self.config.rdzv_port}",
-                    "--rdzv-id", f"{spec.run_id}-a{attempt}", "--rdzv-conf", f"is_host={is_host}"]
-        if spec.executor == "ray":
-            # The stages run on the namespace's Ray cluster; this pod only follows the Ray job
-            # (heartbeats, cancel and lease loss work as for torchrun: SIGTERM stops the job).
-            return [sys.executable, "-m", "training.ray.job", "--config", str(config_path)], env
-        entry = [self.config.test_entrypoint] if self.config.test_entrypoint else ["-m", "training.pipeline"]
-        return cmd + entry + ["--config", str(config_path)], env
+        """This pod's child for one attempt (training/scheduler/child.py builds it)."""
+        cfg = self.config
+        return run_command(spec, config_path, attempt, shared_root=cfg.shared_root, node_index=cfg.node_index,
+                           rdzv_host=cfg.rdzv_host, rdzv_port=cfg.rdzv_port, entrypoint=cfg.test_entrypoint,
+                           test_command=cfg.test_command)
 
     def run_task(self, claim: Claim) -> Outcome:
         """Run one claimed task to an outcome; returns what was recorded."""
         q, cfg = self.queue, self.config
         try:
-            spec = claim.spec
-        except Exception as exc:  # a stored spec that no longer validates (allow-list changed)
+            # The one validation of this run on the worker: the spec, its training config (against this
+            # worker's shared root), its parallelism and, for a ray run, this cluster's pools
+            # (RAGPOOL_RAY_POOLS). The run.yaml written below is that validated config: ranks only load it.
+            spec = RunSpec.from_json(claim.spec_json, shared_root=cfg.shared_root)
+        except Exception as exc:  # a stored spec that no longer validates (allow-list or pools changed)
             error = f"stored run spec is invalid: {exc}"
             return self._keep_trying(claim, lambda again: Outcome(q.fail(claim, error, retriable=False)))
         log.info("worker %s: claimed %s (attempt %d/%d)", cfg.worker_id, spec.run_id, claim.attempt,
@@ -616,9 +505,6 @@ class Worker:
         except OSError as exc:
             error = f"cannot write run config under {cfg.shared_root}: {exc}"
             return self._keep_trying(claim, lambda again: Outcome(q.fail(claim, error)))
-        problem = check_run_config(config_path) or check_ray_pools(spec, cfg.shared_root)
-        if problem:
-            return self._keep_trying(claim, lambda again: Outcome(q.fail(claim, problem, retriable=False)))
         cmd, env = self._command(spec, config_path, claim.attempt)
         if cfg.nnodes > 1:
             gathered = self._gather(claim, {"spec_json": claim.spec_json, "config": str(config_path)})
@@ -634,79 +520,81 @@ class Worker:
                 except Exception as exc:  # the key expires on its own (ttl above)
                     if not _is_redis_error(exc):
                         raise
-        return self._record(claim, ended)
+        return self._record(claim, ended, spec)
 
-    def _record(self, claim: Claim, ended: ChildExit) -> Outcome:
-        """Record how the run ended (see :meth:`_keep_trying`)."""
-        return self._keep_trying(claim, lambda again: self._record_once(claim, ended, again=again),
-                                 heartbeat=ended.stopped != StopReason.LOST)
+    def _record(self, claim: Claim, ended: ChildExit, spec: RunSpec) -> Outcome:
+        """Record how the run ended: what :func:`outcome.decide` decides (see :meth:`_keep_trying`)."""
+        decision = decide(ended, executor=spec.executor, timeout_s=claim.timeout_s)
+        if decision.action == Action.NOTHING:
+            log.warning("run %s: lease lost (reaped or taken over); not recording anything", claim.task_id)
+        outcome = self._keep_trying(claim, lambda again: self._record_once(claim, decision, again=again),
+                                    heartbeat=decision.action != Action.NOTHING)
+        if decision.stop_claiming:  # e.g. the Ray cluster is away: every run of these lanes would fail alike
+            self.ray_unavailable = True
+        return outcome
 
-    def _keep_trying(self, claim: Claim, record, *, heartbeat: bool = True) -> Outcome:
+    def _keep_trying(self, claim: Claim, record: Callable[[bool], T], *, heartbeat: bool = True) -> T:
         """``record(again)`` until Redis takes it: through an outage or failover of any length
         the worker keeps the outcome, retries with backoff (reconnecting each time, so a new
         primary is found) and heartbeats the lease meanwhile. ``again`` is True on repeats;
         the fenced scripts then decide whether the outcome still counts (an ack after the
         lease was reaped and the run went to another worker is refused). SIGTERM does not
         cut this short: the outcome is worth the grace period."""
-        failures = 0
         stop_heartbeat = threading.Event()
+
+        def heartbeat_meanwhile() -> None:
+            if heartbeat:
+                threading.Thread(target=self._heartbeat_loop, args=(claim, stop_heartbeat, {}), daemon=True).start()
+
         try:
-            while True:
-                try:
-                    return record(failures > 0)
-                except Exception as exc:
-                    if not _is_redis_error(exc):
-                        raise
-                    failures += 1
-                    if failures == 1 and heartbeat:
-                        threading.Thread(target=self._heartbeat_loop, args=(claim, stop_heartbeat, {}),
-                                         daemon=True).start()
-                    self._wait_out_redis(failures, f"run {claim.task_id}: outcome not recorded yet", exc,
-                                         interruptible=False)
+            return self._until_redis_answers(record, f"run {claim.task_id}: outcome not recorded yet",
+                                             interruptible=False, on_outage=heartbeat_meanwhile)
         finally:
             stop_heartbeat.set()
 
-    def _wait_out_redis(self, failures: int, what: str, exc: Exception, *, interruptible: bool = True) -> None:
-        """After a temporary Redis error (``redis_conn.is_temporary_error``): log, drop the
-        connections so the next command finds the primary again (Sentinel or DNS), and back
-        off exponentially with jitter (``OUTAGE_BACKOFF_*``)."""
+    def _until_redis_answers(self, call: Callable[[bool], T], what: str, *, interruptible: bool = True,
+                             on_outage: Callable[[], None] | None = None) -> T:
+        """``call(again)`` until Redis answers it (``again``: True on repeats), the one retry of a
+        temporary Redis error (restarting, failing over, demoted, unreachable:
+        ``redis_conn.is_temporary_error``; any other error is raised). After each such error: log
+        ``what``, drop the connections so the next command finds the primary again (Sentinel or
+        DNS), and back off exponentially with jitter (``OUTAGE_BACKOFF_*``); ``on_outage`` runs at
+        the first. ``interruptible``: a SIGTERM cuts the wait short and :data:`STOPPED` is returned."""
         from redis.backoff import EqualJitterBackoff
 
-        delay = EqualJitterBackoff(cap=OUTAGE_BACKOFF_CAP_S, base=OUTAGE_BACKOFF_BASE_S).compute(failures)
-        log.warning("worker %s: %s (%s: %s); retry %d in %.1fs", self.config.worker_id, what,
-                    type(exc).__name__, exc, failures, delay)
-        self.queue.reconnect()
-        if interruptible:
-            self.stopping.wait(delay)
-        else:
-            time.sleep(delay)
+        failures = 0
+        while True:
+            try:
+                return call(failures > 0)
+            except Exception as exc:
+                if not _is_redis_error(exc):
+                    raise
+                failures += 1
+                if failures == 1 and on_outage is not None:
+                    on_outage()
+                delay = EqualJitterBackoff(cap=OUTAGE_BACKOFF_CAP_S, base=OUTAGE_BACKOFF_BASE_S).compute(failures)
+                log.warning("worker %s: %s (%s: %s); retry %d in %.1fs", self.config.worker_id, what,
+                            type(exc).__name__, exc, failures, delay)
+                self.queue.reconnect()
+                if not interruptible:
+                    time.sleep(delay)
+                elif self.stopping.wait(delay):
+                    return STOPPED  # type: ignore[return-value]
 
-    def _record_once(self, claim: Claim, ended: ChildExit, *, again: bool = False) -> Outcome:
+    def _record_once(self, claim: Claim, decision: Decision, *, again: bool = False) -> Outcome:
+        """Make the one queue call ``decision`` names; its :class:`Outcome` from the queue's reply."""
         q = self.queue
-        code, tail, stopped = ended
-        if stopped == StopReason.LOST:
-            log.warning("run %s: lease lost (reaped or taken over); not recording anything", claim.task_id)
-            return Outcome.LOST
-        if stopped == StopReason.CANCEL:
-            return Outcome(q.cancelled(claim))
-        if code == 0:
-            return Outcome.SUCCEEDED if q.ack(claim, again=again) else Outcome.LOST
-        if stopped == StopReason.SHUTDOWN:
-            q.release(claim, f"interrupted by worker shutdown (SIGTERM); child exited {code}")
-            return Outcome.INTERRUPTED
-        if stopped == StopReason.TIMEOUT:
-            return Outcome(q.fail(claim, f"timed out after {claim.timeout_s:.0f}s\n{tail}"))
-        if code == self.retriable_code:
-            released = q.release(claim, f"child exited with the retriable code {code}")
-            return Outcome.DEAD if released == Outcome.DEAD else Outcome.RELEASED
-        if code == exit_codes.UNAVAILABLE and claim.spec.executor == "ray":
-            # training/ray/job.py: the Ray cluster is unreachable or refuses the token, not the run's
-            # fault. Hand it back unspent (however long the outage lasts); run() stops claiming.
-            self.ray_unavailable = True
-            released = q.release(claim, f"exit code {code}\n{tail}", kind=Release.UNAVAILABLE)
-            return Outcome.DEAD if released == Outcome.DEAD else Outcome.RELEASED
-        retriable = code != exit_codes.BAD_INPUT
-        return Outcome(q.fail(claim, f"exit code {code}\n{tail}", retriable=retriable))
+        if decision.action == Action.NOTHING:
+            reply = None
+        elif decision.action == Action.CANCELLED:
+            reply = q.cancelled(claim)
+        elif decision.action == Action.ACK:
+            reply = q.ack(claim, again=again)
+        elif decision.action == Action.RELEASE:
+            reply = q.release(claim, decision.reason, kind=decision.release)
+        else:
+            reply = q.fail(claim, decision.reason, retriable=decision.retriable)
+        return outcome_of(decision, reply)
 
     def _supervise(self, cmd: list[str], env: dict[str, str], *, run_id: str, attempt: int, timeout_s: float,
                    lease: Claim | None) -> ChildExit:
@@ -714,7 +602,7 @@ class Worker:
         pod holds: it is heartbeated, and a cancel or lost lease stops the child. A follower pod of
         a multi-node run passes None (index 0 holds the lease)."""
         cfg = self.config
-        log_dir = Path(cfg.shared_root) / "runs" / run_id / "logs"
+        log_dir = run_dir(cfg.shared_root, run_id) / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         log_path = log_dir / f"attempt-{attempt}-node-{cfg.node_index}.log"
         tail: collections.deque[str] = collections.deque(maxlen=40)

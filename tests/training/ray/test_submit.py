@@ -61,7 +61,8 @@ def test_bad_ray_specs_are_refused_with_the_key(submit, executor, run, key) -> N
 
 
 def test_a_ray_run_is_enqueued_and_followed_as_a_ray_job(submit, tmp_path) -> None:
-    from training.scheduler.supervisor import Worker, WorkerConfig, write_run_config
+    from training.scheduler.child import write_run_config
+    from training.scheduler.supervisor import Worker, WorkerConfig
 
     code, err, stored = submit("good-ray", "ray", "{ray.retriever.pool: gpu-spot, ray.retriever.gpus: 1}")
     assert code == exit_codes.OK, err

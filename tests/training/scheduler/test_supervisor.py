@@ -412,8 +412,11 @@ def test_worker_rides_out_a_redis_crash_and_restart(own_redis, tmp_path):
 # -- outcomes -------------------------------------------------------------------------------
 
 def test_record_maps_each_way_a_child_ends_to_one_outcome(make_queue, tmp_path):
+    """What each decision of training/scheduler/outcome.py leaves in a real queue (the decisions
+    themselves, for every exit code: test_outcome.py)."""
     from training.exit_codes import BAD_INPUT
-    from training.scheduler.supervisor import ChildExit, Outcome, StopReason, Worker, WorkerConfig
+    from training.scheduler.outcome import ChildExit, Outcome, StopReason
+    from training.scheduler.supervisor import Worker, WorkerConfig
 
     q = make_queue(backoff_base_s=0, backoff_max_s=0)
     worker = Worker(q, WorkerConfig(worker_id="w", shared_root=str(tmp_path)))
@@ -432,10 +435,10 @@ def test_record_maps_each_way_a_child_ends_to_one_outcome(make_queue, tmp_path):
         claim = q.claim("w", run_id=f"o-{i}")
         if ended.stopped == StopReason.CANCEL:
             assert q.cancel(claim.task_id) == "cancelling"
-        recorded = worker._record(claim, ended)
+        recorded = worker._record(claim, ended, claim.spec)
         assert recorded is outcome and q.get(claim.task_id).state == state, (ended, recorded)
     # A record on a lease that changed hands is refused by the fence, not counted.
     q.submit(make_spec("o-stale"))
     claim = q.claim("w", run_id="o-stale")
     q.fail(claim, "someone else recorded first", retriable=True)
-    assert worker._record(claim, ChildExit(1, "", None)) is Outcome.STALE
+    assert worker._record(claim, ChildExit(1, "", None), claim.spec) is Outcome.STALE

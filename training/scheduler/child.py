@@ -1,0 +1,124 @@
+"""The child process that runs a run's stages: its command line and environment, the one builder.
+
+The queue worker (training/scheduler/supervisor.py), the local demo (training/demo/direct.py), the
+benchmarks (bench/train_throughput.py, bench/ray_overhead.py) and the tests' stage runner
+(tests/support/training.py) all start torchrun through :func:`torchrun_argv`; the worker's ray
+runs are followed through :func:`ray_job_argv`. A torchrun child of one pod::
+
+    python -m torch.distributed.run --nnodes 1 --nproc-per-node G --max-restarts 0 --standalone \\
+        -m training.pipeline --config <shared>/runs/<run_id>/run.yaml
+
+and of a multi-node run (pod ``i`` of ``N``; index 0 hosts the c10d store)::
+
+    python -m torch.distributed.run --nnodes N --nproc-per-node G --max-restarts 0 --rdzv-backend c10d \\
+        --rdzv-endpoint <host>:<port> --rdzv-id <run>-a<attempt> --rdzv-conf is_host=<i == 0> \\
+        -m training.pipeline --config ...
+
+A ray run's child (the stages run on the namespace's Ray cluster; the worker only follows the Ray job)::
+
+    python -m training.ray.job --config <shared>/runs/<run_id>/run.yaml
+
+Torch-free (``detect_nproc`` imports torch only when the spec leaves the process count open).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from training.paths import child_env, run_dir
+from training.ports import RDZV_PORT
+from training.scheduler.spec import RunSpec
+
+RUN_CONFIG_NAME = "run.yaml"
+"""The run config the worker writes under ``runs/<run_id>/`` for every rank to load."""
+
+
+def torchrun_argv(entry: list[str], *, nproc: int, nnodes: int = 1, rdzv_endpoint: str | None = None,
+                  rdzv_id: str | None = None, is_host: bool = True) -> list[str]:
+    """``python -m torch.distributed.run`` running ``entry`` (``["-m", module, ...]`` or a script and
+    its arguments) in ``nproc`` processes on this node: ``--standalone`` on one node, else a c10d
+    rendezvous at ``rdzv_endpoint`` (``host:port``) named ``rdzv_id``, hosted by the pod with
+    ``is_host`` (index 0: saying so beats torch's hostname guess, which cannot match a
+    headless-Service name against the pod's own hostname). No restarts: the worker retries runs."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes),
+           "--nproc-per-node", str(nproc), "--max-restarts", "0"]
+    if nnodes == 1:
+        cmd.append("--standalone")
+    else:
+        if not rdzv_endpoint or not rdzv_id:
+            raise ValueError(f"a torchrun of {nnodes} nodes needs rdzv_endpoint and rdzv_id")
+        cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv_endpoint, "--rdzv-id", rdzv_id,
+                "--rdzv-conf", f"is_host={'true' if is_host else 'false'}"]
+    return cmd + list(entry)
+
+
+def stage_entry(module: str, config: str | os.PathLike[str], *args: str) -> list[str]:
+    """``-m training.<module> --config CONFIG [args]``: a stage command (or ``pipeline``) as torchrun's entry."""
+    return ["-m", f"training.{module}", "--config", str(config), *args]
+
+
+def ray_job_argv(config: str | os.PathLike[str]) -> list[str]:
+    """``python -m training.ray.job --config CONFIG``: a ray run's child (submits and follows its Ray job)."""
+    return [sys.executable, "-m", "training.ray.job", "--config", str(config)]
+
+
+def detect_nproc(spec: RunSpec) -> int:
+    """Processes per node: the spec's ``gpus_per_node``, else CUDA devices, else 1 (CPU)."""
+    if spec.gpus_per_node:
+        return spec.gpus_per_node
+    try:
+        import torch
+    except ImportError:
+        return 1
+    return torch.cuda.device_count() or 1
+
+
+def write_run_config(spec: RunSpec, shared_root: str) -> Path:
+    """Write ``<shared>/runs/<run_id>/run.yaml`` atomically and return its path: the training config
+    of ``spec`` (``RunSpec.to_training_config``), which the worker validated when it parsed the
+    claimed spec with the same ``shared_root``; every rank loads it, nothing checks it again."""
+    import yaml
+
+    directory = run_dir(shared_root, spec.run_id)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / RUN_CONFIG_NAME
+    tmp = directory / f".{RUN_CONFIG_NAME}.{os.getpid()}.tmp"
+    tmp.write_text(yaml.safe_dump(spec.to_training_config(shared_root), sort_keys=False))
+    os.replace(tmp, path)
+    return path
+
+
+def run_command(spec: RunSpec, config: Path, attempt: int, *, shared_root: str, node_index: int = 0,
+                rdzv_host: str = "127.0.0.1", rdzv_port: int = RDZV_PORT, entrypoint: str | None = None,
+                test_command: list[str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """The child of one attempt of ``spec`` on pod ``node_index``: its argv and environment.
+
+    The environment is this process's plus ``RAGPOOL_RUN_ID``, ``RAGPOOL_RUN_CONFIG``,
+    ``RAGPOOL_ATTEMPT``, ``RAGPOOL_SHARED_ROOT``, ``RAGPOOL_NODE_INDEX`` (and the package on
+    ``PYTHONPATH``: the child imports the same training package as the worker). ``entrypoint``
+    (a script torchrun runs instead of ``-m training.pipeline``) and ``test_command`` (the whole
+    argv; ``{config}``, ``{run_id}``, ``{attempt}``, ``{node_index}`` substituted) are the worker's
+    test hooks."""
+    env = child_env(RAGPOOL_RUN_ID=spec.run_id, RAGPOOL_RUN_CONFIG=str(config), RAGPOOL_ATTEMPT=str(attempt),
+                    RAGPOOL_SHARED_ROOT=shared_root, RAGPOOL_NODE_INDEX=str(node_index))
+    if test_command:
+        subst = {"{config}": str(config), "{run_id}": spec.run_id, "{attempt}": str(attempt),
+                 "{node_index}": str(node_index)}
+        cmd = []
+        for part in test_command:
+            for token, value in subst.items():
+                part = part.replace(token, value)
+            cmd.append(part)
+        return cmd, env
+    if spec.executor == "ray":
+        # The stages run on the namespace's Ray cluster; this pod only follows the Ray job
+        # (heartbeats, cancel and lease loss work as for torchrun: SIGTERM stops the job).
+        return ray_job_argv(config), env
+    entry = [entrypoint, "--config", str(config)] if entrypoint else stage_entry("pipeline", config)
+    if spec.nodes == 1:
+        return torchrun_argv(entry, nproc=detect_nproc(spec)), env
+    return torchrun_argv(entry, nproc=detect_nproc(spec), nnodes=spec.nodes,
+                         rdzv_endpoint=f"{rdzv_host}:{rdzv_port}", rdzv_id=f"{spec.run_id}-a{attempt}",
+                         is_host=node_index == 0), env
