@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from training.demo import synthetic
     from training.paths import child_env
+    from training.scheduler.child import stage_entry, torchrun_argv
 
     out = Path(args.out).resolve()
     shutil.rmtree(out / "runs", ignore_errors=True)
@@ -89,8 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         torch_yaml = out / f"torchrun-{n}.yaml"
         torch_yaml.write_text(yaml.safe_dump(_config(out, f"bench-torchrun-{n}", n)))
         t0 = time.monotonic()
-        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                        "-m", "training.retriever", "--config", str(torch_yaml)], check=True, env=dict(os.environ),
+        subprocess.run(torchrun_argv(stage_entry("retriever", torch_yaml), nproc=2), check=True, env=dict(os.environ),
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         torchrun_s[n] = time.monotonic() - t0
 

@@ -237,10 +237,11 @@ def run_ddp_scaling(per_rank_batch: int, steps: int, warm: int) -> dict:
     import statistics
 
     from training.paths import child_env
+    from training.scheduler.child import torchrun_argv
+
     env = child_env(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           str(Path(__file__).resolve()), "--worker", "--per-rank-batch", str(per_rank_batch),
-           "--steps", str(steps), "--warm", str(warm)]
+    cmd = torchrun_argv([str(Path(__file__).resolve()), "--worker", "--per-rank-batch", str(per_rank_batch),
+                         "--steps", str(steps), "--warm", str(warm)], nproc=2)
     out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     if out.returncode != 0:
         raise RuntimeError(f"torchrun worker failed:\n{out.stderr[-3000:]}")

@@ -14,6 +14,7 @@ import yaml
 
 from training import paths
 from training.demo.tiny_models import build_tiny_encoder
+from training.scheduler.child import stage_entry, torchrun_argv
 
 from tests.support.faults import FAULT_ENVS, HANG_FAULT_ENV, RESUME_FAULT_ENV
 from tests.support.faults import MODULE as FAULTS_MODULE
@@ -42,11 +43,12 @@ def stage_env(**extra: str) -> dict[str, str]:
 
 
 def stage_cmd(module: str, config: Path, overrides: list[str], nproc: int = 1) -> list[str]:
-    """``python -m training.<module>`` for one process, torchrun for more."""
+    """``python -m training.<module>`` for one process, for more the worker's torchrun
+    (training/scheduler/child.py)."""
+    entry = stage_entry(module, config, *overrides)
     if nproc == 1:
-        return [sys.executable, "-m", f"training.{module}", "--config", str(config), *overrides]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "-m", f"training.{module}", "--config", str(config), *overrides]
+        return [sys.executable, *entry]
+    return torchrun_argv(entry, nproc=nproc)
 
 
 def run_stage_process(module: str, config: Path, overrides: list[str] = (), nproc: int = 1, timeout: int = 300,

@@ -4,7 +4,8 @@
 
 Generates the synthetic dataset under ``OUT/datasets/synthetic`` (OUT is the shared
 root), writes ``OUT/run.yaml``, runs
-``torchrun --standalone --nproc-per-node=2 -m training.pipeline --config OUT/run.yaml``
+``torchrun --nnodes 1 --nproc-per-node 2 --max-restarts 0 --standalone -m training.pipeline --config OUT/run.yaml``
+(the command the queue worker runs, from training/scheduler/child.py)
 (retriever -> index -> generator -> evaluate), then prints the evaluation report, the
 artifact paths, the wall time and the peak resident memory of the whole process tree.
 Rerunning skips the stages that are already complete.
@@ -92,10 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     run_yaml.write_text(yaml.safe_dump(demo_config(out, args.run_id), sort_keys=False))
     print(f"dataset: {data_dir}\nrun spec: {run_yaml}", flush=True)
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
-           "-m", "training.pipeline", "--config", str(run_yaml)]
-    print("running:", " ".join(cmd), flush=True)
     from training.paths import child_env
+    from training.scheduler.child import stage_entry, torchrun_argv
+
+    cmd = torchrun_argv(stage_entry("pipeline", run_yaml), nproc=args.nproc)
+    print("running:", " ".join(cmd), flush=True)
 
     env = child_env()
     env.setdefault("PYTHONWARNINGS", "ignore")

@@ -148,12 +148,11 @@ pathlib.Path(sys.argv[1], f"ok{env.rank}").write_text("ok")  # stdout of two ran
 D.destroy()
 ''')
     import subprocess
-    import sys
 
     from tests.support.training import REPO, stage_env
+    from training.scheduler.child import torchrun_argv
 
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                          str(script), str(tmp_path)], cwd=REPO, env=stage_env(), capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(torchrun_argv([str(script), str(tmp_path)], nproc=2), cwd=REPO, env=stage_env(),
+                         capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert (tmp_path / "ok0").is_file() and (tmp_path / "ok1").is_file()
