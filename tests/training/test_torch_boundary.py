@@ -15,7 +15,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 import training
 import training.scheduler
@@ -34,16 +33,18 @@ def torch_free_modules() -> list[str]:
 
 PROBE = """
 import importlib, json, sys
-importlib.import_module(sys.argv[1])
+for name in sys.argv[1:]:
+    importlib.import_module(name)
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in {forbidden!r})
 print(json.dumps(heavy))
 """
 
 
-def heavy_imports(module: str) -> list[str]:
-    out = subprocess.run([sys.executable, "-c", PROBE.format(forbidden=set(FORBIDDEN)), module],
+def heavy_imports(*modules: str) -> list[str]:
+    """The forbidden modules loaded after importing ``modules`` (in this order) in one fresh interpreter."""
+    out = subprocess.run([sys.executable, "-c", PROBE.format(forbidden=set(FORBIDDEN)), *modules],
                          cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, f"importing {module} failed:\n{out.stderr[-2000:]}"
+    assert out.returncode == 0, f"importing {modules} failed:\n{out.stderr[-2000:]}"
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -53,11 +54,23 @@ def test_the_boundary_covers_every_scheduler_module() -> None:
     assert {m.rsplit(".", 1)[1] for m in mods if m.startswith("training.scheduler.")} == on_disk
 
 
-@pytest.mark.parametrize("module", torch_free_modules())
-def test_module_does_not_import_torch(module: str) -> None:
-    assert heavy_imports(module) == [], f"{module} pulls in {FORBIDDEN} (directly or through its imports)"
+def violations(mods: list[str]) -> dict[str, list[str]]:
+    """Module -> forbidden modules it loads. All of ``mods`` are imported in one interpreter first; only
+    when that finds a heavy import is each probed alone (one interpreter each), to name the culprits."""
+    if not heavy_imports(*mods):
+        return {}
+    return {m: found for m in mods if (found := heavy_imports(m))}
 
 
-def test_the_probe_detects_a_torch_import() -> None:
-    """The check is not vacuous: a module that does import torch (a stage command) is caught."""
+def test_no_torch_free_module_imports_torch() -> None:
+    found = violations(torch_free_modules())
+    assert found == {}, f"{sorted(found)} pull in {FORBIDDEN} (directly or through their imports)"
+
+
+def test_the_probe_detects_a_torch_import_and_names_the_module() -> None:
+    """The check is not vacuous: a module that does import torch (a stage command) is caught among
+    torch-free modules, and the failure names it and only it."""
     assert "torch" in heavy_imports("training.components.loop")
+    mods = [*torch_free_modules()[:3], "training.components.loop"]
+    found = violations(mods)
+    assert list(found) == ["training.components.loop"] and "torch" in found["training.components.loop"]
