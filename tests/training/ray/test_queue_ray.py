@@ -260,12 +260,12 @@ def test_a_client_without_the_token_is_refused_on_the_jobs_api_and_by_the_gcs(ra
 
 def test_the_ray_job_without_a_token_exits_4_naming_the_secret(ray_head, tmp_path) -> None:
     import subprocess
-    import sys
 
     from training.ray.auth import SECRET_ENV
+    from training.scheduler.child import ray_job_argv
 
     config = tmp_path / "runs" / "no-token" / "run.yaml"
-    cmd = [sys.executable, "-m", "training.ray.job", "--config", str(config), "--address", ray_head.address]
+    cmd = ray_job_argv(config) + ["--address", ray_head.address]
     done = subprocess.run(cmd, env=_bare_env(tmp_path, **{SECRET_ENV: SECRET}), capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == exit_codes.UNAVAILABLE, done.stderr[-2000:]
