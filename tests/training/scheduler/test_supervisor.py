@@ -442,3 +442,91 @@ def test_record_maps_each_way_a_child_ends_to_one_outcome(make_queue, tmp_path):
     claim = q.claim("w", run_id="o-stale")
     q.fail(claim, "someone else recorded first", retriable=True)
     assert worker._record(claim, ChildExit(1, "", None), claim.spec) is Outcome.STALE
+
+
+# -- without Redis: the one outage retry, the one validation -----------------------------------
+
+class _FakeQueue:
+    """What Worker.run_task calls on a queue, answering as a healthy Redis would."""
+
+    def __init__(self) -> None:
+        self.reconnects, self.records = 0, []
+
+    def heartbeat(self, claim, worker_id):
+        from training.scheduler.run_queue import Heartbeat
+
+        return Heartbeat.OK
+
+    def ack(self, claim, *, again=False):
+        self.records.append(("ack", claim.task_id))
+        return True
+
+    def fail(self, claim, error, *, retriable=True):
+        self.records.append(("fail", error, retriable))
+        return "dead" if not retriable else "retry"
+
+    def reconnect(self):
+        self.reconnects += 1
+
+
+def test_a_redis_outage_is_waited_out_by_one_retry_that_a_sigterm_cuts_short(monkeypatch, tmp_path):
+    import redis
+
+    from training.scheduler import supervisor
+    from training.scheduler.supervisor import STOPPED, Worker, WorkerConfig
+
+    monkeypatch.setattr(supervisor, "OUTAGE_BACKOFF_BASE_S", 0.001)
+    monkeypatch.setattr(supervisor, "OUTAGE_BACKOFF_CAP_S", 0.01)
+    q = _FakeQueue()
+    worker = Worker(q, WorkerConfig(worker_id="w", shared_root=str(tmp_path)))
+    tries, outages = [], []
+
+    def flaky(again: bool) -> str:
+        tries.append(again)
+        if len(tries) < 3:
+            raise redis.exceptions.ConnectionError("primary gone")
+        return "answered"
+
+    assert worker._until_redis_answers(flaky, "test", on_outage=lambda: outages.append(1)) == "answered"
+    assert tries == [False, True, True] and q.reconnects == 2 and outages == [1], "reconnects each time, hook once"
+    with pytest.raises(ValueError):  # anything but a temporary Redis error is not retried
+        worker._until_redis_answers(lambda again: int("x"), "test")
+    worker.stopping.set()  # SIGTERM during an outage: the interruptible retry gives up at once ...
+    down = redis.exceptions.ConnectionError("down")
+    assert worker._until_redis_answers(lambda again: (_ for _ in ()).throw(down), "test") is STOPPED
+    tries.clear()  # ... an outcome still being recorded does not
+    assert worker._until_redis_answers(flaky, "test", interruptible=False) == "answered" and len(tries) == 3
+
+
+@pytest.mark.parametrize("executor", ["torchrun", "ray"])
+def test_the_worker_validates_a_claimed_spec_once_and_the_child_gets_that_config(monkeypatch, tmp_path, executor):
+    """One load of the training config on the worker per claimed run (it was 3 for torchrun, 5 for ray);
+    the run.yaml the child reads is that validated config, under the worker's shared root."""
+    import training.config as run_config
+    from training.scheduler.run_queue import Claim
+    from training.scheduler.spec import parse_spec
+    from training.scheduler.supervisor import Outcome, Worker, WorkerConfig
+
+    monkeypatch.setenv("RAGPOOL_RAY_POOLS", "gpu-spot=1")
+    extra = {"executor": "ray", "hyperparameters": {"run": {"ray.retriever.pool": "gpu-spot"}}} \
+        if executor == "ray" else {}
+    spec = parse_spec({"run_id": f"once-{executor}", "stages": ["retriever"], **extra}, shared_root=str(tmp_path))
+    loads = []
+    real = run_config._build
+    monkeypatch.setattr(run_config, "_build",
+                        lambda cls, tree, prefix: (loads.append(prefix) if prefix == "" else None) or real(cls, tree, prefix))
+    q = _FakeQueue()
+    seen = tmp_path / "seen.yaml"
+    worker = Worker(q, WorkerConfig(worker_id="w", shared_root=str(tmp_path),
+                                    test_command=["cp", "{config}", str(seen)]))
+    claim = Claim(task_id=spec.run_id, token="t", spec_json=spec.to_json(), attempt=1, max_attempts=3,
+                  enqueued_at=0.0, claimed_at=0.0, timeout_s=60.0)
+    assert worker.run_task(claim) is Outcome.SUCCEEDED, q.records
+    assert len(loads) == 1, f"the worker loaded the run config {len(loads)} times"
+    assert load_run_config(str(seen)) == load_run_config(spec.to_training_config(str(tmp_path)))
+    # A spec this worker's environment refuses (its Ray cluster has no such pool) is dead at once.
+    monkeypatch.setenv("RAGPOOL_RAY_POOLS", "other=1")
+    assert worker.run_task(claim) is (Outcome.DEAD if executor == "ray" else Outcome.SUCCEEDED)
+    if executor == "ray":
+        assert q.records[-1][0] == "fail" and "stored run spec is invalid" in q.records[-1][1] \
+            and "ray.retriever.pool" in q.records[-1][1] and q.records[-1][2] is False
