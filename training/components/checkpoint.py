@@ -14,7 +14,8 @@ ones are skipped with a warning. Only rank 0 writes (DDP state is replicated).
 
 Under ``fsdp``/``hsdp`` the model and optimizer are sharded: :func:`save_dcp_checkpoint` has every
 rank write its shards with ``torch.distributed.checkpoint`` into ``dcp/`` of the same temp dir
-(manifest ``"format": "dcp"``), and :func:`load_dcp_state` reshards them on load, so a run saved by
+(manifest ``"format": "dcp"``; each rank's files checksummed as DCP writes them, through
+:func:`_dcp_filesystem`), and :func:`load_dcp_state` reshards them on load, so a run saved by
 N ranks resumes on M. With ``async_save`` they are written in the background too (:class:`DcpAsyncSave`):
 each rank's shards are staged to CPU memory while the next step runs, then written and committed
 (manifest, rename, prune) by a writer thread once every rank's shards are on disk.
@@ -150,6 +151,18 @@ class _CrcWriter:
     def flush(self) -> None:
         self.fh.flush()
 
+    # What torch.distributed.checkpoint's FileSystemWriter also asks of a stream (it writes through
+    # :class:`_CrcFileSystem`): the offset of each record, and the descriptor to fsync.
+    def tell(self) -> int:
+        return self.n
+
+    def fileno(self) -> int:
+        self.fh.flush()  # DCP fsyncs .metadata before its buffer is flushed: make the fsync cover it
+        return int(self.fh.fileno())
+
+    def close(self) -> None:
+        self.fh.flush()
+
 
 _CRC_LOCK = threading.Lock()
 
@@ -272,6 +285,49 @@ def _files_under(path: Path) -> list[Path]:
     return sorted(p for p in path.rglob("*") if p.is_file())
 
 
+def _dcp_filesystem() -> Any:
+    """torch.distributed.checkpoint's local ``FileSystem`` whose written files are checksummed as their bytes
+    pass (:class:`_CrcWriter`, as ``.pt`` files are: no second read pass, writeback started early)."""
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    class _CrcFileSystem(FileSystem):
+        def __init__(self) -> None:
+            super().__init__()
+            self.written: dict[str, dict[str, int]] = {}  # path -> manifest entry, as DCP names it
+
+        @contextlib.contextmanager
+        def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
+            if mode != "wb":
+                with super().create_stream(path, mode) as stream:
+                    yield stream
+                return
+            with Path(path).open("wb", buffering=1 << 20) as fh:
+                writer = _CrcWriter(fh)
+                yield writer
+                fh.flush()
+            self.written[str(path)] = {"bytes": writer.n, _WRITE_CHECKSUM: writer.crc}
+
+        def rename(self, path: Any, new_path: Any) -> None:  # .metadata is written as .metadata.tmp first
+            super().rename(path, new_path)
+            if str(path) in self.written:
+                self.written[str(new_path)] = self.written.pop(str(path))
+
+    return _CrcFileSystem()
+
+
+def _dcp_save(state: dict[str, Any], path: Path, group: Any = None) -> dict[str, dict[str, int]]:
+    """``dcp.save`` of ``state`` into ``path`` (a collective over ``group``, None: the default group); the
+    manifest entries (size, CRC32C) of the files this rank wrote, by path."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+
+    writer = FileSystemWriter(str(path))
+    writer.fs = fs = _dcp_filesystem()
+    with _without_torch_zip_crc():  # DCP torch.saves each tensor: its zip CRC is as redundant as in .pt files
+        dcp.save(state, checkpoint_id=str(path), storage_writer=writer, process_group=group)
+    return fs.written
+
+
 def _dcp_temp_dir(root: Path, step: int, env: Any) -> Path:
     """Rank 0 creates the save's temp dir (with ``dcp/`` in it) and tells every rank its name (a collective)."""
     from training.components import distributed as D
@@ -304,24 +360,22 @@ def _barrier(env: Any, group: Any) -> None:
         torch.distributed.barrier(group=group)
 
 
-def _commit_dcp(root: Path, tmp: Path, step: int, extra: dict[str, Any], env: Any, keep_latest_k: int,
-                group: Any = None) -> Path:
+def _commit_dcp(root: Path, tmp: Path, step: int, written: dict[str, dict[str, int]], extra: dict[str, Any],
+                env: Any, keep_latest_k: int, group: Any = None) -> Path:
     """After every rank's ``dcp.save`` into ``tmp/dcp`` returned (its shards fsynced, rank 0's ``.metadata``
-    written): rank 0 writes ``extra`` as ``.pt``; each rank checksums a share of the DCP files (its own, fresh
-    in its page cache); rank 0 writes the manifest with every file's size and CRC32C last, renames ``tmp``
-    into place and prunes to ``keep_latest_k``. A collective over ``group`` (None: the default group)."""
-    files: dict[str, dict[str, int]] = {}
-    if env.is_main:
-        files.update({f"{name}.pt": _write_pt(tmp / f"{name}.pt", value) for name, value in extra.items()})
-    _barrier(env, group)  # every rank's shards are fsynced: share out the checksums
-    mine = _files_under(tmp / DCP_DIR)[env.rank::env.world_size]
-    files.update({str(p.relative_to(tmp)): {"bytes": p.stat().st_size,
-                                             _WRITE_CHECKSUM: _checksum(p, _WRITE_CHECKSUM)} for p in mine})
-    everyone = _gather(env, files, group)
+    written), with ``written`` the size and CRC32C of each file this rank wrote (:func:`_dcp_save`): rank 0
+    writes ``extra`` as ``.pt``, gathers every rank's entries (and checksums by reading any file under
+    ``dcp/`` no rank reported), writes the manifest last, renames ``tmp`` into place and prunes to
+    ``keep_latest_k``. A collective over ``group`` (None: the default group)."""
+    mine = {str(Path(p).relative_to(tmp)): entry for p, entry in written.items()}
+    everyone = _gather(env, mine, group)
     final = root / step_dir_name(step)
     if env.is_main:
-        merged = {k: v for part in everyone for k, v in part.items()}
-        _commit(root, tmp, final, {"step": step, "format": "dcp", "world_size": env.world_size, "files": merged})
+        files = {k: v for part in everyone for k, v in part.items()}
+        files.update({str(p.relative_to(tmp)): {"bytes": p.stat().st_size, _WRITE_CHECKSUM: _checksum(p, _WRITE_CHECKSUM)}
+                      for p in _files_under(tmp / DCP_DIR) if str(p.relative_to(tmp)) not in files})
+        files.update({f"{name}.pt": _write_pt(tmp / f"{name}.pt", value) for name, value in extra.items()})
+        _commit(root, tmp, final, {"step": step, "format": "dcp", "world_size": env.world_size, "files": files})
         _prune(root, keep_latest_k)
     _barrier(env, group)
     return final
@@ -336,15 +390,13 @@ def save_dcp_checkpoint(root: Path, step: int, model: torch.nn.Module, optimizer
     :func:`_commit_dcp` (manifest last, rename, prune). A rank killed mid-save leaves only the temp dir
     (ignored, cleaned on resume). :class:`DcpAsyncSave` is the same save with the writing in the background.
     """
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     tmp = _dcp_temp_dir(root, step, env)
     try:
         model_sd, optim_sd = get_state_dict(model, optimizer)
-        with _without_torch_zip_crc():  # DCP torch.saves each tensor: its zip CRC is as redundant as in .pt files
-            dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp / DCP_DIR))
-        return _commit_dcp(root, tmp, step, extra, env, keep_latest_k)
+        written = _dcp_save({"model": model_sd, "optimizer": optim_sd}, tmp / DCP_DIR)
+        return _commit_dcp(root, tmp, step, written, extra, env, keep_latest_k)
     except BaseException:
         if env.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -392,15 +444,12 @@ class DcpAsyncSave:
             raise
 
         def write() -> None:
-            import torch.distributed.checkpoint as dcp
-
             err: BaseException | None = None
             try:
                 staged = self._staged.result()
-                with _without_torch_zip_crc():
-                    dcp.save(staged, checkpoint_id=str(self._tmp / DCP_DIR), process_group=group)
+                written = _dcp_save(staged, self._tmp / DCP_DIR, group)
                 del staged
-                _commit_dcp(root, self._tmp, step, extra, env, keep_latest_k, group)
+                _commit_dcp(root, self._tmp, step, written, extra, env, keep_latest_k, group)
             except BaseException as e:  # surfaced on the training thread by the Checkpointer
                 err = e
                 if env.is_main:

@@ -198,6 +198,40 @@ def _assert_same_state(a_path: Path, b_path: Path) -> int:
     return n
 
 
+def test_manifest_sizes_and_crcs_computed_while_writing_are_those_of_the_files(tmp_path) -> None:
+    """One process (no process group): the manifest's entries, checksummed as DCP's bytes passed, name
+    exactly the files on disk with their sizes and CRC32Cs as read back, and the checkpoint loads equal."""
+    import torch
+
+    from training.components.checkpoint import _checksum, load_dcp_state, save_dcp_checkpoint, verify_checkpoint_dir
+    from training.components.distributed import DistEnv
+    from training.components.models import build_tiny_causal_lm, load_generator_tokenizer
+    from training.components.optim import build_optimizer
+    from training.config import OptimConfig
+
+    def build():
+        model = build_tiny_causal_lm(load_generator_tokenizer(), "llama", 32, 2, 2, 64, 64, seed=7)
+        return model, build_optimizer(model, OptimConfig(lr=1e-2, warmup_steps=0))
+
+    env = DistEnv(0, 1, 0, 1, torch.device("cpu"))
+    model, opt = build()
+    ids = torch.randint(5, 200, (2, 12))
+    model(input_ids=ids, labels=ids).loss.backward()
+    opt.step()
+    path = save_dcp_checkpoint(tmp_path, 1, model, opt, {"trainer": {"step": 1}}, env, keep_latest_k=1)
+    files = json.loads((path / "manifest.json").read_text())["files"]
+    on_disk = {str(p.relative_to(path)) for p in path.rglob("*") if p.is_file() and p.name != "manifest.json"}
+    assert set(files) == on_disk and {"dcp/.metadata", "trainer.pt"} < on_disk, (files, on_disk)
+    for name, entry in files.items():
+        assert entry["bytes"] == (path / name).stat().st_size, name
+        assert entry["crc32c"] == _checksum(path / name, "crc32c"), name
+    assert verify_checkpoint_dir(path) is None
+    other, other_opt = build()
+    load_dcp_state(path, other, other_opt)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), other.state_dict().values()))
+    assert torch.equal(opt.state_dict()["state"][0]["exp_avg_sq"], other_opt.state_dict()["state"][0]["exp_avg_sq"])
+
+
 @pytest.mark.slow
 def test_saved_by_2_loads_on_1_and_back_on_2(tmp_path) -> None:
     for mode, nproc in (("train-save", 2), ("load-save", 1), ("load-save", 2)):
