@@ -91,18 +91,18 @@ def test_hsdp_over_two_nodes_with_activation_checkpointing_matches_ddp(indexed_r
     """Two single-rank "nodes" (two torchrun agents meeting at one c10d rendezvous): a (2, 1) mesh that
     replicates across the nodes, with every decoder block recomputed in backward."""
     import subprocess
-    import sys
 
     from tests.support.training import REPO, stage_env
     from training.ports import free_port
+    from training.scheduler.child import stage_entry, torchrun_argv
 
     spec = _spec(indexed_root, "hsdp", "hsdp", grad_accum=2, activation_checkpointing=True)
     port = free_port()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
-           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=hsdp-test",
-           "-m", "training.generator", "--config", str(spec)]
+    # As a worker gang's pods run it: node 0 hosts the c10d store (training/scheduler/child.py).
+    cmds = [torchrun_argv(stage_entry("generator", spec), nproc=1, nnodes=2, rdzv_endpoint=f"127.0.0.1:{port}",
+                          rdzv_id="hsdp-test", is_host=node == 0) for node in range(2)]
     nodes = [subprocess.Popen(cmd, cwd=REPO, env=stage_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              text=True) for _ in range(2)]
+                              text=True) for cmd in cmds]
     try:
         errs = [node.communicate(timeout=300)[1] for node in nodes]
     finally:
