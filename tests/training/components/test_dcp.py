@@ -165,9 +165,9 @@ def worker(mode: str, root: Path) -> None:
 
 def _torchrun(mode: str, root: Path, nproc: int, timeout: int = 180) -> subprocess.CompletedProcess[str]:
     from tests.support.training import stage_env
+    from training.scheduler.child import torchrun_argv
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           str(Path(__file__).resolve()), mode, str(root)]
+    cmd = torchrun_argv([str(Path(__file__).resolve()), mode, str(root)], nproc=nproc)
     return subprocess.run(cmd, cwd=REPO, env={**stage_env(), "PYTHONPATH": str(REPO)}, capture_output=True,
                           text=True, timeout=timeout)
 
