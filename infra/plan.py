@@ -421,9 +421,26 @@ def _is_scalar(v: Any) -> bool:
     return v is None or isinstance(v, (str, int, float, bool))
 
 
+def _json_docs_parsed(value: Any) -> Any:
+    """``value`` with every string holding a JSON object (a rendered dashboard in a ConfigMap, a policy
+    document) replaced by that object, so a YAML diff shows its changed fields instead of escaped text."""
+    if isinstance(value, dict):
+        return {k: _json_docs_parsed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_docs_parsed(v) for v in value]
+    if isinstance(value, str) and value.lstrip().startswith("{"):
+        try:
+            doc = json.loads(value)
+        except ValueError:
+            return value
+        return _json_docs_parsed(doc) if isinstance(doc, dict) else value
+    return value
+
+
 def _yaml_diff(path: str, a: Any, b: Any) -> list[str]:
     import difflib
 
+    a, b = _json_docs_parsed(a), _json_docs_parsed(b)
     body = list(difflib.unified_diff(_yaml(a), _yaml(b), lineterm="", n=2))[2:]
     return [f"    ~ {path}:"] + [f"        {ln}" for ln in body]
 
@@ -466,7 +483,21 @@ def _whole_yaml(rtype: str) -> bool:
     return rtype.startswith("kubernetes:")
 
 
-def plan_diff(old: dict[str, Any], new: dict[str, Any], common_threshold: int = 4) -> str:
+MAX_DIFF_LINES_PER_RESOURCE = 60
+"""A changed resource shows at most this many diff lines in ``plan-diff`` (a rendered dashboard or a values
+file can change by thousands); the rest is counted, and ``plan-diff --full`` shows everything."""
+
+
+def _capped(lines: list[str], limit: int | None) -> list[str]:
+    if limit is None or len(lines) <= limit:
+        return lines
+    return lines[:limit] + [f"    ... {len(lines) - limit} more changed lines (`ragpool plan-diff --full OLD NEW` "
+                            "shows them)"]
+
+
+def plan_diff(old: dict[str, Any], new: dict[str, Any], common_threshold: int = 4,
+              max_lines: int | None = MAX_DIFF_LINES_PER_RESOURCE) -> str:
+    """What changes from ``old`` to ``new``; each changed resource's lines capped at ``max_lines`` (None: all)."""
     key = lambda r: (r["type"], r["name"])  # noqa: E731
     a = {key(r): r for r in old["resources"]}
     b = {key(r): r for r in new["resources"]}
@@ -515,7 +546,7 @@ def plan_diff(old: dict[str, Any], new: dict[str, Any], common_threshold: int = 
         out.append("\nChanged:")
         for k, lines in rest.items():
             out.append(f"  ~ {k[1]} ({k[0]})")
-            out += lines
+            out += _capped(lines, max_lines)
     only_common = sorted(set(per_resource) - set(rest))
     if only_common:
         out.append(f"\nOnly the common changes above: {', '.join(n for _, n in only_common)}")
@@ -560,7 +591,7 @@ def cmd_plan_diff(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as exc:
             print(f"ragpool plan-diff: {path}: {exc}", file=sys.stderr)
             return exit_codes.BAD_INPUT
-    sys.stdout.write(plan_diff(*docs))
+    sys.stdout.write(plan_diff(*docs, max_lines=None if args.full else MAX_DIFF_LINES_PER_RESOURCE))
     return 0
 
 
@@ -580,4 +611,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     d = sub.add_parser("plan-diff", help="what changes between two JSON plans, for reviewers")
     d.add_argument("old")
     d.add_argument("new")
+    d.add_argument("--full", action="store_true",
+                   help=f"every changed line (default: at most {MAX_DIFF_LINES_PER_RESOURCE} per resource)")
     d.set_defaults(handler=cmd_plan_diff)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -72,8 +73,8 @@ def test_config_check_ok_for_committed_stacks():
     assert "Pulumi.prod.yaml: ok (prod, 3 AZs, 2 GPU pool(s))" in res.stdout
 
 
-def test_plan_diff_reads_like_a_review(plans, tmp_path):
-    text = plan_diff(plans["dev"], plans["prod"])
+def test_plan_diff_reads_like_a_review(committed_plans, tmp_path):
+    text = plan_diff(committed_plans["dev"], committed_plans["prod"])
     first = text.splitlines()[0]
     import re
 
@@ -84,8 +85,8 @@ def test_plan_diff_reads_like_a_review(plans, tmp_path):
     assert "~ tags.environment: \"dev\" => \"prod\"" in text and "resources)" in text
     assert "{" not in first and '"inputs"' not in text  # not a JSON dump
     # CLI on files, and bad input
-    (tmp_path / "a.json").write_text(json.dumps(plans["dev"]))
-    (tmp_path / "b.json").write_text(json.dumps(plans["prod"]))
+    (tmp_path / "a.json").write_text(json.dumps(committed_plans["dev"]))
+    (tmp_path / "b.json").write_text(json.dumps(committed_plans["prod"]))
     res = run("plan-diff", str(tmp_path / "a.json"), str(tmp_path / "b.json"))
     assert res.returncode == 0 and res.stdout == text
     (tmp_path / "bad.json").write_text("[1]")
@@ -93,23 +94,49 @@ def test_plan_diff_reads_like_a_review(plans, tmp_path):
     assert res.returncode == 2 and "not a ragpool plan" in res.stderr
 
 
-def test_plan_diff_shows_helm_values_and_k8s_objects_as_yaml(plans):
+def test_plan_diff_shows_helm_values_and_k8s_objects_as_yaml(committed_plans):
     import copy
 
-    new = copy.deepcopy(plans["dev"])
+    new = copy.deepcopy(committed_plans["dev"])
     for r in new["resources"]:
         if r["name"] == "gpu-karpenter":
             r["inputs"]["values"]["replicas"] = 3
         if r["type"] == "kubernetes:karpenter.sh/v1:NodePool":
             r["inputs"]["spec"]["limits"]["nvidia.com/gpu"] = "16"
-    text = plan_diff(plans["dev"], new)
+    text = plan_diff(committed_plans["dev"], new)
     assert "Plan diff ragpool-dev -> ragpool-dev: 0 to add, 2 to change, 0 to remove" in text
     assert "-replicas: 2\n        +replicas: 3" in text
     assert "-  nvidia.com/gpu: '8'\n        +  nvidia.com/gpu: '16'" in text
 
 
-def test_plan_diff_no_changes(plans):
-    assert plan_diff(plans["dev"], plans["dev"]).endswith("No changes.\n")
+def test_plan_diff_shows_a_json_document_by_field_and_caps_each_resource(committed_plans, tmp_path):
+    """A rendered dashboard (JSON text in a ConfigMap) diffs by field, not as escaped text; a resource's
+    change longer than MAX_DIFF_LINES_PER_RESOURCE is cut with a count, and --full shows all of it."""
+    import copy
+
+    from infra.plan import MAX_DIFF_LINES_PER_RESOURCE
+
+    new = copy.deepcopy(committed_plans["dev"])
+    board = next(r for r in new["resources"] if r["name"] == "monitoring-dashboard-autoscaling")
+    (key, text), = board["inputs"]["data"].items()
+    doc = json.loads(text)
+    doc["title"] = "renamed board"
+    doc["panels"] += [{"id": 1000 + i, "title": f"extra {i}", "type": "row"} for i in range(40)]
+    board["inputs"]["data"][key] = json.dumps(doc)
+    capped = plan_diff(committed_plans["dev"], new)
+    assert "+    title: extra 0" in capped and "\\n" not in capped  # fields, not escaped JSON text
+    lines = capped.split("  ~ monitoring-dashboard-autoscaling", 1)[1].splitlines()[1:]
+    assert len(lines) == MAX_DIFF_LINES_PER_RESOURCE + 1
+    assert re.fullmatch(r"    \.\.\. \d+ more changed lines \(`ragpool plan-diff --full OLD NEW` shows them\)", lines[-1])
+    full = plan_diff(committed_plans["dev"], new, max_lines=None)
+    assert "title: extra 39" in full and "+  title: renamed board" in full and "more changed lines" not in full
+    (tmp_path / "a.json").write_text(json.dumps(committed_plans["dev"]))
+    (tmp_path / "b.json").write_text(json.dumps(new))
+    assert run("plan-diff", "--full", str(tmp_path / "a.json"), str(tmp_path / "b.json")).stdout == full
+
+
+def test_plan_diff_no_changes(committed_plans):
+    assert plan_diff(committed_plans["dev"], committed_plans["dev"]).endswith("No changes.\n")
 
 
 def test_plan_and_config_check_read_the_current_directory_like_pulumi(tmp_path):
