@@ -525,13 +525,6 @@ os.execv(sys.executable, [sys.executable, *args])
 '''
 
 
-@pytest.fixture(scope="module")
-def committed_plans():
-    from infra.plan import plan
-
-    return {stack: plan(stack) for stack in ("dev", "prod")}
-
-
 def _run_plan_diff(tmp_path: Path, base: dict, head: dict, preview_on: tuple[str, ...] = ()):
     """.ci/plan-diff.sh between two commits of a scratch repository whose plans are ``base``/``head``."""
     root = _stack_root(tmp_path, preview_on)

@@ -6,14 +6,6 @@ from tests.infra.harness import SCHEMAS_DIR
 
 
 @pytest.fixture(scope="session")
-def plans() -> dict[str, dict]:
-    """Offline plans of the committed stacks (the real program under fresh mocks)."""
-    from infra.plan import plan
-
-    return {stack: plan(stack) for stack in ("dev", "prod")}
-
-
-@pytest.fixture(scope="session")
 def schemas_dir():
     """The vendored upstream schemas and chart defaults (vendor/upstream/, always in the repo)."""
     return SCHEMAS_DIR

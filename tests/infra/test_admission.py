@@ -48,7 +48,7 @@ from tests.infra.test_gpu_node_scheduling import HELM, RAYCLUSTER, helm_merge
 REFERENCE = yaml.safe_load(
     (Path(__file__).resolve().parents[2] / "infra" / "reference" / "cloudwatch_observability.yaml").read_text())
 WEBHOOKS = REFERENCE["webhooks"]
-STACKS = ("dev", "prod")
+from tests.conftest import STACKS  # noqa: E402
 NAMESPACE_TYPE = "kubernetes:core/v1:Namespace"
 SERVICE_TYPE = "kubernetes:core/v1:Service"
 ADDON_TYPE = "aws:eks/addon:Addon"
@@ -311,8 +311,8 @@ def _region(stack: str) -> str:
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_every_pod_passes_its_namespace_pod_security_after_the_webhooks(plans, stack):
-    plan = plans[stack]
+def test_every_pod_passes_its_namespace_pod_security_after_the_webhooks(committed_plans, stack):
+    plan = committed_plans[stack]
     templates = admitted(plan, _region(stack))
     assert any(t.namespace == "ragpool-training" for t in templates)
     assert namespace_levels(plan)["ragpool-training"] == "restricted"
@@ -320,20 +320,20 @@ def test_every_pod_passes_its_namespace_pod_security_after_the_webhooks(plans, s
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_no_webhook_injects_containers_into_ragpool_pods(plans, stack):
+def test_no_webhook_injects_containers_into_ragpool_pods(committed_plans, stack):
     """Not even where the namespace would allow it (the KubeRay operator's, privileged)."""
-    injected = [f"{t.source} ({t.namespace}): {t.injected}" for t in admitted(plans[stack], _region(stack)) if t.injected]
+    injected = [f"{t.source} ({t.namespace}): {t.injected}" for t in admitted(committed_plans[stack], _region(stack)) if t.injected]
     assert injected == []
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_every_chart_whose_workloads_are_not_recorded_runs_in_an_excluded_namespace(plans, stack):
-    assert unrecorded_charts_outside_excluded_namespaces(plans[stack]) == []
+def test_every_chart_whose_workloads_are_not_recorded_runs_in_an_excluded_namespace(committed_plans, stack):
+    assert unrecorded_charts_outside_excluded_namespaces(committed_plans[stack]) == []
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_the_addon_configuration_uses_only_modelled_selectors(plans, stack):
-    assert unmodelled_selectors(addon_values(plans[stack])) == []
+def test_the_addon_configuration_uses_only_modelled_selectors(committed_plans, stack):
+    assert unmodelled_selectors(addon_values(committed_plans[stack])) == []
 
 
 MUTATING = yaml.safe_load((Path(__file__).resolve().parents[2] / "infra" / "reference" / "mutating_webhooks.yaml").read_text())
@@ -341,10 +341,10 @@ POD_RESOURCES = {"pods", "deployments", "daemonsets", "statefulsets", "replicase
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_every_chart_and_addon_is_assessed_for_mutating_webhooks(plans, stack):
+def test_every_chart_and_addon_is_assessed_for_mutating_webhooks(committed_plans, stack):
     """A chart or add-on added to the plan must be looked at (infra/reference/mutating_webhooks.yaml)
     before this simulation can say its pods are admitted."""
-    plan = plans[stack]
+    plan = committed_plans[stack]
     charts = {r["inputs"]["chart"].rsplit("/", 1)[-1] for r in plan["resources"] if r["type"] == HELM}
     addons = {r["inputs"]["addonName"] for r in plan["resources"] if r["type"] == ADDON_TYPE}
     assert sorted(charts - set(MUTATING["charts"])) == []
@@ -366,11 +366,11 @@ def _with_addon_configuration(plan: dict, config: dict) -> dict:
     return plan
 
 
-def test_the_simulation_sees_the_add_on_defaults_break_the_dev_queue(plans):
+def test_the_simulation_sees_the_add_on_defaults_break_the_dev_queue(committed_plans):
     """With the add-on's defaults (Application Signals and auto-monitoring on), the dev Valkey
     StatefulSet, which a Service selects, gets ADOT init containers that restricted rejects, and the
     KubeRay operator gets them too."""
-    dev = _with_addon_configuration(plans["dev"], {"containerLogs": {"enabled": True}})
+    dev = _with_addon_configuration(committed_plans["dev"], {"containerLogs": {"enabled": True}})
     failures = admission_failures(dev, "us-west-2")
     assert any("(StatefulSet, namespace ragpool-training" in f and "opentelemetry-auto-instrumentation-python" in f
                and "allowPrivilegeEscalation" in f for f in failures), failures

@@ -20,7 +20,7 @@ from policy.cel_eval import (apply_defaults, crd_schema, has_crd, rule_inventory
                              validate_update)
 from tests.infra.harness import is_core, kubernetes_objects
 
-STACKS = ("dev", "prod")
+from tests.conftest import STACKS  # noqa: E402
 
 # Rules that read oldSelf (only an update has one), of the CRDs whose objects the plans declare;
 # CRDs vendored later may add more (rule_inventory lists every one by name).
@@ -63,8 +63,8 @@ def test_every_rule_is_evaluated_or_listed_by_name(schemas_dir):
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_every_custom_resource_has_its_crd_here(plans, schemas_dir, stack):
-    missing = sorted({f"{obj['apiVersion']} {obj['kind']}" for _, obj in custom_resources(plans[stack])
+def test_every_custom_resource_has_its_crd_here(committed_plans, schemas_dir, stack):
+    missing = sorted({f"{obj['apiVersion']} {obj['kind']}" for _, obj in custom_resources(committed_plans[stack])
                       if not has_crd(obj)})
     assert missing == [], "custom resources whose CRD (and CEL rules) this check does not know"
 
@@ -73,10 +73,10 @@ def test_every_custom_resource_has_its_crd_here(plans, schemas_dir, stack):
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_every_cel_rule_holds_on_every_custom_resource(plans, schemas_dir, stack):
+def test_every_cel_rule_holds_on_every_custom_resource(committed_plans, schemas_dir, stack):
     inventory = rule_inventory()
     failures, evaluated = [], {}
-    for r, obj in custom_resources(plans[stack]):
+    for r, obj in custom_resources(committed_plans[stack]):
         result = validate(obj)
         failures += [f"{obj['kind']} {r['name']}{v}" for v in result.violations]
         evaluated[r["name"]] = result
@@ -84,7 +84,7 @@ def test_every_cel_rule_holds_on_every_custom_resource(plans, schemas_dir, stack
         listed = {r.name for r in inventory["transition"] + inventory["unsupported"]}
         assert result.skipped <= listed, result.skipped
     assert failures == [], "\n".join(failures)
-    kinds = {obj["kind"]: len(evaluated[r["name"]].evaluated) for r, obj in custom_resources(plans[stack])}
+    kinds = {obj["kind"]: len(evaluated[r["name"]].evaluated) for r, obj in custom_resources(committed_plans[stack])}
     # The walk reaches the rules: a NodePool and an EC2NodeClass each meet more than ten.
     assert kinds["NodePool"] > 10 and kinds["EC2NodeClass"] > 10, kinds
 
@@ -92,8 +92,8 @@ def test_every_cel_rule_holds_on_every_custom_resource(plans, schemas_dir, stack
 # ------------------------------------------------------------------ the check can fail
 
 
-def test_a_broken_nodepool_is_refused(plans, schemas_dir):
-    pool = _nodepool(plans["dev"])
+def test_a_broken_nodepool_is_refused(committed_plans, schemas_dir):
+    pool = _nodepool(committed_plans["dev"])
     assert validate(pool).violations == []
     spec = pool["spec"]["template"]["spec"]
     spec["requirements"].append({"key": "karpenter.k8s.aws/instance-family", "operator": "In", "values": []})
@@ -111,8 +111,8 @@ def test_a_broken_nodepool_is_refused(plans, schemas_dir):
                for v in violations), text                                                # schedule without duration
 
 
-def test_a_broken_ec2nodeclass_is_refused(plans, schemas_dir):
-    nodeclass = copy.deepcopy(next(obj for _, obj in custom_resources(plans["prod"]) if obj["kind"] == "EC2NodeClass"))
+def test_a_broken_ec2nodeclass_is_refused(committed_plans, schemas_dir):
+    nodeclass = copy.deepcopy(next(obj for _, obj in custom_resources(committed_plans["prod"]) if obj["kind"] == "EC2NodeClass"))
     assert validate(nodeclass).violations == []
     nodeclass["spec"]["instanceProfile"] = "some-profile"   # role and instanceProfile are exclusive
     nodeclass["spec"]["tags"] = {"karpenter.sh/nodepool": "x"}
@@ -144,15 +144,15 @@ def test_a_rule_that_errors_at_run_time_rejects(schemas_dir):
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_transition_rules_hold_from_the_plan_to_itself(plans, schemas_dir, stack):
-    assert transition_failures(plans[stack], plans[stack]) == []
-    pool = _nodepool(plans[stack])
+def test_transition_rules_hold_from_the_plan_to_itself(committed_plans, schemas_dir, stack):
+    assert transition_failures(committed_plans[stack], committed_plans[stack]) == []
+    pool = _nodepool(committed_plans[stack])
     # .spec (replicas), .spec.template.spec.nodeClassRef (group, kind): every NodePool transition rule.
     assert len(validate_update(pool, pool).evaluated) == 3
 
 
-def test_a_nodepool_whose_node_class_kind_changes_is_refused_on_update(plans, schemas_dir):
-    base = plans["dev"]
+def test_a_nodepool_whose_node_class_kind_changes_is_refused_on_update(committed_plans, schemas_dir):
+    base = committed_plans["dev"]
     head = copy.deepcopy(base)
     for r in head["resources"]:
         if r["type"].endswith(":NodePool"):
@@ -163,12 +163,12 @@ def test_a_nodepool_whose_node_class_kind_changes_is_refused_on_update(plans, sc
     assert any("has(self.replicas) == has(oldSelf.replicas)" in f for f in failures), failures
 
 
-def test_the_transitions_command_fails_on_a_forbidden_transition(plans, schemas_dir, tmp_path, capsys):
+def test_the_transitions_command_fails_on_a_forbidden_transition(committed_plans, schemas_dir, tmp_path, capsys):
     """What the PR plan-diff job runs: exit 1 and one line per violated rule; exit 0 on itself; exit 2
     (no traceback) on a file that is not a plan."""
     from policy.cel_eval import main
 
-    base = plans["dev"]
+    base = committed_plans["dev"]
     head = copy.deepcopy(base)
     pool = next(r for r in head["resources"] if r["type"].endswith(":NodePool"))
     pool["inputs"]["spec"]["template"]["spec"]["nodeClassRef"]["kind"] = "OtherNodeClass"

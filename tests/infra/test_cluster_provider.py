@@ -7,8 +7,8 @@ from __future__ import annotations
 RULE = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
 
 
-def test_provider_depends_on_the_api_access_rules_and_admin_associations(plans):
-    for stack, doc in plans.items():
+def test_provider_depends_on_the_api_access_rules_and_admin_associations(committed_plans):
+    for stack, doc in committed_plans.items():
         (provider,) = [r for r in doc["resources"] if r["type"] == "pulumi:providers:kubernetes"
                        and r["name"] == "cluster-k8s"]
         rules = {f"{RULE}::{r['name']}" for r in doc["resources"] if r["type"] == RULE

@@ -37,7 +37,7 @@ REFERENCE = Path(__file__).resolve().parents[2] / "infra" / "reference" / "addon
 DCGM_REFERENCE = yaml.safe_load((REFERENCE.parent / "dcgm_host_engines.yaml").read_text())
 HELM = "kubernetes:helm.sh/v3:Release"
 ADDON = "aws:eks/addon:Addon"
-STACKS = ("dev", "prod")
+from tests.conftest import STACKS  # noqa: E402
 
 
 # ------------------------------------------------------------------ Helm value merging
@@ -102,9 +102,9 @@ def gpu_nodes(plan: dict) -> list[Node]:
     return nodes
 
 
-def test_every_stack_has_tainted_gpu_nodes(plans):
+def test_every_stack_has_tainted_gpu_nodes(committed_plans):
     for stack in STACKS:
-        nodes = gpu_nodes(plans[stack])
+        nodes = gpu_nodes(committed_plans[stack])
         assert nodes and all(n.taints for n in nodes), stack
 
 
@@ -225,14 +225,14 @@ REQUIRED_GPU_DAEMONSETS = {
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_the_list_of_gpu_daemonsets_is_complete(plans, schemas_dir, stack):
-    assert REQUIRED_GPU_DAEMONSETS <= {w.name for w in gpu_daemonsets(plans[stack])}
+def test_the_list_of_gpu_daemonsets_is_complete(committed_plans, schemas_dir, stack):
+    assert REQUIRED_GPU_DAEMONSETS <= {w.name for w in gpu_daemonsets(committed_plans[stack])}
 
 
-def test_the_check_sees_a_log_agent_that_does_not_tolerate_the_gpu_taint(plans, schemas_dir):
+def test_the_check_sees_a_log_agent_that_does_not_tolerate_the_gpu_taint(committed_plans, schemas_dir):
     """Fluent Bit with a component tolerations list that omits the GPU taint never runs on GPU nodes,
     and their container logs die with them."""
-    plan = copy.deepcopy(plans["dev"])
+    plan = copy.deepcopy(committed_plans["dev"])
     for entry in plan["resources"]:
         if entry["type"] == ADDON and entry["inputs"]["addonName"] == "amazon-cloudwatch-observability":
             config = json.loads(entry["inputs"]["configurationValues"])
@@ -299,8 +299,8 @@ def requests_gpu(pod: dict) -> bool:
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_every_daemonset_a_gpu_node_needs_runs_there(plans, schemas_dir, stack):
-    plan = plans[stack]
+def test_every_daemonset_a_gpu_node_needs_runs_there(committed_plans, schemas_dir, stack):
+    plan = committed_plans[stack]
     missing = []
     for node in gpu_nodes(plan):
         for ds in gpu_daemonsets(plan):
@@ -312,8 +312,8 @@ def test_every_daemonset_a_gpu_node_needs_runs_there(plans, schemas_dir, stack):
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_nothing_that_must_stay_off_gpu_nodes_tolerates_their_taint(plans, schemas_dir, stack):
-    plan = plans[stack]
+def test_nothing_that_must_stay_off_gpu_nodes_tolerates_their_taint(committed_plans, schemas_dir, stack):
+    plan = committed_plans[stack]
     taints = [t for node in gpu_nodes(plan) for t in node.taints]
     workloads = off_gpu_workloads(plan)
     assert {"karpenter", "prometheus", "grafana", "redis-valkey"} & {w.name for w in workloads}
@@ -322,8 +322,8 @@ def test_nothing_that_must_stay_off_gpu_nodes_tolerates_their_taint(plans, schem
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_gpu_workers_land_only_on_their_pool(plans, stack):
-    plan = plans[stack]
+def test_gpu_workers_land_only_on_their_pool(committed_plans, stack):
+    plan = committed_plans[stack]
     nodes = gpu_nodes(plan)
     workers = [(e["name"], pod_spec(e)) for e in plan["resources"]
                if e["type"] == "kubernetes:batch/v1:CronJob" and requests_gpu(pod_spec(e))]
@@ -336,9 +336,9 @@ def test_gpu_workers_land_only_on_their_pool(plans, stack):
         assert landing == {pod["nodeSelector"]["ragpool.io/pool"]}, name
 
 
-def test_the_check_sees_the_unconfigured_monitoring_agent(plans, schemas_dir):
+def test_the_check_sees_the_unconfigured_monitoring_agent(committed_plans, schemas_dir):
     """Issue 12 defect 2: without configuration values, dcgm-server stays off every GPU node."""
-    plan = copy.deepcopy(plans["prod"])
+    plan = copy.deepcopy(committed_plans["prod"])
     for entry in plan["resources"]:
         if entry["type"] == ADDON and entry["inputs"]["addonName"] == "eks-node-monitoring-agent":
             entry["inputs"].pop("configurationValues")
@@ -348,10 +348,10 @@ def test_the_check_sees_the_unconfigured_monitoring_agent(plans, schemas_dir):
     assert all(schedulable(agent.pod, n.labels, n.taints, daemonset=True) for n in gpu_nodes(plan))
 
 
-def test_the_check_sees_a_chart_default_that_does_not_tolerate(plans, schemas_dir):
+def test_the_check_sees_a_chart_default_that_does_not_tolerate(committed_plans, schemas_dir):
     """Dropping ragpool's nfd.worker tolerations leaves the device-plugin chart's block for its NFD
     subchart (control-plane tolerations only): NFD would never label the GPU nodes."""
-    plan = copy.deepcopy(plans["dev"])
+    plan = copy.deepcopy(committed_plans["dev"])
     release(plan, "nvidia-device-plugin")["nfd"]["worker"].pop("tolerations")
     [nfd] = [w for w in gpu_daemonsets(plan) if w.name == "nfd-worker"]
     parent_block = chart_defaults("nvidia-device-plugin", BY_SCHEMA_NAME["nvidia-device-plugin"].version)["nfd"]
@@ -387,15 +387,15 @@ def dcgm_problems(plan: dict) -> list[str]:
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_one_dcgm_host_engine_and_one_exporter_per_gpu_node(plans, schemas_dir, stack):
-    assert gpu_nodes(plans[stack])
-    assert dcgm_problems(plans[stack]) == []
+def test_one_dcgm_host_engine_and_one_exporter_per_gpu_node(committed_plans, schemas_dir, stack):
+    assert gpu_nodes(committed_plans[stack])
+    assert dcgm_problems(committed_plans[stack]) == []
 
 
-def test_the_check_sees_the_addon_exporter_and_an_embedded_host_engine(plans, schemas_dir):
+def test_the_check_sees_the_addon_exporter_and_an_embedded_host_engine(committed_plans, schemas_dir):
     """The CloudWatch add-on's own exporter at its default (on), and ragpool's exporter without -r:
     two exporters and three host engines on every GPU node."""
-    plan = copy.deepcopy(plans["dev"])
+    plan = copy.deepcopy(committed_plans["dev"])
     for entry in plan["resources"]:
         if entry["type"] == ADDON and entry["inputs"]["addonName"] == "amazon-cloudwatch-observability":
             config = json.loads(entry["inputs"]["configurationValues"])
@@ -410,8 +410,8 @@ def test_the_check_sees_the_addon_exporter_and_an_embedded_host_engine(plans, sc
     assert len(exporter_problems) == len(engine_problems) == len(nodes), problems
 
 
-def test_the_check_sees_an_exporter_pointed_at_no_host_engine(plans, schemas_dir):
-    plan = copy.deepcopy(plans["prod"])
+def test_the_check_sees_an_exporter_pointed_at_no_host_engine(committed_plans, schemas_dir):
+    plan = copy.deepcopy(committed_plans["prod"])
     values = release(plan, "dcgm-exporter")
     values["arguments"] = [*values["arguments"], "-r", "localhost:5555"]
     assert any("connects to 'localhost:5555'" in p for p in dcgm_problems(plan))

@@ -34,7 +34,7 @@ from tests.infra.iam_eval import glob_match
 from tests.infra.iam_facts import (EFS_REFERENCE, KARPENTER_REFERENCE, REFERENCE_DIR, PlannedIam, deviations,
                                    planned_iam, reference, substitute)
 
-STACKS = ("dev", "prod")
+from tests.conftest import STACKS  # noqa: E402
 KINDS = {"omitted-statement", "omitted-actions", "omitted-trust", "omitted-rule"}
 ROLE_POLICY_QUOTA = 10_240  # IAM quotas: inline policies of a role, characters without white space
 
@@ -138,8 +138,8 @@ def _required(refs: dict[str, Stmt], ref_name: str) -> dict[str, tuple[Stmt, lis
 
 
 @pytest.fixture(scope="module", params=STACKS)
-def iam(request, plans) -> PlannedIam:
-    return planned_iam(request.param, plans[request.param])
+def iam(request, committed_plans) -> PlannedIam:
+    return planned_iam(request.param, committed_plans[request.param])
 
 
 # ------------------------------------------------------------------ the reference itself

@@ -26,13 +26,13 @@ from infra.plan import MOCK_ACCOUNT
 from tests.infra.iam_eval import ALLOW, DENY, IMPLICIT_DENY, Request, evaluate
 from tests.infra.iam_facts import EFS_REFERENCE, PlannedIam, planned_iam, reference
 
-STACKS = ("dev", "prod")
+from tests.conftest import STACKS  # noqa: E402
 OTHER_CLUSTER = "someone-elses-cluster"
 
 
 @pytest.fixture(scope="module", params=STACKS)
-def iam(request, plans) -> PlannedIam:
-    return planned_iam(request.param, plans[request.param])
+def iam(request, committed_plans) -> PlannedIam:
+    return planned_iam(request.param, committed_plans[request.param])
 
 
 def request_tags(tags: dict[str, str]) -> dict[str, object]:

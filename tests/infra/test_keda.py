@@ -117,18 +117,18 @@ def strings_in(value):
 
 
 @pytest.mark.parametrize("stack", ["dev", "prod"])
-def test_no_plan_input_names_this_checkout(plans, stack):
+def test_no_plan_input_names_this_checkout(committed_plans, stack):
     """Plans are the same on every checkout: no input holds the repository's absolute path
     (the vendored CRD files are named relative to infra/)."""
     checkout = str(REPO_ROOT)
-    found = [(r["type"], r["name"], text) for r in plans[stack]["resources"]
+    found = [(r["type"], r["name"], text) for r in committed_plans[stack]["resources"]
              for text in strings_in(r.get("inputs", {})) if checkout in text]
     assert not found, found[:5]
 
 
 @pytest.mark.parametrize("stack", ["dev", "prod"])
-def test_operator_release_crds_and_trigger_authentication(plans, stack):
-    doc = plans[stack]
+def test_operator_release_crds_and_trigger_authentication(committed_plans, stack):
+    doc = committed_plans[stack]
     [release] = [r for r in doc["resources"] if r["type"] == "kubernetes:helm.sh/v3:Release"
                  and r["inputs"]["chart"] == KEDA.chart_ref]
     values = release["inputs"]["values"]
@@ -165,8 +165,8 @@ def test_queue_address_comes_from_the_connection_url():
 
 
 @pytest.mark.parametrize("stack,tls", [("dev", "false"), ("prod", "true")])
-def test_triggers_read_the_queue_with_tls_and_the_auth_token_in_prod(plans, stack, tls):
-    for name, job in scaled_jobs(plans[stack]).items():
+def test_triggers_read_the_queue_with_tls_and_the_auth_token_in_prod(committed_plans, stack, tls):
+    for name, job in scaled_jobs(committed_plans[stack]).items():
         for trigger in job["spec"]["triggers"]:
             assert trigger["type"] == "redis"
             assert trigger["authenticationRef"] == {"name": TRIGGER_AUTHENTICATION, "kind": "ClusterTriggerAuthentication"}
@@ -184,9 +184,9 @@ def test_triggers_read_the_queue_with_tls_and_the_auth_token_in_prod(plans, stac
 
 
 @pytest.mark.parametrize("stack", ["dev", "prod"])
-def test_one_scaledjob_per_worker_kind_on_exactly_its_lanes(plans, stack):
-    jobs = scaled_jobs(plans[stack])
-    crons = {c["metadata"]["name"]: c["spec"] for c in inputs_of(plans[stack], CRONJOB, "ragpool-training")}
+def test_one_scaledjob_per_worker_kind_on_exactly_its_lanes(committed_plans, stack):
+    jobs = scaled_jobs(committed_plans[stack])
+    crons = {c["metadata"]["name"]: c["spec"] for c in inputs_of(committed_plans[stack], CRONJOB, "ragpool-training")}
     assert set(jobs) == set(crons)  # the same kinds, manual templates included
     seen: dict[Lane, str] = {}
     for name, job in jobs.items():
@@ -227,12 +227,12 @@ def worker_config(job_spec: dict):
 
 
 @pytest.mark.parametrize("stack", ["dev", "prod"])
-def test_a_scaledjob_job_is_one_run(plans, team_plan, stack):
+def test_a_scaledjob_job_is_one_run(committed_plans, team_plan, stack):
     """KEDA starts one Job per queued run (docs/DESIGN.md "One Job, one run"): the worker of a
     ScaledJob's Job takes one run and exits, and exits soon when another Job took it (well before
     the manual template's idle exit), yet not before a pod re-created after a lost node can see its
     run requeued (lease + keeper tick). The manual CronJob keeps the multi-run worker."""
-    doc = plans[stack] if stack == "prod" else team_plan
+    doc = committed_plans[stack] if stack == "prod" else team_plan
     namespaces = ["ragpool-training"] + ([f"ragpool-team-{t['name']}" for t in TEAMS] if stack == "dev" else [])
     for namespace in namespaces:
         crons = {c["metadata"]["name"]: c["spec"] for c in inputs_of(doc, CRONJOB, namespace)}
@@ -251,7 +251,7 @@ def test_a_scaledjob_job_is_one_run(plans, team_plan, stack):
 
 
 @pytest.mark.parametrize("stack", ["dev", "prod"])
-def test_a_worker_that_finds_ray_unavailable_fails_its_job_at_once(plans, stack):
+def test_a_worker_that_finds_ray_unavailable_fails_its_job_at_once(committed_plans, stack):
     """Exit UNAVAILABLE (the Ray cluster unreachable or refusing the token; the run handed back
     unspent): FailJob, never counted and retried inside the Job (each retry would take a ray run
     and hand it back). KEDA starts a fresh Job only while runs are queued. The Job controller's
@@ -259,7 +259,7 @@ def test_a_worker_that_finds_ray_unavailable_fails_its_job_at_once(plans, stack)
     from bench.autoscale_sim import pod_failure_action
     from training import exit_codes
 
-    jobs = scaled_jobs(plans[stack])
+    jobs = scaled_jobs(committed_plans[stack])
     assert "ragpool-worker-ray" in jobs
     for name, job in jobs.items():
         spec = job["spec"]["jobTargetRef"]
@@ -276,11 +276,11 @@ def selects(selector: str, labels: dict[str, str]) -> bool:
 
 
 @pytest.mark.parametrize("stack", ["dev", "prod"])
-def test_ragpool_status_finds_the_jobs_and_pods_of_every_lane(plans, team_plan, stack):
+def test_ragpool_status_finds_the_jobs_and_pods_of_every_lane(committed_plans, team_plan, stack):
     """``ragpool status --cluster`` selects a lane's Jobs and pods by ``lanes.lane_selector``: it must
     select exactly the worker kind that claims the lane, the unpinned lanes of the default pool
     included, on the Jobs KEDA creates (the ScaledJob's labels) and their pods (the template's)."""
-    doc = plans[stack] if stack == "prod" else team_plan
+    doc = committed_plans[stack] if stack == "prod" else team_plan
     namespaces = ["ragpool-training"] + ([f"ragpool-team-{t['name']}" for t in TEAMS] if stack == "dev" else [])
     for namespace in namespaces:
         jobs = scaled_jobs(doc, namespace)
@@ -297,12 +297,12 @@ def test_ragpool_status_finds_the_jobs_and_pods_of_every_lane(plans, team_plan, 
                 assert [n for n, ls in labels.items() if selects(selector, ls)] == [owner], (namespace, lane.name, what)
 
 
-def test_bounds_follow_the_pools_gpu_limit_and_gpus_per_worker(plans):
-    dev = {n: j["spec"]["maxReplicaCount"] for n, j in scaled_jobs(plans["dev"]).items()}
+def test_bounds_follow_the_pools_gpu_limit_and_gpus_per_worker(committed_plans):
+    dev = {n: j["spec"]["maxReplicaCount"] for n, j in scaled_jobs(committed_plans["dev"]).items()}
     # dev: gpu-spot gpuLimit 8, one GPU per worker: 8 single-pod Jobs, 8 // N gangs of N pods.
     assert dev == {"ragpool-worker-gpu-spot": 8, **{f"ragpool-worker-gpu-spot-n{n}": 8 // n for n in range(2, 9)},
                    "ragpool-worker-ray": 8}
-    prod = {n: j["spec"]["maxReplicaCount"] for n, j in scaled_jobs(plans["prod"]).items()}
+    prod = {n: j["spec"]["maxReplicaCount"] for n, j in scaled_jobs(committed_plans["prod"]).items()}
     # prod: gpu-ondemand 32 GPUs / 8 per worker, gpu-spot 16 / 4: 4 workers each.
     assert prod == {"ragpool-worker-gpu-ondemand": 4, "ragpool-worker-gpu-ondemand-n2": 2,
                     "ragpool-worker-gpu-ondemand-n3": 1, "ragpool-worker-gpu-ondemand-n4": 1,
@@ -310,7 +310,7 @@ def test_bounds_follow_the_pools_gpu_limit_and_gpus_per_worker(plans):
                     "ragpool-worker-gpu-spot-n4": 1, "ragpool-worker-ray": 8}
     # The first pool is the default: it alone takes the unpinned lanes.
     lanes = {n: parse_lanes(worker_env(j["spec"]["jobTargetRef"])[LANES_ENV])
-             for n, j in scaled_jobs(plans["prod"]).items()}
+             for n, j in scaled_jobs(committed_plans["prod"]).items()}
     assert lanes["ragpool-worker-gpu-ondemand"] == (Lane(pool="gpu-ondemand"), Lane())
     assert lanes["ragpool-worker-gpu-spot"] == (Lane(pool="gpu-spot"),)
     assert lanes["ragpool-worker-gpu-ondemand-n3"] == (Lane(nodes=3, pool="gpu-ondemand"), Lane(nodes=3))
@@ -349,7 +349,7 @@ def test_worker_kinds_arithmetic_at_the_edges():
 # ------------------------------------------------------------------ the keeper
 
 
-def test_one_keeper_for_every_queue(team_plan, plans):
+def test_one_keeper_for_every_queue(team_plan, committed_plans):
     [keeper] = [d for d in inputs_of(team_plan, "kubernetes:apps/v1:Deployment", "ragpool-training")
                 if d["metadata"]["name"] == KEEPER_NAME]
     spec = keeper["spec"]
@@ -364,5 +364,5 @@ def test_one_keeper_for_every_queue(team_plan, plans):
     assert env["REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "ragpool-redis", "key": "url"}
     assert spec["template"]["metadata"]["labels"]["ragpool.io/redis-client"] == "true"
     assert {p["name"] for p in container["ports"]} == {"queue-metrics"}
-    for doc in (team_plan, *plans.values()):  # one keeper per stack, never in a team namespace
+    for doc in (team_plan, *committed_plans.values()):  # one keeper per stack, never in a team namespace
         assert len([d for d in inputs_of(doc, "kubernetes:apps/v1:Deployment") if d["metadata"]["name"] == KEEPER_NAME]) == 1

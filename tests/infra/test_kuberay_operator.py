@@ -44,8 +44,8 @@ def helm_coalesce(values: dict[str, Any], defaults: dict[str, Any]) -> dict[str,
 # ------------------------------------------------------------------ CRDs
 
 
-def test_crds_are_applied_from_the_vendored_files(plans):
-    for stack, doc in plans.items():
+def test_crds_are_applied_from_the_vendored_files(committed_plans):
+    for stack, doc in committed_plans.items():
         files = {r["name"]: r["inputs"]["file"] for r in doc["resources"]
                  if r["type"] == "kubernetes:yaml/v2:ConfigFile" and r["name"].startswith("ray-crd-")}
         assert sorted(files.values()) == [f"{KUBERAY_CRD_DIR}/{f}" for f in KUBERAY_CRD_FILES], stack
@@ -55,8 +55,8 @@ def test_crds_are_applied_from_the_vendored_files(plans):
             assert "://" not in path and (INFRA_DIR / path).is_file(), (stack, path)
 
 
-def test_nothing_is_fetched_from_github_at_deploy_time(plans):
-    for stack, doc in plans.items():
+def test_nothing_is_fetched_from_github_at_deploy_time(committed_plans):
+    for stack, doc in committed_plans.items():
         fetched = [r["name"] for r in doc["resources"] if "raw.githubusercontent.com" in str(r["inputs"])]
         assert fetched == [], f"{stack}: resources whose inputs name raw.githubusercontent.com: {fetched}"
 

@@ -19,7 +19,7 @@ from tests.infra.test_gpu_node_scheduling import helm_merge
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = yaml.safe_load((REPO / "infra" / "reference" / "cloudwatch_observability.yaml").read_text())
-STACKS = ("dev", "prod")
+from tests.conftest import STACKS  # noqa: E402
 REGION = "us-west-2"
 ACCOUNT = "123456789012"  # the mocks' account (infra/plan.py)
 
@@ -107,8 +107,8 @@ def test_the_log_group_check_sees_every_default_writer():
 
 
 @pytest.mark.parametrize("stack,days", [("dev", 7), ("prod", 90)])
-def test_every_log_group_the_addon_writes_is_precreated(plans, stack, days):
-    plan = plans[stack]
+def test_every_log_group_the_addon_writes_is_precreated(committed_plans, stack, days):
+    plan = committed_plans[stack]
     addon = _addon(plan)
     written = written_log_groups(json.loads(addon["inputs"]["configurationValues"]), _cluster_name(plan))
     groups = {r["inputs"]["name"]: r for r in _by_type(plan, "aws:cloudwatch/logGroup:LogGroup")}
@@ -125,8 +125,8 @@ def test_every_log_group_the_addon_writes_is_precreated(plans, stack, days):
 
 
 @pytest.mark.parametrize("stack,days", [("dev", 7), ("prod", 90)])
-def test_log_groups_are_precreated_with_retention_and_the_logs_key(plans, stack, days):
-    plan = plans[stack]
+def test_log_groups_are_precreated_with_retention_and_the_logs_key(committed_plans, stack, days):
+    plan = committed_plans[stack]
     cluster = _cluster_name(plan)
     groups = {r["inputs"]["name"]: r for r in _by_type(plan, "aws:cloudwatch/logGroup:LogGroup")}
     [key] = [r for r in _by_type(plan, "aws:kms/key:Key") if r["name"] == "logs-key"]
@@ -141,8 +141,8 @@ def test_log_groups_are_precreated_with_retention_and_the_logs_key(plans, stack,
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_the_addon_gets_cloudwatch_credentials_through_pod_identity(plans, stack):
-    plan = plans[stack]
+def test_the_addon_gets_cloudwatch_credentials_through_pod_identity(committed_plans, stack):
+    plan = committed_plans[stack]
     addon = _addon(plan)
     assert addon["inputs"]["clusterName"] == _cluster_name(plan)
     # The configuration keys are the pinned chart's: the add-on's build is that chart's.
@@ -181,8 +181,8 @@ def _cloudwatch_logs_request(action: str, group_arn: str, region: str = REGION) 
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_cloudwatch_logs_can_use_the_key_for_these_log_groups_only(plans, stack):
-    plan = plans[stack]
+def test_cloudwatch_logs_can_use_the_key_for_these_log_groups_only(committed_plans, stack):
+    plan = committed_plans[stack]
     policy = _logs_key_policy(plan)
     cluster = _cluster_name(plan)
     arn = f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:{ls.log_group_name(cluster)}"
@@ -197,10 +197,10 @@ def test_cloudwatch_logs_can_use_the_key_for_these_log_groups_only(plans, stack)
     assert evaluate([policy], Request("kms:PutKeyPolicy", "*", principal=f"arn:aws:iam::{ACCOUNT}:root")) == "Allow"
 
 
-def test_a_key_policy_without_the_logs_statement_is_refused_by_the_check(plans):
-    policy = _logs_key_policy(plans["dev"])
+def test_a_key_policy_without_the_logs_statement_is_refused_by_the_check(committed_plans):
+    policy = _logs_key_policy(committed_plans["dev"])
     policy["Statement"] = [s for s in policy["Statement"] if "Service" not in s["Principal"]]
-    arn = f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:{ls.log_group_name(_cluster_name(plans['dev']))}"
+    arn = f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:{ls.log_group_name(_cluster_name(committed_plans['dev']))}"
     assert evaluate([policy], _cloudwatch_logs_request("kms:GenerateDataKey", arn)) == "ImplicitDeny"
 
 
@@ -222,13 +222,13 @@ def test_the_collection_rule_sees_exclusions():
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_fluent_bit_collects_every_ragpool_workload(plans, stack):
+def test_fluent_bit_collects_every_ragpool_workload(committed_plans, stack):
     """The pod name of every workload ragpool declares starts with its controller's name;
     none may fall under the add-on's excludes, in any namespace (training, teams, Ray, monitoring)."""
     app = REFERENCE["fluent_bit"]["application"]
     assert app["k8s_logging_exclude"] is False  # no annotation can opt a pod out either
     kinds = ("Deployment", "StatefulSet", "DaemonSet", "CronJob", "Job", "RayCluster")
-    workloads = [r for r in plans[stack]["resources"]
+    workloads = [r for r in committed_plans[stack]["resources"]
                  if r["type"].startswith("kubernetes:") and r["type"].rsplit(":", 1)[1] in kinds]
     assert any(r["type"].endswith(":CronJob") for r in workloads)
     namespaces = set()

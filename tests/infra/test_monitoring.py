@@ -26,8 +26,8 @@ def _allowlist(plan: dict) -> dict[str, list[str]]:
     return out
 
 
-def test_kube_state_metrics_exports_the_labels_the_rules_and_dashboards_read(plans):
-    for stack, plan in plans.items():
+def test_kube_state_metrics_exports_the_labels_the_rules_and_dashboards_read(committed_plans):
+    for stack, plan in committed_plans.items():
         values = chart_values(plan, "kube-prometheus-stack", "kube-state-metrics")
         assert values["metricLabelsAllowlist"] == list(KSM_METRIC_LABELS_ALLOWLIST), stack
         allow = _allowlist(plan)
@@ -48,8 +48,8 @@ def _autoscaling_board(plan: dict) -> dict:
     return json.loads(data["autoscaling.json"])
 
 
-def test_the_autoscaling_dashboard_has_a_row_per_lane_of_the_stack(plans):
-    for stack, plan in plans.items():
+def test_the_autoscaling_dashboard_has_a_row_per_lane_of_the_stack(committed_plans):
+    for stack, plan in committed_plans.items():
         lanes = _planned_lanes(plan)
         assert {"torchrun", "torchrun.n2"} <= lanes, (stack, lanes)
         board = _autoscaling_board(plan)

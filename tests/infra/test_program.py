@@ -33,8 +33,8 @@ def accepts_tags(resource_type: str) -> bool:
     return "tags" in inspect.signature(cls._internal_init).parameters
 
 
-def test_components_use_ragpool_type_tokens_and_parent_every_child(plans):
-    for doc in plans.values():
+def test_components_use_ragpool_type_tokens_and_parent_every_child(committed_plans):
+    for doc in committed_plans.values():
         components = {r["name"] for r in doc["resources"] if r["type"].startswith("ragpool:infra:")}
         assert components >= {"network", "cluster", "gpu", "storage", "registry", "training"}
         for r in doc["resources"]:
@@ -45,8 +45,8 @@ def test_components_use_ragpool_type_tokens_and_parent_every_child(plans):
                 assert r["name"].startswith(r["parent"] + "-"), f"{r['name']} not named after {r['parent']}"
 
 
-def test_every_taggable_aws_resource_carries_common_tags(plans):
-    for stack, doc in plans.items():
+def test_every_taggable_aws_resource_carries_common_tags(committed_plans):
+    for stack, doc in committed_plans.items():
         checked = 0
         for r in doc["resources"]:
             if not r["type"].startswith("aws:"):
@@ -60,9 +60,9 @@ def test_every_taggable_aws_resource_carries_common_tags(plans):
         assert checked > 30
 
 
-def test_network_spreads_over_azs_with_nat_per_environment(plans):
+def test_network_spreads_over_azs_with_nat_per_environment(committed_plans):
     for stack, azs, nats in (("dev", 2, 1), ("prod", 3, 3)):
-        doc = plans[stack]
+        doc = committed_plans[stack]
         subnets = of_type(doc, "aws:ec2/subnet:Subnet")
         private = [s for s in subnets if "internal-elb" in str(s["inputs"]["tags"])]
         public = [s for s in subnets if "kubernetes.io/role/elb" in s["inputs"]["tags"]]
@@ -76,9 +76,9 @@ def test_network_spreads_over_azs_with_nat_per_environment(plans):
         assert len(s3["inputs"]["routeTableIds"]) == azs
 
 
-def test_cluster_encryption_logs_endpoint_and_access(plans):
+def test_cluster_encryption_logs_endpoint_and_access(committed_plans):
     for stack, public in (("dev", True), ("prod", False)):
-        eks = one(plans[stack], "aws:eks/cluster:Cluster")["inputs"]
+        eks = one(committed_plans[stack], "aws:eks/cluster:Cluster")["inputs"]
         assert eks["version"] == "1.35"
         assert eks["encryptionConfig"]["resources"] == ["secrets"]
         assert eks["encryptionConfig"]["provider"]["keyArn"].startswith("arn:aws:kms:")
@@ -89,12 +89,12 @@ def test_cluster_encryption_logs_endpoint_and_access(plans):
             assert eks["vpcConfig"]["publicAccessCidrs"] and "0.0.0.0/0" not in eks["vpcConfig"]["publicAccessCidrs"]
         assert eks["accessConfig"]["authenticationMode"] == "API"
         assert all(s.startswith("network-private-") for s in eks["vpcConfig"]["subnetIds"])
-        keys = [k for k in of_type(plans[stack], "aws:kms/key:Key")]
+        keys = [k for k in of_type(committed_plans[stack], "aws:kms/key:Key")]
         assert keys and all(k["inputs"]["enableKeyRotation"] for k in keys)
 
 
-def test_managed_addons_and_pod_identity(plans):
-    doc = plans["dev"]
+def test_managed_addons_and_pod_identity(committed_plans):
+    doc = committed_plans["dev"]
     addons = {a["inputs"]["addonName"]: a["inputs"] for a in of_type(doc, "aws:eks/addon:Addon")}
     assert set(addons) == {"vpc-cni", "coredns", "kube-proxy", "eks-pod-identity-agent", "aws-efs-csi-driver",
                            "aws-ebs-csi-driver", "eks-node-monitoring-agent", "amazon-cloudwatch-observability"}
@@ -106,21 +106,21 @@ def test_managed_addons_and_pod_identity(plans):
     assert not of_type(doc, "aws:iam/openIdConnectProvider:OpenIdConnectProvider")
 
 
-def test_system_node_group_is_on_demand_repairing_and_imdsv2(plans):
+def test_system_node_group_is_on_demand_repairing_and_imdsv2(committed_plans):
     for stack, minimum in (("dev", 2), ("prod", 3)):
-        ng = one(plans[stack], "aws:eks/nodeGroup:NodeGroup")["inputs"]
+        ng = one(committed_plans[stack], "aws:eks/nodeGroup:NodeGroup")["inputs"]
         assert ng["capacityType"] == "ON_DEMAND"
         assert ng["nodeRepairConfig"]["enabled"] is True
         assert ng["scalingConfig"]["minSize"] == minimum
         assert len(ng["subnetIds"]) == (2 if stack == "dev" else 3)
-        lt = one(plans[stack], "aws:ec2/launchTemplate:LaunchTemplate")["inputs"]
+        lt = one(committed_plans[stack], "aws:ec2/launchTemplate:LaunchTemplate")["inputs"]
         assert lt["metadataOptions"]["httpTokens"] == "required"
 
 
-def test_gpu_node_pools_are_tainted_labelled_and_never_disrupt_training(plans):
+def test_gpu_node_pools_are_tainted_labelled_and_never_disrupt_training(committed_plans):
     expected = {"dev": {"gpu-spot": "spot"}, "prod": {"gpu-ondemand": "on-demand", "gpu-spot": "spot"}}
     for stack, pools in expected.items():
-        doc = plans[stack]
+        doc = committed_plans[stack]
         node_pools = {r["inputs"]["metadata"]["name"]: r["inputs"]["spec"] for r in
                       of_type(doc, "kubernetes:karpenter.sh/v1:NodePool")}
         assert set(node_pools) == set(pools)
@@ -143,8 +143,8 @@ def test_gpu_node_pools_are_tainted_labelled_and_never_disrupt_training(plans):
             assert spec["amiSelectorTerms"][0]["alias"].startswith("al2023@")
 
 
-def test_karpenter_interruption_handling(plans):
-    doc = plans["dev"]
+def test_karpenter_interruption_handling(committed_plans):
+    doc = committed_plans["dev"]
     rules = of_type(doc, "aws:cloudwatch/eventRule:EventRule")
     assert len(rules) == 4 and len(of_type(doc, "aws:cloudwatch/eventTarget:EventTarget")) == 4
     release = one(doc, "kubernetes:helm.sh/v3:Release", "gpu-karpenter")["inputs"]
@@ -155,9 +155,9 @@ def test_karpenter_interruption_handling(plans):
     assert "ec2:TerminateInstances" in policy and "kubernetes.io/cluster/ragpool-dev" in policy
 
 
-def test_shared_storage_encrypted_tls_backed_up_and_rwx(plans):
+def test_shared_storage_encrypted_tls_backed_up_and_rwx(committed_plans):
     for stack in ("dev", "prod"):
-        doc = plans[stack]
+        doc = committed_plans[stack]
         fs = one(doc, "aws:efs/fileSystem:FileSystem")["inputs"]
         assert fs["encrypted"] is True and fs["kmsKeyId"].startswith("arn:aws:kms:")
         assert fs["throughputMode"] == "elastic"
@@ -181,21 +181,21 @@ STATEFUL = [("aws:efs/fileSystem:FileSystem", None), ("aws:kms/key:Key", "storag
 
 
 @pytest.mark.parametrize("typ,name", STATEFUL)
-def test_stateful_resources_protected_and_retained_only_in_prod(plans, typ, name):
-    prod = one(plans["prod"], typ, name)
-    dev = one(plans["dev"], typ, name)
+def test_stateful_resources_protected_and_retained_only_in_prod(committed_plans, typ, name):
+    prod = one(committed_plans["prod"], typ, name)
+    dev = one(committed_plans["dev"], typ, name)
     assert prod.get("protect") and prod.get("retainOnDelete")
     assert not dev.get("protect") and not dev.get("retainOnDelete")
 
 
-def test_registry_immutable_scanned_with_lifecycle(plans):
-    repo = one(plans["prod"], "aws:ecr/repository:Repository")["inputs"]
+def test_registry_immutable_scanned_with_lifecycle(committed_plans):
+    repo = one(committed_plans["prod"], "aws:ecr/repository:Repository")["inputs"]
     assert repo["imageTagMutability"] == "IMMUTABLE"
     assert repo["imageScanningConfiguration"]["scanOnPush"] is True
     assert repo["forceDelete"] is False
-    assert one(plans["dev"], "aws:ecr/repository:Repository")["inputs"]["forceDelete"] is True
-    assert "imageCountMoreThan" in one(plans["prod"], "aws:ecr/lifecyclePolicy:LifecyclePolicy")["inputs"]["policy"]
-    assert not of_type(plans["prod"], "docker-build:index:Image")  # image build is off by default
+    assert one(committed_plans["dev"], "aws:ecr/repository:Repository")["inputs"]["forceDelete"] is True
+    assert "imageCountMoreThan" in one(committed_plans["prod"], "aws:ecr/lifecyclePolicy:LifecyclePolicy")["inputs"]["policy"]
+    assert not of_type(committed_plans["prod"], "docker-build:index:Image")  # image build is off by default
 
 
 def test_image_build_switch_builds_from_training_dockerfile():
@@ -206,8 +206,8 @@ def test_image_build_switch_builds_from_training_dockerfile():
     assert image["registries"][0]["password"] == SECRET_MASK
 
 
-def test_kubeconfig_is_masked_secret(plans):
-    provider = one(plans["dev"], "pulumi:providers:kubernetes")
+def test_kubeconfig_is_masked_secret(committed_plans):
+    provider = one(committed_plans["dev"], "pulumi:providers:kubernetes")
     assert provider["inputs"]["kubeconfig"] == SECRET_MASK
 
 
@@ -240,8 +240,8 @@ def test_every_kubernetes_resource_uses_the_clusters_provider(monkeypatch):
     assert elsewhere == []
 
 
-def test_dev_and_prod_differ_exactly_as_configured(plans):
-    dev, prod = (Counter(r["type"] for r in plans[s]["resources"]) for s in ("dev", "prod"))
+def test_dev_and_prod_differ_exactly_as_configured(committed_plans):
+    dev, prod = (Counter(r["type"] for r in committed_plans[s]["resources"]) for s in ("dev", "prod"))
     delta = {t: prod[t] - dev[t] for t in set(dev) | set(prod) if prod[t] != dev[t]}
     assert delta == {
         "aws:ec2/subnet:Subnet": 2,  # a third AZ: one private + one public subnet
@@ -302,11 +302,11 @@ def test_bad_config_stops_program_with_run_error(pulumi_mocks):
     assert "ragpool:vpcCidr" in str(err.value) and "300.0.0.0/16" in str(err.value)
 
 
-def test_monitoring_stack_rules_and_secrets(plans):
+def test_monitoring_stack_rules_and_secrets(committed_plans):
     from dashboards.rulefiles import deployment_rule_groups
 
     for stack, retention, size in (("dev", "31d", "50Gi"), ("prod", "45d", "200Gi")):
-        doc = plans[stack]
+        doc = committed_plans[stack]
         kps = one(doc, "kubernetes:helm.sh/v3:Release", "monitoring-kube-prometheus-stack")["inputs"]
         spec = kps["values"]["prometheus"]["prometheusSpec"]
         assert spec["retention"] == retention
@@ -342,10 +342,10 @@ def test_alert_receiver_secret_masked_and_routed():
     assert "v1:ciphertext" not in str(doc)
 
 
-def test_gpu_plugins_only_on_gpu_pools_with_our_counters(plans):
+def test_gpu_plugins_only_on_gpu_pools_with_our_counters(committed_plans):
     from infra.gpu_plugins import DCGM_COUNTERS_FILE
 
-    doc = plans["prod"]
+    doc = committed_plans["prod"]
     for release in ("gpu-plugins-device-plugin", "gpu-plugins-dcgm-exporter"):
         values = one(doc, "kubernetes:helm.sh/v3:Release", release)["inputs"]["values"]
         terms = values["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
@@ -357,8 +357,8 @@ def test_gpu_plugins_only_on_gpu_pools_with_our_counters(plans):
     assert device["gfd"]["enabled"] is True
 
 
-def test_redis_queue_dev_in_cluster_prod_elasticache(plans):
-    dev = plans["dev"]
+def test_redis_queue_dev_in_cluster_prod_elasticache(committed_plans):
+    dev = committed_plans["dev"]
     sts = one(dev, "kubernetes:apps/v1:StatefulSet")["inputs"]["spec"]
     args = sts["template"]["spec"]["containers"][0]["args"]
     assert args[:4] == ["--appendonly", "yes", "--appendfsync", "always"] and "$(REDIS_PASSWORD)" in args
@@ -368,7 +368,7 @@ def test_redis_queue_dev_in_cluster_prod_elasticache(plans):
                                              "podSelector": {"matchLabels": {"ragpool.io/redis-client": "true"}}}]
     secret = one(dev, "kubernetes:core/v1:Secret", "redis-connection")["inputs"]["stringData"]
     assert secret["password"] == SECRET_MASK
-    prod = plans["prod"]
+    prod = committed_plans["prod"]
     group = one(prod, "aws:elasticache/replicationGroup:ReplicationGroup")
     g = group["inputs"]
     assert g["engine"] == "valkey" and g["multiAzEnabled"] and g["automaticFailoverEnabled"]
@@ -380,9 +380,9 @@ def test_redis_queue_dev_in_cluster_prod_elasticache(plans):
     assert not of_type(prod, "kubernetes:apps/v1:StatefulSet")
 
 
-def test_training_namespace_isolation(plans):
+def test_training_namespace_isolation(committed_plans):
     for stack, gpus in (("dev", 8), ("prod", 48)):
-        doc = plans[stack]
+        doc = committed_plans[stack]
         quota = one(doc, "kubernetes:core/v1:ResourceQuota")["inputs"]["spec"]["hard"]
         assert quota["requests.nvidia.com/gpu"] == str(gpus)
         policies = {r["inputs"]["metadata"]["name"]: r["inputs"]["spec"] for r in
@@ -393,14 +393,14 @@ def test_training_namespace_isolation(plans):
         assert egress_ports == {6379, 2049, 443}
         assert {p["name"] for p in (r["inputs"]["metadata"] for r in
                 of_type(doc, "kubernetes:scheduling.k8s.io/v1:PriorityClass"))} == {"ragpool-training", "ragpool-batch"}
-    vpc_cni = [a for a in of_type(plans["dev"], "aws:eks/addon:Addon") if a["inputs"]["addonName"] == "vpc-cni"][0]
+    vpc_cni = [a for a in of_type(committed_plans["dev"], "aws:eks/addon:Addon") if a["inputs"]["addonName"] == "vpc-cni"][0]
     assert '"enableNetworkPolicy": "true"' in vpc_cni["inputs"]["configurationValues"]
 
 
-def test_worker_job_template_per_pool(plans):
+def test_worker_job_template_per_pool(committed_plans):
     from training import exit_codes
 
-    doc = plans["prod"]
+    doc = committed_plans["prod"]
     every = {r["inputs"]["metadata"]["name"]: r["inputs"]["spec"] for r in of_type(doc, "kubernetes:batch/v1:CronJob")
              if r["inputs"]["metadata"]["name"] != "ragpool-worker-ray"}  # the CPU Ray worker: test_ray_cluster.py
     # Multi-node kinds (-n<N>): tests/infra/test_keda.py.
@@ -438,12 +438,12 @@ def test_worker_job_template_per_pool(plans):
         assert pod["serviceAccountName"] == "ragpool-worker" and pod["automountServiceAccountToken"] is False
 
 
-def test_cloudwatch_exporter_feeds_the_efs_rules(plans):
+def test_cloudwatch_exporter_feeds_the_efs_rules(committed_plans):
     import yaml as _yaml
 
     from dashboards.external_metrics import EXTERNAL_METRICS, yace_metric_name
 
-    doc = plans["prod"]
+    doc = committed_plans["prod"]
     config = _yaml.safe_load(one(doc, "kubernetes:core/v1:ConfigMap", "monitoring-cloudwatch-exporter")
                              ["inputs"]["data"]["config.yml"])
     job = config["discovery"]["jobs"][0]
@@ -456,7 +456,7 @@ def test_cloudwatch_exporter_feeds_the_efs_rules(plans):
     assert one(doc, "kubernetes:monitoring.coreos.com/v1:ServiceMonitor")["inputs"]["spec"]["endpoints"][0]["port"] == "metrics"
 
 
-def test_pods_run_as_the_training_images_user(plans):
+def test_pods_run_as_the_training_images_user(committed_plans):
     import re
 
     from infra.common import TRAINING_UID
@@ -464,7 +464,7 @@ def test_pods_run_as_the_training_images_user(plans):
 
     dockerfile = (REPO_ROOT / "training" / "Dockerfile").read_text()
     assert re.search(r"^USER (\d+)$", dockerfile, re.M).group(1) == str(TRAINING_UID)
-    cron = [r for r in plans["dev"]["resources"] if r["type"] == "kubernetes:batch/v1:CronJob"][0]["inputs"]
+    cron = [r for r in committed_plans["dev"]["resources"] if r["type"] == "kubernetes:batch/v1:CronJob"][0]["inputs"]
     assert cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == TRAINING_UID
-    sc = one(plans["dev"], "kubernetes:storage.k8s.io/v1:StorageClass", "storage-storage-class")["inputs"]
+    sc = one(committed_plans["dev"], "kubernetes:storage.k8s.io/v1:StorageClass", "storage-storage-class")["inputs"]
     assert sc["parameters"]["uid"] == str(TRAINING_UID)  # the EFS access point owner

@@ -31,8 +31,8 @@ def _env_lists(node: Any) -> Iterator[list[dict]]:
 
 
 @pytest.mark.parametrize("stack, replicas", [("dev", 0), ("prod", 1)])
-def test_every_queue_client_declares_the_stacks_required_replicas(plans, stack, replicas):
-    plan = plans[stack]
+def test_every_queue_client_declares_the_stacks_required_replicas(committed_plans, stack, replicas):
+    plan = committed_plans[stack]
     secrets = {r["inputs"]["metadata"]["namespace"]: r["inputs"]["stringData"] for r in plan["resources"]
                if r["type"] == "kubernetes:core/v1:Secret" and r["inputs"]["metadata"]["name"] == CONNECTION_SECRET}
     assert secrets, "no queue connection Secret in the plan"
@@ -63,12 +63,12 @@ def _required(stack: str) -> int:
     return required_replicas(validate_stack(load_stack(stack)))
 
 
-def test_the_required_replicas_fit_each_stacks_topology(plans):
+def test_the_required_replicas_fit_each_stacks_topology(committed_plans):
     """prod waits for at least one replica but fewer than the group has (one per other AZ), so a
     replica or an AZ down does not stop the queue; dev's single Valkey has none to wait for."""
-    [group] = [r["inputs"] for r in plans["prod"]["resources"]
+    [group] = [r["inputs"] for r in committed_plans["prod"]["resources"]
                if r["type"] == "aws:elasticache/replicationGroup:ReplicationGroup"]
     assert 1 <= _required("prod") < group["numCacheClusters"] - 1
-    [valkey] = [r["inputs"]["spec"] for r in plans["dev"]["resources"] if r["type"] == "kubernetes:apps/v1:StatefulSet"
+    [valkey] = [r["inputs"]["spec"] for r in committed_plans["dev"]["resources"] if r["type"] == "kubernetes:apps/v1:StatefulSet"
                 and r["inputs"]["metadata"]["name"] == "ragpool-redis"]
     assert valkey["replicas"] == 1 and _required("dev") == 0

@@ -38,8 +38,8 @@ def test_counted_follows_the_api_servers_evaluators():
     assert not counted("limits.nvidia.com/gpu") and not counted("nvidia.com/gpu") and not counted("gpus")
 
 
-def test_every_quota_key_is_one_the_api_counts(plans):
-    for stack, doc in plans.items():
+def test_every_quota_key_is_one_the_api_counts(committed_plans):
+    for stack, doc in committed_plans.items():
         quotas = inputs_of(doc, "kubernetes:core/v1:ResourceQuota")
         assert quotas, stack
         for quota in quotas:

@@ -48,8 +48,8 @@ def pools(doc) -> dict[str, dict[str, Any]]:
 # ------------------------------------------------------------------ clusters and groups
 
 
-def test_one_raycluster_per_training_namespace(plans, team_plan):
-    assert set(clusters(plans["dev"])) == {"ragpool-training"}
+def test_one_raycluster_per_training_namespace(committed_plans, team_plan):
+    assert set(clusters(committed_plans["dev"])) == {"ragpool-training"}
     assert set(clusters(team_plan)) == {"ragpool-training", "ragpool-team-search", "ragpool-team-answers"}
     for ns, cluster in clusters(team_plan).items():
         assert cluster["apiVersion"] == "ray.io/v1" and cluster["metadata"]["name"] == RAY_CLUSTER_NAME
@@ -61,8 +61,8 @@ def test_one_raycluster_per_training_namespace(plans, team_plan):
         assert env["RAGPOOL_RAY_NAMESPACE"] == ns
 
 
-def test_head_schedules_only_and_runs_on_the_system_nodes(plans):
-    head = clusters(plans["prod"])["ragpool-training"]["spec"]["headGroupSpec"]
+def test_head_schedules_only_and_runs_on_the_system_nodes(committed_plans):
+    head = clusters(committed_plans["prod"])["ragpool-training"]["spec"]["headGroupSpec"]
     assert head["rayStartParams"]["num-cpus"] == "0"
     pod = head["template"]["spec"]
     assert pod["nodeSelector"] == {POOL_LABEL: "system"} and "tolerations" not in pod
@@ -72,8 +72,8 @@ def test_head_schedules_only_and_runs_on_the_system_nodes(plans):
     assert container["resources"]["limits"]["memory"] == "4Gi"
 
 
-def test_one_worker_group_per_gpu_pool_sized_from_the_pool(plans, team_plan):
-    for doc in (plans["dev"], plans["prod"], team_plan):
+def test_one_worker_group_per_gpu_pool_sized_from_the_pool(committed_plans, team_plan):
+    for doc in (committed_plans["dev"], committed_plans["prod"], team_plan):
         config_pools = {p["spec"]["template"]["metadata"]["labels"][POOL_LABEL]: p
                         for p in inputs_of(doc, "kubernetes:karpenter.sh/v1:NodePool")}
         for ns, cluster in clusters(doc).items():
@@ -93,7 +93,7 @@ def test_one_worker_group_per_gpu_pool_sized_from_the_pool(plans, team_plan):
                 pool_limit = int(config_pools[name]["spec"]["limits"]["nvidia.com/gpu"])
                 quota = int(inputs_of(doc, "kubernetes:core/v1:ResourceQuota", ns)[0]["spec"]["hard"]["requests.nvidia.com/gpu"])
                 assert group["maxReplicas"] * int(gpus) <= min(pool_limit, quota)
-    prod = {g["groupName"]: g["maxReplicas"] for g in clusters(plans["prod"])["ragpool-training"]["spec"]["workerGroupSpecs"]}
+    prod = {g["groupName"]: g["maxReplicas"] for g in clusters(committed_plans["prod"])["ragpool-training"]["spec"]["workerGroupSpecs"]}
     assert prod == {"gpu-ondemand": 32 // 8, "gpu-spot": 16 // 4}
     search = {g["groupName"]: g["maxReplicas"]
               for g in clusters(team_plan)["ragpool-team-search"]["spec"]["workerGroupSpecs"]}
@@ -114,8 +114,8 @@ def test_ray_max_workers_config_caps_a_pool():
     assert group["maxReplicas"] == 3
 
 
-def test_shm_object_store_and_ray_tmp_are_sized_and_logs_go_to_stderr(plans):
-    spec = clusters(plans["prod"])["ragpool-training"]["spec"]
+def test_shm_object_store_and_ray_tmp_are_sized_and_logs_go_to_stderr(committed_plans):
+    spec = clusters(committed_plans["prod"])["ragpool-training"]["spec"]
     for group in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]:
         pod = group["template"]["spec"]
         volumes = {v["name"]: v for v in pod["volumes"]}
@@ -138,8 +138,8 @@ def test_shm_object_store_and_ray_tmp_are_sized_and_logs_go_to_stderr(plans):
         assert int(limit.removesuffix("Gi")) * 2**30 > shm_bytes
 
 
-def test_every_ray_container_is_restricted_and_runs_as_the_training_user(plans):
-    spec = clusters(plans["prod"])["ragpool-training"]["spec"]
+def test_every_ray_container_is_restricted_and_runs_as_the_training_user(committed_plans):
+    spec = clusters(committed_plans["prod"])["ragpool-training"]["spec"]
     for group in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]:
         pod = group["template"]["spec"]
         for container in pod["containers"]:
@@ -152,9 +152,9 @@ def test_every_ray_container_is_restricted_and_runs_as_the_training_user(plans):
     assert spec["autoscalerOptions"]["resources"]["limits"]["memory"]
 
 
-def test_ray_pods_land_only_where_they_belong(plans):
+def test_ray_pods_land_only_where_they_belong(committed_plans):
     """The scheduler's own predicates over the NodePools' labels and taints and the system nodes'."""
-    for doc in plans.values():
+    for doc in committed_plans.values():
         nodes = {**pools(doc), "system": ({POOL_LABEL: "system"}, [])}
         assert len(nodes) >= 2
         spec = clusters(doc)["ragpool-training"]["spec"]
@@ -318,8 +318,8 @@ def test_network_policy_evaluator_can_say_no(team_plan):
 # ------------------------------------------------------------------ operator, CRDs, metrics, dashboards
 
 
-def test_operator_skips_helm_crds_and_pulumi_applies_the_pinned_ones(plans):
-    doc = plans["prod"]
+def test_operator_skips_helm_crds_and_pulumi_applies_the_pinned_ones(committed_plans):
+    doc = committed_plans["prod"]
     (release,) = [r["inputs"] for r in doc["resources"] if r["type"] == "kubernetes:helm.sh/v3:Release"
                   and r["inputs"]["chart"] == KUBERAY_OPERATOR.chart_ref]
     assert release["version"] == KUBERAY_OPERATOR.version and release["skipCrds"] is True
@@ -352,12 +352,12 @@ def test_team_plan_objects_validate_and_pass_the_policies(team_plan, schemas_dir
     assert [v for v in evaluate(team_plan) if v.enforcement == "mandatory"] == []
 
 
-def test_harness_rejects_a_raycluster_typo(plans, schemas_dir):
+def test_harness_rejects_a_raycluster_typo(committed_plans, schemas_dir):
     import copy
 
     import jsonschema
 
-    cluster = copy.deepcopy(clusters(plans["dev"])["ragpool-training"])
+    cluster = copy.deepcopy(clusters(committed_plans["dev"])["ragpool-training"])
     validate_custom(cluster)
     cluster["spec"]["workerGroupSpecs"][0]["maxReplica"] = 3
     with pytest.raises(jsonschema.ValidationError):
@@ -382,11 +382,11 @@ def test_pod_monitors_have_kuberays_shape_and_match_the_ray_ports(team_plan):
     assert [e["port"] for e in head["podMetricsEndpoints"]] == ["metrics", "as-metrics", "dash-metrics"]
 
 
-def test_ray_dashboards_are_shipped_as_generated(plans):
+def test_ray_dashboards_are_shipped_as_generated(committed_plans):
     from dashboards.boards import ray as ray_boards
 
     shipped = {}
-    for cm in inputs_of(plans["dev"], "kubernetes:core/v1:ConfigMap", "monitoring"):
+    for cm in inputs_of(committed_plans["dev"], "kubernetes:core/v1:ConfigMap", "monitoring"):
         if cm["metadata"]["labels"].get("grafana_dashboard") == "1" and cm["metadata"]["name"].startswith("ragpool-dashboard-ray-"):
             shipped.update(cm["data"])
     assert shipped == ray_boards.committed() and set(shipped) == {"ray-default.json", "ray-train.json"}
@@ -504,12 +504,12 @@ def _env(container: dict) -> dict[str, dict]:
     return {e["name"]: e for e in container.get("env", [])}
 
 
-def test_every_raycluster_runs_with_token_auth_from_its_namespaces_own_secret(plans, team_plan):
+def test_every_raycluster_runs_with_token_auth_from_its_namespaces_own_secret(committed_plans, team_plan):
     from infra.ray_cluster import RAY_AUTH_SECRET
     from infra.worker_jobs import RAY_WORKER_TEMPLATE
     from training.ray.auth import SECRET_ENV, TOKEN_PATH_ENV, TOKEN_SECRET_KEY
 
-    for doc in (plans["dev"], plans["prod"], team_plan):
+    for doc in (committed_plans["dev"], committed_plans["prod"], team_plan):
         namespaces = set(clusters(doc))
         assert namespaces
         for ns, cluster in clusters(doc).items():
@@ -548,7 +548,7 @@ def test_every_raycluster_runs_with_token_auth_from_its_namespaces_own_secret(pl
                         or obj["metadata"]["name"] == RAY_WORKER_TEMPLATE), r["name"]
 
 
-def test_the_ray_token_is_a_pulumi_secret_only_in_secrets_and_never_in_the_plan_or_its_diff(plans, team_plan):
+def test_the_ray_token_is_a_pulumi_secret_only_in_secrets_and_never_in_the_plan_or_its_diff(committed_plans, team_plan):
     from pulumi.runtime import rpc
 
     from infra.plan import PLACEHOLDER_SECRET, SECRET_MASK, _unwrap, load_stack, plan_diff, run_program
@@ -566,14 +566,14 @@ def test_the_ray_token_is_a_pulumi_secret_only_in_secrets_and_never_in_the_plan_
     for r in recorded:
         if r.type in (RAYCLUSTER, CRONJOB) or r.name.startswith("ray-"):
             assert (PLACEHOLDER_SECRET in json.dumps(_unwrap(r.inputs), default=str)) == (r in secrets), r.name
-    for doc in (plans["dev"], plans["prod"], team_plan):
+    for doc in (committed_plans["dev"], committed_plans["prod"], team_plan):
         assert PLACEHOLDER_SECRET not in json.dumps(doc)
         for s in inputs_of(doc, SECRET):
             if s["metadata"]["name"] == RAY_AUTH_SECRET:
                 assert s["stringData"] == {TOKEN_SECRET_KEY: SECRET_MASK}
         for _, obj in kubernetes_objects(doc):  # never a literal token in a container's environment
             assert not [e for e in _dicts(obj) if e.get("name") == TOKEN_ENV and "value" in e], obj["metadata"]
-    diff = plan_diff(plans["prod"], team_plan)
+    diff = plan_diff(committed_plans["prod"], team_plan)
     assert "ray-token-secret-ragpool-team-search" in diff and PLACEHOLDER_SECRET not in diff
 
 

@@ -35,7 +35,7 @@ from training.ports import QUEUE_METRICS_PORT, RANK_METRICS_PORT, RDZV_PORT, RED
 
 NETPOL = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
 NAMESPACE = "kubernetes:core/v1:Namespace"
-STACKS = ("dev", "prod")
+from tests.conftest import STACKS  # noqa: E402
 SCRAPE_PORTS = {QUEUE_METRICS_PORT, *range(RANK_METRICS_PORT, RANK_METRICS_PORT + MAX_RANKS_PER_POD), 9121}
 NCCL_PORT = 43127  # NCCL picks ephemeral ports: any port must be open between workers
 INTERNET = "198.51.100.7"
@@ -212,8 +212,8 @@ def _workers(w: World) -> list[Endpoint]:
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_workers_reach_dns_redis_efs_and_each_other(plans, stack):
-    w = world(plans[stack])
+def test_workers_reach_dns_redis_efs_and_each_other(committed_plans, stack):
+    w = world(committed_plans[stack])
     workers = _workers(w)
     assert workers
     for worker in workers:
@@ -227,9 +227,9 @@ def test_workers_reach_dns_redis_efs_and_each_other(plans, stack):
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_monitoring_reaches_every_scrape_target(plans, stack):
+def test_monitoring_reaches_every_scrape_target(committed_plans, stack):
     """Every (pod, port) a PodMonitor or ServiceMonitor in the plan selects is reachable from Prometheus."""
-    plan, w = plans[stack], world(plans[stack])
+    plan, w = committed_plans[stack], world(committed_plans[stack])
     targets = []
     for r in plan["resources"]:
         if r["type"] == "kubernetes:monitoring.coreos.com/v1:PodMonitor":
@@ -267,9 +267,9 @@ def _expected_ingress(w: World, src: Endpoint, dst: Endpoint, port: int) -> bool
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_training_namespace_admits_exactly_the_needed_flows(plans, stack):
+def test_training_namespace_admits_exactly_the_needed_flows(committed_plans, stack):
     """The ingress matrix into every training pod equals the plain statement of what is needed."""
-    w = world(plans[stack])
+    w = world(committed_plans[stack])
     training = [p for p in w.pods if p.namespace.startswith("ragpool-")]
     sources = [*w.pods, w.dns, w.prometheus, w.stranger, w.internet]
     wrong = []
@@ -286,8 +286,8 @@ def test_training_namespace_admits_exactly_the_needed_flows(plans, stack):
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_training_pods_cannot_reach_what_they_do_not_need(plans, stack):
-    w = world(plans[stack])
+def test_training_pods_cannot_reach_what_they_do_not_need(committed_plans, stack):
+    w = world(committed_plans[stack])
     for pod in (p for p in w.pods if p.namespace.startswith("ragpool-")):
         assert not w.cluster.allows(pod, w.internet, 80), pod.name      # only HTTPS leaves the VPC
         assert not w.cluster.allows(pod, w.stranger, 8080), pod.name
@@ -298,10 +298,10 @@ def test_training_pods_cannot_reach_what_they_do_not_need(plans, stack):
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_keda_and_the_keeper_reach_the_queue_and_nothing_else(plans, stack):
+def test_keda_and_the_keeper_reach_the_queue_and_nothing_else(committed_plans, stack):
     """KEDA's operator reads the ready lists (dev: Valkey; prod: ElastiCache in the VPC, TLS and auth
     token), calls the API server (HTTPS) and is scraped; the keeper talks to the queue only."""
-    w = world(plans[stack])
+    w = world(committed_plans[stack])
     [operator] = w.pod("keda-operator")
     [keeper] = w.pod("workers-keeper")
     redis = w.pod("redis-statefulset")[0] if stack == "dev" else w.private_host
@@ -324,18 +324,18 @@ def test_keda_and_the_keeper_reach_the_queue_and_nothing_else(plans, stack):
         assert not w.cluster.allows(operator, redis, 9121)  # the exporter port stays monitoring's
 
 
-def test_the_matrix_sees_keda_cut_off_from_the_queue(plans):
+def test_the_matrix_sees_keda_cut_off_from_the_queue(committed_plans):
     """Without the policy next to Valkey that admits it, KEDA's operator cannot read the dev queue."""
-    plan = json.loads(json.dumps(plans["dev"]))
+    plan = json.loads(json.dumps(committed_plans["dev"]))
     plan["resources"] = [r for r in plan["resources"] if not (
         r["type"] == NETPOL and r["inputs"]["metadata"]["name"] == "ragpool-redis-from-keda")]
     w = world(plan)
     assert not w.cluster.allows(w.pod("keda-operator")[0], w.pod("redis-statefulset")[0], REDIS_PORT)
 
 
-def test_the_matrix_sees_a_missing_default_deny(plans):
+def test_the_matrix_sees_a_missing_default_deny(committed_plans):
     """Without the default-deny policy the stranger reaches the workers' rendezvous port."""
-    plan = json.loads(json.dumps(plans["dev"]))
+    plan = json.loads(json.dumps(committed_plans["dev"]))
     plan["resources"] = [r for r in plan["resources"] if not (
         r["type"] == NETPOL and r["inputs"]["metadata"]["name"] == "default-deny")]
     w = world(plan)
@@ -382,8 +382,8 @@ def sg_allows(plan: dict, group: str, port: int, *, source_group: str | None = N
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_nodes_reach_efs_and_redis_and_nothing_else_does(plans, stack):
-    plan = plans[stack]
+def test_nodes_reach_efs_and_redis_and_nothing_else_does(committed_plans, stack):
+    plan = committed_plans[stack]
     nodes = _cluster_sg(plan)
     assert sg_allows(plan, "storage-efs-sg", 2049, source_group=nodes)
     assert not sg_allows(plan, "storage-efs-sg", 2049, source_group="sg-elsewhere")
@@ -414,10 +414,10 @@ def _config(stack: str):
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_the_deploy_path_reaches_the_api_endpoint(plans, stack):
+def test_the_deploy_path_reaches_the_api_endpoint(committed_plans, stack):
     """dev: the public endpoint from publicAccessCidrs; prod: the private endpoint from apiAccessCidrs
     (the self-hosted deploy runner in the VPC, a VPN). Nothing else."""
-    plan, cluster = plans[stack], _config(stack).cluster
+    plan, cluster = committed_plans[stack], _config(stack).cluster
     deploy_ranges = cluster.public_access_cidrs if cluster.endpoint_public_access else cluster.api_access_cidrs
     assert deploy_ranges, f"{stack}: no range reaches the API endpoint"
     for cidr in deploy_ranges:
@@ -427,9 +427,9 @@ def test_the_deploy_path_reaches_the_api_endpoint(plans, stack):
     assert not _api_reachable_from(plan, "192.168.77.7")  # a private address outside every allowed range
 
 
-def test_private_endpoint_without_api_access_rule_is_unreachable(plans):
+def test_private_endpoint_without_api_access_rule_is_unreachable(committed_plans):
     """The pre-issue-12 prod plan: private endpoint, cluster security group admitting only itself."""
-    plan = json.loads(json.dumps(plans["prod"]))
+    plan = json.loads(json.dumps(committed_plans["prod"]))
     plan["resources"] = [r for r in plan["resources"]
                          if r["type"] != "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"]
     assert not _api_reachable_from(plan, "10.0.0.5")
@@ -466,13 +466,13 @@ def _ray_pods(plan: dict) -> dict[str, dict[str, list[Endpoint]]]:
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_ray_train_workers_reach_each_other_on_an_ephemeral_port(plans, stack):
+def test_ray_train_workers_reach_each_other_on_an_ephemeral_port(committed_plans, stack):
     """Ray Train worker <-> Ray Train worker on an ephemeral port, within one namespace's cluster;
     nothing else gets those ports (the head keeps Ray's pinned ones)."""
     from infra.training_namespace import RAY_MAX_WORKER_PORT
 
     assert RAY_TRAIN_EPHEMERAL_PORT > RAY_MAX_WORKER_PORT  # outside the range ray-ingress opens
-    w, ray = world(plans[stack]), _ray_pods(plans[stack])
+    w, ray = world(committed_plans[stack]), _ray_pods(committed_plans[stack])
     assert ray, f"{stack}: no RayCluster in the plan"
     for ns, pods in ray.items():
         workers, (head,) = pods["workers"], pods["head"]

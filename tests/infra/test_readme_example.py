@@ -15,9 +15,9 @@ def _block(text: str, marker: str) -> str:
     return m.group(1)
 
 
-def test_readme_plan_diff_example_comes_from_its_config_change(plans):
+def test_readme_plan_diff_example_comes_from_its_config_change(committed_plans):
     readme = (REPO_ROOT / "README.md").read_text()
     change = yaml.safe_load(_block(readme, "plan-diff-example:config"))
     assert set(change) == {"ragpool:gpuPools", "ragpool:prometheusRetention"}
     after = plan("dev", overrides=change)
-    assert _block(readme, "plan-diff-example:diff") == plan_diff(plans["dev"], after)
+    assert _block(readme, "plan-diff-example:diff") == plan_diff(committed_plans["dev"], after)

@@ -26,7 +26,7 @@ from training.scheduler.supervisor import WorkerConfig, build_arg_parser
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = yaml.safe_load((REPO / "infra" / "reference" / "gpu_fault_repair.yaml").read_text())
 RUNBOOK = (REPO / "dashboards" / "RUNBOOK.md").read_text()
-STACKS = ("dev", "prod")
+from tests.conftest import STACKS  # noqa: E402
 
 
 # ------------------------------------------------------------------ detect -> condition -> repair
@@ -145,8 +145,8 @@ def _release_values(plan: dict, chart: str) -> dict:
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_the_plan_turns_every_link_on(plans, stack):
-    plan = plans[stack]
+def test_the_plan_turns_every_link_on(committed_plans, stack):
+    plan = committed_plans[stack]
     karpenter = _release_values(plan, "karpenter")
     assert karpenter["settings"]["featureGates"][REFERENCE["karpenter_node_repair"]["feature_gate"]] is True
     addons = {r["inputs"]["addonName"] for r in plan["resources"] if r["type"] == "aws:eks/addon:Addon"}
@@ -200,8 +200,8 @@ def _worker_templates(plan: dict):
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_a_failed_health_check_fails_the_worker_job_instead_of_retrying(plans, stack):
-    templates = list(_worker_templates(plans[stack]))
+def test_a_failed_health_check_fails_the_worker_job_instead_of_retrying(committed_plans, stack):
+    templates = list(_worker_templates(committed_plans[stack]))
     assert templates
     for name, job in templates:
         policy = job["podFailurePolicy"]
@@ -212,8 +212,8 @@ def test_a_failed_health_check_fails_the_worker_job_instead_of_retrying(plans, s
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_the_worker_job_runs_the_check_with_what_it_requested(plans, stack):
-    for name, job in _worker_templates(plans[stack]):
+def test_the_worker_job_runs_the_check_with_what_it_requested(committed_plans, stack):
+    for name, job in _worker_templates(committed_plans[stack]):
         [container] = job["template"]["spec"]["containers"]
         args = build_arg_parser().parse_args(container["args"])  # the worker accepts the Job's flags
         assert args.health_check_timeout_seconds > 0, name

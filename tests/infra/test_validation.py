@@ -14,8 +14,8 @@ from tests.infra.harness import (
 
 
 @pytest.mark.parametrize("stack", ["dev", "prod"])
-def test_every_kubernetes_object_validates_strictly(plans, schemas_dir, stack):
-    doc = plans[stack]
+def test_every_kubernetes_object_validates_strictly(committed_plans, schemas_dir, stack):
+    doc = committed_plans[stack]
     version = next(r for r in doc["resources"] if r["type"] == "aws:eks/cluster:Cluster")["inputs"]["version"]
     validated = 0
     for resource, obj in kubernetes_objects(doc):
@@ -30,8 +30,8 @@ def test_every_kubernetes_object_validates_strictly(plans, schemas_dir, stack):
 
 
 @pytest.mark.parametrize("stack", ["dev", "prod"])
-def test_every_helm_release_is_pinned_and_its_values_exist_in_the_chart(plans, schemas_dir, stack):
-    releases = list(helm_releases(plans[stack]))
+def test_every_helm_release_is_pinned_and_its_values_exist_in_the_chart(committed_plans, schemas_dir, stack):
+    releases = list(helm_releases(committed_plans[stack]))
     assert releases
     by_ref = {c.chart_ref: (schema_name, c) for schema_name, c in BY_SCHEMA_NAME.items()}
     seen = set()

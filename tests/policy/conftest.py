@@ -1,26 +1,8 @@
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable
 from typing import Any
 
-import pytest
-
-STACKS = ("dev", "prod")
-
-
-@pytest.fixture(scope="session")
-def committed_plans() -> dict[str, dict]:
-    """Offline plans of the committed stacks (the real program under fresh mocks), made once."""
-    from infra.plan import plan
-
-    return {stack: plan(stack) for stack in STACKS}
-
-
-@pytest.fixture
-def plan_of(committed_plans) -> Callable[[str], dict]:
-    """A private deep copy of a committed plan, for tests that mutate it."""
-    return lambda stack: copy.deepcopy(committed_plans[stack])
+from tests.conftest import STACKS  # noqa: F401  (the policy tests import it from here)
 
 
 def find(doc: dict, rtype: str, name: str | None = None) -> dict[str, Any]:
