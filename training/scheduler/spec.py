@@ -200,6 +200,13 @@ class RunSpec:
         """Validate a stored spec again (a worker: against its own ``shared_root`` and environment)."""
         return parse_spec(json.loads(text), source="stored spec", shared_root=shared_root)
 
+    @classmethod
+    def from_validated_json(cls, text: str) -> "RunSpec":
+        """A spec :meth:`to_json` wrote after another process validated it (a gang's index 0 publishes
+        the run it claimed): rebuilt as it was, checked nothing again."""
+        payload = json.loads(text)
+        return cls(**{**payload, "stages": tuple(payload["stages"])})
+
 
 def _key(value: Any) -> str:
     """A mapping key as it appears in a field name (``data.<key>``): itself, or bounded."""

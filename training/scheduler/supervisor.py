@@ -376,8 +376,9 @@ class Worker:
                                 self.config.node_index, key[0])
                     break
                 self.ready.set()
-                # Index 0 validated the spec when it claimed it; the same parse here builds the same command.
-                spec = RunSpec.from_json(group["spec_json"], shared_root=self.config.shared_root)
+                # Index 0 validated the spec when it claimed it and wrote its run.yaml: this pod only builds
+                # its own torchrun command from it.
+                spec = RunSpec.from_validated_json(group["spec_json"])
                 cmd, env = self._command(spec, Path(group["config"]), group["attempt"])
                 # Index 0 holds the lease and heartbeats it: this pod only runs its share.
                 ended = self._supervise(cmd, env, run_id=spec.run_id, attempt=group["attempt"],

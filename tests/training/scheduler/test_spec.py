@@ -33,6 +33,9 @@ def test_valid_spec_normalises_paths_and_round_trips():
                          "qa_eval": "datasets/demo/qa_eval.jsonl"}
     assert spec.stages == STAGES and spec.nodes == 2 and spec.gpus_per_node == 4
     assert RunSpec.from_json(spec.to_json()) == spec
+    assert RunSpec.from_validated_json(spec.to_json()) == spec  # a gang's follower pods rebuild it unchecked
+    ray = parse_spec({"run_id": "r", "stages": ["retriever"], "executor": "ray"}, shared_root=ROOT)
+    assert RunSpec.from_validated_json(ray.to_json()) == ray and ray.executor == "ray"
     assert parse_spec_text(json.dumps(GOOD), shared_root=ROOT) == spec
     assert parse_spec_text(yaml.safe_dump(GOOD), shared_root=ROOT) == spec
 
