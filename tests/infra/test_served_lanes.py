@@ -93,8 +93,9 @@ def test_submit_refuses_what_the_namespace_has_no_worker_for(runs, namespace, fi
 
 def test_pool_gpus(runs):
     assert parse_pool_gpus(runs["dev"][1]["poolGpus"]) == {"gpu-spot": PoolGpus(1, 24.0)}  # g5, g6: 24 GiB
-    # prod: p4d and g6e have no AWS figure recorded, so both pools skip the memory check.
-    assert parse_pool_gpus(runs["prod"][1]["poolGpus"]) == {"gpu-ondemand": PoolGpus(8, None),
+    # prod: gpu-ondemand is p4d (40) and p5 (80): the smaller counts; g6e has no AWS figure recorded, so the
+    # spot pool skips the memory check.
+    assert parse_pool_gpus(runs["prod"][1]["poolGpus"]) == {"gpu-ondemand": PoolGpus(8, 40.0),
                                                            "gpu-spot": PoolGpus(4, None)}
 
 
@@ -105,10 +106,11 @@ def test_gpu_memory_reference_is_complete_and_sourced():
     assert set(doc["families"]) <= set(GPU_INSTANCE_FAMILIES)
     for family, entry in doc["families"].items():
         assert entry["source"] in doc["sources"], family
-        assert doc["sources"][entry["source"]]["url"].startswith(("https://docs.aws.amazon.com/", "https://docs.amazonaws.cn/")), family
+        assert doc["sources"][entry["source"]]["url"].startswith(("https://docs.aws.amazon.com/", "https://docs.amazonaws.cn/",
+                                                                   "https://aws.amazon.com/blogs/")), family
         assert entry["evidence"] and entry["per_gpu_gib"] > 0, family
     missing = set(GPU_INSTANCE_FAMILIES) - set(doc["families"])
     header = REFERENCE.read_text().split("sources:")[0]
     assert all(f in header for f in missing), f"say why these are not listed: {sorted(missing)}"
     assert family_gpu_memory_gib()["p5e"] == 141 and gpu_memory_gib("g5.48xlarge") == 24
-    assert gpu_memory_gib("p4d.24xlarge") is None
+    assert gpu_memory_gib("p4d.24xlarge") == 40 and gpu_memory_gib("g6e.12xlarge") is None
