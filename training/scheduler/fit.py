@@ -10,8 +10,9 @@ Two facts of the stack reach the submitter as environment variables, each from a
   but no ``n<N>`` gang of that size) or ``executor`` (no ray lane), the namespace and the lanes it has.
 - ``RAGPOOL_POOL_GPUS`` (:data:`POOL_GPUS_ENV`; stack output ``poolGpus``): per GPU pool, the GPUs of
   one worker pod and the memory of one GPU (the smallest among the pool's instance types,
-  infra/reference/gpu_memory.yaml): ``gpu-spot=1x24,gpu-ondemand=8x80``; a pool with an instance family
-  whose GPU memory is not recorded has no ``x<GiB>`` (``gpu-x=8``). A training stage whose model's
+  infra/reference/gpu_memory.yaml): ``gpu-spot=1:24GiB,gpu-ondemand=8:80GiB``; a pool with an instance
+  family whose GPU memory is not recorded has no ``:<N>GiB`` (``gpu-x=8``). (Not ``x``: in
+  ``RAGPOOL_RAY_POOLS`` ``GPUSxNODES`` multiplies GPUs by nodes.) A training stage whose model's
   state per rank cannot fit that memory (training/rank_memory.py) is refused, exit 2, naming the
   stage's ``parallelism.strategy`` key and the arithmetic. It is skipped, with a note, when the pool's
   memory is unknown or the model directory cannot be read from the submitting machine; the packaged
@@ -34,10 +35,10 @@ from training.scheduler.lanes import SERVED_LANES_ENV, LaneError, declared_lanes
 from training.scheduler.spec import RunSpec, _spec_field
 
 POOL_GPUS_ENV = "RAGPOOL_POOL_GPUS"
-"""Submitter environment: ``pool=GPUSxGiB`` per GPU pool, comma-separated, in the stack's pool order
-(first = default pool), ``xGiB`` left out when the pool's GPU memory is not known (the stack output
-``poolGpus``)."""
-_ITEM = re.compile(r"([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)=([1-9][0-9]{0,3})(?:x([0-9]+(?:\.[0-9]+)?))?")
+"""Submitter environment: ``pool=GPUS:<N>GiB`` per GPU pool (GPUs of one worker pod, GiB of one GPU),
+comma-separated, in the stack's pool order (first = default pool), ``:<N>GiB`` left out when the pool's
+GPU memory is not known (the stack output ``poolGpus``)."""
+_ITEM = re.compile(r"([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)=([1-9][0-9]{0,3})(?::([0-9]+(?:\.[0-9]+)?)GiB)?")
 
 
 class FitError(ValueError):
@@ -55,21 +56,21 @@ class PoolGpus:
 
 
 def parse_pool_gpus(text: str) -> dict[str, PoolGpus]:
-    """``"a=1x24,b=8"`` -> ``{"a": PoolGpus(1, 24.0), "b": PoolGpus(8, None)}`` in that order."""
+    """``"a=1:24GiB,b=8"`` -> ``{"a": PoolGpus(1, 24.0), "b": PoolGpus(8, None)}`` in that order."""
     out: dict[str, PoolGpus] = {}
     for item in (part.strip() for part in text.split(",")):
         if not item:
             continue
         m = _ITEM.fullmatch(item)
         if not m:
-            raise FitError(f"{POOL_GPUS_ENV}: {item[:80]!r} is not pool=GPUSxGiB (e.g. gpu-spot=1x24) or pool=GPUS")
+            raise FitError(f"{POOL_GPUS_ENV}: {item[:80]!r} is not pool=GPUS:<N>GiB (e.g. gpu-spot=1:24GiB) or pool=GPUS")
         out[m.group(1)] = PoolGpus(int(m.group(3)), float(m.group(4)) if m.group(4) else None)
     return out
 
 
 def format_pool_gpus(pools: Mapping[str, PoolGpus]) -> str:
     """The :data:`POOL_GPUS_ENV` value of ``pools`` (what :func:`parse_pool_gpus` reads back), in their order."""
-    return ",".join(f"{name}={p.gpus}" + (f"x{p.gib:g}" if p.gib is not None else "") for name, p in pools.items())
+    return ",".join(f"{name}={p.gpus}" + (f":{p.gib:g}GiB" if p.gib is not None else "") for name, p in pools.items())
 
 
 def declared_pool_gpus(environ: Mapping[str, str] | None = None) -> dict[str, PoolGpus] | None:

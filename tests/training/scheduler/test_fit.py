@@ -105,7 +105,7 @@ def generator_run(run_id: str, model: str, strategy: str, nodes: int = 1) -> str
 
 
 def test_a_7b_model_with_ddp_on_a_24_gib_pool_is_refused_with_the_arithmetic(submit, tmp_path):
-    env = {POOL_GPUS_ENV: "gpu-spot=1x24", POOLS_ENV: "gpu-spot", SERVED_LANES_ENV: SERVED + ",torchrun.n8"}
+    env = {POOL_GPUS_ENV: "gpu-spot=1:24GiB", POOLS_ENV: "gpu-spot", SERVED_LANES_ENV: SERVED + ",torchrun.n8"}
     err = refused(submit(generator_run("big-ddp", llama_7b(tmp_path), "ddp"), **env),
                   "hyperparameters.generator.parallelism.strategy")
     # 6,738,149,376 parameters x 16 B = 100.4 GiB per rank against 90 % of 24 GiB.
@@ -128,10 +128,18 @@ def test_unknown_gpu_memory_or_an_unreadable_model_skips_with_a_note(submit, tmp
     assert code == 0 and queued, err
     assert "note: memory check of generator skipped: pool 'gpu-spot' has an instance family whose GPU memory " \
            "is not recorded" in err
-    code, err, queued = submit(generator_run("u2", "models/not-here", "ddp"), **{POOL_GPUS_ENV: "gpu-spot=1x24"})
+    code, err, queued = submit(generator_run("u2", "models/not-here", "ddp"), **{POOL_GPUS_ENV: "gpu-spot=1:24GiB"})
     assert code == 0 and queued and "cannot read the size of" in err, err
     code, err, queued = submit(generator_run("u3", "models/llama-7b", "ddp"))
     assert code == 0 and queued and "note" not in err, "unset: not checked (as before)"
+
+
+def test_a_malformed_pool_gpus_refuses_the_submit_naming_the_variable(submit, tmp_path):
+    llama_7b(tmp_path)
+    # The old GPUSxGiB form: in RAGPOOL_RAY_POOLS x multiplies GPUs by nodes, so it is no longer read.
+    err = refused(submit(generator_run("m1", "models/llama-7b", "ddp"), **{POOL_GPUS_ENV: "gpu-spot=1x24"}),
+                  "(environment)")
+    assert f"{POOL_GPUS_ENV}: 'gpu-spot=1x24' is not pool=GPUS:<N>GiB (e.g. gpu-spot=1:24GiB)" in err
 
 
 def test_the_arithmetic():
@@ -163,10 +171,11 @@ def test_safetensors_headers_give_the_exact_count(tmp_path):
 
 def test_pool_gpus_round_trip_and_bad_values():
     pools = {"gpu-spot": PoolGpus(1, 24.0), "gpu-big": PoolGpus(8, None), "h200": PoolGpus(8, 141.0)}
-    assert format_pool_gpus(pools) == "gpu-spot=1x24,gpu-big=8,h200=8x141"
+    assert format_pool_gpus(pools) == "gpu-spot=1:24GiB,gpu-big=8,h200=8:141GiB"
     assert parse_pool_gpus(format_pool_gpus(pools)) == pools
     assert list(parse_pool_gpus("b=1,a=2")) == ["b", "a"], "order kept: the first is the default pool"
-    for bad in ("gpu-spot", "gpu-spot=0x24", "Gpu=1x24", "gpu=1x", "gpu=1x24GiB"):
+    for bad in ("gpu-spot", "gpu-spot=0:24GiB", "Gpu=1:24GiB", "gpu=1:", "gpu=1:24", "gpu=1:GiB",
+                "gpu=1:24gib", "gpu=1x24", "gpu=1:24GiBx"):  # the old GPUSxGiB form too: x means nodes elsewhere
         with pytest.raises(FitError, match=POOL_GPUS_ENV):
             parse_pool_gpus(bad)
 
@@ -187,7 +196,7 @@ def test_a_ray_stage_is_checked_on_its_own_pool_and_workers(tmp_path, monkeypatc
                                                "run": {"ray.generator.pool": "gpu-spot", "ray.generator.gpus": 1,
                                                        "ray.generator.workers": workers}}}, shared_root=root)
 
-    env = {POOL_GPUS_ENV: "gpu-big=8x80,gpu-spot=1x24"}  # the default pool does not matter: the stage names its own
+    env = {POOL_GPUS_ENV: "gpu-big=8:80GiB,gpu-spot=1:24GiB"}  # the default pool does not matter: the stage names its own
     problems, notes = memory_problems(ray_run("ddp", 8), root, env)
     assert [k for k, _ in problems] == ["hyperparameters.generator.parallelism.strategy"] and not notes
     assert "pool 'gpu-spot'" in problems[0][1] and "100.4 GiB per rank" in problems[0][1]
