@@ -512,7 +512,9 @@ def test_preview_job_warns_when_kubernetes_is_not_previewed_against_the_cluster(
 
 FAKE_PYTHON = r'''#!{python}
 """$PYTHON for .ci/plan-diff.sh: `-m infra.cli plan` copies a prepared plan (side.txt in the
-working directory says base or head); everything else is the real module of this repository."""
+working directory says base or head); with FAKE_CHECKS set, the per-stack checks (plan-diff,
+policy.offline, policy.cel_eval) print FAKE_CHECKS_LINE instead of running; everything else is the
+real module of this repository."""
 import os, shutil, sys
 args = sys.argv[1:]
 if args[:3] == ["-m", "infra.cli", "plan"]:
@@ -520,13 +522,23 @@ if args[:3] == ["-m", "infra.cli", "plan"]:
     side = open("side.txt").read().strip()
     shutil.copy(os.path.join(os.environ["FAKE_PLANS"], f"{side}-{stack}.json"), out)
     sys.exit(0)
+if os.environ.get("FAKE_CHECKS") and (args[:3] == ["-m", "infra.cli", "plan-diff"]
+                                      or args[:2] in (["-m", "policy.offline"], ["-m", "policy.cel_eval"])):
+    print({fake_line!r})
+    sys.exit(0)
 os.environ["PYTHONPATH"] = {repo!r}
 os.execv(sys.executable, [sys.executable, *args])
 '''
 
 
-def _run_plan_diff(tmp_path: Path, base: dict, head: dict, preview_on: tuple[str, ...] = ()):
-    """.ci/plan-diff.sh between two commits of a scratch repository whose plans are ``base``/``head``."""
+FAKE_CHECKS_LINE = "(per-stack check not run: FAKE_CHECKS)"
+
+
+def _run_plan_diff(tmp_path: Path, base: dict, head: dict, preview_on: tuple[str, ...] = (),
+                   fake_checks: bool = False):
+    """.ci/plan-diff.sh between two commits of a scratch repository whose plans are ``base``/``head``;
+    ``fake_checks``: the per-stack plan-diff and policy checks print :data:`FAKE_CHECKS_LINE` instead of
+    running (``infra.cli config preview``, which writes the comment's first lines, still runs for real)."""
     root = _stack_root(tmp_path, preview_on)
     (root / ".ci").mkdir()
     shutil.copy(REPO / ".ci" / "plan-diff.sh", root / ".ci" / "plan-diff.sh")
@@ -536,7 +548,8 @@ def _run_plan_diff(tmp_path: Path, base: dict, head: dict, preview_on: tuple[str
         for stack, doc in docs.items():
             (plans / f"{side}-{stack}.json").write_text(json.dumps(doc))
     fake = tmp_path / "fake-python"
-    fake.write_text(FAKE_PYTHON.replace("{python}", sys.executable).replace("{repo!r}", repr(str(REPO))))
+    fake.write_text(FAKE_PYTHON.replace("{python}", sys.executable).replace("{repo!r}", repr(str(REPO)))
+                    .replace("{fake_line!r}", repr(FAKE_CHECKS_LINE)))
     fake.chmod(0o755)
     git = ["git", "-c", "user.name=ci", "-c", "user.email=ci@example.invalid", "-c", "commit.gpgsign=false"]
     subprocess.run([*git, "init", "-q"], cwd=root, check=True)
@@ -546,7 +559,8 @@ def _run_plan_diff(tmp_path: Path, base: dict, head: dict, preview_on: tuple[str
         subprocess.run([*git, "commit", "-q", "-m", side], cwd=root, check=True)
     out = tmp_path / "out"
     proc = subprocess.run(["bash", ".ci/plan-diff.sh", "HEAD~1", str(out)], cwd=root, capture_output=True, text=True,
-                          env={**os.environ, "PYTHON": str(fake), "FAKE_PLANS": str(plans)}, timeout=600)
+                          env={**os.environ, "PYTHON": str(fake), "FAKE_PLANS": str(plans),
+                               "FAKE_CHECKS": "1" if fake_checks else ""}, timeout=600)
     return proc, (out / "comment.md").read_text()
 
 
@@ -574,17 +588,21 @@ def test_plan_diff_fails_on_a_forbidden_crd_transition_and_names_the_rule(tmp_pa
     assert comment.count("**CRD transition rules: 0 violation(s)") == 2
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("preview_on", "first_line"), [
     ((), "> :warning: **Kubernetes objects were not previewed against the cluster** for dev, prod: "),
     (("prod",), "> :warning: **Kubernetes objects were not previewed against the cluster** for dev: "),
     (("dev", "prod"), "### Offline plan diff"),
 ])
-def test_plan_diff_comment_first_line_says_when_kubernetes_was_not_previewed(tmp_path, committed_plans,
-                                                                             preview_on, first_line):
+def test_plan_diff_comment_first_line_says_when_kubernetes_was_not_previewed(tmp_path, preview_on, first_line):
+    """The first lines come from the real ``infra.cli config preview`` of the scratch stack files, written
+    before the per-stack loop: that loop's checks are faked (the tests above run them for real)."""
     (tmp_path / "x").mkdir()
-    proc, comment = _run_plan_diff(tmp_path / "x", committed_plans, committed_plans, preview_on)
+    empty = {stack: {"project": "ragpool", "stack": stack, "resources": []} for stack in ("dev", "prod")}
+    proc, comment = _run_plan_diff(tmp_path / "x", empty, empty, preview_on, fake_checks=True)
     assert proc.returncode == 0, proc.stderr + comment
+    # The script went on past the header into both stacks' sections, with the faked checks.
+    assert "\n#### dev\n" in comment and "\n#### prod\n" in comment, comment
+    assert comment.count(f"Policy check: **{FAKE_CHECKS_LINE}**") == 2, comment
     marker, visible = comment.splitlines()[:2]
     assert marker == MARKER
     assert visible.startswith(first_line), visible
