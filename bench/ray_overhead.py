@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     temp = tempfile.mkdtemp(prefix="rgb", dir="/tmp")
     t0 = time.monotonic()
     # Dashboard on (as on a KubeRay head): its State API lets Ray Train release the trials Tune stops.
-    ray.init(num_cpus=2, include_dashboard=True, dashboard_port=free_port(), _temp_dir=temp, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=True, dashboard_port=free_port(), _temp_dir=temp, log_to_driver=False)
     ray_start_s = time.monotonic() - t0
     try:
         ray_s = {}

@@ -83,7 +83,11 @@ def connect(cfg: RunConfig, **local: Any) -> None:
     if address:
         ray.init(address=address, log_to_driver=True)
     else:
-        ray.init(include_dashboard=False, log_to_driver=True, **local)
+        # "local": always a new local Ray. Without an address ray.init() first looks for a running one (Ray 2.58
+        # ray/_private/services.py canonicalize_bootstrap_address -> get_ray_address_from_environment: the GCS
+        # processes on the machine), so it would join someone else's cluster, or fail with "Found multiple active
+        # Ray instances" when there are two.
+        ray.init(address="local", include_dashboard=False, log_to_driver=True, **local)
 
 
 def _nodes() -> list[dict[str, Any]]:

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -23,8 +26,11 @@ from tests.support.waits import wait_for
 from tests.training.ray.conftest import needs_ray, ray_env
 from training import exit_codes
 from training.demo import synthetic
+from training.paths import child_env
 
-pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[3]
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
 needs_ray()
 
 POOL = "gpu-spot"
@@ -42,6 +48,34 @@ def ray_head():
     yield head
     head.stop()
     assert not head.pids(), "processes of the stopped Ray head are still running"
+
+
+LOCAL_START = """
+import sys, types
+import ray
+from training.ray.driver import connect
+connect(types.SimpleNamespace(ray=types.SimpleNamespace(address="")), num_cpus=1)
+print(ray.get_runtime_context().gcs_address)
+ray.shutdown()
+"""
+
+
+def test_a_run_without_a_ray_address_starts_its_own_ray_and_never_joins_another_on_the_machine(ray_head, tmp_path):
+    """With no ``ray.address`` and no RAY_ADDRESS, the driver starts a local Ray even while another Ray (this
+    module's head) runs on the machine and is the one `ray start` last recorded (``<RAY_TMPDIR>/ray/
+    ray_current_cluster``, what a bare ``ray.init()`` joins: Ray 2.58 services.get_ray_address_from_environment)."""
+    env = {k: v for k, v in child_env().items() if k != "RAY_ADDRESS"}
+    temp = tempfile.mkdtemp(prefix="rgr", dir="/tmp")  # Ray's socket paths must stay short
+    (Path(temp) / "ray").mkdir()
+    (Path(temp) / "ray" / "ray_current_cluster").write_text(ray_head.gcs_address)
+    try:
+        out = subprocess.run([sys.executable, "-c", LOCAL_START], cwd=REPO, capture_output=True, text=True,
+                             env={**env, "RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": temp}, timeout=180)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    started = out.stdout.strip().splitlines()[-1]
+    assert started.rsplit(":", 1)[1] != str(ray_head.gcs_port), (started, ray_head.gcs_address)
 
 
 @pytest.fixture
