@@ -29,3 +29,21 @@ def ray_temp_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def needs_ray() -> None:
     pytest.importorskip("ray", reason="the ray extra is not installed (pip install '.[ray]')")
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One in-process local Ray (2 CPUs) for the test module that asks for it (test_driver.py); stopped after."""
+    import shutil
+
+    from training.ports import free_port
+
+    ray_env()
+    import ray
+
+    temp = ray_temp_dir(None)
+    # The dashboard serves the State API Ray Train's placement-group cleaner needs when Tune stops a trial.
+    ray.init(address="local", num_cpus=2, include_dashboard=True, dashboard_port=free_port(), _temp_dir=temp, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+    shutil.rmtree(temp, ignore_errors=True)

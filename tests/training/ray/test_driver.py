@@ -12,13 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.training import run_stage_process, write_run
-from training.ports import free_port
-from tests.training.ray.conftest import needs_ray, ray_env, ray_temp_dir
+from tests.support.training import run_stage_process, step_losses, write_run
+from tests.training.ray.conftest import needs_ray
 from training.config import load_run_config
 from training.demo import synthetic
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.torch_multiproc]
 needs_ray()
 
 GEN_TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
@@ -40,19 +39,6 @@ def shared(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("shared")
     synthetic.write(root / "datasets" / "synthetic", seed=5, n_entities=12)
     return root
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray_env()
-    import ray
-
-    temp = ray_temp_dir(None)
-    # The dashboard serves the State API Ray Train's placement-group cleaner needs when Tune stops a trial.
-    ray.init(num_cpus=2, include_dashboard=True, dashboard_port=free_port(), _temp_dir=temp, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-    shutil.rmtree(temp, ignore_errors=True)
 
 
 def _drive(config: Path, *overrides: str) -> int:
@@ -162,3 +148,50 @@ def test_tune_search_writes_the_trial_table_and_the_best_config(shared, tiny_enc
     assert trials[0]["mrr"] == max(r["mrr"] for r in trials)
     # Each trial checkpointed like a normal stage, in its own directory.
     assert len([p for p in tune_dir.glob("*/retriever/checkpoints") if any(p.iterdir())]) == 4
+
+
+# ------------------------------------------------------------------ strategy: fsdp under Ray Train
+# The Ray Train path with generator.parallelism.strategy: fsdp against torchrun's (2 ranks each, CPU): the same
+# stage marker keys and fingerprint, checkpoint and model layout (one DCP shard file per rank), and the same
+# training (per-step loss within 1e-4 relative). Shares the module's Ray (was tests/training/ray/test_fsdp_ray.py).
+
+FSDP_TINY = {"arch": "llama", "hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64}
+
+
+def _fsdp_sections(encoder: Path) -> dict:
+    return dict(stages=["generator"],
+                retriever={"model": str(encoder), "max_length": 32},
+                index={"use_finetuned": False},
+                generator={"tiny": FSDP_TINY, "max_length": 96, "global_batch_size": 8, "max_steps": 4,
+                           "optim": {"lr": 3e-3, "warmup_steps": 2}, "parallelism": {"strategy": "fsdp"}},
+                checkpoint={"every_steps": 2, "keep_latest_k": 2},
+                ray={"placement_timeout_s": 120, "generator": {"workers": 2}, "prepare": {"workers": 1}})
+
+
+def _stage_layout(stage_dir: Path) -> set[str]:
+    return {str(p.relative_to(stage_dir)) for p in stage_dir.rglob("*") if ".tmp" not in p.name}
+
+
+def test_ray_train_fsdp_matches_torchrun(tmp_path, tiny_encoder_no_dropout, local_ray) -> None:
+    from training.ray import driver
+
+    synthetic.write(tmp_path / "datasets" / "synthetic", seed=3, n_entities=12)
+    base = write_run(tmp_path, "base", **{**_fsdp_sections(tiny_encoder_no_dropout), "stages": ["index"]})
+    out = run_stage_process("index", base, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    for run_id in ("via-torchrun", "via-ray"):
+        shutil.copytree(tmp_path / "runs" / "base" / "index", tmp_path / "runs" / run_id / "index")
+    out = run_stage_process("generator", write_run(tmp_path, "via-torchrun", **_fsdp_sections(tiny_encoder_no_dropout)), nproc=2)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert driver.main(["--config", str(write_run(tmp_path, "via-ray", **_fsdp_sections(tiny_encoder_no_dropout)))]) == 0
+
+    t_dir, r_dir = (tmp_path / "runs" / r / "generator" for r in ("via-torchrun", "via-ray"))
+    t_marker, r_marker = (json.loads((d / "_COMPLETE").read_text()) for d in (t_dir, r_dir))
+    assert set(r_marker) == set(t_marker) and r_marker["steps"] == 4
+    assert r_marker["config_fingerprint"] == t_marker["config_fingerprint"]
+    assert _stage_layout(r_dir) == _stage_layout(t_dir)
+    assert {"checkpoints/step_000004/dcp/__0_0.distcp", "checkpoints/step_000004/dcp/__1_0.distcp",
+            "model/model.safetensors"} <= _stage_layout(r_dir)
+    t_loss, r_loss = step_losses(t_dir), step_losses(r_dir)
+    assert sorted(r_loss) == [1, 2, 3, 4]
+    assert all(r_loss[s] == pytest.approx(t_loss[s], rel=1e-4) for s in t_loss), (t_loss, r_loss)
