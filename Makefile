@@ -49,11 +49,19 @@ policy-check: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 
+# pytest-xdist: WORKERS processes share the tests (on 2 cores most tests wait on subprocesses, servers
+# and sockets, so 3 keep both cores busy); --dist loadscope hands out whole modules (tests/conftest.py: the Ray modules, the reports modules
+# as one unit). `make test WORKERS=0` runs them in this process, one at a time.
+WORKERS ?= 3
+# The inner loop: unit tests only, none that starts a server (redis-server, Ray) or training processes, nor
+# runs the Pulumi program (infra: each plan is the program in a fresh interpreter; `make test` runs them).
+FAST   := not slow and not redis and not ray and not torch_multiproc and not e2e and not infra
+
 test: setup lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(WORKERS) --dist loadscope
 
 test-fast: setup
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -n $(WORKERS) --dist loadscope -m "$(FAST)"
 
 bench: setup
 	$(PY) bench/plan_speed.py

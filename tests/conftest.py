@@ -9,6 +9,9 @@ import pytest
 
 pytest_plugins = ["tests.support.redis_fixtures", "tests.support.ci_skips"]
 
+REDIS_FIXTURES = frozenset({"redis_server", "make_queue", "own_redis", "sentinel_group"})
+"""Fixtures of tests/support/redis_fixtures.py that start a real redis-server: a test using one is marked ``redis``."""
+
 STACKS = ("dev", "prod")
 """The committed stacks (Pulumi.<stack>.yaml)."""
 
@@ -26,3 +29,59 @@ def committed_plans() -> dict[str, dict]:
 def plan_of(committed_plans) -> Callable[[str], dict]:
     """A private deep copy of a committed plan, for tests that mutate it."""
     return lambda stack: copy.deepcopy(committed_plans[stack])
+
+
+HEAVY_FIRST = ("ray", "torch_multiproc", "e2e", "slow")
+"""Under xdist, modules whose tests carry one of these markers are handed out first (in this order), so the
+longest ones start at once instead of forming the suite's tail."""
+
+SHARED_SCOPES = {
+    "ray": ("tests/training/ray/test_driver.py", "tests/training/ray/test_from_zero.py",
+            "tests/training/ray/test_placement.py", "tests/training/ray/test_queue_ray.py"),
+    "reports": ("tests/training/reports/test_logs.py", "tests/training/reports/test_report.py"),
+}
+"""Test modules that share one xdist worker, run one after another: the modules starting a local Ray (each
+cluster is its own: ``ray.init(address="local")``, explicit addresses, own temp dirs and free ports, so they
+could run side by side, but on 2 cores two Ray clusters with training workers only slow each other: measured
+15 min 48 s for the suite against 14 min 31 s one after another), and modules sharing a session fixture (the
+reports tests' one finished run). A ``ray`` test outside ``SHARED_SCOPES["ray"]`` is refused at collection."""
+
+_SCOPE_OF = {module: scope for scope, modules in SHARED_SCOPES.items() for module in modules}
+
+
+def xdist_scope(nodeid: str) -> str:
+    """The unit xdist hands to one worker: the test's module, or the shared scope that module belongs to."""
+    module = nodeid.split("::", 1)[0]
+    return _SCOPE_OF.get(module, module)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadscope`` (what ``make test`` runs) with :func:`xdist_scope` as the scope: each module is one
+    unit, so a module's expensive ``scope="module"`` fixture (a finished run, a Ray cluster) is built once, in one
+    worker, and ``SHARED_SCOPES`` keep their modules together. (xdist's own ``loadgroup`` cannot be used: with
+    pytest 9.2 its ``xdist_group`` marker no longer reaches the node ids it schedules by.)"""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScopes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+    return ModuleScopes(config, log)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Markers that say what a test needs (``redis`` from the fixtures it uses), and modules ordered heaviest
+    first (``HEAVY_FIRST``; each module's tests stay together and in order): the order xdist hands them out."""
+    rank: dict[str, int] = {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        if REDIS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.redis)
+        if item.get_closest_marker("ray") is not None and xdist_scope(item.nodeid) != "ray":
+            raise pytest.UsageError(f"{module} starts Ray (marker ray) but is not in SHARED_SCOPES['ray'] "
+                                    "(tests/conftest.py): add it")
+        weight = next((i for i, m in enumerate(HEAVY_FIRST) if item.get_closest_marker(m)), len(HEAVY_FIRST))
+        rank[module] = min(rank.get(module, weight), weight)
+    items.sort(key=lambda item: rank[item.nodeid.split("::", 1)[0]])

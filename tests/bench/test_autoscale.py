@@ -29,6 +29,7 @@ def test_a_non_integer_polling_interval_is_refused(capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 @requires_redis
 def test_the_smoke_run_prints_its_settings_figures_and_goals(tmp_path):
     out = subprocess.run([sys.executable, "-m", "bench.autoscale", "--smoke", "--out", str(tmp_path)],

@@ -116,6 +116,8 @@ def test_the_gpu_bench_refuses_without_a_gpu(capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.torch_multiproc
+@pytest.mark.e2e
 def test_the_smoke_run_resumes_bit_exact_after_a_lost_node(tmp_path):
     out = subprocess.run([sys.executable, "-m", "bench.recovery", "--smoke", "--out", str(tmp_path)],
                          cwd=REPO, capture_output=True, text=True, timeout=1500)

@@ -7,7 +7,7 @@ import torch
 
 from tests.support.training import load_params, run_stage_process, write_run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.torch_multiproc]
 
 
 def _retriever_run(shared, encoder, run_id, nproc, gather=True, **sections):

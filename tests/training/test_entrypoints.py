@@ -9,7 +9,7 @@ import pytest
 from training.exit_codes import BAD_INPUT
 from tests.support.training import run_stage_process, write_run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.torch_multiproc]
 
 
 def test_unknown_key_exits_2_naming_it(shared_root) -> None:

@@ -20,7 +20,7 @@ from tests.support.training import (RESUME_FAULT_ENV, assert_sigkill_resume_is_b
                                     step_losses, write_run)
 from tests.support.training import indexed_root as build_indexed_root
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.torch_multiproc]
 
 TINY = {"arch": "llama", "hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64}
 

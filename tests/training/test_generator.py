@@ -17,7 +17,7 @@ import torch
 from tests.support.training import assert_sigkill_resume_is_bit_exact, load_params, run_stage_process, write_run
 from tests.support.training import indexed_root as build_indexed_root
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.torch_multiproc]
 
 
 @pytest.fixture(scope="module")

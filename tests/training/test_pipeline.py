@@ -10,7 +10,7 @@ import pytest
 from training.demo import synthetic
 from tests.support.training import run_stage_process, write_run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.torch_multiproc, pytest.mark.e2e]
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from tests.support.waits import wait_for
 from tests.support.training import REPO, RESUME_FAULT_ENV, stage_env, load_params, run_stage_process, stage_cmd, write_run
 from training.ports import free_port
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.torch_multiproc]
 
 
 def _spec(shared, run_id, encoder, **retriever):

@@ -233,6 +233,7 @@ def test_manifest_sizes_and_crcs_computed_while_writing_are_those_of_the_files(t
 
 
 @pytest.mark.slow
+@pytest.mark.torch_multiproc
 def test_saved_by_2_loads_on_1_and_back_on_2(tmp_path) -> None:
     for mode, nproc in (("train-save", 2), ("load-save", 1), ("load-save", 2)):
         out = _torchrun(mode, tmp_path, nproc)
@@ -245,6 +246,7 @@ def test_saved_by_2_loads_on_1_and_back_on_2(tmp_path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.torch_multiproc
 @pytest.mark.parametrize("crash", ["crash-in-save", "crash-in-async-save"])
 def test_sigkill_during_dcp_save_leaves_the_previous_checkpoint(tmp_path, crash: str) -> None:
     out = _torchrun("train-save", tmp_path, 2)
@@ -261,6 +263,7 @@ def test_sigkill_during_dcp_save_leaves_the_previous_checkpoint(tmp_path, crash:
 
 
 @pytest.mark.slow
+@pytest.mark.torch_multiproc
 def test_async_dcp_save_writes_while_training_steps_and_commits_the_state_it_started_at(tmp_path) -> None:
     """The writer thread's ``write_data`` waits (up to OVERLAP_WAIT_S) for the training thread to finish a
     step after the save started: a blocking save would time out there. The committed step-2 checkpoint,
@@ -279,6 +282,7 @@ def test_async_dcp_save_writes_while_training_steps_and_commits_the_state_it_sta
 
 
 @pytest.mark.slow
+@pytest.mark.torch_multiproc
 def test_a_corrupt_shard_is_found_by_the_rank_that_reads_it_and_the_previous_checkpoint_loads(tmp_path) -> None:
     """Ranks split the CRC reading of a sharded checkpoint; a shard only rank 1 reads is corrupt
     (same size, one byte flipped): every rank skips that checkpoint and loads the one before."""

@@ -125,6 +125,7 @@ def test_tied_and_small_tables_are_left_dense() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.torch_multiproc
 def test_gather_with_grad_gives_the_global_gradient(tmp_path: Path) -> None:
     """Under torchrun: d(mean loss over ranks)/dx via all_gather_with_grad equals the single-process gradient."""
     script = tmp_path / "gather_check.py"

@@ -22,7 +22,7 @@ from tests.training.ray.conftest import needs_ray, ray_env
 from tests.training.ray.test_driver import _layout, _sections
 from training.demo import synthetic
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
 needs_ray()
 
 POOL_A = "pool-a"

@@ -19,7 +19,7 @@ from tests.training.ray.conftest import needs_ray, ray_env, ray_temp_dir
 from training.config import RayStageConfig
 from training.ray.placement import POOL_LABEL, PlacementError, bundle_nodes, plan, reserved, strategy_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
 needs_ray()
 
 

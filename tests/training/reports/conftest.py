@@ -1,4 +1,5 @@
-"""One real short run (retriever, index, generator, evaluate on CPU) shared by the report and logs tests."""
+"""One real short run (retriever, index, generator, evaluate on CPU) shared by the report and logs tests: made
+once per session (both modules are in the shared xdist scope ``reports``, tests/conftest.py, so one worker makes it)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ RETRIEVER_STEPS = 5
 GENERATOR_STEPS = 4
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def finished_run(tmp_path_factory: pytest.TempPathFactory, tiny_encoder_dir: Path):
     """``(shared_root, completed_process)`` of a 4-stage pipeline run with few steps."""
     from training.demo import synthetic

@@ -16,7 +16,7 @@ from tests.training.reports.conftest import RETRIEVER_STEPS, RUN_ID
 from training import exit_codes
 from training.reports.logs import APPLICATION_LOG_GROUP, CloudWatchSource, LogFilter, parse_lines, parse_since
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.torch_multiproc]
 
 
 def test_stage_processes_log_one_json_object_per_line(finished_run) -> None:

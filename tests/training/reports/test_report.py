@@ -11,7 +11,7 @@ from tests.training.reports.conftest import GENERATOR_STEPS, RETRIEVER_STEPS, RU
 from training import exit_codes
 from training.reports.report import figures, load_run, throughput
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.torch_multiproc]
 
 
 def _recorded_losses(shared, stage):
