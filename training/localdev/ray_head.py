@@ -53,6 +53,10 @@ PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 """Ray Train's switch for its per-run PreemptionWatcher actor (ray.train.v2 constants; on by default)."""
 
 
+PORT_ATTEMPTS = 3
+"""How many times :meth:`LocalRayHead.start` starts a head whose chosen port was taken before it bound it."""
+
+
 class RayHeadError(RuntimeError):
     """The local Ray head could not be started (the message carries the end of its log)."""
 
@@ -157,8 +161,16 @@ class LocalRayHead:
         return cmd
 
     def start(self, timeout_s: float = 180.0) -> "LocalRayHead":
-        """:meth:`launch`, then :meth:`wait_ready`."""
-        return self.launch().wait_ready(timeout_s)
+        """:meth:`launch`, then :meth:`wait_ready`. Ports are chosen free but bound only later by ``ray start``; when
+        another process took one in between ("address already in use" in the head's log), the head is started
+        again on fresh ports, at most ``PORT_ATTEMPTS`` times; any other failure is raised at once."""
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                return self.launch().wait_ready(timeout_s)
+            except RayHeadError as exc:
+                if attempt == PORT_ATTEMPTS or "address already in use" not in str(exc):
+                    raise
+        raise AssertionError("unreachable")
 
     def launch(self) -> "LocalRayHead":
         """Start ``ray start --head`` and return at once (the head comes up while the caller works on);

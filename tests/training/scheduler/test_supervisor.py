@@ -379,7 +379,9 @@ def test_worker_serves_queue_metrics(redis_server, namespace, make_queue, tmp_pa
             except OSError:
                 return ""
 
-        wait_for(lambda: "ragpool_queue_depth" in scrape(), 30, "the metrics endpoint")
+        # The heartbeat gauge has a series once the worker's first heartbeat is recorded, after the endpoint is up.
+        wait_for(lambda: "ragpool_queue_depth" in (t := scrape()) and "heartbeat_timestamp_seconds{worker=" in t, 30,
+                 "the metrics endpoint with the worker's heartbeat")
         text = scrape()
     finally:
         worker.send_signal(signal.SIGTERM)
