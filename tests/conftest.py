@@ -64,6 +64,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
+    # xdist reorders scopes by test count unless told not to (--no-loadscope-reorder): that order would put the
+    # modules with the most (and cheapest) tests first and start the Ray scope, the longest, minutes late.
+    config.option.loadscopereorder = False
+
     class ModuleScopes(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return xdist_scope(nodeid)
