@@ -93,13 +93,15 @@ def step_losses(stage_dir: Path) -> dict[int, float]:
     return out
 
 
-def assert_sigkill_resume_is_bit_exact(root: Path, stage: str, prefix: str, run: Callable[..., Any]) -> dict:
+def assert_sigkill_resume_is_bit_exact(root: Path, stage: str, prefix: str, run: Callable[..., Any],
+                                       straight: Any = None) -> dict:
     """``run(run_id, **env)`` runs ``stage`` to step 6 with a checkpoint every 2 steps. A run SIGKILLed
     after step 3 keeps only step 2's checkpoint; rerun, it resumes there and ends with the straight
-    run's weights bit for bit. Returns those weights."""
+    run's weights bit for bit. Returns those weights. ``straight``: the result of ``run(f"{prefix}-straight")``
+    when the caller already ran it (a shared run); otherwise it is run here."""
     import torch
 
-    straight = run(f"{prefix}-straight")
+    straight = run(f"{prefix}-straight") if straight is None else straight
     assert straight.returncode == 0, straight.stderr[-3000:]
     killed = run(f"{prefix}-killed", **{RESUME_FAULT_ENV: "3"})
     assert killed.returncode != 0
