@@ -17,12 +17,24 @@ STACKS = ("dev", "prod")
 
 
 @pytest.fixture(scope="session")
-def committed_plans() -> dict[str, dict]:
-    """Offline plans of the committed stacks (the real program under fresh mocks), built once per session
-    (per xdist worker) for every test that reads them. Never mutate them: use ``plan_of``."""
+def committed_plans(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict[str, dict]:
+    """Offline plans of the committed stacks (the real program under fresh mocks), built once per run for
+    every test that reads them: under xdist the first worker to need them builds them (under a file lock)
+    and the others read its JSON, so the program runs twice per run, not twice per worker. Never mutate
+    them: use ``plan_of``."""
+    import json
+
+    from filelock import FileLock
+
     from infra.plan import plan
 
-    return {stack: plan(stack) for stack in STACKS}
+    if worker_id == "master":  # not under xdist
+        return json.loads(json.dumps({stack: plan(stack) for stack in STACKS}))
+    cached = tmp_path_factory.getbasetemp().parent / "committed_plans.json"  # the run's directory, shared
+    with FileLock(f"{cached}.lock"):
+        if not cached.is_file():
+            cached.write_text(json.dumps({stack: plan(stack) for stack in STACKS}))
+        return json.loads(cached.read_text())
 
 
 @pytest.fixture
