@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -284,17 +285,22 @@ def test_two_node_indexed_job_joins_one_torchrun_rendezvous(redis_server, namesp
 
 
 @pytest.mark.slow
-def test_worker_runs_real_pipeline_end_to_end(redis_server, namespace, make_queue, tmp_path):
-    """submit a tiny pipeline run -> worker -> torchrun -m training.pipeline -> succeeded + artifacts."""
+def test_worker_runs_real_pipeline_end_to_end(redis_server, namespace, make_queue, tmp_path, tiny_encoder_dir):
+    """submit a tiny pipeline run -> worker -> torchrun -m training.pipeline -> succeeded + artifacts.
+    The path is what this proves; the models are the smallest the spec names (the tiny encoder in the
+    shared root, a 32-wide 1-layer generator): learning is tests/training/test_pipeline.py's."""
     data = tmp_path / "datasets" / "tiny"
     subprocess.run([sys.executable, "-m", "training.demo.synthetic", "--out", str(data), "--n-entities", "12"],
                    check=True, env=child_env(), capture_output=True)
+    shutil.copytree(tiny_encoder_dir, tmp_path / "models" / "tiny-encoder")
     spec = make_spec(
         "pipeline-e2e", stages=["retriever", "index", "generator", "evaluate"], gpus_per_node=1,
         data={"corpus": "datasets/tiny/corpus.jsonl", "qa_train": "datasets/tiny/qa_train.jsonl",
               "qa_eval": "datasets/tiny/qa_eval.jsonl"},
-        hyperparameters={"retriever": {"max_steps": 2, "global_batch_size": 8},
-                         "generator": {"max_steps": 2, "global_batch_size": 4}},
+        models={"retriever": "models/tiny-encoder"},
+        hyperparameters={"retriever": {"max_steps": 2, "global_batch_size": 8, "max_length": 32},
+                         "generator": {"max_steps": 2, "global_batch_size": 4, "tiny.hidden_size": 32,
+                                       "tiny.num_layers": 1, "tiny.intermediate_size": 64}},
     )
     q = make_queue()
     q.submit(spec)
@@ -305,6 +311,9 @@ def test_worker_runs_real_pipeline_end_to_end(redis_server, namespace, make_queu
     run_dir = tmp_path / "runs" / "pipeline-e2e"
     assert (run_dir / "evaluate" / "report.json").is_file(), sorted(str(p) for p in run_dir.rglob("*"))[:50]
     assert all((run_dir / stage).is_dir() for stage in spec.stages)
+    # The spec's model and shape reached the ranks (the worker resolved models.retriever in its shared root).
+    for stage, width in (("retriever", 32), ("generator", 32)):
+        assert json.loads((run_dir / stage / "model" / "config.json").read_text())["hidden_size"] == width, stage
 
 
 # -- chaos ------------------------------------------------------------------------------
