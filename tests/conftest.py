@@ -49,14 +49,15 @@ longest ones start at once instead of forming the suite's tail."""
 
 SHARED_SCOPES = {
     "ray": ("tests/training/ray/test_driver.py", "tests/training/ray/test_from_zero.py",
-            "tests/training/ray/test_placement.py", "tests/training/ray/test_queue_ray.py"),
-    "reports": ("tests/training/reports/test_logs.py", "tests/training/reports/test_report.py"),
+            "tests/training/ray/test_placement.py", "tests/training/ray/test_queue_ray.py",
+            "tests/training/reports/test_logs.py", "tests/training/reports/test_report.py"),
 }
 """Test modules that share one xdist worker, run one after another: the modules starting a local Ray (each
 cluster is its own: ``ray.init(address="local")``, explicit addresses, own temp dirs and free ports, so they
 could run side by side, but on 2 cores two Ray clusters with training workers only slow each other: measured
-15 min 48 s for the suite against 14 min 31 s one after another), and modules sharing a session fixture (the
-reports tests' one finished run). A ``ray`` test outside ``SHARED_SCOPES["ray"]`` is refused at collection."""
+15 min 48 s for the suite against 14 min 31 s one after another), with the reports modules, which read the same
+session-scoped finished run as two of them (``finished_run``, tests/training/conftest.py: made once per run).
+A ``ray`` test outside ``SHARED_SCOPES["ray"]`` is refused at collection."""
 
 _SCOPE_OF = {module: scope for scope, modules in SHARED_SCOPES.items() for module in modules}
 

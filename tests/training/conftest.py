@@ -36,3 +36,15 @@ def shared_root(tmp_path: Path) -> Path:
     return tmp_path
 
 
+
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory: pytest.TempPathFactory, tiny_encoder_dir: Path):
+    """``(shared_root, completed_process)`` of the tiny 4-stage run (tests/support/tiny_run.py), one process,
+    JSON logs: made once and read by the reports tests, the Ray executor's comparison with torchrun and the
+    Ray run from zero (one xdist scope, tests/conftest.py). Never write under it: copy what a test changes."""
+    from tests.support import tiny_run
+
+    root = tmp_path_factory.mktemp("finished_run")
+    _, out = tiny_run.finish(root, tiny_encoder_dir)
+    return root, out

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import tiny_run
 from tests.support.training import run_stage_process, step_losses, write_run
 from tests.training.ray.conftest import needs_ray
 from training.config import load_run_config
@@ -20,25 +21,11 @@ from training.demo import synthetic
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.torch_multiproc]
 needs_ray()
 
-GEN_TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
-
-
-def _sections(encoder: Path, **ray_section: object) -> dict:
-    return dict(
-        retriever={"model": str(encoder), "max_steps": 4, "global_batch_size": 4, "optim": {"warmup_steps": 1}},
-        generator={"max_steps": 4, "global_batch_size": 4, "max_length": 96, "tiny": GEN_TINY},
-        evaluate={"max_questions": 6, "max_new_tokens": 4},
-        checkpoint={"every_steps": 2, "keep_latest_k": 1},
-        ray={"placement_timeout_s": 120, "retriever": {"workers": 2}, "generator": {"workers": 2},
-             "index": {"workers": 2}, "prepare": {"workers": 2}, **ray_section},
-    )
-
 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("shared")
-    synthetic.write(root / "datasets" / "synthetic", seed=5, n_entities=12)
-    return root
+    """A shared root with the tiny run's data (tests/support/tiny_run.py)."""
+    return tiny_run.write_data(tmp_path_factory.mktemp("shared"))
 
 
 def _drive(config: Path, *overrides: str) -> int:
@@ -55,21 +42,14 @@ def _keys(tree: object, prefix: str = "") -> set[str]:
     return set()
 
 
-def _layout(run_dir: Path) -> set[str]:
-    return {str(p.relative_to(run_dir)) for p in run_dir.rglob("*")
-            if p.relative_to(run_dir).parts[0] != "ray" and ".tmp" not in p.name}
-
-
-def test_ray_executor_matches_the_torchrun_path(shared, tiny_encoder_dir, local_ray) -> None:
-    sections = _sections(tiny_encoder_dir)
-    torchrun_cfg = write_run(shared, "via-torchrun", **sections)
-    out = run_stage_process("pipeline", torchrun_cfg, timeout=400)
-    assert out.returncode == 0, out.stderr[-3000:]
+def test_ray_executor_matches_the_torchrun_path(shared, tiny_encoder_dir, local_ray, finished_run) -> None:
+    # torchrun's side: the session's finished tiny run (tests/support/tiny_run.py), one process.
+    sections = tiny_run.sections(tiny_encoder_dir)
     ray_cfg = write_run(shared, "via-ray", **sections)
     assert _drive(ray_cfg) == 0
 
-    t_dir, r_dir = shared / "runs" / "via-torchrun", shared / "runs" / "via-ray"
-    assert _layout(r_dir) == _layout(t_dir)
+    t_dir, r_dir = finished_run[0] / "runs" / tiny_run.RUN_ID, shared / "runs" / "via-ray"
+    assert tiny_run.layout(r_dir) == tiny_run.layout(t_dir)
     t_report = json.loads((t_dir / "evaluate" / "report.json").read_text())
     r_report = json.loads((r_dir / "evaluate" / "report.json").read_text())
     assert _keys(r_report) == _keys(t_report)
@@ -81,13 +61,15 @@ def test_ray_executor_matches_the_torchrun_path(shared, tiny_encoder_dir, local_
         assert r_marker["config_fingerprint"] == t_marker["config_fingerprint"], stage
     assert json.loads((r_dir / "index" / "_COMPLETE").read_text())["passages"] == len(
         json.loads((t_dir / "index" / "ids.json").read_text()))
-    assert json.loads((r_dir / "retriever" / "_COMPLETE").read_text())["steps"] == 4
+    assert json.loads((r_dir / "retriever" / "_COMPLETE").read_text())["steps"] == tiny_run.RETRIEVER_STEPS
 
-    # The Ray executor evaluates (and skips the complete stages of) a run torchrun trained.
-    shutil.rmtree(t_dir / "evaluate")
-    assert _drive(torchrun_cfg) == 0
-    assert _keys(json.loads((t_dir / "evaluate" / "report.json").read_text())) == _keys(t_report)
-    assert (t_dir / "retriever" / "_COMPLETE").stat().st_mtime < (t_dir / "evaluate" / "_COMPLETE").stat().st_mtime
+    # The Ray executor evaluates (and skips the complete stages of) a run torchrun trained: a copy of it
+    # without its evaluation.
+    own = shared / "runs" / "via-torchrun"
+    shutil.copytree(t_dir, own, ignore=lambda d, names: ["evaluate"] if Path(d) == t_dir else [])
+    assert _drive(write_run(shared, "via-torchrun", **sections)) == 0
+    assert _keys(json.loads((own / "evaluate" / "report.json").read_text())) == _keys(t_report)
+    assert (own / "retriever" / "_COMPLETE").stat().st_mtime < (own / "evaluate" / "_COMPLETE").stat().st_mtime
 
 
 def test_killed_training_worker_is_restarted_and_resumes_from_the_checkpoint(
@@ -95,7 +77,7 @@ def test_killed_training_worker_is_restarted_and_resumes_from_the_checkpoint(
     from tests.support import faults
     from training.components.loop import HOOKS_ENV
 
-    sections = _sections(tiny_encoder_dir, max_failures=1)
+    sections = tiny_run.sections(tiny_encoder_dir, max_failures=1)
     cfg = write_run(shared, "ray-fault", stages=["retriever"], **sections)
     # Rank 0 of the Ray Train worker group is SIGKILLed right after step 2 (checkpointed at 2).
     monkeypatch.setenv(faults.RESUME_FAULT_ENV, "2")
@@ -108,7 +90,7 @@ def test_killed_training_worker_is_restarted_and_resumes_from_the_checkpoint(
 
 
 def test_a_stage_failure_is_an_exit_code_naming_the_cause(shared, tiny_encoder_dir, local_ray, capsys) -> None:
-    cfg = write_run(shared, "ray-bad-pool", stages=["index"], **_sections(tiny_encoder_dir))
+    cfg = write_run(shared, "ray-bad-pool", stages=["index"], **tiny_run.sections(tiny_encoder_dir))
     assert _drive(cfg, "--ray.index.pool=gpu-nowhere") == 4
     err = capsys.readouterr().err
     assert "stage index: pool 'gpu-nowhere' has no nodes" in err
@@ -120,7 +102,7 @@ def test_tune_search_writes_the_trial_table_and_the_best_config(shared, tiny_enc
 
     from training.ray import tune
 
-    sections = _sections(tiny_encoder_dir)
+    sections = tiny_run.sections(tiny_encoder_dir)
     sections["retriever"] = {**sections["retriever"], "max_steps": 4}
     # 0.9 CPU per trial worker: two trials (and their drivers' 0.01 CPU) fit the 2 CPUs at once.
     sections["ray"] = {**sections["ray"], "retriever": {"workers": 1, "cpus": 0.9},

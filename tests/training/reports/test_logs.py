@@ -12,7 +12,7 @@ import pytest
 from infra.cli import main as ragpool
 from tests.support.training import REPO, stage_env
 from training.ports import free_port
-from tests.training.reports.conftest import RETRIEVER_STEPS, RUN_ID
+from tests.support.tiny_run import RETRIEVER_STEPS, RUN_ID, own_copy
 from training import exit_codes
 from training.reports.logs import APPLICATION_LOG_GROUP, CloudWatchSource, LogFilter, parse_lines, parse_since
 
@@ -53,8 +53,8 @@ def _rec(stage: str, rank: int, message: str, ts: float, step: int | None = None
     return json.dumps(rec)
 
 
-def test_logs_command_filters_and_keeps_non_json_lines(finished_run, capsys) -> None:
-    shared, out = finished_run
+def test_logs_command_filters_and_keeps_non_json_lines(finished_run, tmp_path, capsys) -> None:
+    shared = own_copy(finished_run[0], tmp_path)
     now = time.time()
     _worker_log(shared, [
         "[W socket.cpp:697] The client socket has failed to connect",   # before any JSON: no context
@@ -81,8 +81,8 @@ def test_logs_command_filters_and_keeps_non_json_lines(finished_run, capsys) -> 
     assert json.loads(capsys.readouterr().out)["message"] == "indexed 60 passages"
 
 
-def test_follow_prints_lines_appended_later(finished_run) -> None:
-    shared, _ = finished_run
+def test_follow_prints_lines_appended_later(finished_run, tmp_path) -> None:
+    shared = own_copy(finished_run[0], tmp_path)
     _worker_log(shared, [_rec("retriever", 0, "first", time.time())])
     proc = subprocess.Popen([sys.executable, "-m", "infra.cli", "logs", RUN_ID, "--shared-root", str(shared),
                              "--follow", "--follow-seconds", "8"], cwd=REPO, env=stage_env(),

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from infra.cli import main as ragpool
-from tests.training.reports.conftest import GENERATOR_STEPS, RETRIEVER_STEPS, RUN_ID
+from tests.support.tiny_run import GENERATOR_STEPS, RETRIEVER_STEPS, RUN_ID, own_copy
 from training import exit_codes
 from training.reports.report import figures, load_run, throughput
 
@@ -38,8 +38,8 @@ def test_plots_show_one_point_per_step_with_the_recorded_loss(finished_run) -> N
     assert set(figs) >= {"loss_retriever", "loss_generator", "learning_rate", "throughput", "stage_timings"}
 
 
-def test_report_command_writes_html_and_pngs(finished_run, capsys) -> None:
-    shared, _ = finished_run
+def test_report_command_writes_html_and_pngs(finished_run, tmp_path, capsys) -> None:
+    shared = own_copy(finished_run[0], tmp_path)
     assert ragpool(["report", RUN_ID, "--shared-root", str(shared)]) == exit_codes.OK
     run_dir = shared / "runs" / RUN_ID
     page = (run_dir / "report.html").read_text()
