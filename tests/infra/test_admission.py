@@ -43,12 +43,12 @@ from infra.log_shipping import ADDON, ADDON_CONFIGURATION
 from infra.plan import load_stack
 from infra.pod_security import restricted_problems
 from policy.checks import POD_SPEC_PATHS
+from tests.conftest import STACKS
 from tests.infra.test_gpu_node_scheduling import HELM, RAYCLUSTER, helm_merge
 
 REFERENCE = yaml.safe_load(
     (Path(__file__).resolve().parents[2] / "infra" / "reference" / "cloudwatch_observability.yaml").read_text())
 WEBHOOKS = REFERENCE["webhooks"]
-from tests.conftest import STACKS  # noqa: E402
 NAMESPACE_TYPE = "kubernetes:core/v1:Namespace"
 SERVICE_TYPE = "kubernetes:core/v1:Service"
 ADDON_TYPE = "aws:eks/addon:Addon"

@@ -18,9 +18,8 @@ import pytest
 
 from policy.cel_eval import (apply_defaults, crd_schema, has_crd, rule_inventory, transition_failures, validate,
                              validate_update)
+from tests.conftest import STACKS
 from tests.infra.harness import is_core, kubernetes_objects
-
-from tests.conftest import STACKS  # noqa: E402
 
 # Rules that read oldSelf (only an update has one), of the CRDs whose objects the plans declare;
 # CRDs vendored later may add more (rule_inventory lists every one by name).

@@ -31,13 +31,13 @@ import yaml
 from infra.charts import BY_SCHEMA_NAME, SUBCHART_VERSIONS
 from policy.checks import POD_SPEC_PATHS, Resource, is_gpu_nodepool
 from policy.k8s_scheduling import schedulable, untolerated_taints
+from tests.conftest import STACKS
 from tests.infra.harness import chart_defaults
 
 REFERENCE = Path(__file__).resolve().parents[2] / "infra" / "reference" / "addon_daemonsets.yaml"
 DCGM_REFERENCE = yaml.safe_load((REFERENCE.parent / "dcgm_host_engines.yaml").read_text())
 HELM = "kubernetes:helm.sh/v3:Release"
 ADDON = "aws:eks/addon:Addon"
-from tests.conftest import STACKS  # noqa: E402
 
 
 # ------------------------------------------------------------------ Helm value merging

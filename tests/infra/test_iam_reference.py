@@ -30,11 +30,11 @@ import yaml
 from infra.charts import KARPENTER
 from infra.config import CAPACITY_TYPES
 from infra.iam import NODE_ROLE_POLICIES
+from tests.conftest import STACKS
 from tests.infra.iam_eval import glob_match
 from tests.infra.iam_facts import (EFS_REFERENCE, KARPENTER_REFERENCE, REFERENCE_DIR, PlannedIam, deviations,
                                    planned_iam, reference, substitute)
 
-from tests.conftest import STACKS  # noqa: E402
 KINDS = {"omitted-statement", "omitted-actions", "omitted-trust", "omitted-rule"}
 ROLE_POLICY_QUOTA = 10_240  # IAM quotas: inline policies of a role, characters without white space
 

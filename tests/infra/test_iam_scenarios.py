@@ -23,10 +23,10 @@ from __future__ import annotations
 import pytest
 
 from infra.plan import MOCK_ACCOUNT
+from tests.conftest import STACKS
 from tests.infra.iam_eval import ALLOW, DENY, IMPLICIT_DENY, Request, evaluate
 from tests.infra.iam_facts import EFS_REFERENCE, PlannedIam, planned_iam, reference
 
-from tests.conftest import STACKS  # noqa: E402
 OTHER_CLUSTER = "someone-elses-cluster"
 
 

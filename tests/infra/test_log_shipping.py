@@ -14,12 +14,12 @@ import yaml
 
 from infra import log_shipping as ls
 from infra.config import CLOUDWATCH_RETENTION_DAYS, StackConfigError, parse
+from tests.conftest import STACKS
 from tests.infra.iam_eval import Request, evaluate
 from tests.infra.test_gpu_node_scheduling import helm_merge
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = yaml.safe_load((REPO / "infra" / "reference" / "cloudwatch_observability.yaml").read_text())
-from tests.conftest import STACKS  # noqa: E402
 REGION = "us-west-2"
 ACCOUNT = "123456789012"  # the mocks' account (infra/plan.py)
 

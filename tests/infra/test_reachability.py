@@ -31,11 +31,11 @@ import pytest
 
 from infra.keda import KEDA_NAMESPACE, KEEPER_NAME, OPERATOR_POD_LABELS, operator_metrics_port
 from infra.training_namespace import MAX_RANKS_PER_POD
+from tests.conftest import STACKS
 from training.ports import QUEUE_METRICS_PORT, RANK_METRICS_PORT, RDZV_PORT, REDIS_PORT
 
 NETPOL = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
 NAMESPACE = "kubernetes:core/v1:Namespace"
-from tests.conftest import STACKS  # noqa: E402
 SCRAPE_PORTS = {QUEUE_METRICS_PORT, *range(RANK_METRICS_PORT, RANK_METRICS_PORT + MAX_RANKS_PER_POD), 9121}
 NCCL_PORT = 43127  # NCCL picks ephemeral ports: any port must be open between workers
 INTERNET = "198.51.100.7"

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from dashboards import rulefiles
+from tests.conftest import STACKS
 from training import exit_codes
 from training.components.health import EXPECTED_GPUS_ENV
 from training.scheduler.preflight import NODE_NAME_ENV
@@ -26,7 +27,6 @@ from training.scheduler.supervisor import WorkerConfig, build_arg_parser
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = yaml.safe_load((REPO / "infra" / "reference" / "gpu_fault_repair.yaml").read_text())
 RUNBOOK = (REPO / "dashboards" / "RUNBOOK.md").read_text()
-from tests.conftest import STACKS  # noqa: E402
 
 
 # ------------------------------------------------------------------ detect -> condition -> repair
