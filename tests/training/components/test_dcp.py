@@ -8,12 +8,17 @@ Each test runs this file as a torchrun worker script (``python -m torch.distribu
   loads to exactly the state it held;
 - a background (``async_save``) DCP save: training takes a step while the shards are being written, and
   the committed checkpoint holds the state of the step it was started at.
+
+Every torchrun start costs seconds of imports, so the seeded ``train-save`` on 2 ranks runs once per module
+(``saved_by_2``) and so does the 2 -> 1 -> 2 resharding chain (``resharded_2_1_2``); a test that changes a
+checkpoint directory works on its own copy (``_copy``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -198,6 +203,33 @@ def _assert_same_state(a_path: Path, b_path: Path) -> int:
     return n
 
 
+def _copy(src: Path, dst: Path) -> Path:
+    """``dst`` (a test's own ``tmp_path``) holding a copy of the shared checkpoint directory ``src``."""
+    shutil.copytree(src, dst, dirs_exist_ok=True)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def saved_by_2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``train-save`` on 2 ranks: checkpoint step 2 and its gathered state ``full-saved-2.pt``. Read-only:
+    tests that add to it work on a ``_copy``."""
+    root = tmp_path_factory.mktemp("dcp_saved_by_2")
+    out = _torchrun("train-save", root, 2)
+    assert out.returncode == 0, f"train-save x2:\n{out.stderr[-3000:]}"
+    return root
+
+
+@pytest.fixture(scope="module")
+def resharded_2_1_2(saved_by_2: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``saved_by_2`` loaded on 1 rank and saved as step 3, then loaded on 2 ranks and saved as step 4, each
+    hop dumping the state it loaded (``full-loaded-{world}-from-{step}.pt``). Read-only, as ``saved_by_2``."""
+    root = _copy(saved_by_2, tmp_path_factory.mktemp("dcp_resharded_2_1_2"))
+    for nproc in (1, 2):
+        out = _torchrun("load-save", root, nproc)
+        assert out.returncode == 0, f"load-save x{nproc}:\n{out.stderr[-3000:]}"
+    return root
+
+
 def test_manifest_sizes_and_crcs_computed_while_writing_are_those_of_the_files(tmp_path) -> None:
     """One process (no process group): the manifest's entries, checksummed as DCP's bytes passed, name
     exactly the files on disk with their sizes and CRC32Cs as read back, and the checkpoint loads equal."""
@@ -234,23 +266,19 @@ def test_manifest_sizes_and_crcs_computed_while_writing_are_those_of_the_files(t
 
 @pytest.mark.slow
 @pytest.mark.torch_multiproc
-def test_saved_by_2_loads_on_1_and_back_on_2(tmp_path) -> None:
-    for mode, nproc in (("train-save", 2), ("load-save", 1), ("load-save", 2)):
-        out = _torchrun(mode, tmp_path, nproc)
-        assert out.returncode == 0, f"{mode} x{nproc}:\n{out.stderr[-3000:]}"
-    saved = tmp_path / "full-saved-2.pt"
-    _assert_same_state(saved, tmp_path / "full-loaded-1-from-2.pt")
-    _assert_same_state(saved, tmp_path / "full-loaded-2-from-3.pt")
-    manifest = json.loads((tmp_path / "step_000003" / "manifest.json").read_text())
+def test_saved_by_2_loads_on_1_and_back_on_2(resharded_2_1_2) -> None:
+    saved = resharded_2_1_2 / "full-saved-2.pt"
+    _assert_same_state(saved, resharded_2_1_2 / "full-loaded-1-from-2.pt")
+    _assert_same_state(saved, resharded_2_1_2 / "full-loaded-2-from-3.pt")
+    manifest = json.loads((resharded_2_1_2 / "step_000003" / "manifest.json").read_text())
     assert manifest["format"] == "dcp" and manifest["world_size"] == 1  # written by the 1-rank hop
 
 
 @pytest.mark.slow
 @pytest.mark.torch_multiproc
 @pytest.mark.parametrize("crash", ["crash-in-save", "crash-in-async-save"])
-def test_sigkill_during_dcp_save_leaves_the_previous_checkpoint(tmp_path, crash: str) -> None:
-    out = _torchrun("train-save", tmp_path, 2)
-    assert out.returncode == 0, out.stderr[-3000:]
+def test_sigkill_during_dcp_save_leaves_the_previous_checkpoint(saved_by_2, tmp_path, crash: str) -> None:
+    _copy(saved_by_2, tmp_path)
     crashed = _torchrun(crash, tmp_path, 2)
     assert crashed.returncode != 0 and "Signal 9 (SIGKILL)" in crashed.stderr, crashed.stderr[-3000:]
     temps = [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-step_000004")]
@@ -283,24 +311,27 @@ def test_async_dcp_save_writes_while_training_steps_and_commits_the_state_it_sta
 
 @pytest.mark.slow
 @pytest.mark.torch_multiproc
-def test_a_corrupt_shard_is_found_by_the_rank_that_reads_it_and_the_previous_checkpoint_loads(tmp_path) -> None:
+def test_a_corrupt_shard_is_found_by_the_rank_that_reads_it_and_the_previous_checkpoint_loads(
+        resharded_2_1_2, tmp_path) -> None:
     """Ranks split the CRC reading of a sharded checkpoint; a shard only rank 1 reads is corrupt
-    (same size, one byte flipped): every rank skips that checkpoint and loads the one before."""
-    for mode in ("train-save", "load-save"):  # step 2, then step 3 (the same state)
-        out = _torchrun(mode, tmp_path, 2)
-        assert out.returncode == 0, out.stderr[-3000:]
-    newest = tmp_path / "step_000003"
-    files = sorted(json.loads((newest / "manifest.json").read_text())["files"])
+    (same size, one byte flipped): every rank skips that checkpoint and loads the one before.
+    The chain's step 4 (saved by 2 ranks) is the newest, step 3 (saved by 1 rank) the one before, both
+    holding step 2's state."""
+    _copy(resharded_2_1_2, tmp_path)
+    newest = tmp_path / "step_000004"
+    manifest = json.loads((newest / "manifest.json").read_text())
+    assert manifest["world_size"] == 2, "the newest checkpoint must be sharded for the ranks to split its reading"
+    files = sorted(manifest["files"])
     victim = newest / files[1]  # sorted(files)[1::2] is rank 1's share
     assert victim.name.endswith(".distcp"), files
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0xFF
     victim.write_bytes(bytes(data))
-    (tmp_path / "full-loaded-2-from-2.pt").unlink()
+    (tmp_path / "full-loaded-2-from-3.pt").unlink()
     out = _torchrun("load-save", tmp_path, 2)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "skipping checkpoint" in out.stderr and "CRC32C mismatch" in out.stderr, out.stderr[-3000:]
-    _assert_same_state(tmp_path / "full-saved-2.pt", tmp_path / "full-loaded-2-from-2.pt")
+    _assert_same_state(tmp_path / "full-saved-2.pt", tmp_path / "full-loaded-2-from-3.pt")
 
 
 if __name__ == "__main__":
