@@ -5,12 +5,17 @@
 - SIGKILL mid-stage, then resume from the DCP checkpoint: final weights bit-exact.
 - A DCP checkpoint written by 2 ranks resumes on 1 rank and back on 2 (see
   tests/training/components/test_dcp.py for the tensor-by-tensor equality of model and optimizer).
+
+Every process start costs seconds of imports, so the uninterrupted runs are shared: one DDP reference
+(``ddp_ref``) and one FSDP run (``fsdp_run``, also the straight run the SIGKILL test must match bit for
+bit), both 6 steps of 2 micro-steps, the configuration every generator run here uses unless it says otherwise.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -31,7 +36,12 @@ def indexed_root(tmp_path_factory: pytest.TempPathFactory, tiny_encoder_no_dropo
     return build_indexed_root(tmp_path_factory.mktemp("fsdp_shared"), tiny_encoder_no_dropout)
 
 
-def _spec(root: Path, run_id: str, strategy: str, max_steps: int = 4, grad_accum: int = 1, **par: object) -> Path:
+#: Steps and micro-steps of every run here (the shared references included), unless a test says otherwise.
+STEPS, GRAD_ACCUM = 6, 2
+
+
+def _spec(root: Path, run_id: str, strategy: str, max_steps: int = STEPS, grad_accum: int = GRAD_ACCUM,
+          **par: object) -> Path:
     shutil.copytree(root / "runs" / "base" / "index", root / "runs" / run_id / "index", dirs_exist_ok=True)
     return write_run(root, run_id, generator={
         "tiny": TINY, "max_length": 96, "global_batch_size": 8, "grad_accum": grad_accum, "max_steps": max_steps,
@@ -40,7 +50,7 @@ def _spec(root: Path, run_id: str, strategy: str, max_steps: int = 4, grad_accum
         checkpoint={"every_steps": 2, "async_save": True, "keep_latest_k": 2})
 
 
-def _run(root: Path, run_id: str, nproc: int, strategy: str, max_steps: int = 4, grad_accum: int = 1,
+def _run(root: Path, run_id: str, nproc: int, strategy: str, max_steps: int = STEPS, grad_accum: int = GRAD_ACCUM,
          **env: str):
     return run_stage_process("generator", _spec(root, run_id, strategy, max_steps, grad_accum), nproc=nproc, timeout=300,
                      **env)
@@ -49,17 +59,24 @@ def _run(root: Path, run_id: str, nproc: int, strategy: str, max_steps: int = 4,
 @pytest.fixture(scope="module")
 def ddp_ref(indexed_root: Path) -> str:
     """The DDP run (2 ranks, 2 micro-steps per step) the sharded runs are compared with."""
-    out = _run(indexed_root, "ddp", 2, "ddp", grad_accum=2)
+    out = _run(indexed_root, "ddp", 2, "ddp")
     assert out.returncode == 0, out.stderr[-3000:]
     return "ddp"
 
 
+@pytest.fixture(scope="module")
+def fsdp_run(indexed_root: Path) -> subprocess.CompletedProcess[str]:
+    """The uninterrupted FSDP run (2 ranks, same configuration as ``ddp_ref``): compared with DDP, and the
+    straight run (``f-straight``) that the SIGKILLed-and-resumed run must equal bit for bit."""
+    return _run(indexed_root, "f-straight", 2, "fsdp")
+
+
 def _assert_same_training(root: Path, ref: str, run_id: str) -> None:
     ddp, other = _losses(root, ref), _losses(root, run_id)
-    assert sorted(ddp) == sorted(other) == [1, 2, 3, 4]
+    assert sorted(ddp) == sorted(other) == list(range(1, STEPS + 1))
     for step in ddp:
         assert other[step] == pytest.approx(ddp[step], rel=1e-4), (step, ddp, other)
-    assert ddp[4] < ddp[1], "loss did not fall: the comparison would be vacuous"
+    assert ddp[STEPS] < ddp[1], "loss did not fall: the comparison would be vacuous"
     a, b = _params(root, ref), _params(root, run_id)
     assert a.keys() == b.keys(), "the gathered HF directory must have the same tensors as DDP's"
     diff = max(float((a[k] - b[k]).abs().max()) for k in a)
@@ -74,13 +91,12 @@ def _losses(root: Path, run_id: str) -> dict[int, float]:
     return step_losses(root / "runs" / run_id / "generator")
 
 
-def test_fsdp_loss_curve_and_weights_match_ddp(indexed_root, ddp_ref) -> None:
-    out = _run(indexed_root, "fsdp", 2, "fsdp", grad_accum=2)
-    assert out.returncode == 0, out.stderr[-3000:]
+def test_fsdp_loss_curve_and_weights_match_ddp(indexed_root, ddp_ref, fsdp_run) -> None:
+    assert fsdp_run.returncode == 0, fsdp_run.stderr[-3000:]
     assert "fully_shard: 2 LlamaDecoderLayer blocks + root over mesh (2,)" in \
-        (indexed_root / "runs" / "fsdp" / "generator" / "log.jsonl").read_text()
-    _assert_same_training(indexed_root, ddp_ref, "fsdp")
-    ckpt = indexed_root / "runs" / "fsdp" / "generator" / "checkpoints" / "step_000004"
+        (indexed_root / "runs" / "f-straight" / "generator" / "log.jsonl").read_text()
+    _assert_same_training(indexed_root, ddp_ref, "f-straight")
+    ckpt = indexed_root / "runs" / "f-straight" / "generator" / "checkpoints" / "step_000004"
     manifest = json.loads((ckpt / "manifest.json").read_text())
     assert manifest["format"] == "dcp" and manifest["world_size"] == 2
     assert {"dcp/.metadata", "scheduler.pt", "trainer.pt"} <= set(manifest["files"])
@@ -90,13 +106,11 @@ def test_fsdp_loss_curve_and_weights_match_ddp(indexed_root, ddp_ref) -> None:
 def test_hsdp_over_two_nodes_with_activation_checkpointing_matches_ddp(indexed_root, ddp_ref) -> None:
     """Two single-rank "nodes" (two torchrun agents meeting at one c10d rendezvous): a (2, 1) mesh that
     replicates across the nodes, with every decoder block recomputed in backward."""
-    import subprocess
-
     from tests.support.training import REPO, stage_env
     from training.ports import free_port
     from training.scheduler.child import stage_entry, torchrun_argv
 
-    spec = _spec(indexed_root, "hsdp", "hsdp", grad_accum=2, activation_checkpointing=True)
+    spec = _spec(indexed_root, "hsdp", "hsdp", activation_checkpointing=True)
     port = free_port()
     # As a worker gang's pods run it: node 0 hosts the c10d store (training/scheduler/child.py).
     cmds = [torchrun_argv(stage_entry("generator", spec), nproc=1, nnodes=2, rdzv_endpoint=f"127.0.0.1:{port}",
@@ -135,9 +149,10 @@ def test_pretrained_model_loads_shard_by_shard_from_the_meta_device(indexed_root
     assert max(float((fsdp[k] - init[k]).abs().max()) for k in init) < 0.1, "did not start from the pretrained weights"
 
 
-def test_fsdp_sigkill_then_resume_is_bit_exact(indexed_root) -> None:
+def test_fsdp_sigkill_then_resume_is_bit_exact(indexed_root, fsdp_run) -> None:
     assert_sigkill_resume_is_bit_exact(indexed_root, "generator", "f",
-                                       lambda run_id, **env: _run(indexed_root, run_id, 2, "fsdp", max_steps=6, **env))
+                                       lambda run_id, **env: _run(indexed_root, run_id, 2, "fsdp", **env),
+                                       straight=fsdp_run)
 
 
 def test_sigterm_to_torchrun_writes_a_dcp_checkpoint_and_exits_retriable(indexed_root, tmp_path) -> None:
@@ -145,7 +160,6 @@ def test_sigterm_to_torchrun_writes_a_dcp_checkpoint_and_exits_retriable(indexed
     write their shards of one DCP checkpoint together, rank 0 leaves the preempted marker (exit 75);
     the rerun resumes from it."""
     import signal
-    import subprocess
     import time
 
     from tests.support.training import HANG_FAULT_ENV, REPO, stage_env, stage_cmd
@@ -176,16 +190,14 @@ def test_sigterm_to_torchrun_writes_a_dcp_checkpoint_and_exits_retriable(indexed
     assert json.loads((stage / "_COMPLETE").read_text())["resumed_from"] == marker["step"]
 
 
-def test_resume_at_another_world_size_2_1_2(indexed_root) -> None:
+def test_resume_at_another_world_size_2_1_2(indexed_root, ddp_ref) -> None:
     """Stopped at step 2 by 2 ranks, continued to 4 by 1 rank, finished at 6 by 2 ranks: each resume
     loads the other world size's DCP checkpoint, and the result stays on DDP's trajectory."""
-    ref = _run(indexed_root, "w-ref", 2, "ddp", max_steps=6)
-    assert ref.returncode == 0, ref.stderr[-3000:]
     for nproc, kill in ((2, "2"), (1, "4"), (2, None)):
-        out = _run(indexed_root, "w-212", nproc, "fsdp", max_steps=6, **({RESUME_FAULT_ENV: kill} if kill else {}))
+        out = _run(indexed_root, "w-212", nproc, "fsdp", **({RESUME_FAULT_ENV: kill} if kill else {}))
         assert (out.returncode == 0) == (kill is None), out.stderr[-3000:]
     marker = json.loads((indexed_root / "runs" / "w-212" / "generator" / "_COMPLETE").read_text())
     assert marker["resumed_from"] == 4 and marker["steps"] == 6
-    a, b = _params(indexed_root, "w-ref"), _params(indexed_root, "w-212")
+    a, b = _params(indexed_root, ddp_ref), _params(indexed_root, "w-212")
     diff = max(float((a[k] - b[k]).abs().max()) for k in a)
     assert diff < 1e-4, f"2->1->2 fsdp run differs from the 2-rank ddp run by {diff}"
