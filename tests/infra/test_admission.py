@@ -44,7 +44,8 @@ from infra.plan import load_stack
 from infra.pod_security import restricted_problems
 from policy.checks import POD_SPEC_PATHS
 from tests.conftest import STACKS
-from tests.infra.test_gpu_node_scheduling import HELM, RAYCLUSTER, helm_merge
+from tests.support.helm import HELM, helm_merge
+from tests.support.kuberay import RAYCLUSTER
 
 REFERENCE = yaml.safe_load(
     (Path(__file__).resolve().parents[2] / "infra" / "reference" / "cloudwatch_observability.yaml").read_text())

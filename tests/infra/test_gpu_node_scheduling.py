@@ -23,37 +23,24 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
-from infra.charts import BY_SCHEMA_NAME, SUBCHART_VERSIONS
+from infra.charts import BY_SCHEMA_NAME
 from policy.checks import POD_SPEC_PATHS, Resource, is_gpu_nodepool
 from policy.k8s_scheduling import schedulable, untolerated_taints
 from tests.conftest import STACKS
 from tests.infra.harness import chart_defaults
+from tests.support.helm import HELM, chart_values, helm_merge, release
+from tests.support.kuberay import RAYCLUSTER
 
 REFERENCE = Path(__file__).resolve().parents[2] / "infra" / "reference" / "addon_daemonsets.yaml"
 DCGM_REFERENCE = yaml.safe_load((REFERENCE.parent / "dcgm_host_engines.yaml").read_text())
-HELM = "kubernetes:helm.sh/v3:Release"
 ADDON = "aws:eks/addon:Addon"
 
 
 # ------------------------------------------------------------------ Helm value merging
-
-
-def helm_merge(base: Any, override: Any) -> Any:
-    """Helm's coalescing of values: maps merge key by key, anything else replaces, null deletes."""
-    if not (isinstance(base, dict) and isinstance(override, dict)):
-        return copy.deepcopy(override)
-    out = copy.deepcopy(base)
-    for key, value in override.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = helm_merge(out.get(key), value) if isinstance(out.get(key), dict) else copy.deepcopy(value)
-    return out
 
 
 def test_helm_merge_semantics():
@@ -123,23 +110,6 @@ def _scheduling(values: dict, fixed_selector: dict | None = None) -> dict:
     return {"tolerations": values.get("tolerations") or [],
             "nodeSelector": {**(fixed_selector or {}), **(values.get("nodeSelector") or {})},
             "affinity": values.get("affinity") or {}}
-
-
-def release(plan: dict, chart: str) -> dict:
-    [found] = [r for r in plan["resources"] if r["type"] == HELM and r["inputs"]["chart"] == BY_SCHEMA_NAME[chart].name]
-    assert found["inputs"]["version"] == BY_SCHEMA_NAME[chart].version
-    return found["inputs"]["values"]
-
-
-def chart_values(plan: dict, chart: str, subchart_key: str | None = None) -> dict:
-    """Effective values of a chart (or one of its subcharts) for the plan's release."""
-    ours = release(plan, chart)
-    parent = chart_defaults(chart, BY_SCHEMA_NAME[chart].version)
-    if subchart_key is None:
-        return helm_merge(parent, ours)
-    sub_chart = {"nfd": "node-feature-discovery"}.get(subchart_key, subchart_key)
-    sub = chart_defaults(sub_chart, SUBCHART_VERSIONS[chart][subchart_key])
-    return helm_merge(helm_merge(sub, parent.get(subchart_key) or {}), ours.get(subchart_key) or {})
 
 
 def addon_values(plan: dict, addon: str) -> dict:
@@ -270,9 +240,6 @@ def off_gpu_workloads(plan: dict) -> list[Workload]:
     out += [Workload(f"{e['name']}/head", _scheduling(e["inputs"]["spec"]["headGroupSpec"]["template"]["spec"]), False)
             for e in plan["resources"] if e["type"] == RAYCLUSTER]
     return out
-
-
-RAYCLUSTER = "kubernetes:ray.io/v1:RayCluster"
 
 
 def ray_worker_groups(plan: dict) -> list[tuple[str, dict]]:

@@ -16,7 +16,7 @@ from infra import log_shipping as ls
 from infra.config import CLOUDWATCH_RETENTION_DAYS, StackConfigError, parse
 from tests.conftest import STACKS
 from tests.infra.iam_eval import Request, evaluate
-from tests.infra.test_gpu_node_scheduling import helm_merge
+from tests.support.helm import helm_merge
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = yaml.safe_load((REPO / "infra" / "reference" / "cloudwatch_observability.yaml").read_text())

@@ -8,9 +8,8 @@ from __future__ import annotations
 import json
 import re
 
-from tests.infra.test_gpu_node_scheduling import chart_values
-
 from dashboards.external_metrics import KSM_METRIC_LABELS_ALLOWLIST, lane_ksm_label
+from tests.support.helm import chart_values
 from training.ray.placement import POOL_LABEL
 from training.scheduler.lanes import LANE_LABEL_PREFIX, parse_lane
 

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from infra.charts import KUBERAY_COMMIT, KUBERAY_CRD_FILES, KUBERAY_OPERATOR
-from training.ray import RAY_VERSION
 from infra.common import GPU_TAINT, POOL_LABEL, SHARED_MOUNT_PATH, TRAINING_UID
 from infra.config import StackConfigError, parse
 from infra.plan import plan
@@ -19,9 +18,10 @@ from infra.pod_security import restricted_problems
 from infra.ray_cluster import RAY_CLUSTER_NAME, RAY_HEAD_SERVICE, pool_resource
 from policy.k8s_scheduling import schedulable
 from tests.infra.harness import inputs_of, is_core, kubernetes_objects, validate_core, validate_custom
+from tests.support.kuberay import RAYCLUSTER, pod_labels
+from training.ray import RAY_VERSION
 
 TEAMS = [{"name": "search", "gpuQuota": 4}, {"name": "answers", "gpuQuota": 16}]
-RAYCLUSTER = "kubernetes:ray.io/v1:RayCluster"
 CRONJOB = "kubernetes:batch/v1:CronJob"
 POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
 
@@ -242,12 +242,6 @@ def allowed(doc, src: tuple[str, dict], dst: tuple[str, dict], port: int) -> boo
             and _side_allows(policies, "Ingress", dst[0], dst[1], src[0], src[1], port))
 
 
-def _pod_labels(cluster: dict, node_type: str, group: dict) -> dict[str, str]:
-    # What KubeRay puts on the pod: the template's labels plus its own (labelPod).
-    return {**group["template"]["metadata"]["labels"], **group.get("labels", {}),
-            "ray.io/node-type": node_type, "ray.io/cluster": cluster["metadata"]["name"], "ray.io/is-ray-node": "yes"}
-
-
 def _ray_ports(group: dict) -> set[int]:
     """Every port Ray binds on a node as configured (rayStartParams) plus the head's fixed ones."""
     params = group["rayStartParams"]
@@ -277,8 +271,8 @@ def test_network_policies_admit_exactly_rays_flows(team_plan):
     doc = team_plan
     for ns, cluster in clusters(doc).items():
         spec = cluster["spec"]
-        head = (ns, _pod_labels(cluster, "head", spec["headGroupSpec"]))
-        workers = [(ns, _pod_labels(cluster, "worker", g)) for g in spec["workerGroupSpecs"]]
+        head = (ns, pod_labels(cluster, "head", spec["headGroupSpec"]))
+        workers = [(ns, pod_labels(cluster, "worker", g)) for g in spec["workerGroupSpecs"]]
         head_ports = {p["containerPort"] for p in spec["headGroupSpec"]["template"]["spec"]["containers"][0]["ports"]}
         internal = (_ray_ports(spec["headGroupSpec"]) | {6379, 8265, 10001}) - {8080}
         for worker in workers:
@@ -300,7 +294,7 @@ def test_network_policies_admit_exactly_rays_flows(team_plan):
         # Across namespaces: another team's Ray pods and workers never reach this cluster.
         for other_ns, other in clusters(doc).items():
             if other_ns != ns:
-                other_worker = (other_ns, _pod_labels(other, "worker", other["spec"]["workerGroupSpecs"][0]))
+                other_worker = (other_ns, pod_labels(other, "worker", other["spec"]["workerGroupSpecs"][0]))
                 assert not allowed(doc, other_worker, head, 6379)
         assert not allowed(doc, head, (ns, {"app.kubernetes.io/name": "something-else"}), 6379)
 
@@ -310,8 +304,8 @@ def test_network_policy_evaluator_can_say_no(team_plan):
     doc = {"resources": [r for r in team_plan["resources"]
                          if not (r["type"] == POLICY and r["inputs"]["metadata"]["name"].startswith("ray-"))]}
     cluster = clusters(team_plan)["ragpool-training"]
-    head = ("ragpool-training", _pod_labels(cluster, "head", cluster["spec"]["headGroupSpec"]))
-    worker = ("ragpool-training", _pod_labels(cluster, "worker", cluster["spec"]["workerGroupSpecs"][0]))
+    head = ("ragpool-training", pod_labels(cluster, "head", cluster["spec"]["headGroupSpec"]))
+    worker = ("ragpool-training", pod_labels(cluster, "worker", cluster["spec"]["workerGroupSpecs"][0]))
     assert allowed(team_plan, worker, head, 6379) and not allowed(doc, worker, head, 6379)
 
 
@@ -373,7 +367,7 @@ def test_pod_monitors_have_kuberays_shape_and_match_the_ray_ports(team_plan):
     cluster = clusters(team_plan)["ragpool-training"]["spec"]
     for monitor, group in ((head, cluster["headGroupSpec"]), (workers, cluster["workerGroupSpecs"][0])):
         assert monitor["namespaceSelector"]["matchNames"] == namespaces
-        assert _matches(monitor["selector"], _pod_labels({"metadata": {"name": RAY_CLUSTER_NAME}},
+        assert _matches(monitor["selector"], pod_labels({"metadata": {"name": RAY_CLUSTER_NAME}},
                                                          monitor["selector"]["matchLabels"]["ray.io/node-type"], group))
         names = {p["name"] for p in group["template"]["spec"]["containers"][0]["ports"]}
         for endpoint in monitor["podMetricsEndpoints"]:

@@ -32,6 +32,7 @@ import pytest
 from infra.keda import KEDA_NAMESPACE, KEEPER_NAME, OPERATOR_POD_LABELS, operator_metrics_port
 from infra.training_namespace import MAX_RANKS_PER_POD
 from tests.conftest import STACKS
+from tests.support.kuberay import RAYCLUSTER, pod_labels
 from training.ports import QUEUE_METRICS_PORT, RANK_METRICS_PORT, RDZV_PORT, REDIS_PORT
 
 NETPOL = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
@@ -437,7 +438,6 @@ def test_private_endpoint_without_api_access_rule_is_unreachable(committed_plans
 
 # ------------------------------------------------------------------ Ray Train between Ray pods
 
-RAY_CLUSTER = "kubernetes:ray.io/v1:RayCluster"
 # Ray Train's rendezvous port is find_free_port() on rank 0's node (ray 2.58 train/torch/config.py
 # get_address_and_port -> ray/_common/network_utils.py: bind to port 0), a kernel ephemeral port
 # (Linux ip_local_port_range 32768-60999); gloo and NCCL connect on ephemeral ports as well.
@@ -446,20 +446,18 @@ RAY_TRAIN_EPHEMERAL_PORT = 45123
 
 def _ray_pods(plan: dict) -> dict[str, dict[str, list[Endpoint]]]:
     """namespace -> {"head": [pod], "workers": [two pods per worker group]}, labelled as KubeRay labels them."""
-    from tests.infra.test_ray_cluster import _pod_labels
-
     private = [ipaddress.ip_network(r["inputs"]["cidrBlock"]) for r in plan["resources"]
                if r["type"] == "aws:ec2/subnet:Subnet" and "-private-" in r["name"]]
     addresses = (str(host) for net in private for host in list(net.hosts())[100:160])
     pods: dict[str, dict[str, list[Endpoint]]] = {}
     for r in plan["resources"]:
-        if r["type"] != RAY_CLUSTER:
+        if r["type"] != RAYCLUSTER:
             continue
         cluster, ns = r["inputs"], r["inputs"]["metadata"]["namespace"]
         spec = cluster["spec"]
-        head = Endpoint(f"{ns}-ray-head", next(addresses), ns, _pod_labels(cluster, "head", spec["headGroupSpec"]))
+        head = Endpoint(f"{ns}-ray-head", next(addresses), ns, pod_labels(cluster, "head", spec["headGroupSpec"]))
         workers = [Endpoint(f"{ns}-ray-{group['groupName']}-{i}", next(addresses), ns,
-                            _pod_labels(cluster, "worker", group))
+                            pod_labels(cluster, "worker", group))
                    for group in spec["workerGroupSpecs"] for i in range(2)]
         pods[ns] = {"head": [head], "workers": workers}
     return pods
