@@ -12,7 +12,8 @@ from infra.common import TRAINING_UID
 from infra.pod_security import container_security_context
 from policy.checks import ADVISORY, MANDATORY, RULES, RULES_BY_NAME, Context, Resource
 from policy.offline import Violation, evaluate
-from tests.policy.conftest import STACKS, find, find_all
+from tests.conftest import STACKS
+from tests.policy.conftest import find, find_all
 
 pytestmark = pytest.mark.infra
 

@@ -13,7 +13,8 @@ import pytest
 
 from policy.checks import MANDATORY, RULES_BY_NAME, efs_policy_allows
 from policy.offline import Violation, evaluate
-from tests.policy.conftest import STACKS, find, find_all
+from tests.conftest import STACKS
+from tests.policy.conftest import find, find_all
 
 pytestmark = pytest.mark.infra
 

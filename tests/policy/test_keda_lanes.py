@@ -11,7 +11,8 @@ import pytest
 
 from policy.checks import RULES_BY_NAME
 from policy.offline import evaluate
-from tests.policy.conftest import STACKS, find_all
+from tests.conftest import STACKS
+from tests.policy.conftest import find_all
 
 pytestmark = pytest.mark.infra
 

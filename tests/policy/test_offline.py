@@ -9,7 +9,8 @@ import pytest
 
 from policy.checks import NON_TAGGABLE_AWS_TYPES, RULES, RULES_BY_NAME
 from policy.offline import PolicyInputError, evaluate, main, validate_config
-from tests.policy.conftest import STACKS, find
+from tests.conftest import STACKS
+from tests.policy.conftest import find
 
 pytestmark = pytest.mark.infra
 

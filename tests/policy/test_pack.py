@@ -10,10 +10,6 @@ and the pack's files (PulumiPolicy.yaml, pinned requirements).
 from __future__ import annotations
 
 import re
-import select
-import subprocess
-import sys
-import time
 import tomllib
 from collections import Counter
 from pathlib import Path
@@ -23,16 +19,14 @@ import yaml
 
 from policy.checks import RULES, stack_from_urn
 from policy.offline import evaluate
-from tests.policy.conftest import STACKS, find
+from tests.conftest import STACKS
+from tests.policy.conftest import find
+from tests.support.policy_pack import analyze, to_struct, urn
 
 pytestmark = pytest.mark.infra
 
 REPO = Path(__file__).resolve().parents[2]
 POLICY_DIR = REPO / "policy"
-
-
-def urn(stack: str, entry: dict) -> str:
-    return f"urn:pulumi:{stack}::ragpool::{entry['type']}::{entry['name']}"
 
 
 def dependency_urns(stack: str, entry: dict) -> list[str]:
@@ -122,48 +116,6 @@ def test_stack_name_comes_from_the_urn():
 # ------------------------------------------------------------------ the pack as the CLI runs it
 
 
-@pytest.fixture(scope="module")
-def analyzer():
-    """The pack served by `python -m pulumi.policy <engine> policy` (what the CLI runs)."""
-    import grpc
-    from pulumi.runtime.proto import analyzer_pb2_grpc
-
-    proc = subprocess.Popen([sys.executable, "-u", "-m", "pulumi.policy", "127.0.0.1:1", "policy"], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        line = ""
-        while not line and time.monotonic() < deadline and proc.poll() is None:
-            ready, _, _ = select.select([proc.stdout], [], [], 1.0)
-            if ready:
-                line = proc.stdout.readline().strip()
-        if not line.isdigit():
-            proc.kill()
-            pytest.fail(f"policy pack did not print its port (got {line!r}): {proc.stderr.read()[-2000:]}")
-        channel = grpc.insecure_channel(f"127.0.0.1:{line}")
-        yield analyzer_pb2_grpc.AnalyzerStub(channel)
-        channel.close()
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
-
-
-def _struct(value: dict):
-    from google.protobuf import struct_pb2
-
-    s = struct_pb2.Struct()
-    s.update(value)  # like the engine, this turns every number into a float
-    return s
-
-
-def _analyze(analyzer, stack: str, entry: dict):
-    from pulumi.runtime.proto import analyzer_pb2
-
-    return analyzer.Analyze(analyzer_pb2.AnalyzeRequest(
-        type=entry["type"], name=entry["name"], urn=urn(stack, entry), properties=_struct(entry["inputs"]),
-        options=analyzer_pb2.AnalyzerResourceOptions(protect=bool(entry.get("protect")))), timeout=30)
-
-
 def test_served_pack_reports_policies_and_levels(analyzer):
     from google.protobuf import empty_pb2
     from pulumi.runtime.proto import analyzer_pb2
@@ -184,13 +136,13 @@ def test_served_pack_passes_every_committed_resource(analyzer, committed_plans):
         doc = committed_plans[stack]
         mandatory = []
         for entry in doc["resources"]:
-            for d in _analyze(analyzer, stack, entry).diagnostics:
+            for d in analyze(analyzer, stack, entry).diagnostics:
                 if d.enforcementLevel == analyzer_pb2.MANDATORY:
                     mandatory.append(f"{entry['name']}: {d.policyName}: {d.message}")
         assert mandatory == [], "\n".join(mandatory)
         stack_request = analyzer_pb2.AnalyzeStackRequest(resources=[
             analyzer_pb2.AnalyzerResource(type=e["type"], name=e["name"], urn=urn(stack, e),
-                                          properties=_struct(e["inputs"]), dependencies=dependency_urns(stack, e))
+                                          properties=to_struct(e["inputs"]), dependencies=dependency_urns(stack, e))
             for e in doc["resources"]])
         assert list(analyzer.AnalyzeStack(stack_request, timeout=60).diagnostics) == []
 
@@ -202,7 +154,7 @@ def test_served_pack_blocks_violations(analyzer, plan_of):
     efs = find(doc, "aws:efs/fileSystem:FileSystem")
     efs["inputs"]["encrypted"] = False
     efs["protect"] = False
-    diagnostics = {d.policyName: d for d in _analyze(analyzer, "prod", efs).diagnostics}
+    diagnostics = {d.policyName: d for d in analyze(analyzer, "prod", efs).diagnostics}
     assert set(diagnostics) == {"efs-encrypted", "prod-stateful-protected"}
     assert diagnostics["efs-encrypted"].enforcementLevel == analyzer_pb2.MANDATORY
     assert "encrypted is False" in diagnostics["efs-encrypted"].message
@@ -212,7 +164,7 @@ def test_served_pack_blocks_violations(analyzer, plan_of):
     container = worker["inputs"]["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
     container["securityContext"]["runAsUser"] = 0
     container["resources"] = {"limits": {"memory": "1Gi", "nvidia.com/gpu": 8}, "requests": {"nvidia.com/gpu": 8}}
-    [d] = _analyze(analyzer, "prod", worker).diagnostics
+    [d] = analyze(analyzer, "prod", worker).diagnostics
     assert d.policyName == "training-containers-nonroot-limits" and "runAsUser is 0" in d.message
 
 
@@ -223,7 +175,7 @@ def test_served_pack_reports_unknown_values_as_advisory(analyzer, plan_of):
     doc = plan_of("dev")
     efs = find(doc, "aws:efs/fileSystem:FileSystem")
     efs["inputs"]["encrypted"] = UNKNOWN_BOOLEAN_VALUE
-    [d] = _analyze(analyzer, "dev", efs).diagnostics
+    [d] = analyze(analyzer, "dev", efs).diagnostics
     assert d.policyName == "efs-encrypted" and d.enforcementLevel == analyzer_pb2.ADVISORY
     assert "can't run policy 'efs-encrypted'" in d.message
 
@@ -235,7 +187,7 @@ def test_served_pack_stack_policy_names_the_namespace(analyzer, plan_of):
     resources = [e for e in doc["resources"] if not (
         e["type"] == "kubernetes:networking.k8s.io/v1:NetworkPolicy" and e["inputs"]["metadata"]["name"] == "default-deny")]
     request = analyzer_pb2.AnalyzeStackRequest(resources=[
-        analyzer_pb2.AnalyzerResource(type=e["type"], name=e["name"], urn=urn("dev", e), properties=_struct(e["inputs"]),
+        analyzer_pb2.AnalyzerResource(type=e["type"], name=e["name"], urn=urn("dev", e), properties=to_struct(e["inputs"]),
                                       dependencies=dependency_urns("dev", e))
         for e in resources])
     [d] = analyzer.AnalyzeStack(request, timeout=60).diagnostics
@@ -278,7 +230,7 @@ def test_served_pack_sees_the_provider_dependency(analyzer, plan_of):
     provider = find(doc, "pulumi:providers:kubernetes")
     provider["dependsOn"] = [d for d in provider["dependsOn"] if "AccessPolicyAssociation" not in d]
     request = analyzer_pb2.AnalyzeStackRequest(resources=[
-        analyzer_pb2.AnalyzerResource(type=e["type"], name=e["name"], urn=urn("prod", e), properties=_struct(e["inputs"]),
+        analyzer_pb2.AnalyzerResource(type=e["type"], name=e["name"], urn=urn("prod", e), properties=to_struct(e["inputs"]),
                                       dependencies=dependency_urns("prod", e))
         for e in doc["resources"]])
     [d] = analyzer.AnalyzeStack(request, timeout=60).diagnostics

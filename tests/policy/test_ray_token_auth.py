@@ -12,13 +12,14 @@ import pytest
 
 from policy.checks import MANDATORY, RULES_BY_NAME
 from policy.offline import evaluate
-from tests.policy.conftest import STACKS, find, find_all
-from tests.policy.test_pack import _analyze, analyzer  # noqa: F401  (the served pack, a module fixture)
+from tests.conftest import STACKS
+from tests.policy.conftest import find, find_all
+from tests.support.kuberay import RAYCLUSTER
+from tests.support.policy_pack import analyze
 
 pytestmark = pytest.mark.infra
 
 POLICY = "ray-token-auth"
-RAYCLUSTER = "kubernetes:ray.io/v1:RayCluster"
 TEAMS = [{"name": "search", "gpuQuota": 4}, {"name": "answers", "gpuQuota": 16}]
 
 
@@ -120,13 +121,13 @@ def test_rayjobs_and_rayservices_are_held_to_it_too(plan_of):
                      ("a-rayservice", "spec.rayClusterConfig.authOptions.mode"), ("alpha", "spec.authOptions.mode")}
 
 
-def test_the_served_pack_blocks_a_raycluster_without_token_auth(analyzer, plan_of):  # noqa: F811
+def test_the_served_pack_blocks_a_raycluster_without_token_auth(analyzer, plan_of):
     from pulumi.runtime.proto import analyzer_pb2
 
     doc = plan_of("prod")
     cluster = find(doc, RAYCLUSTER)
-    assert [d.policyName for d in _analyze(analyzer, "prod", cluster).diagnostics] == []
+    assert [d.policyName for d in analyze(analyzer, "prod", cluster).diagnostics] == []
     del cluster["inputs"]["spec"]["authOptions"]
-    [d] = _analyze(analyzer, "prod", cluster).diagnostics
+    [d] = analyze(analyzer, "prod", cluster).diagnostics
     assert d.policyName == POLICY and d.enforcementLevel == analyzer_pb2.MANDATORY
     assert "spec.authOptions.mode is None" in d.message
