@@ -48,3 +48,16 @@ def test_shared_scopes_keep_their_modules_on_one_worker() -> None:
     assert xdist_scope("tests/training/ray/test_placement.py::t") == xdist_scope("tests/training/ray/test_driver.py::t")
     assert xdist_scope("tests/training/reports/test_logs.py::t") == xdist_scope("tests/training/ray/test_driver.py::t")
     assert xdist_scope("tests/training/test_fsdp.py::t") == "tests/training/test_fsdp.py"
+
+
+def test_no_more_training_units_run_at_once_than_the_limit_while_other_units_wait() -> None:
+    from tests.conftest import TRAINING_AT_ONCE, TRAINING_MODULES
+
+    ray = ["tests/training/ray/test_driver.py::test_a"]
+    training = [f"{module}::test_t" for module in TRAINING_MODULES[:3]]
+    other = [f"tests/infra/test_{name}.py::test_o" for name in ("a", "b", "c", "d", "e", "f")]
+    units = _first_units(ray + training + other, workers=3)
+    first = [sent[0] for sent in units]  # the unit each worker starts with
+    assert first == [ray[0], training[0], other[0]] and TRAINING_AT_ONCE == 2, units
+    # Every node keeps a second unit queued: none of them is a third training unit while two are unfinished.
+    assert sum(t in training + ray for sent in units for t in sent) == 2, units
