@@ -29,12 +29,12 @@ def committed_plans(tmp_path_factory: pytest.TempPathFactory, worker_id: str) ->
     from infra.plan import plan
 
     if worker_id == "master":  # not under xdist
-        return json.loads(json.dumps({stack: plan(stack) for stack in STACKS}))
+        return {stack: plan(stack) for stack in STACKS}
     cached = tmp_path_factory.getbasetemp().parent / "committed_plans.json"  # the run's directory, shared
     with FileLock(f"{cached}.lock"):
         if not cached.is_file():
             cached.write_text(json.dumps({stack: plan(stack) for stack in STACKS}))
-        return json.loads(cached.read_text())
+        return json.loads(cached.read_text())  # equal to what plan() returns (plain JSON values)
 
 
 @pytest.fixture

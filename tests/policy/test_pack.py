@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 import tomllib
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import yaml
@@ -20,12 +19,11 @@ import yaml
 from policy.checks import RULES, stack_from_urn
 from policy.offline import evaluate
 from tests.conftest import STACKS
-from tests.policy.conftest import find
+from tests.policy.conftest import REPO, find
 from tests.support.policy_pack import analyze, to_struct, urn
 
 pytestmark = pytest.mark.infra
 
-REPO = Path(__file__).resolve().parents[2]
 POLICY_DIR = REPO / "policy"
 
 

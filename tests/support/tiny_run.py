@@ -52,13 +52,13 @@ def layout(run_dir: Path, without: tuple[str, ...] = ()) -> set[str]:
             if p.relative_to(run_dir).parts[0] not in skip and ".tmp" not in p.name}
 
 
-def finish(root: Path, encoder: Path) -> tuple[Path, subprocess.CompletedProcess[str]]:
-    """Run the whole pipeline once under ``root`` (one process, JSON logs): ``(spec, completed process)``."""
+def finish(root: Path, encoder: Path) -> subprocess.CompletedProcess[str]:
+    """Run the whole pipeline once under ``root`` (one process, JSON logs); returns the completed process."""
     write_data(root)
-    spec = write_run(root, RUN_ID, **sections(encoder))
-    out = run_stage_process("pipeline", spec, timeout=600, RAGPOOL_LOG_FORMAT="json")
+    out = run_stage_process("pipeline", write_run(root, RUN_ID, **sections(encoder)), timeout=600,
+                            RAGPOOL_LOG_FORMAT="json")
     assert out.returncode == 0, out.stderr[-3000:]
-    return spec, out
+    return out
 
 
 def own_copy(finished_root: Path, root: Path) -> Path:

@@ -36,8 +36,6 @@ def shared_root(tmp_path: Path) -> Path:
     return tmp_path
 
 
-
-
 @pytest.fixture(scope="session")
 def finished_run(tmp_path_factory: pytest.TempPathFactory, tiny_encoder_dir: Path):
     """``(shared_root, completed_process)`` of the tiny 4-stage run (tests/support/tiny_run.py), one process,
@@ -46,5 +44,4 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory, tiny_encoder_dir: Pat
     from tests.support import tiny_run
 
     root = tmp_path_factory.mktemp("finished_run")
-    _, out = tiny_run.finish(root, tiny_encoder_dir)
-    return root, out
+    return root, tiny_run.finish(root, tiny_encoder_dir)
