@@ -8,11 +8,13 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def tiny_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 2-layer, 32-wide BERT with the MiniLM WordPiece tokenizer (dropout 0.1), saved locally."""
+def tiny_encoder_dir(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """A 2-layer, 32-wide BERT with the MiniLM WordPiece tokenizer (dropout 0.1), saved locally, once per run:
+    the same path in every xdist worker, so runs made in different workers have the same fingerprints."""
+    from tests.support.once import once_per_run
     from tests.support.training import build_tiny_encoder
 
-    return build_tiny_encoder(tmp_path_factory.mktemp("tiny_encoder"))
+    return once_per_run(tmp_path_factory, worker_id, "tiny_encoder", build_tiny_encoder)
 
 
 @pytest.fixture(scope="session")
@@ -37,11 +39,20 @@ def shared_root(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def finished_run(tmp_path_factory: pytest.TempPathFactory, tiny_encoder_dir: Path):
+def finished_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str, tiny_encoder_dir: Path):
     """``(shared_root, completed_process)`` of the tiny 4-stage run (tests/support/tiny_run.py), one process,
-    JSON logs: made once and read by the reports tests, the Ray executor's comparison with torchrun and the
-    Ray run from zero (one xdist scope, tests/conftest.py). Never write under it: copy what a test changes."""
-    from tests.support import tiny_run
+    JSON logs: made once per run (``once_per_run``) and read by the reports tests, the Ray executor's comparison
+    with torchrun and the Ray run from zero. Never write under it: copy what a test changes."""
+    import json
+    import subprocess
 
-    root = tmp_path_factory.mktemp("finished_run")
-    return root, tiny_run.finish(root, tiny_encoder_dir)
+    from tests.support import tiny_run
+    from tests.support.once import once_per_run
+
+    def build(root: Path) -> None:
+        out = tiny_run.finish(root, tiny_encoder_dir)
+        (root / "process.json").write_text(json.dumps(
+            {"args": out.args, "returncode": out.returncode, "stdout": out.stdout, "stderr": out.stderr}))
+
+    root = once_per_run(tmp_path_factory, worker_id, "finished_run", build)
+    return root, subprocess.CompletedProcess(**json.loads((root / "process.json").read_text()))
