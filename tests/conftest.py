@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -19,22 +20,18 @@ STACKS = ("dev", "prod")
 @pytest.fixture(scope="session")
 def committed_plans(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict[str, dict]:
     """Offline plans of the committed stacks (the real program under fresh mocks), built once per run for
-    every test that reads them: under xdist the first worker to need them builds them (under a file lock)
-    and the others read its JSON, so the program runs twice per run, not twice per worker. Never mutate
-    them: use ``plan_of``."""
+    every test that reads them (``once_per_run``: under xdist the first worker builds them, the others read its
+    JSON), so the program runs twice per run, not twice per worker. Never mutate them: use ``plan_of``."""
     import json
 
-    from filelock import FileLock
-
     from infra.plan import plan
+    from tests.support.once import once_per_run
 
-    if worker_id == "master":  # not under xdist
-        return {stack: plan(stack) for stack in STACKS}
-    cached = tmp_path_factory.getbasetemp().parent / "committed_plans.json"  # the run's directory, shared
-    with FileLock(f"{cached}.lock"):
-        if not cached.is_file():
-            cached.write_text(json.dumps({stack: plan(stack) for stack in STACKS}))
-        return json.loads(cached.read_text())  # equal to what plan() returns (plain JSON values)
+    def build(out: Path) -> None:
+        (out / "plans.json").write_text(json.dumps({stack: plan(stack) for stack in STACKS}))
+
+    # Plain JSON values: what plan() returns.
+    return json.loads((once_per_run(tmp_path_factory, worker_id, "committed_plans", build) / "plans.json").read_text())
 
 
 @pytest.fixture
@@ -47,70 +44,92 @@ HEAVY_FIRST = ("ray", "torch_multiproc", "e2e", "slow")
 """Under xdist, modules whose tests carry one of these markers are handed out first (in this order), so the
 longest ones start at once instead of forming the suite's tail."""
 
-SHARED_SCOPES = {
-    "ray": ("tests/training/ray/test_driver.py", "tests/training/ray/test_from_zero.py",
-            "tests/training/ray/test_placement.py", "tests/training/ray/test_queue_ray.py",
-            "tests/training/reports/test_logs.py", "tests/training/reports/test_report.py"),
-}
-"""Test modules that share one xdist worker, run one after another: the modules starting a local Ray (each
-cluster is its own: ``ray.init(address="local")``, explicit addresses, own temp dirs and free ports, so they
-could run side by side, but on 2 cores two Ray clusters with training workers only slow each other: measured
-15 min 48 s for the suite against 14 min 31 s one after another), with the reports modules, which read the same
-session-scoped finished run as two of them (``finished_run``, tests/training/conftest.py: made once per run).
-A ``ray`` test outside ``SHARED_SCOPES["ray"]`` is refused at collection."""
+RAY_MODULES = ("tests/training/ray/test_driver.py", "tests/training/ray/test_from_zero.py",
+               "tests/training/ray/test_placement.py", "tests/training/ray/test_queue_ray.py")
+"""The modules that start a local Ray (marker ``ray``; a ``ray`` module missing here is refused at collection).
+Under xdist at most one of them runs at a time: each cluster is its own (explicit addresses, own temp dirs, free
+ports), so they could run side by side, but on 2 cores two Ray clusters with training workers only slow each other
+(measured: 15 min 48 s for the suite against 14 min 31 s one after another)."""
+
+RAY_DRIVER_MODULES = RAY_MODULES[:3]
+"""Of ``RAY_MODULES``, those whose tests make the xdist worker process itself a Ray driver (``ray.init`` to their
+cluster, ``ray.shutdown`` after): each runs in a worker process that was never a driver before, while one is
+left. A worker that had been the driver of one cluster and then connected to the next crashed (1 run in 6):
+SIGSEGV in Ray's C++ logging (``spdlog::logger::sink_it_`` reading freed heap, from the kernel's report and the
+symbols of Ray 2.58's ``_raylet.so``), a thread logging through what the earlier session left behind."""
 
 TRAINING_MODULES = (
     "tests/bench/test_recovery.py", "tests/training/components/test_dcp.py",
-    "tests/training/components/test_distributed.py", "tests/training/test_ddp.py", "tests/training/test_entrypoints.py",
+    "tests/training/components/test_distributed.py", "tests/training/reports/test_logs.py",
+    "tests/training/reports/test_report.py", "tests/training/test_ddp.py", "tests/training/test_entrypoints.py",
     "tests/training/test_fsdp.py", "tests/training/test_generator.py", "tests/training/test_pipeline.py",
     "tests/training/test_resume.py",
 )
-"""The modules outside the ``ray`` scope whose tests run training processes (marker ``torch_multiproc``; a module
+"""The modules besides ``RAY_MODULES`` whose tests run training processes (marker ``torch_multiproc``; a module
 with the marker missing here is refused at collection)."""
 
 TRAINING_AT_ONCE = 2
-"""Under xdist, how many of the training units (these modules and the ``ray`` scope) run at once; the other
+"""Under xdist, how many of the training units (``TRAINING_MODULES`` and ``RAY_MODULES``) run at once; the other
 workers take the rest meanwhile (servers, waits, plans), so tests that mostly wait overlap training instead of
 forming the suite's tail. On 2 cores three training units side by side oversubscribe the cores (each is 2-3
 CPU-bound processes). Measured on a noisy 2-core machine: 14 min 12 s without the limit, 13 min 55 s with it."""
 
-_SCOPE_OF = {module: scope for scope, modules in SHARED_SCOPES.items() for module in modules}
-
 
 def xdist_scope(nodeid: str) -> str:
-    """The unit xdist hands to one worker: the test's module, or the shared scope that module belongs to."""
-    module = nodeid.split("::", 1)[0]
-    return _SCOPE_OF.get(module, module)
+    """The unit xdist hands to one worker: the test's module (its classes included)."""
+    return nodeid.split("::", 1)[0]
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """``--dist loadscope`` (what ``make test`` runs) with :func:`xdist_scope` as the scope: each module is one
-    unit, so a module's expensive ``scope="module"`` fixture (a finished run, a Ray cluster) is built once, in one
-    worker, and ``SHARED_SCOPES`` keep their modules together. (xdist's own ``loadgroup`` cannot be used: with
-    pytest 9.2 its ``xdist_group`` marker no longer reaches the node ids it schedules by.)"""
+    unit, so a module's expensive ``scope="module"`` fixture (a Ray cluster) is built once, in one worker. Units
+    go out in collection order (heaviest first), except what ``RAY_MODULES``, ``RAY_DRIVER_MODULES`` and
+    ``TRAINING_AT_ONCE`` hold back. (xdist's own ``loadgroup`` cannot be used: with pytest 9.2 its
+    ``xdist_group`` marker no longer reaches the node ids it schedules by.)"""
     if config.getvalue("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     # xdist reorders scopes by test count unless told not to (--no-loadscope-reorder): that order would put the
-    # modules with the most (and cheapest) tests first and start the Ray scope, the longest, minutes late.
+    # modules with the most (and cheapest) tests first and start the Ray modules, the longest, minutes late.
     config.option.loadscopereorder = False
 
-    training = {*TRAINING_MODULES, "ray"}
+    ray, drivers, training = set(RAY_MODULES), set(RAY_DRIVER_MODULES), {*TRAINING_MODULES, *RAY_MODULES}
 
     class ModuleScopes(LoadScopeScheduling):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.drivers_of: dict[object, list[str]] = {}
+            """Worker -> the ``RAY_DRIVER_MODULES`` it was given."""
+
         def _split_scope(self, nodeid: str) -> str:
             return xdist_scope(nodeid)
 
-        def _assign_work_unit(self, node) -> None:
-            """The next unit in order, except a training unit while ``TRAINING_AT_ONCE`` run (or wait on a worker):
-            then the first other unit, if any is left."""
+        def _next_unit(self, node) -> str | None:
+            """The first unit in order that keeps every rule; else the first that only breaks the limits on
+            running at once (better than an idle worker); else None: only Ray driver units are left and
+            another live worker was never a driver, so this one stays idle and the others take them."""
             running = {scope for work in self.assigned_work.values() for scope, tests in work.items()
                        if not all(tests.values())}
-            if len(running & training) >= TRAINING_AT_ONCE:
-                other = next((scope for scope in self.workqueue if scope not in training), None)
-                if other is not None:
-                    self.workqueue.move_to_end(other, last=False)
+            fresh = any(not n.shutting_down and not self.drivers_of.get(n) for n in self.assigned_work if n is not node)
+
+            def allowed(scope: str, limits: bool) -> bool:
+                if scope in drivers and self.drivers_of.get(node) and fresh:
+                    return False
+                if limits and scope in ray and running & ray:
+                    return False
+                return not (limits and scope in training and len(running & training) >= TRAINING_AT_ONCE)
+
+            return (next((s for s in self.workqueue if allowed(s, limits=True)), None)
+                    or next((s for s in self.workqueue if allowed(s, limits=False)), None))
+
+        def _assign_work_unit(self, node) -> None:
+            scope = self._next_unit(node)
+            if scope is None:
+                return
+            self.workqueue.move_to_end(scope, last=False)
+            if scope in drivers:
+                self.drivers_of.setdefault(node, []).append(scope)
             super()._assign_work_unit(node)
 
     return ModuleScopes(config, log)
@@ -124,10 +143,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         module = item.nodeid.split("::", 1)[0]
         if REDIS_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.redis)
-        if item.get_closest_marker("ray") is not None and xdist_scope(item.nodeid) != "ray":
-            raise pytest.UsageError(f"{module} starts Ray (marker ray) but is not in SHARED_SCOPES['ray'] "
+        if item.get_closest_marker("ray") is not None and module not in RAY_MODULES:
+            raise pytest.UsageError(f"{module} starts Ray (marker ray) but is not in RAY_MODULES "
                                     "(tests/conftest.py): add it")
-        if (item.get_closest_marker("torch_multiproc") is not None and xdist_scope(item.nodeid) != "ray"
+        if (item.get_closest_marker("torch_multiproc") is not None and module not in RAY_MODULES
                 and module not in TRAINING_MODULES):
             raise pytest.UsageError(f"{module} runs training processes (marker torch_multiproc) but is not in "
                                     "TRAINING_MODULES (tests/conftest.py): add it")

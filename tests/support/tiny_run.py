@@ -1,8 +1,8 @@
 """The tiny 4-stage run (2-layer encoder, 1-layer Llama, a 12-entity synthetic set) that several tests compare
 with or read: its sections, its data, the layout of a run directory, and the one finished torchrun run of it
 (the session fixture ``finished_run`` in tests/training/conftest.py) shared by the reports tests, the Ray
-executor's comparison with torchrun and the Ray run from zero. Those modules share one xdist scope
-(tests/conftest.py), so the run is made once per ``make test``."""
+executor's comparison with torchrun and the Ray run from zero, made once per ``make test`` whichever xdist workers
+run them (tests/support/once.py)."""
 
 from __future__ import annotations
 
