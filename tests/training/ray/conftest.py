@@ -3,12 +3,13 @@ Modules that start Ray skip without the ray extra (``needs_ray``)."""
 
 from __future__ import annotations
 
+import faulthandler
 import os
 
 import pytest
 
+from training.localdev.ray_head import PREEMPTION_WATCHER_ENV
 from training.paths import child_env
-
 
 
 def ray_env() -> None:
@@ -17,7 +18,21 @@ def ray_env() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ["RAY_TRAIN_ENABLE_PRINT_PATCH"] = "0"
+    os.environ[PREEMPTION_WATCHER_ENV] = "0"  # as the local head sets it (training/localdev/ray_head.py)
     os.environ.update(child_env())
+
+
+def rearm_faulthandler(config: pytest.Config) -> None:
+    """Install pytest's faulthandler again after ``ray.shutdown()``. Ray 2.58's shutdown of a driver
+    (``RayLog::ShutDownRayLog`` -> ``UninstallSignalAction``) sets SIGSEGV and the other fatal signals back to
+    SIG_DFL, so a later crash of this xdist worker would print no stack at all (one did: only the kernel log
+    named ``_raylet.so``). ``enable()`` on an enabled faulthandler does nothing, hence ``disable()`` first; the
+    file is pytest's own duplicate of stderr, outside output capturing."""
+    from _pytest.faulthandler import fault_handler_stderr_fd_key
+
+    if faulthandler.is_enabled():
+        faulthandler.disable()
+        faulthandler.enable(file=config.stash.get(fault_handler_stderr_fd_key, 2))
 
 
 def ray_temp_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
@@ -32,7 +47,7 @@ def needs_ray() -> None:
 
 
 @pytest.fixture(scope="module")
-def local_ray():
+def local_ray(request: pytest.FixtureRequest):
     """One in-process local Ray (2 CPUs) for the test module that asks for it (test_driver.py); stopped after."""
     import shutil
 
@@ -46,4 +61,5 @@ def local_ray():
     ray.init(address="local", num_cpus=2, include_dashboard=True, dashboard_port=free_port(), _temp_dir=temp, log_to_driver=False)
     yield ray
     ray.shutdown()
+    rearm_faulthandler(request.config)
     shutil.rmtree(temp, ignore_errors=True)
