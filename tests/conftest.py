@@ -52,7 +52,8 @@ Under xdist at most one of them runs at a time: each cluster is its own (explici
 ports), so they could run side by side, but on 2 cores two Ray clusters with training workers only slow each other
 (measured: 15 min 48 s for the suite against 14 min 31 s one after another)."""
 
-RAY_DRIVER_MODULES = RAY_MODULES[:3]
+RAY_DRIVER_MODULES = ("tests/training/ray/test_driver.py", "tests/training/ray/test_from_zero.py",
+                      "tests/training/ray/test_placement.py")
 """Of ``RAY_MODULES``, those whose tests make the xdist worker process itself a Ray driver (``ray.init`` to their
 cluster, ``ray.shutdown`` after): each runs in a worker process that was never a driver before, while one is
 left. A worker that had been the driver of one cluster and then connected to the next crashed (1 run in 6):
@@ -96,6 +97,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     config.option.loadscopereorder = False
 
     ray, drivers, training = set(RAY_MODULES), set(RAY_DRIVER_MODULES), {*TRAINING_MODULES, *RAY_MODULES}
+    if not drivers <= ray:
+        raise pytest.UsageError(f"RAY_DRIVER_MODULES not in RAY_MODULES (tests/conftest.py): {sorted(drivers - ray)}")
 
     class ModuleScopes(LoadScopeScheduling):
         def __init__(self, *args, **kwargs) -> None:
