@@ -69,8 +69,12 @@ def test_a_full_gang_runs_on_every_index_after_all_joined(redis_server, namespac
     out_dir.mkdir()
     cmd = sh(f"touch {out_dir}/{{run_id}}-{{node_index}}")
     leader = start_worker(redis_server, namespace, tmp_path, cmd, idle=1, **_gang(2, "job-ok", 0))
-    time.sleep(1.0)  # index 0 claims and gathers first; its follower's node comes a second later
-    assert q.get("two-node").state == "running" and not list(out_dir.iterdir()), "nothing runs before all joined"
+    # Index 0 claims the run and gathers first (its start is slower on a loaded machine: wait for the claim, not a
+    # fixed time); its follower's node comes a second after the claim.
+    wait_for(lambda: q.get("two-node").state == "running", 30, "index 0 to claim the gang's run",
+             seen=lambda: q.get("two-node").state)
+    time.sleep(1.0)
+    assert not list(out_dir.iterdir()), "nothing runs before all joined"
     follower = start_worker(redis_server, namespace, tmp_path, cmd, idle=3, **_gang(2, "job-ok", 1))
     assert finish(leader)[0] == 0 and finish(follower)[0] == 0
     assert sorted(p.name for p in out_dir.iterdir()) == ["two-node-0", "two-node-1"]

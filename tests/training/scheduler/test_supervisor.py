@@ -68,6 +68,9 @@ def test_worker_claims_runs_heartbeats_and_acks(redis_server, namespace, make_qu
     cmd = sh('test -f "$RAGPOOL_RUN_CONFIG" && echo "training {run_id} attempt {attempt}" && sleep 2.5 '
              '&& echo done > "$RAGPOOL_SHARED_ROOT/runs/$RAGPOOL_RUN_ID/artifact.txt"')
     worker = start_worker(redis_server, namespace, tmp_path, cmd, lease=0.9)
+    # The worker's claim first (its start takes longer on a loaded machine), then past the lease.
+    wait_for(lambda: q.get("e2e-run").state == "running", 30, "the worker to claim the run",
+             seen=lambda: q.get("e2e-run").state)
     time.sleep(1.5)
     assert make_queue().claim("thief") is None, "a heartbeated lease must not be reaped"
     code, out = finish(worker)
