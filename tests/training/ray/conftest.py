@@ -35,6 +35,14 @@ def rearm_faulthandler(config: pytest.Config) -> None:
         faulthandler.enable(file=config.stash.get(fault_handler_stderr_fd_key, 2))
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _faulthandler_after_ray(request: pytest.FixtureRequest):
+    """Every Ray test module re-arms the faulthandler at its end: an autouse fixture is torn down after the
+    module's own fixtures, so after whichever of them called ``ray.shutdown()``."""
+    yield
+    rearm_faulthandler(request.config)
+
+
 def ray_temp_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     # Ray's socket paths must stay short (AF_UNIX limit): a short dir under /tmp.
     import tempfile
@@ -47,7 +55,7 @@ def needs_ray() -> None:
 
 
 @pytest.fixture(scope="module")
-def local_ray(request: pytest.FixtureRequest):
+def local_ray():
     """One in-process local Ray (2 CPUs) for the test module that asks for it (test_driver.py); stopped after."""
     import shutil
 
@@ -61,5 +69,4 @@ def local_ray(request: pytest.FixtureRequest):
     ray.init(address="local", num_cpus=2, include_dashboard=True, dashboard_port=free_port(), _temp_dir=temp, log_to_driver=False)
     yield ray
     ray.shutdown()
-    rearm_faulthandler(request.config)
     shutil.rmtree(temp, ignore_errors=True)

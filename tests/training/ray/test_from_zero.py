@@ -19,7 +19,7 @@ import pytest
 
 from tests.support import tiny_run
 from tests.support.training import write_run
-from tests.training.ray.conftest import needs_ray, ray_env, rearm_faulthandler
+from tests.training.ray.conftest import needs_ray, ray_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 needs_ray()
@@ -41,7 +41,7 @@ def shared(tmp_path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def cluster(request):
+def cluster():
     from training.demo.ray_autoscaling import LocalAutoscalingCluster, PoolNodeType, connected
 
     ray_env()
@@ -49,7 +49,6 @@ def cluster(request):
                   PoolNodeType(POOL_B, cpus=1, gpus=1, max_workers=1)]
     with connected(LocalAutoscalingCluster(node_types=node_types, idle_timeout_s=6)) as c:
         yield c
-    rearm_faulthandler(request.config)
 
 
 @pytest.fixture

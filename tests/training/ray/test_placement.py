@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tests.training.ray.conftest import needs_ray, ray_env, ray_temp_dir, rearm_faulthandler
+from tests.training.ray.conftest import needs_ray, ray_env, ray_temp_dir
 from training.config import RayStageConfig
 from training.ray.placement import POOL_LABEL, PlacementError, bundle_nodes, plan, reserved, strategy_for
 
@@ -104,7 +104,7 @@ def test_plan_reads_the_declaration_from_the_environment(monkeypatch) -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory, request):
+def cluster(tmp_path_factory):
     ray_env()
     import ray
     from ray.cluster_utils import Cluster
@@ -119,7 +119,6 @@ def cluster(tmp_path_factory, request):
     c.wait_for_nodes()
     yield {pool: n.node_id for pool, n in nodes.items()}
     ray.shutdown()
-    rearm_faulthandler(request.config)
     c.shutdown()
     shutil.rmtree(temp, ignore_errors=True)
 
