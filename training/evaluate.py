@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from training.components import distributed as D
+from training.components import heap
 from training.components.data import load_datasets
 from training.components.logs import get_logger
 from training.components.models import load_encoder
@@ -88,6 +89,7 @@ def _evaluate(cfg: RunConfig, env: D.DistEnv) -> int:
     depth = max(max(e.recall_at), cfg.generator.top_k)
 
     retrieved, marker = retrieve(cfg, env, questions, depth)
+    heap.settle()  # the encoder and the index are loaded
     report: dict[str, Any] = {"run_id": cfg.run_id, "questions": len(examples), "world_size": env.world_size,
                               "retrieval": {"encoder": marker.get("encoder") or "all-MiniLM-L6-v2 (pretrained)",
                                             "index": marker.get("kind"),

@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING
 
 from training.components import distributed as D
+from training.components import heap
 from training.components.data import load_corpus, resolve_confined
 from training.components.logs import get_logger
 from training.components.models import load_encoder
@@ -47,6 +48,7 @@ def _index(cfg: RunConfig, env: D.DistEnv) -> int:
     encoder_path = retriever_model_path(cfg, cfg.index.use_finetuned)
     model, tokenizer = load_encoder(encoder_path)
     model.to(env.device)
+    heap.settle()
     t0 = time.monotonic()
     emb = encode_sharded(env, model, tokenizer, [p.text for p in corpus], cfg.retriever.max_length,
                          cfg.index.batch_size)

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from training.components import distributed as D
+from training.components import heap
 from training.components import sharding as S
 from training.components.checkpoint import (Checkpointer, checkpoint_format, load_checkpoint_dir, load_dcp_state,
                                             newest_verified, step_dir_name)
@@ -214,6 +215,7 @@ class Trainer:
         self.stop = _StopFlag()
         self._autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if env.device.type == "cuda"
                           else contextlib.nullcontext())
+        heap.settle()  # setup done: the loop's collections need not walk the start's objects again
 
     @property
     def stop_requested(self) -> bool:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from training.components import heap
 from training.config import STAGES, ConfigError, RunConfig, load_run_config, split_cli
 from training.exit_codes import BAD_INPUT, FAILED, OK
 
@@ -110,7 +111,10 @@ def run_stage(cfg: RunConfig, env: Any, stage: str, body: Callable[[RunConfig, A
         log.info("stage %s: complete, skipped", stage)
         return OK
     log.info("stage %s: starting", stage)
-    code = body(cfg, env)
+    try:
+        code = body(cfg, env)
+    finally:
+        heap.release()  # what the stage froze (its setup) can be collected once it is over
     if code == OK:
         D.barrier(env)
     return code
@@ -118,7 +122,14 @@ def run_stage(cfg: RunConfig, env: Any, stage: str, body: Callable[[RunConfig, A
 
 def run_main(stage: str, run: Callable[..., int], argv: list[str] | None = None) -> int:
     """A stage command's ``main()``: parse config, init the process group, map errors to exit codes."""
-    argv = sys.argv[1:] if argv is None else argv
+    heap.pause()  # until the stage's setup is done (heap.settle): collections would only walk the start
+    try:
+        return _main(stage, run, sys.argv[1:] if argv is None else argv)
+    finally:
+        heap.restore()
+
+
+def _main(stage: str, run: Callable[..., int], argv: list[str]) -> int:
     try:
         path, overrides = split_cli(argv)
         cfg: RunConfig = load_run_config(path, overrides)
