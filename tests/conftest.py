@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import gc
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,6 +39,27 @@ def committed_plans(tmp_path_factory: pytest.TempPathFactory, worker_id: str) ->
 def plan_of(committed_plans) -> Callable[[str], dict]:
     """A private deep copy of a committed plan, for tests that mutate it."""
     return lambda stack: copy.deepcopy(committed_plans[stack])
+
+
+TEST_PROCESS_GC_THRESHOLDS = (10_000, 10, 100)
+"""``gc.set_threshold`` of every pytest process (the xdist workers included). Their heaps are large and long-lived
+(torch, transformers, Ray, pulumi_aws, moto, the plans) and keep growing with what tests import, so Python's
+defaults (700, 10, 10) walk all of it in a full collection every few seconds: measured, the in-process
+``tests/infra`` tests spent 18-19 of their 67 CPU-seconds there. With these thresholds the same tests take
+48 CPU-seconds (no full collection) and peak at 801 MB instead of 645 MB."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    gc.set_threshold(*TEST_PROCESS_GC_THRESHOLDS)
+
+
+@pytest.fixture(autouse=True)
+def _collector_as_python_leaves_it():
+    """A test that runs a stage's setup in this process (``Trainer``: ``heap.settle``) leaves no frozen objects
+    and no paused collector behind it."""
+    yield
+    gc.unfreeze()
+    gc.enable()
 
 
 HEAVY_FIRST = ("ray", "torch_multiproc", "e2e", "slow")
