@@ -1,5 +1,6 @@
 """training.components.heap: a stage process collects nothing while it starts, freezes its setup, frees it
-when the stage ends and leaves the collector as Python's default (what it saves: bench/stage_gc.py)."""
+when the stage ends and leaves the collector as Python's default (what it saves: bench/stage_gc.py). The
+Trainer's call: tests/training/components/test_loop.py."""
 
 from __future__ import annotations
 
@@ -10,11 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.training.components.test_loop import _cfg as loop_cfg
-from tests.training.components.test_loop import _task
 from training.components import heap
 from training.components.distributed import DistEnv
-from training.components.loop import Trainer
 from training.components.stage import run_main, run_stage
 from training.config import load_run_config
 from training.exit_codes import BAD_INPUT, OK
@@ -68,12 +66,6 @@ def test_settle_freezes_without_collecting_and_release_makes_it_collectable() ->
     assert gc.get_freeze_count() == 0
     gc.collect()
     assert cycle() is None, "release left the stage's cycles uncollectable"
-
-
-def test_the_trainer_settles_once_its_setup_is_done(tmp_path: Path) -> None:
-    heap.pause()
-    Trainer(_task(), loop_cfg(tmp_path), ENV, tmp_path / "stage")
-    assert gc.isenabled() and gc.get_freeze_count() > 0
 
 
 def test_run_stage_releases_what_the_stage_froze_even_when_it_fails(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
 """training.components.loop: the step hooks (every step seen, none installed = nothing run per
-step), the hooks variable, resume through the Trainer, and no fault logic in production code."""
+step), the hooks variable, resume through the Trainer, the collector once its setup is done (heap.settle),
+and no fault logic in production code."""
 
 from __future__ import annotations
 
@@ -67,6 +68,16 @@ def test_no_hook_runs_nothing_per_step(tmp_path: Path, monkeypatch: pytest.Monke
 
     trainer.hooks = Refuses()
     assert trainer.train().step == 5
+
+
+def test_the_trainer_freezes_the_start_once_its_setup_is_done(tmp_path: Path) -> None:
+    import gc
+
+    from training.components import heap
+
+    heap.pause()  # as run_main does
+    Trainer(_task(), _cfg(tmp_path), ENV, tmp_path / "stage")
+    assert gc.isenabled() and gc.get_freeze_count() > 0
 
 
 CALLS: list[int] = []
