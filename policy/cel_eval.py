@@ -42,7 +42,7 @@ import celpy.evaluation
 import yaml
 from celpy import celtypes
 
-from scripts.vendor_schemas import REPO_ROOT, VENDOR_DIR as SCHEMAS_DIR
+from scripts.vendor_schemas import REPO_ROOT, YAML_LOADER, VENDOR_DIR as SCHEMAS_DIR
 from training import exit_codes
 
 VENDORED_CRDS = REPO_ROOT / "infra" / "crds"
@@ -62,10 +62,10 @@ MACROS = {"has", "all", "exists", "exists_one", "map", "filter"}
 def crd_documents() -> dict[tuple[str, str], tuple[str, dict]]:
     """(group, kind) -> (source file, CRD document)."""
     out = {key: (str((SCHEMAS_DIR / "crds" / file).relative_to(REPO_ROOT)),
-                 yaml.safe_load((SCHEMAS_DIR / "crds" / file).read_text()))
+                 yaml.load((SCHEMAS_DIR / "crds" / file).read_text(), Loader=YAML_LOADER))
            for key, file in CRD_FILES.items()}
     for path in sorted(VENDORED_CRDS.rglob("*.yaml")) if VENDORED_CRDS.is_dir() else []:
-        for doc in yaml.safe_load_all(path.read_text()):
+        for doc in yaml.load_all(path.read_text(), Loader=YAML_LOADER):
             if isinstance(doc, dict) and doc.get("kind") == "CustomResourceDefinition":
                 key = (doc["spec"]["group"], doc["spec"]["names"]["kind"])
                 out[key] = (str(path.relative_to(REPO_ROOT)), doc)

@@ -115,8 +115,9 @@ CRD_SCHEMAS: list[tuple[str, str]] = [
       for kinds in ("cloudeventsources", "clustercloudeventsources")],
 ]
 
-# libyaml's loader when PyYAML has it (the same documents, ~10x faster on these multi-MB CRDs).
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# libyaml's loader when PyYAML has it (the same documents, ~10x faster on these multi-MB CRDs): for the upstream
+# files this repository vendors (trusted), never for a file a user wrote (training/config.py bounds those).
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 DRAFT4 = "http://json-schema.org/draft-04/schema#"
 _COMBINATORS = ("anyOf", "allOf", "oneOf", "not")
 # Transformation 4: Go's RE2 takes a flag group after "^"; Python's re wants global flags first.
@@ -171,7 +172,7 @@ def built_schemas(repo_root: Path = REPO_ROOT) -> dict[Path, str]:
     (cached: the CRD YAML is read once per process)."""
     out: dict[Path, str] = {}
     for crd_path, folder in CRD_SCHEMAS:
-        crd = yaml.load((repo_root / crd_path).read_text(encoding="utf-8"), Loader=_YAML_LOADER)
+        crd = yaml.load((repo_root / crd_path).read_text(encoding="utf-8"), Loader=YAML_LOADER)
         for name, schema in strict_crd_schemas(crd).items():
             out[Path(folder) / name] = schema_text(schema)
     return out
