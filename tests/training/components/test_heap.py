@@ -35,6 +35,9 @@ def _single_process(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # init_distributed leaves this process's threads alone
+    from training.components import logs
+
+    monkeypatch.setattr(logs, "_CONTEXT", logs._CONTEXT)  # run_main sets the process's log context
 
 
 def test_run_main_pauses_the_collector_for_the_stage_and_restores_it(tmp_path: Path) -> None:
