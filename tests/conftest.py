@@ -35,6 +35,26 @@ def committed_plans(tmp_path_factory: pytest.TempPathFactory, worker_id: str) ->
     return json.loads((once_per_run(tmp_path_factory, worker_id, "committed_plans", build) / "plans.json").read_text())
 
 
+TEAMS_ON_PROD = ({"name": "search", "gpuQuota": 4}, {"name": "answers", "gpuQuota": 16})
+"""The training teams of ``team_plan``: two team namespaces beside the main one, so three RayClusters."""
+
+
+@pytest.fixture(scope="session")
+def team_plan(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict:
+    """The prod plan with ``TEAMS_ON_PROD``, built once per run (``once_per_run``) for the tests of the Ray clusters
+    (tests/infra/test_ray_cluster.py) and of their token-auth policy (tests/policy/test_ray_token_auth.py). Never
+    mutate it."""
+    import json
+
+    from infra.plan import plan
+    from tests.support.once import once_per_run
+
+    def build(out: Path) -> None:
+        (out / "plan.json").write_text(json.dumps(plan("prod", overrides={"ragpool:trainingTeams": list(TEAMS_ON_PROD)})))
+
+    return json.loads((once_per_run(tmp_path_factory, worker_id, "team_plan", build) / "plan.json").read_text())
+
+
 @pytest.fixture
 def plan_of(committed_plans) -> Callable[[str], dict]:
     """A private deep copy of a committed plan, for tests that mutate it."""

@@ -68,19 +68,19 @@ def test_the_preview_role_gets_an_entry_in_its_group_and_no_access_policy(previe
     assert binding["inputs"]["roleRef"]["name"] == role["inputs"]["metadata"]["name"]
 
 
-def test_no_preview_access_without_the_key(preview_plan):
+def test_no_preview_access_without_the_key(committed_plans):
     for stack in ("dev", "prod"):
-        doc = plan(stack)
+        doc = committed_plans[stack]
         assert not [r for r in of_type(doc, ENTRY) if PREVIEW_GROUP in (r["inputs"].get("kubernetesGroups") or [])]
         assert not [r for r in of_type(doc, ENTRY) if r["name"].endswith("-preview")]
         assert not of_type(doc, "kubernetes:rbac.authorization.k8s.io/v1:ClusterRole")
 
 
-def test_the_cluster_role_allows_every_dry_run_of_every_declared_kind(preview_plan):
+def test_the_cluster_role_allows_every_dry_run_of_every_declared_kind(preview_plan, committed_plans):
     [role] = of_type(preview_plan, "kubernetes:rbac.authorization.k8s.io/v1:ClusterRole")
     rules = role["inputs"]["rules"]
     verbs = REFERENCE["dry_run_verbs"]
-    kinds = kubernetes_kinds(preview_plan) | kubernetes_kinds(plan("prod"))
+    kinds = kubernetes_kinds(preview_plan) | kubernetes_kinds(committed_plans["prod"])
     # The CRDs the program applies from files (yaml/v2 ConfigFile) are objects too.
     kinds |= {("apiextensions.k8s.io/v1", "CustomResourceDefinition", "")}
     missing = []

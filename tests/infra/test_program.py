@@ -262,8 +262,9 @@ def test_dev_and_prod_differ_exactly_as_configured(committed_plans):
     }
 
 
-def test_plan_is_deterministic():
-    assert plan("prod") == plan("prod")
+def test_plan_is_deterministic(committed_plans):
+    """A second run of the program gives the plan the session built (``committed_plans``) again."""
+    assert plan("prod") == committed_plans["prod"]
 
 
 def test_program_outputs_under_fresh_mocks(pulumi_mocks):

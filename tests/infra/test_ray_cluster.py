@@ -17,18 +17,15 @@ from infra.plan import plan
 from infra.pod_security import restricted_problems
 from infra.ray_cluster import RAY_CLUSTER_NAME, RAY_HEAD_SERVICE, pool_resource
 from policy.k8s_scheduling import schedulable
+from tests.conftest import TEAMS_ON_PROD
 from tests.infra.harness import inputs_of, is_core, kubernetes_objects, validate_core, validate_custom
 from tests.support.kuberay import RAYCLUSTER, pod_labels
 from training.ray import RAY_VERSION
 
-TEAMS = [{"name": "search", "gpuQuota": 4}, {"name": "answers", "gpuQuota": 16}]
+TEAMS = list(TEAMS_ON_PROD)
+"""The teams of ``team_plan`` (tests/conftest.py), for the tests that run the program with them themselves."""
 CRONJOB = "kubernetes:batch/v1:CronJob"
 POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
-
-
-@pytest.fixture(scope="module")
-def team_plan():
-    return plan("prod", overrides={"ragpool:trainingTeams": TEAMS})
 
 
 def clusters(doc) -> dict[str, dict[str, Any]]:

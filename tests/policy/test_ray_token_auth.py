@@ -20,18 +20,10 @@ from tests.support.policy_pack import analyze
 pytestmark = pytest.mark.infra
 
 POLICY = "ray-token-auth"
-TEAMS = [{"name": "search", "gpuQuota": 4}, {"name": "answers", "gpuQuota": 16}]
 
 
 def run(doc: dict) -> list:
     return evaluate(doc, None, rules=[RULES_BY_NAME[POLICY]])
-
-
-@pytest.fixture(scope="module")
-def team_plan():
-    from infra.plan import plan
-
-    return plan("prod", overrides={"ragpool:trainingTeams": TEAMS})
 
 
 def test_it_is_mandatory():
