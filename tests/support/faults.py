@@ -22,14 +22,21 @@ RESUME_FAULT_ENV = "RAGPOOL_FAULT_KILL_AFTER_STEP"
 #: Right after this optimizer step, hang (no more steps, metrics still served, as a
 #: deadlocked run looks) until SIGTERM, which then stops the run as usual (checkpoint, 75).
 HANG_FAULT_ENV = "RAGPOOL_FAULT_HANG_AFTER_STEP"
-FAULT_ENVS = (RESUME_FAULT_ENV, HANG_FAULT_ENV)
+#: Only in this stage's training loop (``retriever`` or ``generator``); unset: in every stage's.
+FAULT_STAGE_ENV = "RAGPOOL_FAULT_STAGE"
+FAULT_ENVS = (RESUME_FAULT_ENV, HANG_FAULT_ENV, FAULT_STAGE_ENV)
 #: This module, as the loop's hooks variable names it.
 MODULE = __name__
 
 
+def _in_stage(trainer: "Trainer") -> bool:
+    stage = os.environ.get(FAULT_STAGE_ENV)
+    return not stage or trainer.task.stage == stage
+
+
 def kill_after(step: int) -> "StepHook":
     def hook(trainer: "Trainer") -> None:
-        if trainer.step == step:
+        if trainer.step == step and _in_stage(trainer):
             trainer.ckpt.wait()
             from training.components import distributed as D
 
@@ -41,7 +48,7 @@ def kill_after(step: int) -> "StepHook":
 
 def hang_after(step: int) -> "StepHook":
     def hook(trainer: "Trainer") -> None:
-        if trainer.step == step:
+        if trainer.step == step and _in_stage(trainer):
             trainer.log.warning("%s=%d: hanging until SIGTERM", HANG_FAULT_ENV, step)
             while not trainer.stop_requested:
                 time.sleep(0.1)

@@ -1,7 +1,7 @@
 """The tiny 4-stage run (2-layer encoder, 1-layer Llama, a 12-entity synthetic set) that several tests compare
 with or read: its sections, its data, the layout of a run directory, and the one finished torchrun run of it
 (the session fixture ``finished_run`` in tests/training/conftest.py) shared by the reports tests, the Ray
-executor's comparison with torchrun and the Ray run from zero, made once per ``make test`` whichever xdist workers
+executor (which resumes it) and the Ray run from zero (compared with it), made once per ``make test`` whichever xdist workers
 run them (tests/support/once.py)."""
 
 from __future__ import annotations
@@ -50,6 +50,16 @@ def layout(run_dir: Path, without: tuple[str, ...] = ()) -> set[str]:
     skip = {"ray", *without}
     return {str(p.relative_to(run_dir)) for p in run_dir.rglob("*")
             if p.relative_to(run_dir).parts[0] not in skip and ".tmp" not in p.name}
+
+
+def key_paths(tree: object, prefix: str = "") -> set[str]:
+    """Every key path of a JSON tree (``a.b``; list items by their first element, ``a.[].c``): what two reports
+    of the same run shape share whatever their values."""
+    if isinstance(tree, dict):
+        return {k for key, v in tree.items() for k in ({prefix + key} | key_paths(v, prefix + key + "."))}
+    if isinstance(tree, list) and tree and isinstance(tree[0], dict):
+        return key_paths(tree[0], prefix + "[].")
+    return set()
 
 
 def finish(root: Path, encoder: Path) -> subprocess.CompletedProcess[str]:

@@ -20,7 +20,7 @@ from tests.support.faults import FAULT_ENVS, HANG_FAULT_ENV, RESUME_FAULT_ENV
 from tests.support.faults import MODULE as FAULTS_MODULE
 
 __all__ = ["HANG_FAULT_ENV", "RESUME_FAULT_ENV", "REPO", "assert_sigkill_resume_is_bit_exact", "build_tiny_encoder",
-           "stage_env", "indexed_root", "load_params", "run_stage_process", "stage_cmd", "step_losses", "write_run"]
+           "stage_env", "indexed_copy", "indexed_root", "load_params", "run_stage_process", "stage_cmd", "step_losses", "write_run"]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -69,6 +69,15 @@ def write_run(shared: Path, run_id: str, **sections: object) -> Path:
     path = shared / f"{run_id}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
+
+
+def indexed_copy(base: Path, root: Path) -> Path:
+    """``root`` holding a copy of ``base`` (the session's ``indexed_base``: dataset, ``base.yaml`` and the run
+    ``base``'s index), for a module that trains runs under it; returns ``root``."""
+    import shutil
+
+    shutil.copytree(base, root, dirs_exist_ok=True)
+    return root
 
 
 def indexed_root(root: Path, encoder: Path) -> Path:

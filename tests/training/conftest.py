@@ -1,4 +1,4 @@
-"""Shared fixtures: a tiny local encoder and a small synthetic shared root."""
+"""Shared fixtures: a tiny local encoder, small synthetic shared roots, an indexed root and the finished tiny run."""
 
 from __future__ import annotations
 
@@ -18,15 +18,31 @@ def tiny_encoder_dir(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -
 
 
 @pytest.fixture(scope="session")
-def tiny_encoder_no_dropout(tmp_path_factory: pytest.TempPathFactory, tiny_encoder_dir: Path) -> Path:
-    """Same weights as ``tiny_encoder_dir`` with dropout off (so 1-proc and 2-proc runs are comparable)."""
-    from transformers import AutoTokenizer, BertModel
+def tiny_encoder_no_dropout(tmp_path_factory: pytest.TempPathFactory, worker_id: str, tiny_encoder_dir: Path) -> Path:
+    """Same weights as ``tiny_encoder_dir`` with dropout off (so 1-proc and 2-proc runs are comparable), once per
+    run (the same path in every xdist worker)."""
+    from tests.support.once import once_per_run
 
-    out = tmp_path_factory.mktemp("tiny_encoder_nodrop")
-    model = BertModel.from_pretrained(tiny_encoder_dir, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(tiny_encoder_dir).save_pretrained(out)
-    return out
+    def build(out: Path) -> None:
+        from transformers import AutoTokenizer, BertModel
+
+        model = BertModel.from_pretrained(tiny_encoder_dir, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        model.save_pretrained(out)
+        AutoTokenizer.from_pretrained(tiny_encoder_dir).save_pretrained(out)
+
+    return once_per_run(tmp_path_factory, worker_id, "tiny_encoder_nodrop", build)
+
+
+@pytest.fixture(scope="session")
+def indexed_base(tmp_path_factory: pytest.TempPathFactory, worker_id: str, tiny_encoder_no_dropout: Path) -> Path:
+    """The generator tests' shared root (``tests.support.training.indexed_root``: the 20-entity synthetic set and
+    the run ``base``'s index, built by the index stage with ``tiny_encoder_no_dropout``), once per run. Read-only:
+    a module trains in its own copy (``indexed_copy``)."""
+    from tests.support.once import once_per_run
+    from tests.support.training import indexed_root
+
+    return once_per_run(tmp_path_factory, worker_id, "indexed_base",
+                        lambda out: indexed_root(out, tiny_encoder_no_dropout))
 
 
 @pytest.fixture()

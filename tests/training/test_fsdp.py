@@ -23,7 +23,7 @@ import torch
 
 from tests.support.training import (RESUME_FAULT_ENV, assert_sigkill_resume_is_bit_exact, load_params, run_stage_process,
                                     step_losses, write_run)
-from tests.support.training import indexed_root as build_indexed_root
+from tests.support.training import indexed_copy
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch_multiproc]
 
@@ -31,9 +31,9 @@ TINY = {"arch": "llama", "hidden_size": 32, "num_layers": 2, "num_heads": 2, "in
 
 
 @pytest.fixture(scope="module")
-def indexed_root(tmp_path_factory: pytest.TempPathFactory, tiny_encoder_no_dropout: Path) -> Path:
-    """A shared root with the synthetic dataset and one index built by the index stage (1 process)."""
-    return build_indexed_root(tmp_path_factory.mktemp("fsdp_shared"), tiny_encoder_no_dropout)
+def indexed_root(tmp_path_factory: pytest.TempPathFactory, indexed_base: Path) -> Path:
+    """This module's copy of the session's indexed root (the synthetic dataset and the run ``base``'s index)."""
+    return indexed_copy(indexed_base, tmp_path_factory.mktemp("fsdp_shared"))
 
 
 #: Steps and micro-steps of every run here (the shared references included), unless a test says otherwise.

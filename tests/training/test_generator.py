@@ -15,15 +15,15 @@ import pytest
 import torch
 
 from tests.support.training import assert_sigkill_resume_is_bit_exact, load_params, run_stage_process, write_run
-from tests.support.training import indexed_root as build_indexed_root
+from tests.support.training import indexed_copy
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch_multiproc]
 
 
 @pytest.fixture(scope="module")
-def indexed_root(tmp_path_factory: pytest.TempPathFactory, tiny_encoder_no_dropout: Path) -> Path:
-    """A shared root with the synthetic dataset and one index built by the index stage (1 process)."""
-    return build_indexed_root(tmp_path_factory.mktemp("gen_shared"), tiny_encoder_no_dropout)
+def indexed_root(tmp_path_factory: pytest.TempPathFactory, indexed_base: Path) -> Path:
+    """This module's copy of the session's indexed root (the synthetic dataset and the run ``base``'s index)."""
+    return indexed_copy(indexed_base, tmp_path_factory.mktemp("gen_shared"))
 
 
 def _generator_run(root: Path, run_id: str, nproc: int, arch: str, max_steps: int = 4,

@@ -11,7 +11,9 @@ Each test runs this file as a torchrun worker script (``python -m torch.distribu
 
 Every torchrun start costs seconds of imports, so the seeded ``train-save`` on 2 ranks runs once per module
 (``saved_by_2``) and so does the 2 -> 1 -> 2 resharding chain (``resharded_2_1_2``); a test that changes a
-checkpoint directory works on its own copy (``_copy``).
+checkpoint directory works on its own copy (``_copy``). The crashes and the corrupt shard each damage their own
+copy, then one ``load-save`` on 2 ranks resumes all of them, each into a fresh model and optimizer
+(``after_faults``); the background save reads its committed checkpoint back in the process that wrote it.
 """
 
 from __future__ import annotations
@@ -32,19 +34,25 @@ REPO = Path(__file__).resolve().parents[3]
 # --------------------------------------------------------------------------- worker (under torchrun)
 
 
-def _setup():
-    import torch
-
-    from training.components import distributed as D
+def _build(env):
+    """The seeded tiny Llama, FSDP2-sharded over the process group, and its optimizer (a fresh pair each call)."""
     from training.components import sharding as S
     from training.components.models import build_tiny_causal_lm, load_generator_tokenizer
     from training.components.optim import build_optimizer
     from training.config import OptimConfig, ParallelismConfig
 
-    env = D.init_distributed("cpu")
     model = build_tiny_causal_lm(load_generator_tokenizer(), "llama", 32, 2, 2, 64, 64, seed=7)
     model = S.shard_model(model, ParallelismConfig(strategy="fsdp"), env, "generator")
-    opt = build_optimizer(model, OptimConfig(lr=1e-2, weight_decay=0.01, warmup_steps=0))
+    return model, build_optimizer(model, OptimConfig(lr=1e-2, weight_decay=0.01, warmup_steps=0))
+
+
+def _setup():
+    import torch
+
+    from training.components import distributed as D
+
+    env = D.init_distributed("cpu")
+    model, opt = _build(env)
     torch.manual_seed(100 + env.rank)
     return env, model, opt
 
@@ -106,16 +114,23 @@ def _load_latest(root: Path, model, opt, env) -> int:
     return step
 
 
-def worker(mode: str, root: Path) -> None:
+def _load_dump_save(root: Path, model, opt, env) -> None:
+    """Load the newest verified checkpoint, dump what was loaded, save it again as the next step."""
+    step = _load_latest(root, model, opt, env)
+    _dump_full(model, opt, env, root / f"full-loaded-{env.world_size}-from-{step}.pt")
+    _save(root, step + 1, model, opt, env)
+
+
+def worker(mode: str, root: Path, *more_roots: Path) -> None:
     env, model, opt = _setup()
     if mode == "train-save":
         _train(model, opt, 2)
         _save(root, 2, model, opt, env)
         _dump_full(model, opt, env, root / f"full-saved-{env.world_size}.pt")
-    elif mode == "load-save":  # load the newest, dump what was loaded, save it again as the next step
-        step = _load_latest(root, model, opt, env)
-        _dump_full(model, opt, env, root / f"full-loaded-{env.world_size}-from-{step}.pt")
-        _save(root, step + 1, model, opt, env)
+    elif mode == "load-save":  # each root in turn, into a fresh model and optimizer, as a resumed process would
+        _load_dump_save(root, model, opt, env)
+        for other in more_roots:
+            _load_dump_save(other, *_build(env), env)
     elif mode in ("crash-in-save", "crash-in-async-save"):
         import torch.distributed.checkpoint.filesystem as fs
 
@@ -158,6 +173,9 @@ def worker(mode: str, root: Path) -> None:
         ckpt.wait()
         assert ckpt.last_saved_step == (2 if env.is_main else None)
         (root / f"overlap-{env.rank}.json").write_text(json.dumps(seen))
+        # What was committed, read back from disk into a fresh model and optimizer (as a resume would).
+        fs.FileSystemWriter.write_data = real
+        _load_dump_save(root, *_build(env), env)
     else:
         raise SystemExit(f"unknown mode {mode}")
     from training.components import distributed as D
@@ -168,11 +186,12 @@ def worker(mode: str, root: Path) -> None:
 # --------------------------------------------------------------------------- tests
 
 
-def _torchrun(mode: str, root: Path, nproc: int, timeout: int = 180) -> subprocess.CompletedProcess[str]:
+def _torchrun(mode: str, root: Path, nproc: int, *more_roots: Path,
+             timeout: int = 180) -> subprocess.CompletedProcess[str]:
     from tests.support.training import stage_env
     from training.scheduler.child import torchrun_argv
 
-    cmd = torchrun_argv([str(Path(__file__).resolve()), mode, str(root)], nproc=nproc)
+    cmd = torchrun_argv([str(Path(__file__).resolve()), mode, *map(str, (root, *more_roots))], nproc=nproc)
     return subprocess.run(cmd, cwd=REPO, env={**stage_env(), "PYTHONPATH": str(REPO)}, capture_output=True,
                           text=True, timeout=timeout)
 
@@ -274,20 +293,50 @@ def test_saved_by_2_loads_on_1_and_back_on_2(resharded_2_1_2) -> None:
     assert manifest["format"] == "dcp" and manifest["world_size"] == 1  # written by the 1-rank hop
 
 
+CRASHES = ("crash-in-save", "crash-in-async-save")
+"""The worker modes that SIGKILL rank 0 inside a DCP save: blocking, and in a background save's writer thread."""
+
+
+@pytest.fixture(scope="module")
+def after_faults(saved_by_2: Path, resharded_2_1_2: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Each fault on its own copy, then one 2-rank ``load-save`` over all of them (each directory into a fresh
+    model and optimizer, as a resumed process would): ``{name: (directory, what the fault left or did)}`` and
+    ``"load"``: the load's completed process. Faults: ``CRASHES`` on a copy of ``saved_by_2`` (newest step 2; the
+    killed torchrun and the temp dirs it left), ``corrupt`` on a copy of ``resharded_2_1_2`` (newest step 4, saved
+    by 2 ranks: one byte flipped in a shard only rank 1 reads; step 3, saved by 1 rank, is the one before)."""
+    out: dict = {}
+    for crash in CRASHES:
+        root = _copy(saved_by_2, tmp_path_factory.mktemp(crash))
+        crashed = _torchrun(crash, root, 2)
+        out[crash] = (root, crashed, sorted(p.name for p in root.iterdir()))
+    root = _copy(resharded_2_1_2, tmp_path_factory.mktemp("corrupt"))
+    newest = root / "step_000004"
+    manifest = json.loads((newest / "manifest.json").read_text())
+    files = sorted(manifest["files"])
+    victim = newest / files[1]  # sorted(files)[1::2] is rank 1's share
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    (root / "full-loaded-2-from-3.pt").unlink()
+    out["corrupt"] = (root, manifest, victim)
+    first, *more = (out[name][0] for name in (*CRASHES, "corrupt"))
+    out["load"] = _torchrun("load-save", first, 2, *more)
+    return out
+
+
 @pytest.mark.slow
 @pytest.mark.torch_multiproc
-@pytest.mark.parametrize("crash", ["crash-in-save", "crash-in-async-save"])
-def test_sigkill_during_dcp_save_leaves_the_previous_checkpoint(saved_by_2, tmp_path, crash: str) -> None:
-    _copy(saved_by_2, tmp_path)
-    crashed = _torchrun(crash, tmp_path, 2)
+@pytest.mark.parametrize("crash", CRASHES)
+def test_sigkill_during_dcp_save_leaves_the_previous_checkpoint(after_faults, crash: str) -> None:
+    root, crashed, left = after_faults[crash]
     assert crashed.returncode != 0 and "Signal 9 (SIGKILL)" in crashed.stderr, crashed.stderr[-3000:]
-    temps = [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-step_000004")]
-    assert temps, f"the killed save left no temp dir: it did not die inside the save ({os.listdir(tmp_path)})"
-    assert not (tmp_path / "step_000004").exists()
-    out = _torchrun("load-save", tmp_path, 2)
-    assert out.returncode == 0, out.stderr[-3000:]
-    _assert_same_state(tmp_path / "full-saved-2.pt", tmp_path / "full-loaded-2-from-2.pt")
-    assert not any(p.name.startswith(".tmp-") for p in tmp_path.iterdir()), "resume cleans the crashed temp dir"
+    temps = [name for name in left if name.startswith(".tmp-step_000004")]
+    assert temps, f"the killed save left no temp dir: it did not die inside the save ({left})"
+    assert "step_000004" not in left, left
+    load = after_faults["load"]
+    assert load.returncode == 0, load.stderr[-3000:]
+    _assert_same_state(root / "full-saved-2.pt", root / "full-loaded-2-from-2.pt")
+    assert not any(p.name.startswith(".tmp-") for p in root.iterdir()), "resume cleans the crashed temp dir"
 
 
 @pytest.mark.slow
@@ -295,7 +344,8 @@ def test_sigkill_during_dcp_save_leaves_the_previous_checkpoint(saved_by_2, tmp_
 def test_async_dcp_save_writes_while_training_steps_and_commits_the_state_it_started_at(tmp_path) -> None:
     """The writer thread's ``write_data`` waits (up to OVERLAP_WAIT_S) for the training thread to finish a
     step after the save started: a blocking save would time out there. The committed step-2 checkpoint,
-    loaded on 2 ranks, equals the state dumped at step 2, not the state after the step taken meanwhile."""
+    read back on the 2 ranks into a fresh model and optimizer, equals the state dumped at step 2, not the state
+    after the step taken meanwhile."""
     out = _torchrun("async-overlap", tmp_path, 2)
     assert out.returncode == 0, out.stderr[-3000:]
     for rank in (0, 1):
@@ -304,35 +354,25 @@ def test_async_dcp_save_writes_while_training_steps_and_commits_the_state_it_sta
     manifest = json.loads((tmp_path / "step_000002" / "manifest.json").read_text())
     assert manifest["format"] == "dcp" and "trainer.pt" in manifest["files"]
     assert sum(n.endswith(".distcp") for n in manifest["files"]) == 2
-    out = _torchrun("load-save", tmp_path, 2)
-    assert out.returncode == 0, out.stderr[-3000:]
     _assert_same_state(tmp_path / "full-saved-2.pt", tmp_path / "full-loaded-2-from-2.pt")
 
 
 @pytest.mark.slow
 @pytest.mark.torch_multiproc
-def test_a_corrupt_shard_is_found_by_the_rank_that_reads_it_and_the_previous_checkpoint_loads(
-        resharded_2_1_2, tmp_path) -> None:
+def test_a_corrupt_shard_is_found_by_the_rank_that_reads_it_and_the_previous_checkpoint_loads(after_faults) -> None:
     """Ranks split the CRC reading of a sharded checkpoint; a shard only rank 1 reads is corrupt
     (same size, one byte flipped): every rank skips that checkpoint and loads the one before.
     The chain's step 4 (saved by 2 ranks) is the newest, step 3 (saved by 1 rank) the one before, both
     holding step 2's state."""
-    _copy(resharded_2_1_2, tmp_path)
-    newest = tmp_path / "step_000004"
-    manifest = json.loads((newest / "manifest.json").read_text())
+    root, manifest, victim = after_faults["corrupt"]
     assert manifest["world_size"] == 2, "the newest checkpoint must be sharded for the ranks to split its reading"
-    files = sorted(manifest["files"])
-    victim = newest / files[1]  # sorted(files)[1::2] is rank 1's share
-    assert victim.name.endswith(".distcp"), files
-    data = bytearray(victim.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    victim.write_bytes(bytes(data))
-    (tmp_path / "full-loaded-2-from-3.pt").unlink()
-    out = _torchrun("load-save", tmp_path, 2)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "skipping checkpoint" in out.stderr and "CRC32C mismatch" in out.stderr, out.stderr[-3000:]
-    _assert_same_state(tmp_path / "full-saved-2.pt", tmp_path / "full-loaded-2-from-3.pt")
+    assert victim.name.endswith(".distcp"), manifest["files"]
+    load = after_faults["load"]
+    assert load.returncode == 0, load.stderr[-3000:]
+    assert "skipping checkpoint" in load.stderr and "CRC32C mismatch" in load.stderr, load.stderr[-3000:]
+    assert f"{root / 'step_000004'}" in load.stderr, load.stderr[-3000:]  # this directory's, not another's
+    _assert_same_state(root / "full-saved-2.pt", root / "full-loaded-2-from-3.pt")
 
 
 if __name__ == "__main__":
-    worker(sys.argv[1], Path(sys.argv[2]))
+    worker(sys.argv[1], *map(Path, sys.argv[2:]))

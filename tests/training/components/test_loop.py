@@ -125,3 +125,24 @@ def test_fault_hooks_follow_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv(HOOKS_ENV, faults.MODULE)
     assert len(hooks_from_env()) == 1
     assert loop.HOOKS_ENV == HOOKS_ENV
+
+
+def test_a_fault_stage_confines_the_fault_to_that_stage(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from tests.support import faults
+
+    hanged: list[str] = []
+
+    def trainer(stage: str) -> SimpleNamespace:  # stop already requested: the hang returns at once
+        return SimpleNamespace(step=1, task=SimpleNamespace(stage=stage), stop_requested=True,
+                               log=SimpleNamespace(warning=lambda *_: hanged.append(stage)))
+
+    hook = faults.hang_after(1)
+    monkeypatch.setenv(faults.FAULT_STAGE_ENV, "generator")
+    hook(trainer("retriever"))
+    hook(trainer("generator"))
+    assert hanged == ["generator"]
+    monkeypatch.delenv(faults.FAULT_STAGE_ENV)
+    hook(trainer("retriever"))
+    assert hanged == ["generator", "retriever"]

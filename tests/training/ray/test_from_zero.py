@@ -1,6 +1,7 @@
 """Ray runs from zero: on an idle autoscaling Ray cluster (a 0-CPU head, worker node types at 0 nodes),
-a ray run's placement groups make Ray's autoscaler (v2) add a node of the right pool, the run completes
-with the same outputs as under torchrun, and the cluster scales back to zero; a pool at its max waits,
+a ray run's placement groups make Ray's autoscaler (v2) add a node of the right pool, the run survives a
+killed Ray Train worker group and completes with the same outputs as under torchrun, and the cluster scales
+back to zero; a pool at its max waits,
 then fails naming the stage, the pool and the resources. The namespace's declared pools reach the
 driver's stage tasks, which plan against them.
 
@@ -31,7 +32,10 @@ POOL_B = "pool-b"
 SCALE_S = 120
 """Bound on a scale-up (seconds; ~3 s measured) and on the scale-down (idle timeout 6 s)."""
 RUN_S = 600
-"""Bound on the from-zero run (retriever and index with tiny models: about a minute here)."""
+"""Bound on the from-zero run (the four stages with tiny models and one worker-group restart: about two minutes
+here)."""
+STAGES = ("retriever", "index", "generator", "evaluate")
+"""The from-zero run's stages: the whole tiny pipeline."""
 
 
 @pytest.fixture
@@ -82,21 +86,31 @@ class PoolWatcher:
         self._thread.join(10)
 
 
-def test_a_ray_run_on_an_idle_cluster_scales_up_its_pool_completes_and_scales_down(
-        cluster, declared, shared, tiny_encoder_dir, finished_run) -> None:
+def test_a_ray_run_on_an_idle_cluster_scales_up_its_pool_survives_a_killed_worker_and_scales_down(
+        cluster, declared, shared, tiny_encoder_dir, finished_run, monkeypatch) -> None:
+    """The whole tiny pipeline under the Ray executor, from zero: a node of the run's pool comes up for it,
+    the retriever's Ray Train worker group loses its ranks to SIGKILL right after step 2 (checkpointed) and
+    Ray Train restarts it from that checkpoint (``ray.max_failures: 1``), and every stage ends with the
+    torchrun path's outputs: the same run layout, stage markers, fingerprints and report. Then the
+    cluster goes back to zero."""
     import ray
     from ray.exceptions import GetTimeoutError
 
+    from tests.support import faults
+    from training.components.loop import HOOKS_ENV
     from training.config import load_run_config
     from training.ray import driver
 
     cluster.wait_idle(SCALE_S)
-    stages = ["retriever", "index"]
-    sections = tiny_run.sections(tiny_encoder_dir)
+    sections = tiny_run.sections(tiny_encoder_dir, max_failures=1)
     on_a = {"pool": POOL_A, "workers": 2, "cpus": 1}
     sections["ray"] = {**sections["ray"], "placement_timeout_s": SCALE_S,
-                       **{stage: on_a for stage in ("prepare", "retriever", "index")}}
-    ray_cfg = write_run(shared, "from-zero", stages=stages, **sections)
+                       **{stage: on_a for stage in ("prepare", *STAGES)}}
+    ray_cfg = write_run(shared, "from-zero", **sections)
+    # Every rank of the retriever's worker group is SIGKILLed right after step 2 (its checkpoint written first).
+    for name, value in {faults.RESUME_FAULT_ENV: "2", faults.FAULT_STAGE_ENV: "retriever",
+                        HOOKS_ENV: faults.MODULE}.items():
+        monkeypatch.setenv(name, value)
     with PoolWatcher(cluster) as watch:
         try:
             summaries = ray.get(driver.submit(load_run_config(ray_cfg)), timeout=RUN_S)
@@ -104,17 +118,26 @@ def test_a_ray_run_on_an_idle_cluster_scales_up_its_pool_completes_and_scales_do
             pytest.fail(f"waited {RUN_S}s for the ray run to complete; worker nodes seen by pool: {watch.seen}")
     # A node of the run's pool came up for it, and nothing of another pool; its pool's max held.
     assert watch.seen == {POOL_A: 1}, watch.seen
-    for stage in ("prepare", *stages):
+    for stage in ("prepare", *STAGES):
         assert f"on pool '{POOL_A}'" in summaries[stage]["placement"], summaries[stage]
-    # The same outputs as the torchrun path: the session's finished tiny run (same data, seed and sections but
-    # ``ray``, which no fingerprint covers), without the stages this run did not have.
+    # The killed worker group was replaced and resumed from its checkpoint; the other training stage never failed.
     r_dir, t_dir = shared / "runs" / "from-zero", finished_run[0] / "runs" / tiny_run.RUN_ID
-    assert tiny_run.layout(r_dir) == tiny_run.layout(t_dir, without=("generator", "evaluate"))
-    for stage in stages:
+    retriever = json.loads((r_dir / "retriever" / "_COMPLETE").read_text())
+    assert retriever["steps"] == tiny_run.RETRIEVER_STEPS and retriever["resumed_from"] == 2, retriever
+    assert json.loads((r_dir / "generator" / "_COMPLETE").read_text())["resumed_from"] is None
+    # The same outputs as the torchrun path: the session's finished tiny run (same data, seed and sections but
+    # ``ray``, which no fingerprint covers), so either executor resumes the other's run.
+    assert tiny_run.layout(r_dir) == tiny_run.layout(t_dir)
+    for stage in STAGES:
         r_marker = json.loads((r_dir / stage / "_COMPLETE").read_text())
         t_marker = json.loads((t_dir / stage / "_COMPLETE").read_text())
+        assert set(r_marker) == set(t_marker), stage
         assert r_marker["config_fingerprint"] == t_marker["config_fingerprint"], stage
-    assert json.loads((r_dir / "retriever" / "_COMPLETE").read_text())["steps"] == tiny_run.RETRIEVER_STEPS
+    assert json.loads((r_dir / "index" / "_COMPLETE").read_text())["passages"] == len(
+        json.loads((t_dir / "index" / "ids.json").read_text()))
+    t_report = json.loads((t_dir / "evaluate" / "report.json").read_text())
+    assert tiny_run.key_paths(json.loads((r_dir / "evaluate" / "report.json").read_text())) == \
+        tiny_run.key_paths(t_report)
     # Idle again: the autoscaler removes the node (idle timeout 6 s).
     cluster.wait_idle(SCALE_S)
 
