@@ -14,7 +14,6 @@ from __future__ import annotations
 import collections
 import re
 import string
-import sys
 import time
 from typing import Any
 
@@ -26,7 +25,7 @@ from training.components.data import load_datasets
 from training.components.logs import get_logger
 from training.components.models import load_encoder
 from training.components.search import build_faiss, encode_sharded, retrieval_metrics, retrieve, search
-from training.components.stage import complete_stage, is_complete, run_main, run_stage, write_json_atomic
+from training.components.stage import complete_stage, exit_process, is_complete, run_main, run_stage, write_json_atomic
 from training.config import RunConfig
 from training.exit_codes import OK
 from training.generator import contexts, encode_prompt, special_ids
@@ -144,4 +143,4 @@ def run(cfg: RunConfig, env: D.DistEnv) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_main(STAGE, run))
+    exit_process(run_main(STAGE, run))

@@ -13,7 +13,6 @@ with the MiniLM WordPiece tokenizer, so nothing is downloaded. Output:
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from training.components.data import Datasets, QAExample, load_datasets
 from training.components.logs import get_logger
 from training.components.loop import TrainTask, seed_everything, train
 from training.components.search import retrieve
-from training.components.stage import complete_stage, run_main, run_stage
+from training.components.stage import complete_stage, exit_process, run_main, run_stage
 from training.config import RunConfig
 from training.exit_codes import OK
 
@@ -209,4 +208,4 @@ def run(cfg: RunConfig, env: D.DistEnv) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_main(STAGE, run))
+    exit_process(run_main(STAGE, run))

@@ -10,7 +10,6 @@ the marker records the encoder so later stages embed questions with the same mod
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import TYPE_CHECKING
 
@@ -20,7 +19,7 @@ from training.components.data import load_corpus, resolve_confined
 from training.components.logs import get_logger
 from training.components.models import load_encoder
 from training.components.search import build_faiss, encode_sharded, retriever_model_path, save_index
-from training.components.stage import complete_stage, run_main, run_stage
+from training.components.stage import complete_stage, exit_process, run_main, run_stage
 from training.config import RunConfig
 from training.exit_codes import OK
 
@@ -65,4 +64,4 @@ def run(cfg: RunConfig, env: D.DistEnv) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_main(STAGE, run))
+    exit_process(run_main(STAGE, run))

@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import importlib
 import json
-import sys
 
 from training.components import distributed as D
 from training.components.logs import get_logger
-from training.components.stage import run_main
+from training.components.stage import exit_process, run_main
 from training.config import RunConfig
 from training.exit_codes import OK
 
@@ -45,4 +44,4 @@ def run(cfg: RunConfig, env: D.DistEnv) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_main("pipeline", run))
+    exit_process(run_main("pipeline", run))

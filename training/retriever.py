@@ -12,7 +12,6 @@ Exit codes: :mod:`training.exit_codes` (75 = preempted, rerun to resume).
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from training.components.data import Datasets, load_datasets
 from training.components.logs import get_logger
 from training.components.loop import TrainTask, seed_everything, train
 from training.components.models import DualEncoder, load_encoder, save_encoder
-from training.components.stage import complete_stage, run_main, run_stage
+from training.components.stage import complete_stage, exit_process, run_main, run_stage
 from training.config import RunConfig
 from training.exit_codes import OK
 
@@ -98,4 +97,4 @@ def run(cfg: RunConfig, env: D.DistEnv) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_main(STAGE, run))
+    exit_process(run_main(STAGE, run))

@@ -375,4 +375,7 @@ def test_a_corrupt_shard_is_found_by_the_rank_that_reads_it_and_the_previous_che
 
 
 if __name__ == "__main__":
+    from training.components.stage import exit_process
+
     worker(sys.argv[1], *map(Path, sys.argv[2:]))
+    exit_process(0)  # as a stage command ends: no finalization for Gloo's threads to abort

@@ -66,3 +66,54 @@ def test_a_stage_that_does_not_finish_is_not_marked(tmp_path: Path) -> None:
     assert run_stage(cfg, ENV, "index", _body(calls, RETRIABLE)) == RETRIABLE
     assert not completed(cfg, "index")
     assert run_stage(cfg, ENV, "index", _body(calls)) == OK and calls == ["ran", "ran"]
+
+
+EXITING = """
+import atexit, logging, os, sys
+from training.components.stage import exit_process
+
+out = sys.argv[1]
+atexit.register(lambda: open(out + "/atexit", "w").write("ran"))
+log = logging.getLogger("exiting")
+log.addHandler(logging.FileHandler(out + "/log"))
+log.warning("kept")
+sys.stdout.write("no newline, still buffered")
+
+
+class Finalized:  # only a finalizing interpreter (module teardown) runs this; builtins may be gone by then
+    def __del__(self, _write=os.write, _fd=os.open(out + "/finalized", os.O_WRONLY | os.O_CREAT)):
+        _write(_fd, b"finalized")
+
+
+kept = Finalized()
+exit_process(3)
+"""
+
+
+def test_a_stage_process_exits_with_its_code_after_its_exit_handlers_without_finalizing(tmp_path: Path) -> None:
+    """``exit_process``: the code, the exit handlers run, logs and stdout flushed, and no interpreter
+    finalization (where Gloo's threads abort a rank: training/components/stage.py)."""
+    import subprocess
+    import sys
+
+    from training.paths import child_env
+
+    out = subprocess.run([sys.executable, "-c", EXITING, str(tmp_path)], cwd=Path(__file__).resolve().parents[3],
+                         env=child_env(), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 3, out.stderr[-2000:]
+    assert out.stdout == "no newline, still buffered"
+    assert (tmp_path / "atexit").read_text() == "ran"
+    assert (tmp_path / "log").read_text() == "kept\n"
+    assert (tmp_path / "finalized").read_text() == "", "the interpreter was finalized"
+
+
+def test_every_stage_command_ends_through_exit_process() -> None:
+    import ast
+
+    from training.config import STAGES
+
+    root = Path(__file__).resolve().parents[3] / "training"
+    for name in (*STAGES, "pipeline"):
+        tree = ast.parse((root / f"{name}.py").read_text())
+        main = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
+        assert main and ast.unparse(main[0].body[0]).startswith("exit_process(run_main("), name
