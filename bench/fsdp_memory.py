@@ -58,6 +58,7 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from bench.train_throughput import GEN_SHAPES, H100_BF16_PEAK_FLOPS  # noqa: E402
+from training.components.stage import exit_process  # noqa: E402
 from training.paths import child_env  # noqa: E402
 
 #: Shapes tried by ``--gpu``, smallest first (Llama-2/3-like proportions; vocab 32000).
@@ -440,7 +441,7 @@ def gpu_figures(work: Path, batch: int, seq: int) -> dict:
     return out
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions (smoke run)")
@@ -458,19 +459,26 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=None, help="tokens per sequence")
     args = ap.parse_args()
     if args.worker == "measure":
-        return worker_measure(Path(args.out), args.steps, args.batch, args.seq, args.pairs, args.stall_repeats)
+        worker_measure(Path(args.out), args.steps, args.batch, args.seq, args.pairs, args.stall_repeats)
+        return 0
     if args.worker == "reload":
-        return worker_reload(Path(args.checkpoint), Path(args.out))
+        worker_reload(Path(args.checkpoint), Path(args.out))
+        return 0
     if args.worker == "load":
-        return worker_load(args.how, Path(args.checkpoint), Path(args.out))
+        worker_load(args.how, Path(args.checkpoint), Path(args.out))
+        return 0
     if args.worker == "gpu":
-        return worker_gpu(args.shape, args.strategy, Path(args.out), args.batch or 4, args.seq or 2048)
+        worker_gpu(args.shape, args.strategy, Path(args.out), args.batch or 4, args.seq or 2048)
+        return 0
     with tempfile.TemporaryDirectory(prefix="ragpool-fsdp-bench-", dir=args.dir) as tmp:
         work = Path(tmp)
         figures = gpu_figures(work, args.batch or 4, args.seq or 2048) if args.gpu else \
             cpu_figures(work, args.quick, args.batch or 4, args.seq or 256)
     print(json.dumps(figures))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    # A rank (--worker) ends like a stage process, without interpreter finalization: Gloo's threads outlive an
+    # FSDP2 step and can abort a rank whose work is done (training/components/stage.py: exit_process).
+    exit_process(main())

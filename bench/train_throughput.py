@@ -440,4 +440,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # A rank (--worker) ends like a stage process, without interpreter finalization (Gloo's threads outlive
+    # the process group: training/components/stage.py, exit_process).
+    from training.components.stage import exit_process
+
+    exit_process(main())

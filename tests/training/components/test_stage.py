@@ -107,13 +107,25 @@ def test_a_stage_process_exits_with_its_code_after_its_exit_handlers_without_fin
     assert (tmp_path / "finalized").read_text() == "", "the interpreter was finalized"
 
 
-def test_every_stage_command_ends_through_exit_process() -> None:
+RANK_BENCHES = ("bench/fsdp_memory.py", "bench/train_throughput.py")
+"""The benchmarks whose script is also a torchrun rank (``--worker``)."""
+
+
+def test_every_command_that_runs_as_a_rank_ends_through_exit_process() -> None:
     import ast
 
     from training.config import STAGES
 
-    root = Path(__file__).resolve().parents[3] / "training"
-    for name in (*STAGES, "pipeline"):
-        tree = ast.parse((root / f"{name}.py").read_text())
+    repo = Path(__file__).resolve().parents[3]
+
+    def main_block(path: Path) -> str:
+        tree = ast.parse(path.read_text())
         main = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
-        assert main and ast.unparse(main[0].body[0]).startswith("exit_process(run_main("), name
+        assert main, path
+        return ast.unparse(main[0])
+
+    for name in (*STAGES, "pipeline"):
+        body = main_block(repo / "training" / f"{name}.py")
+        assert body.splitlines()[1].strip().startswith("exit_process(run_main("), name
+    for script in RANK_BENCHES:
+        assert "exit_process(main())" in main_block(repo / script), script
