@@ -18,7 +18,8 @@ and the tests exercise (``auth=False`` runs it without). Every Ray process it st
 the Ray jobs' drivers) inherits ``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN_PATH``, the repository on
 ``PYTHONPATH``, this interpreter's directory first on
 ``PATH`` (a Ray job's ``python -m ...`` entrypoint runs this virtualenv's Python), Ray Train's
-PreemptionWatcher turned off (one local node is never preempted) and a marker
+PreemptionWatcher turned off (one local node is never preempted), ``RAY_API_SERVER_ADDRESS`` naming its dashboard
+(a State API lookup inside it never meets another Ray on the machine: :data:`API_SERVER_ENV`) and a marker
 variable naming the temp dir, by which :meth:`LocalRayHead.stop` finds and ends exactly this head's
 processes, even those that left its session, and no other Ray on the machine (never ``ray stop``,
 which stops every Ray of the user). Nothing starts at import time.
@@ -51,6 +52,13 @@ TOKEN_FILE = "auth_token"
 
 PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 """Ray Train's switch for its per-run PreemptionWatcher actor (ray.train.v2 constants; on by default)."""
+
+API_SERVER_ENV = "RAY_API_SERVER_ADDRESS"
+"""The dashboard a State API or Jobs client with no address asks (Ray 2.58 ``dashboard/utils.py``
+``get_address_for_submission_client``). Unset, the client looks for the raylets on the machine and, with two
+clusters there, raises "Found multiple active Ray instances": Ray Train's placement-group cleaner asks that way
+whether its controller lives, so its thread ends and the placement group of a trial Tune stops is never removed.
+Every process of a local cluster gets its own dashboard here (on a KubeRay pod one cluster is all there is)."""
 
 
 PORT_ATTEMPTS = 3
@@ -143,6 +151,7 @@ class LocalRayHead:
         # each such process costs ~3.5 CPU-seconds of Ray imports per training run or Tune trial.
         env[PREEMPTION_WATCHER_ENV] = "0"
         env["PATH"] = os.pathsep.join(p for p in (str(Path(sys.executable).parent), env.get("PATH")) if p)
+        env[API_SERVER_ENV] = self.address
         env.update(self.env)
         env[MARKER_ENV] = str(self.temp_dir)
         return env

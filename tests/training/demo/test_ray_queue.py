@@ -67,6 +67,16 @@ def test_the_local_head_turns_off_only_ray_trains_preemption_watcher() -> None:
     assert env[PREEMPTION_WATCHER_ENV] == "0"
 
 
+def test_the_local_head_names_its_dashboard_in_the_variable_rays_state_api_reads() -> None:
+    """A State API client with no address inside the head asks this dashboard, not another Ray on the machine."""
+    pytest.importorskip("ray")
+    from ray._private import ray_constants
+
+    from training.localdev.ray_head import API_SERVER_ENV
+
+    assert API_SERVER_ENV == ray_constants.RAY_API_SERVER_ADDRESS_ENVIRONMENT_VARIABLE
+
+
 def test_without_the_local_pool_declared_submit_refuses_the_ray_run(tmp_path, monkeypatch) -> None:
     monkeypatch.delenv(POOLS_ENV, raising=False)
     with pytest.raises(SpecError, match=f"pool '{ray_queue.POOL}' does not exist"):

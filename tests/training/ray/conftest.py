@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from training.localdev.ray_head import PREEMPTION_WATCHER_ENV
+from training.localdev.ray_head import API_SERVER_ENV, PREEMPTION_WATCHER_ENV
 from training.paths import child_env
 
 
@@ -65,8 +65,13 @@ def local_ray():
     import ray
 
     temp = ray_temp_dir(None)
-    # The dashboard serves the State API Ray Train's placement-group cleaner needs when Tune stops a trial.
-    ray.init(address="local", num_cpus=2, include_dashboard=True, dashboard_port=free_port(), _temp_dir=temp, log_to_driver=False)
+    # The dashboard serves the State API Ray Train's placement-group cleaner needs when Tune stops a trial; every
+    # process of this cluster (the raylet starts them with this process's environment) asks this one
+    # (API_SERVER_ENV), never another Ray on the machine.
+    port = free_port()
+    os.environ[API_SERVER_ENV] = f"http://127.0.0.1:{port}"
+    ray.init(address="local", num_cpus=2, include_dashboard=True, dashboard_port=port, _temp_dir=temp, log_to_driver=False)
     yield ray
     ray.shutdown()
+    os.environ.pop(API_SERVER_ENV, None)
     shutil.rmtree(temp, ignore_errors=True)

@@ -61,6 +61,35 @@ def test_a_stage_failure_is_an_exit_code_naming_the_cause(shared, tiny_encoder_d
     assert not (shared / "runs" / "ray-bad-pool" / "index" / "_COMPLETE").exists()
 
 
+def test_a_state_api_lookup_inside_the_cluster_finds_it_with_another_ray_on_the_machine(local_ray) -> None:
+    """Ray Train's placement-group cleaner asks whether its controller lives through the State API with no address
+    (Ray 2.58 ``train/v2/_internal/execution/controller/placement_group_cleaner.py`` -> ``ray.util.state.get_actor``
+    -> ``dashboard/utils.py get_address_for_submission_client(None)``): without ``RAY_API_SERVER_ADDRESS`` that
+    looks for the raylets on the machine, and with two it raises "Found multiple active Ray instances", which ends
+    the cleaner's thread; when Tune then stops a trial, the trial's placement group is never removed and holds the
+    cluster's CPUs (the next stage here waited 120 s and failed). A stand-in raylet of another cluster (only its
+    command line: what Ray's lookup reads) must not matter to a fresh actor of this one."""
+    import subprocess
+
+    ray = local_ray
+    other = subprocess.Popen(["bash", "-c", 'exec -a "raylet --gcs-address=127.0.0.1:9" sleep 120'])
+    try:
+        @ray.remote(num_cpus=0)
+        class Probe:
+            def controller_alive(self, actor_id: str) -> bool:
+                from ray.util.state import get_actor
+
+                state = get_actor(actor_id, timeout=30)
+                return state is not None and state.state != "DEAD"
+
+        probe = Probe.remote()
+        assert ray.get(probe.controller_alive.remote(probe._actor_id.hex()), timeout=120) is True
+        ray.kill(probe)
+    finally:
+        other.kill()
+        other.wait()
+
+
 TRIALS = 2
 """Samples of the Tune search, both at once on the module's 2 CPUs. Each trial is a Ray Train run of its own (trial
 actor, controller, placement-group cleaner, synchronization actor, dataset manager, worker: six processes), so each

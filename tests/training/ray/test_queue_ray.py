@@ -78,6 +78,23 @@ def test_a_run_without_a_ray_address_starts_its_own_ray_and_never_joins_another_
     assert started.rsplit(":", 1)[1] != str(ray_head.gcs_port), (started, ray_head.gcs_address)
 
 
+def test_every_process_of_the_head_asks_its_own_dashboard_for_the_state_api(ray_head):
+    """The raylet, GCS, agents and workers of the head run with ``RAY_API_SERVER_ADDRESS`` naming its dashboard:
+    what keeps a State API lookup inside it (Ray Train's placement-group cleaner) off another Ray on the machine
+    (tests/training/ray/test_driver.py proves the lookup with and without it)."""
+    from training.localdev.ray_head import API_SERVER_ENV
+
+    pids = ray_head.pids()
+    assert len(pids) >= 3, pids  # ray start, gcs_server, raylet at least
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                env = dict(kv.split(b"=", 1) for kv in fh.read().split(b"\0") if b"=" in kv)
+        except OSError:  # ended since
+            continue
+        assert env.get(API_SERVER_ENV.encode()) == ray_head.address.encode(), (pid, env.get(API_SERVER_ENV.encode()))
+
+
 @pytest.fixture
 def shared(tmp_path, tiny_encoder_dir) -> Path:
     root = tmp_path / "shared"
