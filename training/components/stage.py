@@ -131,8 +131,8 @@ def run_main(stage: str, run: Callable[..., int], argv: list[str] | None = None)
 
 def exit_process(code: int) -> NoReturn:
     """End a stage command's process with ``code`` (``if __name__ == "__main__": exit_process(run_main(...))``):
-    the exit handlers run (logging's flush and close among them: ``logging`` registers its ``shutdown``) and stdout and stderr are flushed, then the
-    process ends without finalizing the interpreter.
+    the exit handlers run (logging's flush and close among them: ``logging`` registers its ``shutdown``) and
+    stdout and stderr are flushed, then the process ends without finalizing the interpreter.
 
     Why: after a distributed stage, Gloo's worker threads (``pt_gloo_runloop``) are still running when the
     process exits, even after ``destroy_process_group()`` (measured with torch 2.13 after an FSDP2 step: the
@@ -140,8 +140,9 @@ def exit_process(code: int) -> NoReturn:
     reference to a Python-owned tensor takes the GIL; once finalization has begun, Python 3.11 ends such a thread
     with ``pthread_exit``, whose unwinding through Gloo's ``runLoop`` (noexcept) calls ``std::terminate``: the
     rank aborts (SIGABRT, "terminate called without an active exception") after its stage completed, and
-    torchrun fails the run. Seen in 4 of 78 resumes of a 2-rank FSDP generator on a loaded machine (0 of 56 since) (backtrace: ``runLoop``
-    -> ``TensorImpl::decref_pyobject`` -> ``PyEval_AcquireThread`` -> ``pthread_exit`` -> ``std::terminate``).
+    torchrun fails the run. Seen in 4 of 78 resumes of a 2-rank FSDP generator on a loaded machine (0 of 56
+    since) (backtrace: ``runLoop`` -> ``TensorImpl::decref_pyobject`` -> ``PyEval_AcquireThread`` ->
+    ``pthread_exit`` -> ``std::terminate``).
     Ending the process before finalization leaves no window for it; everything the stage wrote is closed by
     then (checkpoints are waited for, markers and logs written)."""
     import atexit
