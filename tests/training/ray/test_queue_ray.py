@@ -12,6 +12,7 @@ and the run is handed back with its attempt unspent.
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -78,21 +79,36 @@ def test_a_run_without_a_ray_address_starts_its_own_ray_and_never_joins_another_
     assert started.rsplit(":", 1)[1] != str(ray_head.gcs_port), (started, ray_head.gcs_address)
 
 
+ENV_PROBE = """
+import os, ray
+ray.init()
+@ray.remote(num_cpus=0)
+def seen():
+    return os.environ.get("RAY_API_SERVER_ADDRESS")
+print("driver", os.environ.get("RAY_API_SERVER_ADDRESS"))
+print("worker", ray.get(seen.remote()))
+"""
+
+
 def test_every_process_of_the_head_asks_its_own_dashboard_for_the_state_api(ray_head):
-    """The raylet, GCS, agents and workers of the head run with ``RAY_API_SERVER_ADDRESS`` naming its dashboard:
+    """A Ray job's driver and a task's worker on the head see ``RAY_API_SERVER_ADDRESS`` naming its dashboard:
     what keeps a State API lookup inside it (Ray Train's placement-group cleaner) off another Ray on the machine
-    (tests/training/ray/test_driver.py proves the lookup with and without it)."""
+    (tests/training/ray/test_driver.py proves the lookup with and without it). Asked of the processes themselves:
+    ``/proc/<pid>/environ`` is no witness, since a process that renames itself (setproctitle: Ray's dashboard
+    modules and workers) overwrites the start of that memory with its title."""
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
     from training.localdev.ray_head import API_SERVER_ENV
 
-    pids = ray_head.pids()
-    assert len(pids) >= 3, pids  # ray start, gcs_server, raylet at least
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as fh:
-                env = dict(kv.split(b"=", 1) for kv in fh.read().split(b"\0") if b"=" in kv)
-        except OSError:  # ended since
-            continue
-        assert env.get(API_SERVER_ENV.encode()) == ray_head.address.encode(), (pid, env.get(API_SERVER_ENV.encode()))
+    assert API_SERVER_ENV in ENV_PROBE
+    client = JobSubmissionClient(ray_head.address, headers=ray_head.auth_headers())
+    job = client.submit_job(entrypoint=f"{shlex.quote(sys.executable)} -c {shlex.quote(ENV_PROBE)}")
+    status = wait_for(lambda: (st := client.get_job_status(job)).is_terminal() and st, 120,
+                      f"the probe job {job} to end on the head", seen=lambda: client.get_job_status(job))
+    logs = client.get_job_logs(job)
+    assert status == JobStatus.SUCCEEDED, logs[-3000:]
+    lines = dict(line.split(" ", 1) for line in logs.splitlines() if line.startswith(("driver ", "worker ")))
+    assert lines == {"driver": ray_head.address, "worker": ray_head.address}, logs[-3000:]
 
 
 @pytest.fixture
