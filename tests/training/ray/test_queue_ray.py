@@ -80,17 +80,19 @@ def test_a_run_without_a_ray_address_starts_its_own_ray_and_never_joins_another_
 
 
 ENV_PROBE = """
-import os, ray
+import os, sys, ray
+name = sys.argv[1]
 ray.init()
 @ray.remote(num_cpus=0)
 def seen():
-    return os.environ.get("RAY_API_SERVER_ADDRESS")
-print("driver", os.environ.get("RAY_API_SERVER_ADDRESS"))
+    return os.environ.get(name)
+print("driver", os.environ.get(name))
 print("worker", ray.get(seen.remote()))
 """
+"""A Ray job's entrypoint: the variable named by its argument as its driver and a task's worker see it."""
 
 
-def test_every_process_of_the_head_asks_its_own_dashboard_for_the_state_api(ray_head):
+def test_a_job_driver_and_a_task_worker_of_the_head_ask_its_own_dashboard_for_the_state_api(ray_head):
     """A Ray job's driver and a task's worker on the head see ``RAY_API_SERVER_ADDRESS`` naming its dashboard:
     what keeps a State API lookup inside it (Ray Train's placement-group cleaner) off another Ray on the machine
     (tests/training/ray/test_driver.py proves the lookup with and without it). Asked of the processes themselves:
@@ -100,9 +102,8 @@ def test_every_process_of_the_head_asks_its_own_dashboard_for_the_state_api(ray_
 
     from training.localdev.ray_head import API_SERVER_ENV
 
-    assert API_SERVER_ENV in ENV_PROBE
     client = JobSubmissionClient(ray_head.address, headers=ray_head.auth_headers())
-    job = client.submit_job(entrypoint=f"{shlex.quote(sys.executable)} -c {shlex.quote(ENV_PROBE)}")
+    job = client.submit_job(entrypoint=shlex.join([sys.executable, "-c", ENV_PROBE, API_SERVER_ENV]))
     status = wait_for(lambda: (st := client.get_job_status(job)).is_terminal() and st, 120,
                       f"the probe job {job} to end on the head", seen=lambda: client.get_job_status(job))
     logs = client.get_job_logs(job)
