@@ -60,8 +60,11 @@ def _train(mode: str, rank: int, misuse: bool = False) -> tuple[dict[str, torch.
 def _worker(rank: int, store: str, out: str, scenario: str) -> None:
     import torch.distributed as dist
 
+    from training.components.stage import exit_process
+
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    code = 1
     try:
         if scenario == "exact":
             dense, none = _train("never", rank)
@@ -75,11 +78,14 @@ def _worker(rank: int, store: str, out: str, scenario: str) -> None:
                 torch.save({"error": None}, f"{out}/rank{rank}.pt")
             except RuntimeError as e:
                 torch.save({"error": str(e)}, f"{out}/rank{rank}.pt")
+        code = 0
     except Exception:
         Path(f"{out}/rank{rank}.err").write_text(traceback.format_exc())
-        raise
     finally:
         dist.destroy_process_group()
+    # As a rank ends (training/components/stage.py): a spawned child otherwise finalizes its interpreter,
+    # where Gloo's threads can abort it (SIGABRT, "terminate called without an active exception").
+    exit_process(code)
 
 
 def _run_two_ranks(tmp_path: Path, scenario: str) -> list[dict]:
@@ -147,6 +153,8 @@ assert torch.allclose(x.grad, ref.grad[env.rank * 2:(env.rank + 1) * 2]), (x.gra
 import pathlib, sys
 pathlib.Path(sys.argv[1], f"ok{env.rank}").write_text("ok")  # stdout of two ranks interleaves
 D.destroy()
+from training.components.stage import exit_process
+exit_process(0)  # as a rank ends: no finalization for Gloo's threads to abort
 ''')
     import subprocess
 

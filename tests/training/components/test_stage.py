@@ -129,3 +129,16 @@ def test_every_command_that_runs_as_a_rank_ends_through_exit_process() -> None:
         assert body.splitlines()[1].strip().startswith("exit_process(run_main("), name
     for script in RANK_BENCHES:
         assert "exit_process(main())" in main_block(repo / script), script
+
+
+def test_every_rank_program_in_the_tests_ends_through_exit_process() -> None:
+    """The tests' own rank programs (spawned workers, inline torchrun scripts) end as the commands do: CI's stop 36
+    lost a run of test_distributed to a spawned Gloo rank that aborted while finalizing (exit -6, no traceback)."""
+    import re
+
+    tests = Path(__file__).resolve().parents[2]
+    starts = re.compile(r"\b(init_process_group|init_distributed)\(")
+    for path in sorted(tests.rglob("test_*.py")):
+        text = path.read_text()
+        if path != Path(__file__).resolve() and starts.search(text):
+            assert text.count("exit_process(") >= len(starts.findall(text)), path

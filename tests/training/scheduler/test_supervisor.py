@@ -208,8 +208,9 @@ TINY_DDP_SCRIPT = textwrap.dedent("""
     import os, signal, sys, time
     import torch
     import torch.distributed as dist
+    from training.components.stage import exit_process
     from training.config import load_run_config
-    from training.exit_codes import RETRIABLE
+    from training.exit_codes import OK, RETRIABLE
 
     cfg = load_run_config(sys.argv[sys.argv.index("--config") + 1])
     dist.init_process_group("gloo")
@@ -224,10 +225,11 @@ TINY_DDP_SCRIPT = textwrap.dedent("""
     for step in range(steps):
         if stop:
             open(os.path.join(out, f"checkpoint-rank{rank}"), "w").write(str(step))
-            sys.exit(RETRIABLE)
+            exit_process(RETRIABLE)
         time.sleep(0.1)
     if rank == 0:
         open(os.path.join(out, "result.txt"), "w").write(f"world={world} sum={total.item():g}")
+    exit_process(OK)  # as a rank ends: no finalization for Gloo's threads to abort
 """)
 
 
