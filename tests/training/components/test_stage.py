@@ -132,7 +132,7 @@ def test_every_command_that_runs_as_a_rank_ends_through_exit_process() -> None:
 
 
 def test_every_rank_program_in_the_tests_ends_through_exit_process() -> None:
-    """The tests' own rank programs (spawned workers, inline torchrun scripts) end as the commands do: CI's stop 36
+    """The tests' own rank programs (spawned workers, inline torchrun scripts) end as the commands do: CI's stop 35
     lost a run of test_distributed to a spawned Gloo rank that aborted while finalizing (exit -6, no traceback)."""
     import re
 
