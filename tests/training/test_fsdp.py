@@ -163,9 +163,9 @@ def test_sigterm_then_resumes_at_another_world_size_2_1_2(indexed_root, ddp_ref,
     finish at 6. Each resume loads the other world size's DCP checkpoint, and the result stays on DDP's
     trajectory."""
     import signal
-    import time
 
     from tests.support.training import HANG_FAULT_ENV, REPO, stage_env, stage_cmd
+    from tests.support.waits import wait_for
 
     spec = _spec(indexed_root, "w-212", "fsdp")
     log = tmp_path / "term.log"
@@ -173,11 +173,9 @@ def test_sigterm_then_resumes_at_another_world_size_2_1_2(indexed_root, ddp_ref,
         proc = subprocess.Popen(stage_cmd("generator", spec, ["--checkpoint.every_steps=0"], nproc=2), cwd=REPO,
                                 env=stage_env(**{HANG_FAULT_ENV: "2"}), stdout=fh, stderr=fh)
         try:
-            deadline = time.monotonic() + 180
-            while "hanging until SIGTERM" not in log.read_text():
-                assert proc.poll() is None and time.monotonic() < deadline, \
-                    f"waited for the hang after step 2; saw:\n{log.read_text()[-3000:]}"
-                time.sleep(0.2)
+            wait_for(lambda: "hanging until SIGTERM" in log.read_text(), 180, "the hang after step 2", poll_s=0.2,
+                     seen=lambda: "\n" + log.read_text()[-3000:],
+                     alive=lambda: None if proc.poll() is None else f"the stage exited early ({proc.returncode})")
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=120)
         finally:
