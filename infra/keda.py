@@ -332,7 +332,9 @@ def keeper_deployment_spec(image: str, redis_secret: str, queue_namespaces: tupl
         "template": {"metadata": {"labels": labels}, "spec": {
             "automountServiceAccountToken": False,
             "nodeSelector": dict(SYSTEM_NODE_SELECTOR),
-            "securityContext": pod_security_context(TRAINING_UID),
+            # fsGroup: the password file is 0440 root's until the kubelet hands it to this group
+            # (policy/secret_access.py, rule secret-volumes-readable).
+            "securityContext": pod_security_context(TRAINING_UID, fs_group=TRAINING_UID),
             "containers": [{
                 "name": "keeper",
                 "image": image,

@@ -24,6 +24,12 @@ from infra.config import GPU_INSTANCE_FAMILIES, is_gpu_instance_type  # Pulumi-f
 from infra.config import TEAM_NAMESPACE_PREFIX
 from infra.pod_security import restricted_problems  # Pulumi-free: the one home of the restricted context
 from policy.k8s_scheduling import untolerated_taints
+from policy.pod_templates import POD_SPEC_PATHS, RAY_CLUSTER_SPEC_PATHS, SCALED_JOB_POD_PATH, SCALED_JOB_TYPE
+from policy.pod_templates import as_list as _as_list
+from policy.pod_templates import containers as _containers
+from policy.pod_templates import get as _get
+from policy.pod_templates import is_list as _is_list
+from policy.secret_access import check_secret_volumes_readable
 from training.ray.placement import POOL_LABEL
 
 MANDATORY = "mandatory"
@@ -69,16 +75,6 @@ EC2NODECLASS_TYPES = frozenset({
     "kubernetes:karpenter.k8s.aws/v1beta1:EC2NodeClass",
 })
 
-# Where each workload kind keeps its pod spec.
-POD_SPEC_PATHS: dict[str, tuple[str, ...]] = {
-    "kubernetes:core/v1:Pod": ("spec",),
-    "kubernetes:apps/v1:Deployment": ("spec", "template", "spec"),
-    "kubernetes:apps/v1:StatefulSet": ("spec", "template", "spec"),
-    "kubernetes:apps/v1:DaemonSet": ("spec", "template", "spec"),
-    "kubernetes:apps/v1:ReplicaSet": ("spec", "template", "spec"),
-    "kubernetes:batch/v1:Job": ("spec", "template", "spec"),
-    "kubernetes:batch/v1:CronJob": ("spec", "jobTemplate", "spec", "template", "spec"),
-}
 
 NAMESPACE_TYPE = "kubernetes:core/v1:Namespace"
 NETWORK_POLICY_TYPE = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
@@ -174,29 +170,7 @@ class Rule:
         return {k: v["default"] for k, v in self.config_schema.items() if "default" in v}
 
 
-# ------------------------------------------------------------------ value helpers
-
-
-def _get(obj: Any, *path: str | int) -> Any:
-    """obj[path0][path1]... or None where a step is missing or of the wrong kind."""
-    for step in path:
-        if isinstance(step, int):
-            if not _is_list(obj) or step >= len(obj):
-                return None
-        elif not isinstance(obj, Mapping) or step not in obj:
-            return None
-        obj = obj[step]
-    return obj
-
-
-def _is_list(value: Any) -> bool:
-    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
-
-
-def _as_list(value: Any) -> list[Any]:
-    if value is None:
-        return []
-    return list(value) if _is_list(value) else [value]
+# ------------------------------------------------------------------ value helpers (get, as_list: policy/pod_templates.py)
 
 
 def _first(value: Any) -> Any:
@@ -441,10 +415,6 @@ def check_gpu_ami_pinned_in_prod(resource: Resource, ctx: Context) -> Iterator[s
 # ------------------------------------------------------------------ workloads and namespaces
 
 
-def _containers(pod_spec: Any) -> list[Any]:
-    return _as_list(_get(pod_spec, "initContainers")) + _as_list(_get(pod_spec, "containers"))
-
-
 #: Team namespaces (infra/config.py trainingTeams, TEAM_NAMESPACE_PREFIX) are training namespaces too.
 
 
@@ -575,7 +545,6 @@ def check_monitoring_not_public(resource: Resource, ctx: Context) -> Iterator[st
                    "`kubectl port-forward`, an internal load balancer "
                    "(service.beta.kubernetes.io/aws-load-balancer-scheme: internal), or set this "
                    "policy's allowPublicLoadBalancer config to true")
-
 
 
 # ------------------------------------------------------------------ cluster access and node agents
@@ -804,16 +773,6 @@ def check_efs_policy_allows_mounts(resources: Sequence[Resource], ctx: Context
 
 # ------------------------------------------------------------------ Ray
 
-# Where each KubeRay kind keeps the spec of the RayCluster it runs (ray-project/kuberay v1.7.0
-# ray-operator/apis/ray/v1: RayJob ``rayClusterSpec``, RayService ``rayClusterConfig``). ray.io/v1alpha1
-# has no authOptions (the CRD schema): such a cluster cannot run with token authentication.
-RAY_CLUSTER_SPEC_PATHS: dict[str, tuple[str, ...]] = {
-    "kubernetes:ray.io/v1:RayCluster": ("spec",),
-    "kubernetes:ray.io/v1alpha1:RayCluster": ("spec",),
-    "kubernetes:ray.io/v1:RayJob": ("spec", "rayClusterSpec"),
-    "kubernetes:ray.io/v1alpha1:RayJob": ("spec", "rayClusterSpec"),
-    "kubernetes:ray.io/v1:RayService": ("spec", "rayClusterConfig"),
-}
 _RAY_AUTH_MODE_ENV = "RAY_AUTH_MODE"
 _RAY_AUTH_TOKEN_ENV = "RAY_AUTH_TOKEN"
 
@@ -854,7 +813,6 @@ def check_ray_token_auth(resource: Resource, ctx: Context) -> Iterator[str]:
 
 # ------------------------------------------------------------------ KEDA: a ScaledJob per lane
 
-SCALED_JOB_TYPE = "kubernetes:keda.sh/v1alpha1:ScaledJob"
 RESOURCE_QUOTA_TYPE = "kubernetes:core/v1:ResourceQuota"
 RAYCLUSTER_TYPES = frozenset({"kubernetes:ray.io/v1:RayCluster"})
 
@@ -905,7 +863,7 @@ def check_lanes_have_one_scaled_job(resources: Sequence[Resource], ctx: Context)
     gpus: dict[str, float] = {}
     default_pool = None
     for r in resources:
-        path = ("spec", "jobTargetRef", "template", "spec") if r.type == SCALED_JOB_TYPE else POD_SPEC_PATHS.get(r.type)
+        path = SCALED_JOB_POD_PATH if r.type == SCALED_JOB_TYPE else POD_SPEC_PATHS.get(r.type)
         pod = _get(r.inputs, *path) if path else None
         pool = _get(pod, "nodeSelector", POOL_LABEL)
         count = _number(_get(_first(_as_list(_get(pod, "containers"))), "resources", "requests", GPU_RESOURCE))
@@ -1032,6 +990,11 @@ RULES: tuple[Rule, ...] = (
          "triggered by exactly its ready lists, summed.", MANDATORY,
          "Declare the namespace's worker kinds with infra/worker_jobs.py (infra/keda.py worker_kinds, scaled_job_spec).",
          check_lanes_have_one_scaled_job, scope="stack", config_schema=_NAMESPACES_SCHEMA),
+    Rule("secret-volumes-readable",
+         "Every container of every pod template can read the Secret files it mounts (as its uid, gid and fsGroup).",
+         MANDATORY, "Set the pod's securityContext.fsGroup to the container's group (infra/pod_security.py "
+         "pod_security_context(uid, fs_group=uid)), or give the files a mode readable by others.",
+         check_secret_volumes_readable),
     Rule("ray-token-auth",
          "Every RayCluster (also a RayJob's or RayService's) runs with Ray token authentication.", MANDATORY,
          "Set spec.authOptions {mode: token, secretName: <the namespace's token Secret>}; never set "

@@ -42,7 +42,7 @@ import yaml
 from infra.log_shipping import ADDON, ADDON_CONFIGURATION
 from infra.plan import load_stack
 from infra.pod_security import restricted_problems
-from policy.checks import POD_SPEC_PATHS
+from policy.pod_templates import POD_SPEC_PATHS
 from tests.conftest import STACKS
 from tests.support.helm import HELM, helm_merge
 from tests.support.kuberay import RAYCLUSTER

@@ -28,7 +28,8 @@ import pytest
 import yaml
 
 from infra.charts import BY_SCHEMA_NAME
-from policy.checks import POD_SPEC_PATHS, Resource, is_gpu_nodepool
+from policy.checks import Resource, is_gpu_nodepool
+from policy.pod_templates import POD_SPEC_PATHS
 from policy.k8s_scheduling import schedulable, untolerated_taints
 from tests.conftest import STACKS
 from tests.infra.harness import chart_defaults

@@ -165,6 +165,15 @@ def test_served_pack_blocks_violations(analyzer, plan_of):
     [d] = analyze(analyzer, "prod", worker).diagnostics
     assert d.policyName == "training-containers-nonroot-limits" and "runAsUser is 0" in d.message
 
+    # The keeper before the round-4 fix: its 0440 password file stays root's without fsGroup (modes and
+    # uids arrive as floats too).
+    keeper = next(e for e in doc["resources"] if e["type"] == "kubernetes:apps/v1:Deployment"
+                  and e["inputs"]["metadata"]["name"] == "ragpool-queue-keeper")
+    del keeper["inputs"]["spec"]["template"]["spec"]["securityContext"]["fsGroup"]
+    [d] = analyze(analyzer, "prod", keeper).diagnostics
+    assert d.policyName == "secret-volumes-readable" and d.enforcementLevel == analyzer_pb2.MANDATORY
+    assert "container 'keeper' (uid 10001, groups [10001]) cannot read Secret volume 'redis'" in d.message
+
 
 def test_served_pack_reports_unknown_values_as_advisory(analyzer, plan_of):
     from pulumi.runtime.proto import analyzer_pb2
