@@ -64,8 +64,8 @@ from typing import Any, Callable, Iterable
 from bench import keda_scaledjob as keda
 from bench.recovery import lose_node, wait_until
 from training.localdev.redis_server import LocalRedisServer
-from training.paths import child_env
-from training.ports import free_port
+from contract.paths import child_env
+from contract.ports import free_port
 from training.ray.placement import POOL_LABEL
 
 GPU_RESOURCE = "nvidia.com/gpu"

@@ -59,7 +59,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from bench.train_throughput import GEN_SHAPES, H100_BF16_PEAK_FLOPS  # noqa: E402
 from training.components.stage import exit_process  # noqa: E402
-from training.paths import child_env  # noqa: E402
+from contract.paths import child_env  # noqa: E402
 
 #: Shapes tried by ``--gpu``, smallest first (Llama-2/3-like proportions; vocab 32000).
 GPU_SHAPES = {

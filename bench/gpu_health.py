@@ -22,8 +22,8 @@ import subprocess
 import sys
 import time
 
-from training import exit_codes
-from training.paths import child_env
+from contract import exit_codes
+from contract.paths import child_env
 
 
 

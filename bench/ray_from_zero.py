@@ -87,7 +87,7 @@ def measure(tmp_dir: Path) -> float:
     """``ray_from_zero_s``: start a local autoscaling cluster in ``tmp_dir``, measure, stop it (this process's
     environment is as it was afterwards)."""
     from training.demo.ray_autoscaling import LocalAutoscalingCluster, connected
-    from training.paths import child_env
+    from contract.paths import child_env
 
     tmp_dir = Path(tmp_dir)
     tmp_dir.mkdir(parents=True, exist_ok=True)

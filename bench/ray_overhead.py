@@ -37,8 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from training import exit_codes
-from training.ports import free_port
+from contract import exit_codes
+from contract.ports import free_port
 
 
 def _config(shared: Path, run_id: str, steps: int, **extra: object) -> dict:
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     import yaml
 
     from training.demo import synthetic
-    from training.paths import child_env
+    from contract.paths import child_env
     from training.scheduler.child import stage_entry, torchrun_argv
 
     out = Path(args.out).resolve()

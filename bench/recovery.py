@@ -50,7 +50,7 @@ from bench import recovery_pause
 from bench.report import finish
 from training.components.loop import HOOKS_ENV
 from training.demo.tiny_models import build_tiny_encoder
-from training.paths import child_env
+from contract.paths import child_env
 
 STEP_LINE = re.compile(r"\bstep (\d+)/(\d+)\b")
 RESUME_SLACK_S = 30.0

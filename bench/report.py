@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from training import exit_codes
+from contract import exit_codes
 
 
 def finish(prog: str, problems: list[str], measure: Callable[[], dict[str, Any]]) -> int:

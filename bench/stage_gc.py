@@ -71,7 +71,7 @@ def _setup(root: Path) -> Path:
 
 
 def _one(root: Path, config: Path, mode: str) -> dict:
-    from training import paths
+    from contract import paths
 
     shutil.rmtree(root / "runs", ignore_errors=True)
     out = root / f"gc-{mode}.json"
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=5, help="stage processes per mode (default 5)")
     ap.add_argument("--dir", type=Path, default=None, help="work directory (default: a temp dir, removed after)")
     args = ap.parse_args(argv)
-    from training.exit_codes import BAD_INPUT, OK
+    from contract.exit_codes import BAD_INPUT, OK
 
     if args.runs < 1:
         print(f"stage_gc: --runs={args.runs}: must be at least 1", file=sys.stderr)

@@ -236,7 +236,7 @@ def ddp_worker(per_rank_batch: int, steps: int, warm: int) -> dict:
 def run_ddp_scaling(per_rank_batch: int, steps: int, warm: int) -> dict:
     import statistics
 
-    from training.paths import child_env
+    from contract.paths import child_env
     from training.scheduler.child import torchrun_argv
 
     env = child_env(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")

@@ -9,6 +9,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from contract import exit_codes
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -33,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     out: Path = args.out
     if out.exists() and not out.is_dir():
         print(f"ragpool dashboards: --out {out} exists and is not a directory", file=sys.stderr)
-        return 2
+        return exit_codes.BAD_INPUT
     lanes = None
     if getattr(args, "lanes", None) is not None:
         try:
@@ -42,15 +44,15 @@ def run(args: argparse.Namespace) -> int:
                 raise LaneError("--lanes names no lane")
         except LaneError as exc:
             print(f"ragpool dashboards: --lanes {args.lanes!r}: {exc}", file=sys.stderr)
-            return 2
+            return exit_codes.BAD_INPUT
     try:
         written = write_all(out, lanes)
     except OSError as exc:
         print(f"ragpool dashboards: cannot write to {out}: {exc}", file=sys.stderr)
-        return 2
+        return exit_codes.BAD_INPUT
     except ValueError as exc:  # lanes whose kube-state-metrics labels collide (dashboards/boards/autoscaling.py)
         print(f"ragpool dashboards: --lanes {args.lanes!r}: {exc}", file=sys.stderr)
-        return 2
+        return exit_codes.BAD_INPUT
     for path in written:
         print(path)
     return 0

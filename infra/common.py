@@ -10,7 +10,7 @@ import yaml
 
 from infra.config import StackConfig
 from training.config import deep_merge  # noqa: F401  (re-exported: the one nested-merge helper)
-from training.paths import DEFAULT_SHARED_ROOT
+from contract.paths import DEFAULT_SHARED_ROOT
 from training.ray.placement import POOL_LABEL
 
 VALUES_DIR = Path(__file__).resolve().parent / "values"

@@ -16,7 +16,7 @@ import re
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Mapping
 
-from training.messages import shown
+from contract.messages import shown
 
 PROJECT = "ragpool"
 

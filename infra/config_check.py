@@ -39,7 +39,7 @@ def cmd_preview(args: argparse.Namespace) -> int:
     .ci/plan-diff.sh the comment's first line."""
     from infra.config import StackConfigError
     from infra.plan import load_stack, validate_stack
-    from training import exit_codes
+    from contract import exit_codes
 
     lines = []
     for stack in args.stack:

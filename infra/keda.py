@@ -44,7 +44,7 @@ from training.scheduler.keeper import DEFAULT_INTERVAL_S as KEEPER_INTERVAL_S
 from training.scheduler.keeper import NAMESPACES_ENV as QUEUE_NAMESPACES_ENV
 from training.scheduler.lanes import MAX_NODES, Lane, format_lane_set, worker_lanes
 from training.scheduler.supervisor import WorkerConfig
-from training.ports import QUEUE_METRICS_PORT, REDIS_PORT
+from contract.ports import QUEUE_METRICS_PORT, REDIS_PORT
 
 # The worker template's lease (infra/worker_jobs.py passes WorkerConfig's default).
 WORKER_LEASE_S: float = WorkerConfig.__dataclass_fields__["lease_seconds"].default

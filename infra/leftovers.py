@@ -16,7 +16,7 @@ import argparse
 import sys
 from typing import Any
 
-from training import exit_codes
+from contract import exit_codes
 
 LIVE_STATES = ["pending", "running", "stopping", "stopped"]
 

@@ -22,8 +22,8 @@ import yaml
 from infra.config import PROJECT, StackConfigError, StackConfig, parse
 from infra.langhost.mock_exec import PLACEHOLDER_SECRET, Recorded, make_mocks, make_monitor, run_under_mocks, unwrap
 from infra.langhost.mock_exec import MOCK_ACCOUNT, mock_outputs  # noqa: F401  (tests read them here)
-from training import exit_codes
-from training.messages import shown
+from contract import exit_codes
+from contract.messages import shown
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 INFRA_DIR = Path(__file__).resolve().parent

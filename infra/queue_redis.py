@@ -26,7 +26,7 @@ from infra.common import SYSTEM_NODE_SELECTOR, aws_tags, child, k8s_labels, stat
 from infra.config import StackConfig
 from infra.pod_security import container_security_context, pod_security_context
 from infra.training_namespace import TRAINING_NAMESPACE_LABEL
-from training.ports import REDIS_PORT
+from contract.ports import REDIS_PORT
 
 # Official Valkey image (BSD-licensed Redis fork; same protocol and AOF semantics).
 VALKEY_IMAGE = "valkey/valkey:8.1.7"

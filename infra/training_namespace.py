@@ -23,7 +23,7 @@ import pulumi_kubernetes as k8s
 from infra.component import RagpoolComponent
 from infra.common import child, k8s_labels, stateful
 from infra.config import StackConfig
-from training.ports import QUEUE_METRICS_PORT, RANK_METRICS_PORT, RDZV_PORT, REDIS_PORT
+from contract.ports import QUEUE_METRICS_PORT, RANK_METRICS_PORT, RDZV_PORT, REDIS_PORT
 
 TRAINING_NAMESPACE = "ragpool-training"
 WORKER_SERVICE_ACCOUNT = "ragpool-worker"

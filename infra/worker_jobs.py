@@ -42,8 +42,8 @@ from infra.pod_security import container_security_context, pod_security_context
 from infra.queue_redis import REQUIRED_REPLICAS_KEY
 from infra.ray_cluster import RayEndpoint, max_workers
 from infra.training_namespace import MAX_RANKS_PER_POD, WORKER_SERVICE_ACCOUNT, WORKERS_SERVICE
-from training import exit_codes
-from training.ports import QUEUE_METRICS_PORT, RANK_METRICS_PORT, RDZV_PORT
+from contract import exit_codes
+from contract.ports import QUEUE_METRICS_PORT, RANK_METRICS_PORT, RDZV_PORT
 from training.components.health import EXPECTED_GPUS_ENV
 from training.scheduler.preflight import NODE_NAME_ENV
 from training.scheduler.redis_conn import REQUIRED_REPLICAS_ENV

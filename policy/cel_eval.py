@@ -43,7 +43,7 @@ import yaml
 from celpy import celtypes
 
 from scripts.vendor_schemas import REPO_ROOT, YAML_LOADER, VENDOR_DIR as SCHEMAS_DIR
-from training import exit_codes
+from contract import exit_codes
 
 VENDORED_CRDS = REPO_ROOT / "infra" / "crds"
 

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from training import exit_codes
+from contract import exit_codes
 from policy.checks import ENFORCEMENT_LEVELS, MANDATORY, RULES, RULES_BY_NAME, Context, Resource, Rule
 
 

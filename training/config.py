@@ -27,10 +27,10 @@ from typing import Any, Literal
 
 import yaml
 
-from training.paths import DEFAULT_SHARED_ROOT, RUN_ID_RULE, PathError, confine, is_valid_run_id
-from training.paths import run_dir as _run_dir
-from training.messages import shown
-from training.ports import RANK_METRICS_PORT
+from contract.paths import DEFAULT_SHARED_ROOT, RUN_ID_RULE, PathError, confine, is_valid_run_id
+from contract.paths import run_dir as _run_dir
+from contract.messages import shown
+from contract.ports import RANK_METRICS_PORT
 
 Stage = Literal["retriever", "index", "generator", "evaluate"]
 #: Stages a run may contain, in the order the pipeline runs them.
@@ -66,10 +66,10 @@ def _require(ok: bool, key: str, value: Any, why: str) -> None:
 
 
 def confine_relative(key: str, rel: str) -> str:
-    """``rel`` checked by the one confinement rule (:func:`training.paths.confine`), lexically.
+    """``rel`` checked by the one confinement rule (:func:`contract.paths.confine`), lexically.
 
     Used at submit time (no filesystem access); the data loaders re-check against the real
-    filesystem (symlinks) inside the job with :func:`training.paths.resolve_confined`.
+    filesystem (symlinks) inside the job with :func:`contract.paths.resolve_confined`.
     """
     try:
         confine(rel)

@@ -27,7 +27,7 @@ from training.components.models import load_encoder
 from training.components.search import build_faiss, encode_sharded, retrieval_metrics, retrieve, search
 from training.components.stage import complete_stage, exit_process, is_complete, run_main, run_stage, write_json_atomic
 from training.config import RunConfig
-from training.exit_codes import OK
+from contract.exit_codes import OK
 from training.generator import contexts, encode_prompt, special_ids
 
 STAGE = "evaluate"

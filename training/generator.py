@@ -28,7 +28,7 @@ from training.components.loop import TrainTask, seed_everything, train
 from training.components.search import retrieve
 from training.components.stage import complete_stage, exit_process, run_main, run_stage
 from training.config import RunConfig
-from training.exit_codes import OK
+from contract.exit_codes import OK
 
 STAGE = "generator"
 IGNORE = -100

@@ -21,7 +21,7 @@ from training.components.models import load_encoder
 from training.components.search import build_faiss, encode_sharded, retriever_model_path, save_index
 from training.components.stage import complete_stage, exit_process, run_main, run_stage
 from training.config import RunConfig
-from training.exit_codes import OK
+from contract.exit_codes import OK
 
 if TYPE_CHECKING:
     import numpy as np

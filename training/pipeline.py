@@ -23,7 +23,7 @@ from training.components import distributed as D
 from training.components.logs import get_logger
 from training.components.stage import exit_process, run_main
 from training.config import RunConfig
-from training.exit_codes import OK
+from contract.exit_codes import OK
 
 
 def run(cfg: RunConfig, env: D.DistEnv) -> int:

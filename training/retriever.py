@@ -7,7 +7,7 @@ Each question's positive passage (plus ``retriever.hard_negatives`` hard negativ
 scored against every passage of the global micro-batch: passage embeddings are gathered
 from all ranks with a gradient-preserving all-gather, logits are cosine / temperature.
 Output: ``<shared>/runs/<run_id>/retriever/model/`` (Hugging Face format) and ``_COMPLETE``.
-Exit codes: :mod:`training.exit_codes` (75 = preempted, rerun to resume).
+Exit codes: :mod:`contract.exit_codes` (75 = preempted, rerun to resume).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from training.components.loop import TrainTask, seed_everything, train
 from training.components.models import DualEncoder, load_encoder, save_encoder
 from training.components.stage import complete_stage, exit_process, run_main, run_stage
 from training.config import RunConfig
-from training.exit_codes import OK
+from contract.exit_codes import OK
 
 STAGE = "retriever"
 

@@ -3,7 +3,7 @@
     python -m training.worker [--idle-exit-seconds 300] [--lease-seconds 60] [--metrics-port 9300]
 
 Same as ``ragpool worker``. Queue metrics and ``/ready`` are served on ``--metrics-port`` (9300 in
-the worker Jobs: ``QUEUE_METRICS_PORT`` in training/ports.py, the one home of ragpool's ports; the
+the worker Jobs: ``QUEUE_METRICS_PORT`` in contract/ports.py, the one home of ragpool's ports; the
 ranks' training metrics are on ``RANK_METRICS_PORT`` + local rank, 9400 up). The run loop lives in
 :mod:`training.scheduler.supervisor`, the child it starts in :mod:`training.scheduler.child`, what it
 records when the child ends in :mod:`training.scheduler.outcome`; this module stays torch-free

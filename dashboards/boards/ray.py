@@ -19,6 +19,7 @@ import json
 import sys
 from pathlib import Path
 
+from contract import exit_codes
 from training.ray import RAY_VERSION
 
 RAY_BOARDS_DIR = Path(__file__).resolve().parent / "ray-generated"
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         boards = generate()
     except (ImportError, RayVersionError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return exit_codes.BAD_INPUT
     if not args.write:
         stale = sorted(name for name, text in boards.items() if committed().get(name) != text)
         print("stale: " + ", ".join(stale) if stale else "up to date")

@@ -16,7 +16,7 @@ from bench.autoscale_sim import (
     Job, ScaledJob, Settings, Simulation, Submitted, expand, lanes_of, localize, queue_namespace, set_flag, stack_from_plan,
 )
 from tests.support.redis_fixtures import requires_redis
-from training import exit_codes
+from contract import exit_codes
 from training.scheduler.lanes import LANES_ENV, Lane, format_lanes
 from training.scheduler.run_queue import GANG_TIMEOUTS_STAT, Key
 

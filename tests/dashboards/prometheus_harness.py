@@ -17,7 +17,7 @@ import yaml
 from dashboards import rulefiles
 from tests.support.waits import wait_for
 from training.localdev.redis_server import stop_process
-from training.ports import free_port
+from contract.ports import free_port
 
 
 def run_promtool(promtool: str, *args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

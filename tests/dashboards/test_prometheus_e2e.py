@@ -14,12 +14,12 @@ from datetime import datetime
 import pytest
 from tests.support.redis_fixtures import make_spec
 from tests.support.training import HANG_FAULT_ENV, REPO, build_tiny_encoder, stage_env, stage_cmd, write_run
-from training.ports import free_port
+from contract.ports import free_port
 from prometheus_harness import NOT_READY, Prometheus, write_rules_with_stall_window
 from tests.support.waits import wait_for
 
 from training.demo import synthetic
-from training.exit_codes import RETRIABLE
+from contract.exit_codes import RETRIABLE
 from training.scheduler.exporter import start_queue_metrics_server
 
 RUN_ID = "e2e-run"

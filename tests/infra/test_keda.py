@@ -257,7 +257,7 @@ def test_a_worker_that_finds_ray_unavailable_fails_its_job_at_once(committed_pla
     and hand it back). KEDA starts a fresh Job only while runs are queued. The Job controller's
     rule matching: bench/autoscale_sim.py pod_failure_action (first match; none: Count)."""
     from bench.autoscale_sim import pod_failure_action
-    from training import exit_codes
+    from contract import exit_codes
 
     jobs = scaled_jobs(committed_plans[stack])
     assert "ragpool-worker-ray" in jobs

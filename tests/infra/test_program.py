@@ -399,7 +399,7 @@ def test_training_namespace_isolation(committed_plans):
 
 
 def test_worker_job_template_per_pool(committed_plans):
-    from training import exit_codes
+    from contract import exit_codes
 
     doc = committed_plans["prod"]
     every = {r["inputs"]["metadata"]["name"]: r["inputs"]["spec"] for r in of_type(doc, "kubernetes:batch/v1:CronJob")

@@ -33,7 +33,7 @@ from infra.keda import KEDA_NAMESPACE, KEEPER_NAME, OPERATOR_POD_LABELS, operato
 from infra.training_namespace import MAX_RANKS_PER_POD
 from tests.conftest import STACKS
 from tests.support.kuberay import RAYCLUSTER, pod_labels
-from training.ports import QUEUE_METRICS_PORT, RANK_METRICS_PORT, RDZV_PORT, REDIS_PORT
+from contract.ports import QUEUE_METRICS_PORT, RANK_METRICS_PORT, RDZV_PORT, REDIS_PORT
 
 NETPOL = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
 NAMESPACE = "kubernetes:core/v1:Namespace"

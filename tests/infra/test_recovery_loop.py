@@ -19,7 +19,7 @@ import yaml
 
 from dashboards import rulefiles
 from tests.conftest import STACKS
-from training import exit_codes
+from contract import exit_codes
 from training.components.health import EXPECTED_GPUS_ENV
 from training.scheduler.preflight import NODE_NAME_ENV
 from training.scheduler.supervisor import WorkerConfig, build_arg_parser

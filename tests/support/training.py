@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from training import paths
+from contract import paths
 from training.demo.tiny_models import build_tiny_encoder
 from training.scheduler.child import stage_entry, torchrun_argv
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from training.exit_codes import BAD_INPUT
+from contract.exit_codes import BAD_INPUT
 from tests.support.training import run_stage_process, write_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch_multiproc]

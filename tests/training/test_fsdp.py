@@ -107,7 +107,7 @@ def test_hsdp_over_two_nodes_with_activation_checkpointing_matches_ddp(indexed_r
     """Two single-rank "nodes" (two torchrun agents meeting at one c10d rendezvous): a (2, 1) mesh that
     replicates across the nodes, with every decoder block recomputed in backward."""
     from tests.support.training import REPO, stage_env
-    from training.ports import free_port
+    from contract.ports import free_port
     from training.scheduler.child import stage_entry, torchrun_argv
 
     spec = _spec(indexed_root, "hsdp", "hsdp", activation_checkpointing=True)

@@ -11,10 +11,10 @@ import urllib.request
 import pytest
 import torch
 
-from training.exit_codes import RETRIABLE
+from contract.exit_codes import RETRIABLE
 from tests.support.waits import wait_for
 from tests.support.training import REPO, RESUME_FAULT_ENV, stage_env, load_params, run_stage_process, stage_cmd, write_run
-from training.ports import free_port
+from contract.ports import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch_multiproc]
 

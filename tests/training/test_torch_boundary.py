@@ -21,7 +21,7 @@ import training.scheduler
 
 REPO = Path(__file__).resolve().parents[2]
 FORBIDDEN = ("torch", "transformers", "faiss")
-CONTRACTS = ("training", "training.config", "training.exit_codes", "training.messages", "training.paths", "training.ports",
+CONTRACTS = ("training", "training.config", "contract.exit_codes", "contract.messages", "contract.paths", "contract.ports",
              "training.worker")
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from training import paths
+from contract import paths
 
 _MAX_REPORTED = 20
 
@@ -46,7 +46,7 @@ class QAExample:
 
 
 def resolve_confined(shared_root: str | os.PathLike[str], rel: str, what: str = "path") -> Path:
-    """:func:`training.paths.resolve_confined`, its refusal raised as :class:`DataError` naming ``what``."""
+    """:func:`contract.paths.resolve_confined`, its refusal raised as :class:`DataError` naming ``what``."""
     try:
         return paths.resolve_confined(shared_root, rel)
     except paths.PathError as err:

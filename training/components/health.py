@@ -18,7 +18,7 @@ Checks, in order; every check runs even after one failed, so the report is compl
 
 Prints a readable line per check on stderr and one JSON object last on stdout
 (``{"ok", "device", "gpus_expected", "gpus_visible", "checks": [{"name", "ok", "seconds",
-"detail"}]}``). Exit codes (training/exit_codes.py): ``OK``, ``HEALTH_CHECK_FAILED``, ``BAD_INPUT``.
+"detail"}]}``). Exit codes (contract/exit_codes.py): ``OK``, ``HEALTH_CHECK_FAILED``, ``BAD_INPUT``.
 
 A GPU that hangs cannot be interrupted from inside the process: the worker runs this command
 as a subprocess with a timeout (training/scheduler/preflight.py) and counts a timeout as a
@@ -38,7 +38,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
-from training import exit_codes
+from contract import exit_codes
 
 EXPECTED_GPUS_ENV = "RAGPOOL_EXPECTED_GPUS"
 TEST_FAULT_ENV = "RAGPOOL_HEALTH_TEST_FAULT"

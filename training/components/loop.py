@@ -39,7 +39,7 @@ from training.components.metrics import process_metrics
 from training.components.optim import build_optimizer, build_scheduler
 from training.components.stage import PREEMPTED_MARKER, write_json_atomic
 from training.config import ConfigError, OptimConfig, ParallelismConfig, RunConfig
-from training.exit_codes import OK, RETRIABLE
+from contract.exit_codes import OK, RETRIABLE
 
 #: Comma-separated importable modules, each with ``step_hooks() -> list[StepHook]``, whose
 #: hooks every :class:`Trainer` built without ``hooks=`` installs. Tests set it to reach

@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 
 from training.components import heap
 from training.config import STAGES, ConfigError, RunConfig, load_run_config, split_cli
-from training.exit_codes import BAD_INPUT, FAILED, OK
+from contract.exit_codes import BAD_INPUT, FAILED, OK
 
 COMPLETE_MARKER = "_COMPLETE"
 #: Written by rank 0 when SIGTERM stopped training after a checkpoint (exit code 75);

@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     run_yaml.write_text(yaml.safe_dump(demo_config(out, args.run_id), sort_keys=False))
     print(f"dataset: {data_dir}\nrun spec: {run_yaml}", flush=True)
 
-    from training.paths import child_env
+    from contract.paths import child_env
     from training.scheduler.child import stage_entry, torchrun_argv
 
     cmd = torchrun_argv(stage_entry("pipeline", run_yaml), nproc=args.nproc)

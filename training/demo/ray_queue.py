@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from training import exit_codes
+from contract import exit_codes
 
 RAY_RUN_ID = "demo-ray"
 TUNE_RUN_ID = "demo-tune"

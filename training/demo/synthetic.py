@@ -21,7 +21,7 @@ import random
 import sys
 from pathlib import Path
 
-from training import exit_codes
+from contract import exit_codes
 
 _ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "th", "br", "kr", "dr", "st", "gl"]
 _VOWELS = ["a", "e", "i", "o", "u", "ae", "ou", "ia"]

@@ -29,7 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from training import exit_codes
+from contract import exit_codes
 
 
 def demo_spec(run_id: str, nproc: int | None, shared: Path, overrides: dict | None = None) -> dict:
@@ -109,7 +109,7 @@ def remove_previous_runs(shared: Path, run_ids: list[str]) -> list[Path]:
     Each demo starts its runs afresh: a previous demo's runs (maybe made with other settings, which
     the pipeline refuses to resume, or complete, which it would skip) are this command's own outputs.
     """
-    from training.paths import run_dir
+    from contract.paths import run_dir
 
     removed = []
     for run_id in run_ids:
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out).resolve()
     shared = out / "shared"
     data = shared / "datasets" / "synthetic"
-    from training.paths import child_env
+    from contract.paths import child_env
 
     env = child_env()
 

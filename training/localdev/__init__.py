@@ -4,6 +4,6 @@
   primary + replicas + ``redis-sentinel`` group for failover tests.
 - :mod:`.ray_head`: a local Ray head with the Jobs API and token authentication.
 
-Free local ports come from :func:`training.ports.free_ports`. Nothing starts at import time; none
+Free local ports come from :func:`contract.ports.free_ports`. Nothing starts at import time; none
 of this runs in a cluster.
 """

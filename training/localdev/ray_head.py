@@ -41,7 +41,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from training.ports import free_ports
+from contract.ports import free_ports
 
 MARKER_ENV = "RAGPOOL_LOCAL_RAY_HEAD"
 """Set to the head's temp dir in every process of the head (how :meth:`LocalRayHead.stop` finds them)."""
@@ -136,7 +136,7 @@ class LocalRayHead:
 
     def process_env(self) -> dict[str, str]:
         """The environment ``ray start`` and so every Ray process of this head runs with."""
-        from training.paths import child_env
+        from contract.paths import child_env
 
         from training.ray.auth import TOKEN_ENV
 

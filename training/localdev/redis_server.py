@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from training.ports import free_port
+from contract.ports import free_port
 
 
 class RedisServerError(RuntimeError):

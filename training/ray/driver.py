@@ -28,7 +28,7 @@ run can be started by one
 executor and resumed or evaluated by the other. Ray Train's own run state goes to
 ``runs/<run_id>/ray/``.
 
-Exit codes (:mod:`training.exit_codes`): 0 done, 2 bad config or data, 4 a stage's pool had no
+Exit codes (:mod:`contract.exit_codes`): 0 done, 2 bad config or data, 4 a stage's pool had no
 room within ``ray.placement_timeout_s`` or cannot hold it, 1 anything else.
 """
 
@@ -43,7 +43,7 @@ import traceback
 from typing import Any
 
 from training.config import ConfigError, RunConfig, load_run_config, split_cli
-from training.exit_codes import BAD_INPUT, FAILED, OK, UNAVAILABLE
+from contract.exit_codes import BAD_INPUT, FAILED, OK, UNAVAILABLE
 from training.ray.job import DRIVER_ERROR_PREFIX
 from training.ray.placement import TRAINING_STAGES, PlacementError, StagePlacement, plan, reserved, strategy_for
 from training.ray.pools import POOLS_ENV

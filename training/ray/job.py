@@ -14,7 +14,7 @@ comes back to the same attempt attaches to the job instead of submitting a secon
 
 The worker supervises this process like torchrun: it heartbeats the lease meanwhile, and on
 cancel, lease loss, timeout or shutdown sends SIGTERM, on which this stops the Ray job
-(``stop_job``) and waits for it to stop. Exit codes (:mod:`training.exit_codes`): 0 the job
+(``stop_job``) and waits for it to stop. Exit codes (:mod:`contract.exit_codes`): 0 the job
 succeeded; 2 the driver refused its input; 4 the Ray cluster cannot be reached (for CONNECT_WAIT_S) or
 refuses the token (at once, naming the Secret it comes from; the worker hands the run back without
 spending an attempt); 75 stopped by
@@ -33,7 +33,7 @@ import threading
 import time
 from typing import Any
 
-from training.exit_codes import BAD_INPUT, FAILED, OK, RETRIABLE, UNAVAILABLE
+from contract.exit_codes import BAD_INPUT, FAILED, OK, RETRIABLE, UNAVAILABLE
 from training.ray.pools import POOLS_ENV
 
 POLL_S = 1.0

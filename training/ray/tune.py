@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from training.config import ConfigError, RunConfig, deep_merge, load_run_config, split_cli
-from training.exit_codes import BAD_INPUT, FAILED, OK
+from contract.exit_codes import BAD_INPUT, FAILED, OK
 
 TUNE_DIR = "tune"
 """Under ``runs/<run_id>/``: the trials' stage directories, the table and the best config."""
@@ -279,7 +279,7 @@ def tune_spec(spec: Any, start: bool = False) -> int:
     """``ragpool tune SPEC``: the spec's training config written to ``runs/<run_id>/tune/run.yaml``, searched."""
     import yaml
 
-    from training.paths import run_dir, shared_root_from_env
+    from contract.paths import run_dir, shared_root_from_env
 
     root = shared_root_from_env()
     path = run_dir(root, spec.run_id) / TUNE_DIR / "run.yaml"

@@ -16,8 +16,8 @@ import os
 import sys
 import time
 
-from training import exit_codes
-from training.paths import is_valid_run_id, shared_root_from_env
+from contract import exit_codes
+from contract.paths import is_valid_run_id, shared_root_from_env
 
 FOLLOW_POLL_S = 1.0
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.paths import run_dir as run_dir_of
+from contract.paths import run_dir as run_dir_of
 
 APPLICATION_LOG_GROUP = "/aws/containerinsights/{cluster}/application"
 """Where the CloudWatch observability add-on's Fluent Bit sends container logs."""

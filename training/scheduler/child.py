@@ -27,8 +27,8 @@ import os
 import sys
 from pathlib import Path
 
-from training.paths import child_env, run_dir
-from training.ports import RDZV_PORT
+from contract.paths import child_env, run_dir
+from contract.ports import RDZV_PORT
 from training.scheduler.spec import RunSpec
 
 RUN_CONFIG_NAME = "run.yaml"

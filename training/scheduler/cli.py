@@ -36,8 +36,8 @@ import json
 import sys
 import time
 
-from training import exit_codes
-from training.messages import shown
+from contract import exit_codes
+from contract.messages import shown
 
 
 def register(subparsers) -> None:
@@ -153,7 +153,7 @@ def _read_spec(command: str, path: str):
 def _fits_stack(spec, source: str) -> bool:
     """Whether ``spec`` fits the stack the environment describes (training/scheduler/fit.py: a worker
     lane in its namespace, GPU memory for its model); else says why (exit 2). Notes go to stderr."""
-    from training.paths import shared_root_from_env
+    from contract.paths import shared_root_from_env
     from training.scheduler.fit import fit_problems
     from training.scheduler.spec import SpecError
 

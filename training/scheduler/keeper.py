@@ -37,7 +37,7 @@ import time
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from training import exit_codes
+from contract import exit_codes
 
 log = logging.getLogger("ragpool.keeper")
 

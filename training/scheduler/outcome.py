@@ -3,7 +3,7 @@
 :func:`decide` turns a child's exit (its exit code, its output's tail, and why the worker stopped
 it, if it did) into a :class:`Decision`: which queue call records it, with what reason, and
 whether the worker stops claiming afterwards. It talks to nothing (no Redis, no processes), so
-every exit code of :mod:`training.exit_codes` under every :class:`StopReason` is unit-tested
+every exit code of :mod:`contract.exit_codes` under every :class:`StopReason` is unit-tested
 (tests/training/scheduler/test_outcome.py); the worker (training/scheduler/supervisor.py) makes
 the one queue call the decision names and turns the queue's reply into an :class:`Outcome`.
 In the style of Ray Train's ``FailurePolicy.make_decision`` -> ``FailureDecision`` (ray-project/ray
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import NamedTuple
 
-from training import exit_codes
+from contract import exit_codes
 from training.scheduler.run_queue import Release
 
 

@@ -24,7 +24,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from training import exit_codes, paths
+from contract import exit_codes, paths
 
 log = logging.getLogger("ragpool.worker")
 

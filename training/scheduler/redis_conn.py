@@ -64,8 +64,8 @@ from redis.exceptions import AuthenticationError, AuthorizationError, NoPermissi
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
-from training.messages import shown
-from training.ports import REDIS_PORT, REDIS_SENTINEL_PORT
+from contract.messages import shown
+from contract.ports import REDIS_PORT, REDIS_SENTINEL_PORT
 
 DEFAULT_URL = f"redis://127.0.0.1:{REDIS_PORT}/0"
 DEFAULT_SENTINEL_PORT = REDIS_SENTINEL_PORT

@@ -38,7 +38,7 @@ maps back to its own field.
 
 Paths: every path a spec can name (``data.*``, ``models.*`` and the model/tokenizer
 keys ``training.config.MODEL_PATH_KEYS`` set through hyper-parameters) goes through
-:func:`training.paths.confine` and is stored relative to the shared root. The one
+:func:`contract.paths.confine` and is stored relative to the shared root. The one
 allowed value that is not a path is the empty string for a model key (the packaged
 default model). Hugging Face hub names are not accepted as such: pods have no
 internet, so a name like ``org/model`` is read as the directory
@@ -65,8 +65,8 @@ from typing import Any, Mapping
 import yaml
 
 from training.config import MODEL_PATH_KEYS, STAGES, ConfigError, RunConfig, deep_merge, load_run_config, nest
-from training.messages import shown
-from training.paths import RUN_ID_RULE, PathError, confine, is_valid_run_id, shared_root_from_env
+from contract.messages import shown
+from contract.paths import RUN_ID_RULE, PathError, confine, is_valid_run_id, shared_root_from_env
 
 PRIORITIES: tuple[str, ...] = ("high", "normal", "low")
 """Queue priorities, highest first."""
@@ -225,7 +225,7 @@ def _int_field(raw: Mapping, name: str, default: int, lo: int, hi: int, problems
 
 
 def _confined_path(value: Any, name: str, shared_root: str, problems: list) -> str | None:
-    """``value`` as a shared-root-relative path (:func:`training.paths.confine`), or record why not."""
+    """``value`` as a shared-root-relative path (:func:`contract.paths.confine`), or record why not."""
     try:
         return confine(value, root=shared_root)
     except PathError as err:

@@ -2,7 +2,7 @@
 
     python -m training.worker [--idle-exit-seconds 300] [--lease-seconds 60] [--metrics-port 9300]
 
-(9300: ``QUEUE_METRICS_PORT``, training/ports.py, the one home of ragpool's ports; off unless
+(9300: ``QUEUE_METRICS_PORT``, contract/ports.py, the one home of ragpool's ports; off unless
 ``--metrics-port`` or ``RAGPOOL_QUEUE_METRICS_PORT`` sets it.) This module is the worker loop:
 claiming, follower mode, heartbeats, supervision. The child it starts is built in
 training/scheduler/child.py and what it records when the child ends is decided in
@@ -92,9 +92,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TypeVar
 
-from training import exit_codes
-from training.paths import run_dir, shared_root_from_env
-from training.ports import RDZV_PORT
+from contract import exit_codes
+from contract.paths import run_dir, shared_root_from_env
+from contract.ports import RDZV_PORT
 from training.scheduler.child import run_command, write_run_config
 from training.scheduler.lanes import Lane, format_lanes, lanes_from_env
 from training.scheduler.outcome import Action, ChildExit, Decision, Outcome, StopReason, decide, outcome_of
@@ -182,7 +182,7 @@ class WorkerConfig:
     (training/scheduler/preflight.py). 0 = skip; the worker Job template turns it on."""
     metrics_port: int = field(default_factory=lambda: int(os.environ.get("RAGPOOL_QUEUE_METRICS_PORT") or 0))
     """Serve queue metrics on this port (0 = off; env RAGPOOL_QUEUE_METRICS_PORT).
-    Also ``/ready``; the worker Jobs pass ``QUEUE_METRICS_PORT`` (9300, training/ports.py)."""
+    Also ``/ready``; the worker Jobs pass ``QUEUE_METRICS_PORT`` (9300, contract/ports.py)."""
     run_id: str | None = field(default_factory=lambda: os.environ.get("RAGPOOL_RUN_ID") or None)
     """Only claim this run (a Job dedicated to one run)."""
     nnodes: int = field(default_factory=lambda: int(os.environ.get("RAGPOOL_NNODES") or 1))

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from tests.support.ci_skips import hardware_reason
-from training.paths import child_env
-from training import exit_codes
+from contract.paths import child_env
+from contract import exit_codes
 from training.components import health
 
 needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason=hardware_reason("the CPU path runs only without CUDA"))

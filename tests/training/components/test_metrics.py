@@ -7,7 +7,7 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 from training.components.metrics import METRIC_NAMES, TrainMetrics
-from training.ports import free_port
+from contract.ports import free_port
 
 
 def _scrape(port: int) -> dict[str, list]:

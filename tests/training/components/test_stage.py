@@ -12,7 +12,7 @@ from training.components.distributed import DistEnv
 from training.components.stage import (COMPLETE_MARKER, FINGERPRINT_KEY, complete_stage, completed, run_stage,
                                        stage_fingerprint)
 from training.config import ConfigError, load_run_config
-from training.exit_codes import OK, RETRIABLE
+from contract.exit_codes import OK, RETRIABLE
 
 ENV = DistEnv(0, 1, 0, 1, torch.device("cpu"))
 
@@ -96,7 +96,7 @@ def test_a_stage_process_exits_with_its_code_after_its_exit_handlers_without_fin
     import subprocess
     import sys
 
-    from training.paths import child_env
+    from contract.paths import child_env
 
     out = subprocess.run([sys.executable, "-c", EXITING, str(tmp_path)], cwd=Path(__file__).resolve().parents[3],
                          env=child_env(), capture_output=True, text=True, timeout=60)

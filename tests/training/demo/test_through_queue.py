@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from training.demo.through_queue import remove_previous_runs
-from training.paths import run_dir
+from contract.paths import run_dir
 
 
 def test_a_demo_removes_only_its_own_previous_runs(tmp_path) -> None:

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from training.localdev.ray_head import API_SERVER_ENV, PREEMPTION_WATCHER_ENV
-from training.paths import child_env
+from contract.paths import child_env
 
 
 def ray_env() -> None:
@@ -59,7 +59,7 @@ def local_ray():
     """One in-process local Ray (2 CPUs) for the test module that asks for it (test_driver.py); stopped after."""
     import shutil
 
-    from training.ports import free_port
+    from contract.ports import free_port
 
     ray_env()
     import ray

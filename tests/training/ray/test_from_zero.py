@@ -145,7 +145,7 @@ def test_a_ray_run_on_an_idle_cluster_scales_up_its_pool_survives_a_killed_worke
 def test_a_run_for_a_pool_at_its_max_waits_then_fails_naming_stage_pool_and_resources(
         cluster, declared, shared, tiny_encoder_dir, capsys) -> None:
     from training.config import RayStageConfig
-    from training.exit_codes import UNAVAILABLE
+    from contract.exit_codes import UNAVAILABLE
     from training.ray import driver
     from training.ray.placement import plan, reserved
 

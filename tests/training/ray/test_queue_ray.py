@@ -25,9 +25,9 @@ import yaml
 
 from tests.support.waits import wait_for
 from tests.training.ray.conftest import needs_ray, ray_env
-from training import exit_codes
+from contract import exit_codes
 from training.demo import synthetic
-from training.paths import child_env
+from contract.paths import child_env
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -261,7 +261,7 @@ def _bare_env(home: Path, **extra: str) -> dict[str, str]:
     ~/.ray/auth_token (Ray's last place to look for a token)."""
     import os
 
-    from training.paths import child_env
+    from contract.paths import child_env
 
     env = {k: v for k, v in child_env().items() if not k.startswith("RAY_AUTH") and k != "RAGPOOL_RAY_AUTH_SECRET"}
     return {**env, "HOME": str(home), "RAY_USAGE_STATS_ENABLED": "0", "PATH": os.environ["PATH"], **extra}

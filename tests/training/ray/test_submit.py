@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from training import exit_codes
+from contract import exit_codes
 from training.scheduler import cli as runs_cli
 from training.ray.pools import POOLS_ENV
 

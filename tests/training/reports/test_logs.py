@@ -11,9 +11,9 @@ import pytest
 
 from infra.cli import main as ragpool
 from tests.support.training import REPO, stage_env
-from training.ports import free_port
+from contract.ports import free_port
 from tests.support.tiny_run import RETRIEVER_STEPS, RUN_ID, own_copy
-from training import exit_codes
+from contract import exit_codes
 from training.reports.logs import APPLICATION_LOG_GROUP, CloudWatchSource, LogFilter, parse_lines, parse_since
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch_multiproc]

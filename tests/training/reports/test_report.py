@@ -8,7 +8,7 @@ import pytest
 
 from infra.cli import main as ragpool
 from tests.support.tiny_run import GENERATOR_STEPS, RETRIEVER_STEPS, RUN_ID, own_copy
-from training import exit_codes
+from contract import exit_codes
 from training.reports.report import figures, load_run, throughput
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch_multiproc]

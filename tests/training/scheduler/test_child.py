@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from training.config import load_run_config
-from training.paths import PACKAGE_ROOT
+from contract.paths import PACKAGE_ROOT
 from training.scheduler.child import ray_job_argv, run_command, stage_entry, torchrun_argv, write_run_config
 from training.scheduler.spec import parse_spec
 

@@ -118,7 +118,7 @@ def test_a_url_as_a_path_is_exit_2_naming_the_key(cli, make_queue, tmp_path, cap
 
 
 def test_unreachable_redis_is_exit_4_and_bad_url_exit_2(cli, monkeypatch, tmp_path, capsys):
-    from training.ports import free_port
+    from contract.ports import free_port
 
     monkeypatch.setenv("REDIS_URL", f"redis://:secret-pw@127.0.0.1:{free_port()}/0")
     assert cli("status") == 4
@@ -198,7 +198,7 @@ def test_read_only_replica_is_exit_4(own_redis, fast_redis_settings, monkeypatch
 
 def test_replica_without_its_primary_is_exit_4(own_redis, fast_redis_settings, monkeypatch, tmp_path, namespace,
                                                capsys):
-    from training.ports import free_port
+    from contract.ports import free_port
 
     stale = own_redis(replica_of=free_port())  # its primary never answers
     stale.client().config_set("replica-serve-stale-data", "no")  # now MASTERDOWN to data commands
@@ -271,7 +271,7 @@ def test_server_killed_mid_command_is_exit_4_in_a_real_process(own_redis, tmp_pa
     import sys
     import time
 
-    from training.paths import child_env
+    from contract.paths import child_env
 
     server = own_redis(password="pw-never-shown")
     server.client().execute_command("CLIENT", "PAUSE", 20000, "ALL")

@@ -10,9 +10,9 @@ import time
 
 import pytest
 from tests.support.redis_fixtures import make_spec
-from training.paths import child_env
+from contract.paths import child_env
 
-from training import exit_codes
+from contract import exit_codes
 from training.scheduler.run_queue import RAY_LANE, lane
 from training.scheduler.spec import SpecError, parse_spec
 from training.scheduler.supervisor import EXECUTORS_ENV, WorkerConfig

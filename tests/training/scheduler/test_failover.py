@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 from tests.support import waits
 from tests.support.redis_fixtures import make_spec, requires_sentinel
-from training.paths import child_env
+from contract.paths import child_env
 
 from training.scheduler.redis_conn import NotReplicatedError, connect, is_temporary_error, settings_from_env
-from training.exit_codes import OK, UNAVAILABLE
+from contract.exit_codes import OK, UNAVAILABLE
 from training.scheduler.run_queue import Key, State, TaskQueue, open_queue, ready_list
 
 
@@ -185,7 +185,7 @@ def test_submit_claim_ack_wait_for_a_replica(own_redis):
 def test_ragpool_submit_is_acknowledged_only_once_a_replica_has_it(own_redis, monkeypatch, tmp_path, capsys):
     import argparse
 
-    from training.exit_codes import OK, UNAVAILABLE
+    from contract.exit_codes import OK, UNAVAILABLE
     from training.scheduler import cli as runs_cli
 
     primary, replica = _primary_with_stoppable_replica(own_redis)

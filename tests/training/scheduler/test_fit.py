@@ -11,7 +11,7 @@ import struct
 import pytest
 
 from tests.training.scheduler.test_cli import _cli_at
-from training import exit_codes
+from contract import exit_codes
 from training.rank_memory import GIB, config_parameters, fits, model_parameters, state_bytes_per_rank
 from training.scheduler.fit import POOL_GPUS_ENV, FitError, PoolGpus, format_pool_gpus, parse_pool_gpus
 from training.scheduler.lanes import POOLS_ENV, SERVED_LANES_ENV

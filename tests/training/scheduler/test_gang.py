@@ -14,7 +14,7 @@ import pytest
 from tests.support.redis_fixtures import make_spec
 from tests.training.scheduler.test_supervisor import finish, sh, start_worker, wait_for
 
-from training.ports import free_port
+from contract.ports import free_port
 from training.scheduler.exporter import READY_PATH
 from training.scheduler.lanes import LANES_ENV, Lane, worker_env, worker_lanes
 from training.scheduler.supervisor import GANG_DEADLINE_ENV, WorkerConfig

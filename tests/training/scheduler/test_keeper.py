@@ -12,11 +12,11 @@ import urllib.request
 
 import pytest
 from tests.support.redis_fixtures import make_spec
-from training.paths import child_env
+from contract.paths import child_env
 from tests.support.waits import wait_for
 
-from training import exit_codes
-from training.ports import free_port
+from contract import exit_codes
+from contract.ports import free_port
 from training.scheduler.keeper import DEFAULT_INTERVAL_S, NAMESPACES_ENV, namespaces_from_env
 from training.scheduler.lanes import Lane
 from training.scheduler.run_queue import FREE_RELEASES, Release, TaskQueue

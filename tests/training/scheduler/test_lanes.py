@@ -10,9 +10,9 @@ import sys
 
 import pytest
 from tests.support.redis_fixtures import make_spec
-from training.paths import child_env
+from contract.paths import child_env
 
-from training import exit_codes
+from contract import exit_codes
 from training.scheduler.lanes import (
     LANES_ENV, POOLS_ENV, Lane, LaneError, format_lanes, known_lanes, lane_from_suffix, lanes_from_env, parse_lane,
     parse_lanes, worker_env, worker_lanes,

@@ -1,11 +1,11 @@
 """The worker's outcome policy (training/scheduler/outcome.py), without Redis: every exit code of
-training/exit_codes.py under every way a child can end, for both executors."""
+contract/exit_codes.py under every way a child can end, for both executors."""
 
 from __future__ import annotations
 
 import pytest
 
-from training import exit_codes
+from contract import exit_codes
 from training.scheduler.outcome import Action, ChildExit, Decision, Outcome, StopReason, decide, outcome_of
 from training.scheduler.run_queue import Release
 from training.scheduler.spec import EXECUTORS
@@ -13,7 +13,7 @@ from training.scheduler.spec import EXECUTORS
 EXIT_CODES = {name: value for name, value in vars(exit_codes).items() if name.isupper() and isinstance(value, int)}
 
 #: What a child that exited on its own with each code gets recorded as: (action, retriable, release kind,
-#: stop claiming) per executor. Every name of training/exit_codes.py has a row (checked below).
+#: stop claiming) per executor. Every name of contract/exit_codes.py has a row (checked below).
 ON_ITS_OWN = {
     "OK": {"torchrun": (Action.ACK, True, Release.GRACEFUL, False), "ray": (Action.ACK, True, Release.GRACEFUL, False)},
     "FAILED": {e: (Action.FAIL, True, Release.GRACEFUL, False) for e in EXECUTORS},

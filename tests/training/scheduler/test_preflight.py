@@ -10,11 +10,11 @@ import urllib.request
 
 import pytest
 from tests.support.redis_fixtures import make_spec
-from training.paths import child_env
-from training.ports import free_port
+from contract.paths import child_env
+from contract.ports import free_port
 from tests.support.waits import wait_for
 
-from training import exit_codes
+from contract import exit_codes
 from training.components.health import TEST_FAULT_ENV
 from training.scheduler import preflight
 

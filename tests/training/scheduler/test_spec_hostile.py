@@ -32,11 +32,11 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
-from training.paths import child_env
+from contract.paths import child_env
 
-from training import exit_codes
+from contract import exit_codes
 from training.config import MODEL_PATH_KEYS, STAGES
-from training.paths import is_valid_run_id
+from contract.paths import is_valid_run_id
 from training.scheduler.spec import SpecError, load_spec
 from training.scheduler import cli as runs_cli
 from training.scheduler.spec import MAX_SPEC_BYTES, PRIORITIES

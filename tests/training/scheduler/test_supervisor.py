@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 from tests.support.redis_fixtures import make_spec
-from training.paths import child_env
+from contract.paths import child_env
 from tests.support.waits import wait_for
 
 from training.config import load_run_config
-from training.exit_codes import RETRIABLE
+from contract.exit_codes import RETRIABLE
 
 
 def start_worker(redis_server, namespace, shared: Path, command: list[str] | None = None, *,
@@ -210,7 +210,7 @@ TINY_DDP_SCRIPT = textwrap.dedent("""
     import torch.distributed as dist
     from training.components.stage import exit_process
     from training.config import load_run_config
-    from training.exit_codes import OK, RETRIABLE
+    from contract.exit_codes import OK, RETRIABLE
 
     cfg = load_run_config(sys.argv[sys.argv.index("--config") + 1])
     dist.init_process_group("gloo")
@@ -272,7 +272,7 @@ def test_sigterm_through_torchrun_reaches_ranks_and_releases(redis_server, names
 @pytest.mark.slow
 def test_two_node_indexed_job_joins_one_torchrun_rendezvous(redis_server, namespace, make_queue, tmp_path):
     """Two worker 'pods' (indices 0 and 1) on this machine: one claim, one c10d rendezvous, world size 2."""
-    from training.ports import free_port
+    from contract.ports import free_port
 
     q, entrypoint = submit_tiny_ddp(make_queue, tmp_path, "two-node-ddp", nodes=2, gpus_per_node=1)
     group = dict(RAGPOOL_NNODES="2", RAGPOOL_WORKER_GROUP="job-ddp", RAGPOOL_RDZV_HOST="127.0.0.1",
@@ -385,7 +385,7 @@ def test_chaos_sigkilled_workers_lose_nothing_and_complete_each_task_once(redis_
 def test_worker_serves_queue_metrics(redis_server, namespace, make_queue, tmp_path):
     import urllib.request
 
-    from training.ports import free_port
+    from contract.ports import free_port
 
     q = make_queue()
     q.submit(make_spec("metered", priority="low", nodes=2))  # waits: no 2-node group here
@@ -436,7 +436,7 @@ def test_worker_rides_out_a_redis_crash_and_restart(own_redis, tmp_path):
 def test_record_maps_each_way_a_child_ends_to_one_outcome(make_queue, tmp_path):
     """What each decision of training/scheduler/outcome.py leaves in a real queue (the decisions
     themselves, for every exit code: test_outcome.py)."""
-    from training.exit_codes import BAD_INPUT
+    from contract.exit_codes import BAD_INPUT
     from training.scheduler.outcome import ChildExit, Outcome, StopReason
     from training.scheduler.supervisor import Worker, WorkerConfig
 

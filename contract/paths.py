@@ -31,7 +31,8 @@ _URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
 
 
 PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
-"""The directory that holds this ``training`` package (the repository in a checkout)."""
+"""The directory that holds this ``contract`` package and ``training`` beside it (the repository in a
+checkout, site-packages in the image)."""
 
 
 def child_env(env: dict[str, str] | None = None, **extra: str) -> dict[str, str]:

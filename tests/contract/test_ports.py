@@ -1,7 +1,7 @@
-"""training/ports.py is the one home of the ports ragpool's own processes listen on.
+"""contract/ports.py is the one home of the ports ragpool's own processes listen on.
 
 Every other Python file of the project names them through it: a number token equal to one of
-these ports anywhere else in infra/, training/, policy/, dashboards/ or bench/ is a second home
+these ports anywhere else in the project's code (tests/support/tree.py) is a second home
 (docstrings and comments, which are not number tokens, may still show them in example commands).
 """
 
@@ -11,10 +11,10 @@ import io
 import tokenize
 from pathlib import Path
 
-from training import ports
+from tests.support.tree import SOURCE_PACKAGES as PACKAGES
+from contract import ports
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("infra", "training", "policy", "dashboards", "bench")
 PORTS = {name: value for name, value in vars(ports).items() if name.endswith("_PORT")}
 #: The same number meaning another fact: Ray's GCS listens on 6379 by default (`ray start --port`).
 OTHER_FACTS = {("infra/training_namespace.py", "RAY_GCS_PORT = 6379")}
@@ -37,7 +37,7 @@ def test_the_ports_are_distinct_and_valid():
 
 
 def test_no_other_file_writes_a_port_as_a_literal():
-    home = REPO / "training" / "ports.py"
+    home = REPO / "contract" / "ports.py"
     found = []
     for package in PACKAGES:
         for path in sorted((REPO / package).rglob("*.py")):
@@ -46,7 +46,7 @@ def test_no_other_file_writes_a_port_as_a_literal():
             rel = path.relative_to(REPO).as_posix()
             found += [f"{rel}:{n}: {line}" for n, line in port_literals(path)
                       if not any(rel == f and line.startswith(prefix) for f, prefix in OTHER_FACTS)]
-    assert not found, "import these from training.ports instead:\n" + "\n".join(found)
+    assert not found, "import these from contract.ports instead:\n" + "\n".join(found)
 
 
 def test_the_check_sees_a_literal(tmp_path):

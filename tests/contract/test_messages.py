@@ -1,10 +1,10 @@
-"""training.messages.shown: how every error message of ragpool quotes a value someone wrote."""
+"""contract.messages.shown: how every error message of ragpool quotes a value someone wrote."""
 
 from __future__ import annotations
 
 import time
 
-from training.messages import MAX_SHOWN, shown
+from contract.messages import MAX_SHOWN, shown
 
 
 def test_values_are_quoted_as_a_yaml_user_wrote_them():

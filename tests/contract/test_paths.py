@@ -1,4 +1,4 @@
-"""training.paths: the one run-id rule and the one confinement rule, as every caller sees them."""
+"""contract.paths: the one run-id rule and the one confinement rule, as every caller sees them."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from training.components.data import DataError, resolve_confined as data_resolve
 from training.config import ConfigError, load_run_config
-from training.paths import PathError, confine, is_valid_run_id, resolve_confined
+from contract.paths import PathError, confine, is_valid_run_id, resolve_confined
 from training.scheduler.spec import SpecError, parse_spec
 
 ROOT = "/mnt/shared"
@@ -75,11 +75,11 @@ def test_resolve_confined_refuses_a_symlink_out(tmp_path: Path) -> None:
 
 
 def test_child_env_puts_this_package_first_once_and_adds_extra():
-    from training.paths import PACKAGE_ROOT, child_env
+    from contract.paths import PACKAGE_ROOT, child_env
 
     env = child_env({"PYTHONPATH": os.pathsep.join(["/elsewhere", ""]), "KEEP": "1"}, RAGPOOL_RUN_ID="r")
     assert env["PYTHONPATH"].split(os.pathsep) == [PACKAGE_ROOT, "/elsewhere"]
     assert env["KEEP"] == "1" and env["RAGPOOL_RUN_ID"] == "r"
     assert child_env(env)["PYTHONPATH"] == env["PYTHONPATH"], "already on it: unchanged"
     assert child_env({})["PYTHONPATH"] == PACKAGE_ROOT
-    assert (Path(PACKAGE_ROOT) / "training" / "paths.py").is_file()
+    assert (Path(PACKAGE_ROOT) / "contract" / "paths.py").is_file() and (Path(PACKAGE_ROOT) / "training").is_dir()

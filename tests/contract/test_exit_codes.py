@@ -1,7 +1,7 @@
-"""training/exit_codes.py is the one home of the process exit codes: no command writes one as a number.
+"""contract/exit_codes.py is the one home of the process exit codes: no command writes one as a number.
 
 Every ``return N`` (N a non-zero code of exit_codes), ``sys.exit(N)``, ``SystemExit(N)`` and
-``parser.exit(N)`` with a literal non-zero N in infra/, training/, policy/ and bench/ is a second
+``parser.exit(N)`` with a literal non-zero N in the project's code (tests/support/tree.py) is a second
 home of that code. ``return 1`` stays allowed (plenty of functions return the number one);
 ``return exit_codes.FAILED`` is how a command says it.
 """
@@ -11,10 +11,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from training import exit_codes
+from tests.support.tree import SOURCE_PACKAGES as PACKAGES
+from contract import exit_codes
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("infra", "training", "policy", "bench")
 CODES = {v for k, v in vars(exit_codes).items() if k.isupper() and isinstance(v, int) and v > 1}
 #: Runs as a bare script (``python infra/langhost/mock_exec.py``, sys.path[0] = its folder) and
 #: imports only the standard library and pulumi by design, so it cannot import training.
@@ -47,7 +47,7 @@ def test_no_command_writes_an_exit_code_as_a_number():
             if rel in STANDALONE or rel.startswith(NOT_YET):
                 continue
             found += [f"{rel}:{n}: {snippet}" for n, snippet in literal_codes(path.read_text())]
-    assert not found, "use training.exit_codes instead:\n" + "\n".join(found)
+    assert not found, "use contract.exit_codes instead:\n" + "\n".join(found)
 
 
 def test_the_check_sees_a_literal_code():

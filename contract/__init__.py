@@ -1,0 +1,10 @@
+"""The contract between ragpool's planes: what infra/, dashboards/, policy/ and training/ all read.
+
+Torch-free and free of every other dependency, and it imports nothing of theirs, so each plane imports it
+without pulling in another (tests/training/test_torch_boundary.py, tests/test_imports.py):
+
+- :mod:`contract.ports`: the TCP ports ragpool's own processes listen on;
+- :mod:`contract.exit_codes`: the process exit codes of every command;
+- :mod:`contract.messages`: how an error message quotes a value someone wrote;
+- :mod:`contract.paths`: the shared root, the run-id rule and the one path-confinement rule.
+"""
