@@ -66,7 +66,7 @@ def burst_runs(sim, manifests: list, n: int, steps: int = 4) -> list[str]:
     """Submit ``n`` mixed runs of ``steps`` to ``steps + 2`` workload steps: priorities in turn, one 2-node run when a ScaledJob takes 2-node
     runs, ray runs when one takes those, runs pinned to the default pool's name, the rest unpinned."""
     from bench.autoscale_sim import lanes_of, queue_namespace
-    from training.scheduler.spec import PRIORITIES
+    from contract.lanes import PRIORITIES
 
     lanes = {lane for m in manifests for lane in lanes_of(m)}
     namespace = queue_namespace(manifests[0])

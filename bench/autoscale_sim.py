@@ -727,7 +727,7 @@ class Submitted:
     submitted_at: float
     nodes: int = 1
     lane: Any = None
-    """Its lane (training/scheduler/lanes.py ``Lane``): the ScaledJob that starts Jobs for it."""
+    """Its lane (contract/lanes.py ``Lane``): the ScaledJob that starts Jobs for it."""
 
 
 @dataclass
@@ -825,7 +825,7 @@ class Simulation:
                **fields: Any) -> Submitted:
         """Submit a run (validated like ``ragpool submit``) whose workload takes ``max_steps`` steps
         and fails on the attempts ``fail_attempts``."""
-        from training.scheduler.lanes import lane_of
+        from contract.lanes import lane_of
         from training.scheduler.spec import parse_spec
 
         raw = {"run_id": run_id, "stages": ["retriever"], "hyperparameters": {"retriever": {"max_steps": max_steps}},
@@ -1041,6 +1041,6 @@ def queue_namespace(manifest: dict) -> str:
 
 def lanes_of(manifest: dict):
     """The lanes a ScaledJob's workers claim (their ``RAGPOOL_LANES``)."""
-    from training.scheduler.lanes import LANES_ENV, parse_lanes
+    from contract.lanes import LANES_ENV, parse_lanes
 
     return parse_lanes(container_env(manifest, LANES_ENV) or "")

@@ -6,5 +6,7 @@ without pulling in another (tests/training/test_torch_boundary.py, tests/test_im
 - :mod:`contract.ports`: the TCP ports ragpool's own processes listen on;
 - :mod:`contract.exit_codes`: the process exit codes of every command;
 - :mod:`contract.messages`: how an error message quotes a value someone wrote;
-- :mod:`contract.paths`: the shared root, the run-id rule and the one path-confinement rule.
+- :mod:`contract.paths`: the shared root, the run-id rule and the one path-confinement rule;
+- :mod:`contract.lanes`: which workers claim which runs, the executors (:class:`contract.lanes.Executor`),
+  priorities and node limit a lane is made of.
 """

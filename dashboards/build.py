@@ -18,7 +18,7 @@ from typing import Any
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
 from dashboards.boards import ALL, PER_LANE
-from training.scheduler.lanes import Lane
+from contract.lanes import Lane
 
 
 def to_dict(board: Any) -> dict[str, Any]:

@@ -30,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from dashboards.build import write_all  # the SDK import stays out of `ragpool --help`
 
-    from training.scheduler.lanes import LaneError, parse_lane
+    from contract.lanes import LaneError, parse_lane
 
     out: Path = args.out
     if out.exists() and not out.is_dir():

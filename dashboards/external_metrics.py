@@ -40,7 +40,7 @@ Sources and what each needs from the deployment (see ``dashboards/README.md``):
   for every failed read in pkg/scaling/scale_handler.go getScaledJobMetrics; the per-scaler
   ``keda_scaler_detail_errors_total`` is not, for ScaledJobs, at that tag).
 * kube-state-metrics lane labels: a worker Job and its pods carry ``lane.ragpool.io/<lane>: "true"``
-  for every lane their worker claims (training/scheduler/lanes.py ``lane_labels``); ``kube_job_labels``
+  for every lane their worker claims (contract/lanes.py ``lane_labels``); ``kube_job_labels``
   and ``kube_pod_labels`` carry them as ``label_lane_ragpool_io_<lane>`` (:func:`ksm_label`) because
   ``KSM_METRIC_LABELS_ALLOWLIST`` allows the key pattern ``lane.ragpool.io/*`` for jobs and pods: one
   ``*`` per key is a partial wildcard since kube-state-metrics v2.20.0 (kubernetes/kube-state-metrics
@@ -61,7 +61,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from training.ray.placement import POOL_LABEL
-from training.scheduler.lanes import LANE_LABEL_PREFIX, Lane
+from contract.lanes import LANE_LABEL_PREFIX, Lane
 
 Source = Literal["kube-state-metrics", "redis_exporter", "yace", "kuberay-operator", "ray", "keda"]
 
@@ -162,7 +162,7 @@ def ksm_label(key: str) -> str:
 
 def lane_ksm_label(lane: Lane) -> str:
     """The label of ``kube_job_labels`` / ``kube_pod_labels`` that is ``"true"`` on the worker Jobs and
-    pods claiming ``lane`` (training/scheduler/lanes.py ``lane_labels``)."""
+    pods claiming ``lane`` (contract/lanes.py ``lane_labels``)."""
     return ksm_label(LANE_LABEL_PREFIX + lane.name)
 
 #: CloudWatch period (seconds) the YACE EFS job uses; ``aws_efs_metered_iobytes_sum`` is a

@@ -60,7 +60,7 @@ CONTRACT: tuple[ContractMetric, ...] = (
                    "then the worker exits HEALTH_CHECK_FAILED)"),
     ContractMetric("ragpool_worker_last_heartbeat_timestamp_seconds", "gauge", ("worker",), "queue",
                    "unix time of a worker's last heartbeat"),
-    # Per lane (training/scheduler/lanes.py), served by the keeper for every queue namespace it keeps.
+    # Per lane (contract/lanes.py), served by the keeper for every queue namespace it keeps.
     ContractMetric("ragpool_lane_queued", "gauge", ("queue", "lane"), "queue",
                    "runs waiting in a lane's ready lists, all priorities: the runs that need a worker of the lane"),
     ContractMetric("ragpool_lane_running", "gauge", ("queue", "lane"), "queue", "runs of a lane under a lease"),

@@ -42,7 +42,7 @@ from infra.pod_security import container_security_context, pod_security_context
 from infra.training_namespace import baseline_policies, redis_peer
 from training.scheduler.keeper import DEFAULT_INTERVAL_S as KEEPER_INTERVAL_S
 from training.scheduler.keeper import NAMESPACES_ENV as QUEUE_NAMESPACES_ENV
-from training.scheduler.lanes import MAX_NODES, Lane, format_lane_set, worker_lanes
+from contract.lanes import MAX_NODES, Lane, format_lane_set, worker_lanes
 from training.scheduler.supervisor import WorkerConfig
 from contract.ports import QUEUE_METRICS_PORT, REDIS_PORT
 

@@ -30,7 +30,7 @@ from infra.config import StackConfig
 from infra.keda import worker_kinds
 from infra.pod_security import container_security_context, pod_security_context
 from infra.training_namespace import MAX_RANKS_PER_POD
-from training.scheduler.lanes import Lane
+from contract.lanes import Lane
 
 # Port names the PodMonitor scrapes: the worker's queue metrics, rank r's metrics, Redis.
 SCRAPED_PORTS = ["queue-metrics", *(f"rank-{r}" for r in range(MAX_RANKS_PER_POD)), "redis-metrics"]

@@ -2,7 +2,7 @@
 
 A kind of worker is a pool and a pod count (single-pod torchrun per GPU pool, an Indexed Job of N
 pods for each N the pool can hold) or the CPU Ray worker; it claims exactly its lanes
-(training/scheduler/lanes.py ``worker_lanes``, set through RAGPOOL_LANES). Its ``ScaledJob``
+(contract/lanes.py ``worker_lanes``, set through RAGPOOL_LANES). Its ``ScaledJob``
 (``ragpool-worker-<pool>[-n<N>]``, ``ragpool-worker-ray``; infra/keda.py builds the spec) starts
 Jobs from zero when those lanes' ready lists hold runs, one Job per run: its worker takes one run
 and exits (``--max-tasks 1``, infra/keda.py ``one_run_per_job``). KEDA's history limits and the
@@ -50,7 +50,7 @@ from training.scheduler.redis_conn import REQUIRED_REPLICAS_ENV
 from training.ray.auth import SECRET_ENV, TOKEN_SECRET_KEY, client_env
 from training.ray.pools import POOLS_ENV
 from training.scheduler.exporter import READY_PATH
-from training.scheduler.lanes import lane_labels, worker_env
+from contract.lanes import lane_labels, worker_env
 from training.scheduler.supervisor import EXECUTORS_ENV, WorkerConfig
 
 TERMINATION_GRACE_SECONDS = 300

@@ -826,7 +826,7 @@ def _worker_env(pod_spec: Any) -> dict[str, str]:
 
 def _claimed_lanes(pod_spec: Any) -> tuple[Any, ...]:
     """The lanes a worker pod claims (its RAGPOOL_LANES); () when it names none or they do not parse."""
-    from training.scheduler.lanes import LANES_ENV, LaneError, parse_lanes
+    from contract.lanes import LANES_ENV, LaneError, parse_lanes
 
     text = _worker_env(pod_spec).get(LANES_ENV)
     try:
@@ -844,7 +844,7 @@ def check_lanes_have_one_scaled_job(resources: Sequence[Resource], ctx: Context)
     whose workers take the unpinned lane, the stack's first) ``torchrun`` and ``torchrun.n<N>``
     likewise; ``ray`` where a RayCluster runs. (A namespace whose quota fits no worker of a pool
     has no lane of it: such runs are the submitter's to pin elsewhere.)"""
-    from training.scheduler.lanes import LANES_ENV, MAX_NODES, Lane
+    from contract.lanes import LANES_ENV, MAX_NODES, Lane
     from training.scheduler.run_queue import DEFAULT_NAMESPACE, NAMESPACE_ENV
 
     pools: dict[str, float] = {}

@@ -1,7 +1,7 @@
 """Workers from the queue: per lane, the runs waiting in it, the worker Jobs that claim it and their
 pods Pending and Running; KEDA's own counts and health on the overview.
 
-One row per lane of the stack (training/scheduler/lanes.py), rendered from the lanes the stack's
+One row per lane of the stack (contract/lanes.py), rendered from the lanes the stack's
 workers claim (infra/monitoring.py passes them; ``ragpool dashboards --lanes`` for a file). Not a
 Grafana repeat: a lane's Jobs and pods are selected by a label *name* (``label_lane_ragpool_io_<lane>``,
 kube-state-metrics' form of ``lane.ragpool.io/<lane>``), which a template variable cannot supply
@@ -19,7 +19,7 @@ from grafana_foundation_sdk.models.dashboard import Dashboard
 
 from dashboards.external_metrics import lane_ksm_label
 from dashboards.panels import PanelBuilder, Query, Row, dashboard, query_variable, stat, timeseries
-from training.scheduler.lanes import Lane
+from contract.lanes import Lane
 
 UID = "ragpool-autoscaling"
 _NS = 'namespace=~"$namespace"'

@@ -57,7 +57,7 @@ def build() -> Dashboard:
         timeseries("Redis memory used", [Query("max by (instance) (redis_memory_used_bytes)", "{{instance}}")],
                    unit="bytes", min_value=0, description="Memory used by each Redis instance."),
     ])
-    # Per lane (training/scheduler/lanes.py), from the keeper; Jobs and pods per lane come from
+    # Per lane (contract/lanes.py), from the keeper; Jobs and pods per lane come from
     # kube-state-metrics where the KEDA ScaledJobs are deployed.
     lanes = Row("Lanes", [
         timeseries("Runs waiting per lane", [Query("max by (queue, lane) (ragpool_lane_queued)", "{{queue}} {{lane}}")],

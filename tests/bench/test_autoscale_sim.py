@@ -17,7 +17,7 @@ from bench.autoscale_sim import (
 )
 from tests.support.redis_fixtures import requires_redis
 from contract import exit_codes
-from training.scheduler.lanes import LANES_ENV, Lane, format_lanes
+from contract.lanes import LANES_ENV, Lane, format_lanes
 from training.scheduler.run_queue import GANG_TIMEOUTS_STAT, Key
 
 

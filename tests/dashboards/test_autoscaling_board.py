@@ -14,7 +14,7 @@ from prometheus_harness import run_promtool
 from dashboards import build
 from dashboards.boards import autoscaling
 from dashboards.promql import expand_grafana_macros, metric_names
-from training.scheduler.lanes import Lane
+from contract.lanes import Lane
 
 # The default pool gpu-spot: its single-pod Jobs claim pool.gpu-spot and the unpinned torchrun lane;
 # its 2-node Jobs pool.gpu-spot.n2 and torchrun.n2; the CPU worker the ray lane.

@@ -32,7 +32,7 @@ from infra.keda import (
 from infra.plan import plan
 from tests.infra.harness import SCHEMAS_DIR, inputs_of, schema_text, strict_crd_schemas
 from training.scheduler.exporter import READY_PATH
-from training.scheduler.lanes import LANES_ENV, Lane, lane_selector, parse_lanes
+from contract.lanes import LANES_ENV, Lane, lane_selector, parse_lanes
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 INFRA_DIR = REPO_ROOT / "infra"

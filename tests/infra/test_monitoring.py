@@ -11,7 +11,7 @@ import re
 from dashboards.external_metrics import KSM_METRIC_LABELS_ALLOWLIST, lane_ksm_label
 from tests.support.helm import chart_values
 from training.ray.placement import POOL_LABEL
-from training.scheduler.lanes import LANE_LABEL_PREFIX, parse_lane
+from contract.lanes import LANE_LABEL_PREFIX, parse_lane
 
 
 def _allowlist(plan: dict) -> dict[str, list[str]]:

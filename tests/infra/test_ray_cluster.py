@@ -174,7 +174,7 @@ def test_ray_pods_land_only_where_they_belong(committed_plans):
 
 
 def test_ray_runs_go_to_a_cpu_worker_and_torchrun_runs_to_the_gpu_workers(team_plan):
-    from training.scheduler.spec import EXECUTORS  # the executors a run spec may name
+    from contract.lanes import EXECUTORS  # the executors a run spec may name
 
     assert set(EXECUTORS) == {"torchrun", "ray"}
     for ns in ("ragpool-training", "ragpool-team-search", "ragpool-team-answers"):

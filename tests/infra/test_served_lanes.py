@@ -18,7 +18,7 @@ from infra.gpu_memory import REFERENCE, family_gpu_memory_gib, gpu_memory_gib
 from infra.plan import load_stack, render_plan, run_program
 from tests.infra.harness import inputs_of
 from training.scheduler.fit import PoolGpus, lane_problems, parse_pool_gpus
-from training.scheduler.lanes import SERVED_LANES_ENV, Lane, lane_of_ready_list, parse_lane_set
+from contract.lanes import SERVED_LANES_ENV, Lane, lane_of_ready_list, parse_lane_set
 from training.scheduler.spec import parse_spec
 
 TEAMS = [{"name": "search", "gpuQuota": 4}, {"name": "small", "gpuQuota": 2}]

@@ -91,7 +91,7 @@ def test_the_readme_spec_for_a_7b_generator_is_valid(monkeypatch) -> None:
 
     import yaml
 
-    from training.scheduler.lanes import POOLS_ENV
+    from contract.lanes import POOLS_ENV
 
     monkeypatch.delenv(POOLS_ENV, raising=False)
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()

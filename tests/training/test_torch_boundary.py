@@ -16,19 +16,22 @@ import sys
 from pathlib import Path
 
 
+import contract
 import training
 import training.scheduler
 
 REPO = Path(__file__).resolve().parents[2]
 FORBIDDEN = ("torch", "transformers", "faiss")
-CONTRACTS = ("training", "training.config", "contract.exit_codes", "contract.messages", "contract.paths", "contract.ports",
-             "training.worker")
+CONTRACTS = ("training", "training.config", "training.worker")
+"""Torch-free modules of training/ beside the scheduler; every module of contract/ is torch-free too."""
 
 
 def torch_free_modules() -> list[str]:
-    """Every module of ``training.scheduler`` (found on disk, so a new one is covered) plus the contracts."""
+    """Every module of ``training.scheduler`` and of ``contract`` (found on disk, so a new one is covered) plus
+    training's other torch-free modules."""
     found = [m.name for m in pkgutil.walk_packages(training.scheduler.__path__, "training.scheduler.")]
-    return sorted({"training.scheduler", *found, *CONTRACTS})
+    found += [m.name for m in pkgutil.walk_packages(contract.__path__, "contract.")]
+    return sorted({"training.scheduler", "contract", *found, *CONTRACTS})
 
 
 PROBE = """

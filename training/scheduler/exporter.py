@@ -28,7 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from training.scheduler.run_queue import DURATION_BUCKETS, OUTCOMES, TaskQueue, WorkerState
-from training.scheduler.spec import PRIORITIES
+from contract.lanes import PRIORITIES
 
 STALE_WORKER_S = 86400.0
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from training.rank_memory import GIB, STATE_BYTES_PER_PARAMETER, USABLE_FRACTION, ModelSizeError, fits, model_parameters
-from training.scheduler.lanes import SERVED_LANES_ENV, LaneError, declared_lanes, declared_pools, lane_of
+from contract.lanes import SERVED_LANES_ENV, LaneError, declared_lanes, declared_pools, lane_of
 from training.scheduler.spec import RunSpec, _spec_field
 
 POOL_GPUS_ENV = "RAGPOOL_POOL_GPUS"

@@ -49,13 +49,14 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from training.scheduler.lanes import (  # noqa: F401 (RAY_LANE, ready_list re-exported)
+from contract.lanes import (  # noqa: F401 (RAY_LANE, ready_list re-exported)
     RAY_LANE, READY_STEM, Lane, known_lanes, lane_of, lane_of_ready_list, lanes_from_env, parse_lane, ready_list,
 )
 from training.scheduler.redis_conn import (
     DEFAULT_REPLICA_WAIT_MS, NotReplicatedError, RedisSettings, connect, reconnect, settings_from_env, single_attempt,
 )
-from training.scheduler.spec import PRIORITIES, RunSpec
+from contract.lanes import PRIORITIES
+from training.scheduler.spec import RunSpec
 
 class State(StrEnum):
     """A task's state (the ``state`` field of its hash; the Lua scripts write these values)."""

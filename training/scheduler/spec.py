@@ -65,11 +65,10 @@ from typing import Any, Mapping
 import yaml
 
 from training.config import MODEL_PATH_KEYS, STAGES, ConfigError, RunConfig, deep_merge, load_run_config, nest
+from contract.lanes import EXECUTORS, MAX_NODES, POOLS_ENV, PRIORITIES, Lane, LaneError, declared_pools
 from contract.messages import shown
 from contract.paths import RUN_ID_RULE, PathError, confine, is_valid_run_id, shared_root_from_env
 
-PRIORITIES: tuple[str, ...] = ("high", "normal", "low")
-"""Queue priorities, highest first."""
 
 MAX_SPEC_BYTES = 64 * 1024
 """Upper bound on a spec file and on its stored JSON payload."""
@@ -77,8 +76,6 @@ MAX_SPEC_DEPTH = 32
 """Deepest nesting of mappings and lists a spec file may have (a real spec needs 5)."""
 MAX_INT = 2**63 - 1
 """Largest magnitude of an integer hyper-parameter."""
-MAX_NODES = 64
-"""Largest ``nodes`` of a run (pods of its Indexed Job)."""
 _MAX_MESSAGE_CHARS = 300
 
 _NAME_RE = re.compile(r"[a-z_][a-z0-9_]{0,63}")
@@ -101,9 +98,6 @@ _TOP_LEVEL_FIELDS = (
     "run_id", "stages", "data", "models", "hyperparameters", "nodes", "gpus_per_node",
     "priority", "max_attempts", "timeout_seconds", "executor", "pool",
 )
-EXECUTORS: tuple[str, ...] = ("torchrun", "ray")
-"""How a run runs: ``torchrun`` on a GPU worker's pod, or ``ray`` (``training.ray.driver`` as a Ray job
-on the namespace's Ray cluster, submitted by a worker whose RAGPOOL_EXECUTORS includes ray)."""
 
 
 class SpecError(ValueError):
@@ -144,7 +138,7 @@ class RunSpec:
     executor: str = "torchrun"
     """:data:`EXECUTORS`; ``ray`` takes its per-stage resources from ``hyperparameters.run`` ``ray.*``."""
     pool: str | None = None
-    """The GPU pool a torchrun run must run on (``training/scheduler/lanes.py``); None = the stack's
+    """The GPU pool a torchrun run must run on (``contract/lanes.py``); None = the stack's
     default pool (its first GPU pool). Refused with ``executor: ray`` (ray stages pick pools)."""
 
     def to_payload(self) -> dict[str, Any]:
@@ -410,8 +404,6 @@ def parse_spec(raw: Any, *, source: str = "run spec", shared_root: str | None = 
 def _pool_field(raw: Mapping, executor: str, problems: list) -> str | None:
     """``pool``: a pool name, known to the stack when the submitter knows its pools
     (``RAGPOOL_POOLS``, see ``lanes.declared_pools``), and only for torchrun runs."""
-    from training.scheduler.lanes import POOLS_ENV, Lane, LaneError, declared_pools
-
     pool = raw.get("pool")
     if pool is None:
         return None

@@ -61,7 +61,7 @@ Environment: ``REDIS_URL``/``REDIS_PASSWORD``/``REDIS_PASSWORD_FILE`` (see
 ``training.scheduler.redis_conn``), ``RAGPOOL_SHARED_ROOT`` (default /mnt/shared),
 ``RAGPOOL_QUEUE_NAMESPACE`` (default ``ragpool``), ``RAGPOOL_WORKER_ID`` (default
 ``<hostname>-<pid>``), ``RAGPOOL_RUN_ID``, ``RAGPOOL_LANES`` (the lanes it claims, exactly:
-lane names, comma-separated, see ``training/scheduler/lanes.py``; ``lanes.worker_env`` builds
+lane names, comma-separated, see ``contract/lanes.py``; ``lanes.worker_env`` builds
 it), else ``RAGPOOL_EXECUTORS`` (which runs it claims: ``torchrun``, the default, and/or
 ``ray``, from the unpinned lanes; a ray run is followed as a Ray job,
 ``python -m training.ray.job``, on the Ray cluster at ``RAY_ADDRESS``).
@@ -96,11 +96,12 @@ from contract import exit_codes
 from contract.paths import run_dir, shared_root_from_env
 from contract.ports import RDZV_PORT
 from training.scheduler.child import run_command, write_run_config
-from training.scheduler.lanes import Lane, format_lanes, lanes_from_env
+from contract.lanes import Lane, format_lanes, lanes_from_env
 from training.scheduler.outcome import Action, ChildExit, Decision, Outcome, StopReason, decide, outcome_of
 from training.scheduler.run_queue import DEFAULT_BACKOFF_BASE_S, DEFAULT_BACKOFF_MAX_S, DEFAULT_LEASE_S
 from training.scheduler.run_queue import Claim, Heartbeat, Key, Release, WorkerState, namespace_from_env
-from training.scheduler.spec import EXECUTORS, RunSpec
+from contract.lanes import EXECUTORS
+from training.scheduler.spec import RunSpec
 
 __all__ = ["ChildExit", "Outcome", "StopReason", "Worker", "WorkerConfig", "build_arg_parser", "main", "worker_main"]
 
@@ -200,7 +201,7 @@ class WorkerConfig:
     comma-separated, default torchrun): the GPU pools' workers take ``torchrun`` runs, the
     CPU worker of the Ray template takes ``ray`` runs (run_queue.lane keeps them apart)."""
     lanes: tuple[Lane, ...] = ()
-    """The lanes it claims, exactly (``RAGPOOL_LANES``, lane names, see training/scheduler/lanes.py);
+    """The lanes it claims, exactly (``RAGPOOL_LANES``, lane names, see contract/lanes.py);
     empty = from the environment, else the unpinned lanes of ``executors`` and ``nnodes``."""
     gang_deadline_seconds: float = field(
         default_factory=lambda: float(os.environ.get(GANG_DEADLINE_ENV) or DEFAULT_GANG_DEADLINE_S))

@@ -18,8 +18,8 @@ import subprocess
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from training.scheduler.lanes import Lane, lane_of, lane_selector
-from training.scheduler.spec import PRIORITIES
+from contract.lanes import Lane, lane_of, lane_selector
+from contract.lanes import PRIORITIES
 
 CLUSTER_ENV = "RAGPOOL_STATUS_CLUSTER"
 """``1``: ``ragpool status`` also asks Kubernetes (kubectl) about the lane's worker Jobs and pods."""

@@ -14,7 +14,7 @@ from tests.training.scheduler.test_cli import _cli_at
 from contract import exit_codes
 from training.rank_memory import GIB, config_parameters, fits, model_parameters, state_bytes_per_rank
 from training.scheduler.fit import POOL_GPUS_ENV, FitError, PoolGpus, format_pool_gpus, parse_pool_gpus
-from training.scheduler.lanes import POOLS_ENV, SERVED_LANES_ENV
+from contract.lanes import POOLS_ENV, SERVED_LANES_ENV
 
 # Lanes of a namespace whose quota fits 4 one-GPU workers of gpu-spot (the default pool), and no
 # worker of gpu-big; plus the Ray worker. (tests/infra/test_served_lanes.py checks that the stack

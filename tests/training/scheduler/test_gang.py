@@ -16,7 +16,7 @@ from tests.training.scheduler.test_supervisor import finish, sh, start_worker, w
 
 from contract.ports import free_port
 from training.scheduler.exporter import READY_PATH
-from training.scheduler.lanes import LANES_ENV, Lane, worker_env, worker_lanes
+from contract.lanes import LANES_ENV, Lane, worker_env, worker_lanes
 from training.scheduler.supervisor import GANG_DEADLINE_ENV, WorkerConfig
 
 

@@ -17,7 +17,7 @@ from tests.support.redis_fixtures import make_spec
 from bench.keda_scaledjob import redis_list_length as list_length
 from bench.keda_scaledjob import redis_trigger_is_active
 
-from training.scheduler.lanes import Lane, lane_of, worker_lanes
+from contract.lanes import Lane, lane_of, worker_lanes
 from training.scheduler.run_queue import TaskQueue
 
 DEFAULT, TWO, POOL_B, RAY = Lane(), Lane(nodes=2), Lane(pool="gpu-b"), Lane("ray")

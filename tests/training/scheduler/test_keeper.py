@@ -18,7 +18,7 @@ from tests.support.waits import wait_for
 from contract import exit_codes
 from contract.ports import free_port
 from training.scheduler.keeper import DEFAULT_INTERVAL_S, NAMESPACES_ENV, namespaces_from_env
-from training.scheduler.lanes import Lane
+from contract.lanes import Lane
 from training.scheduler.run_queue import FREE_RELEASES, Release, TaskQueue
 
 

@@ -8,7 +8,7 @@ import pytest
 from contract import exit_codes
 from training.scheduler.outcome import Action, ChildExit, Decision, Outcome, StopReason, decide, outcome_of
 from training.scheduler.run_queue import Release
-from training.scheduler.spec import EXECUTORS
+from contract.lanes import EXECUTORS
 
 EXIT_CODES = {name: value for name, value in vars(exit_codes).items() if name.isupper() and isinstance(value, int)}
 

@@ -39,7 +39,8 @@ from training.config import MODEL_PATH_KEYS, STAGES
 from contract.paths import is_valid_run_id
 from training.scheduler.spec import SpecError, load_spec
 from training.scheduler import cli as runs_cli
-from training.scheduler.spec import MAX_SPEC_BYTES, PRIORITIES
+from contract.lanes import PRIORITIES
+from training.scheduler.spec import MAX_SPEC_BYTES
 
 ROOT = "/mnt/shared"
 

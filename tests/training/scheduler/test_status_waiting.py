@@ -12,7 +12,7 @@ import pytest
 from tests.support.redis_fixtures import make_spec
 from tests.training.scheduler.test_cli import _cli_at
 
-from training.scheduler.lanes import Lane
+from contract.lanes import Lane
 from training.scheduler.run_queue import WorkerState
 from training.scheduler.waiting import CLUSTER_ENV, WaitingOn
 

@@ -1,4 +1,5 @@
-"""Lanes: which workers may claim which queued runs (torch-free; the one home of the lane rules).
+"""Lanes: which workers may claim which queued runs (torch-free; the one home of the lane rules), and what a
+lane is made of: the executors, the priorities and the node limit of a run.
 
 A run waits in the ready lists of exactly one lane, one list per priority
 (``<namespace>:ready:<prio><suffix>``). A worker claims from a fixed set of lanes, highest
@@ -37,8 +38,25 @@ import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
-from training.scheduler.spec import EXECUTORS, MAX_NODES, PRIORITIES
+
+class Executor(StrEnum):
+    """How a run runs (a run spec's ``executor``); each compares equal to its value."""
+
+    TORCHRUN = "torchrun"
+    """``torchrun`` on a GPU worker's pod (one pod, or an Indexed Job of ``nodes`` pods)."""
+    RAY = "ray"
+    """``training.ray.driver`` as a Ray job on the namespace's Ray cluster, submitted by a worker whose
+    RAGPOOL_EXECUTORS includes ray."""
+
+
+EXECUTORS: tuple[str, ...] = tuple(executor.value for executor in Executor)
+"""The executors' names, in :class:`Executor`'s order (``torchrun``, ``ray``)."""
+PRIORITIES: tuple[str, ...] = ("high", "normal", "low")
+"""Queue priorities, highest first."""
+MAX_NODES = 64
+"""Largest ``nodes`` of a run (pods of its Indexed Job)."""
 
 READY_STEM = "ready:"
 """Stem of every ready list under the namespace prefix (``run_queue.Key.READY`` is this)."""
@@ -77,7 +95,7 @@ class Lane:
     """Which workers may claim a run: its executor, pods per run, and pinned pool (or None)."""
 
     executor: str = "torchrun"
-    """``torchrun`` or ``ray`` (spec.EXECUTORS)."""
+    """``torchrun`` or ``ray`` (:data:`EXECUTORS`)."""
     nodes: int = 1
     """Pods per run (an Indexed Job of this many pods claims it); always 1 for ray."""
     pool: str | None = None

@@ -1,4 +1,4 @@
-"""Lanes with pools (training/scheduler/lanes.py): the lane API infra builds KEDA triggers and worker
+"""Lanes with pools (contract/lanes.py): the lane API infra builds KEDA triggers and worker
 environments from, and the routing it gives on a real redis-server: a run pinned to a pool is claimed
 only by that pool's workers, an unpinned run only by the default pool's, and a pool unknown to the
 stack is refused at submit naming ``pool``."""
@@ -13,12 +13,13 @@ from tests.support.redis_fixtures import make_spec
 from contract.paths import child_env
 
 from contract import exit_codes
-from training.scheduler.lanes import (
+from contract.lanes import (
     LANES_ENV, POOLS_ENV, Lane, LaneError, format_lanes, known_lanes, lane_from_suffix, lanes_from_env, parse_lane,
     parse_lanes, worker_env, worker_lanes,
 )
 from training.scheduler.run_queue import lane, ready_list
-from training.scheduler.spec import PRIORITIES, SpecError, parse_spec
+from contract.lanes import PRIORITIES
+from training.scheduler.spec import SpecError, parse_spec
 from training.scheduler.supervisor import EXECUTORS_ENV, WorkerConfig
 
 ALL_LANES = [Lane(), Lane(nodes=2), Lane(pool="gpu-spot"), Lane(nodes=4, pool="gpu-spot"), Lane("ray")]
