@@ -66,9 +66,10 @@ from bench.recovery import lose_node, wait_until
 from training.localdev.redis_server import LocalRedisServer
 from contract.paths import child_env
 from contract.ports import free_port
-from training.ray.placement import POOL_LABEL
+from contract.names import POOL_LABEL
+from contract.env import REDIS_URL_ENV
+from contract.names import GPU_RESOURCE
 
-GPU_RESOURCE = "nvidia.com/gpu"
 NODE_WAIT_S = 1.0
 """A Job whose first pod started later than this after the Job was created waited for a node."""
 POD_BACKOFF_S = 10.0
@@ -1007,7 +1008,7 @@ def stack_from_plan(plan: dict, namespace: str | None = None) -> Stack:
     quotas = {q["metadata"]["namespace"]: int(q["spec"]["hard"][f"requests.{GPU_RESOURCE}"])
               for q in objects(":core/v1:ResourceQuota") if f"requests.{GPU_RESOURCE}" in q["spec"].get("hard", {})}
     container = scaled_jobs[0]["spec"]["jobTargetRef"]["template"]["spec"]["containers"][0]
-    [secret] = [e["valueFrom"]["secretKeyRef"]["name"] for e in container["env"] if e["name"] == "REDIS_URL"]
+    [secret] = [e["valueFrom"]["secretKeyRef"]["name"] for e in container["env"] if e["name"] == REDIS_URL_ENV]
     return Stack(scaled_jobs=scaled_jobs, keeper=keepers[0] if keepers else None, gpu_capacity=capacity,
                  gpu_quotas=quotas, redis_secret=secret)
 

@@ -60,7 +60,7 @@ def first_stage_s(cluster: Any, tmp_dir: Path, run_id: str = RUN_ID, pool: str =
     from training.demo.ray_autoscaling import wait_placement_group
     from training.demo.tiny_models import build_tiny_encoder
     from training.ray import driver
-    from training.ray.pools import POOLS_ENV, format_pools
+    from contract.ray_pools import POOLS_ENV, format_pools
 
     shared = tmp_dir / "shared"
     synthetic.write(shared / "datasets" / "synthetic", seed=0, n_entities=12)

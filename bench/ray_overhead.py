@@ -42,7 +42,7 @@ from contract.ports import free_port
 
 
 def _config(shared: Path, run_id: str, steps: int, **extra: object) -> dict:
-    from training.config import deep_merge
+    from contract.mappings import deep_merge
 
     base = {"run_id": run_id, "shared_root": str(shared), "device": "cpu",
             "metrics": {"port": 0, "log_every": 1000},

@@ -50,6 +50,7 @@ from bench import recovery_pause
 from bench.report import finish
 from training.components.loop import HOOKS_ENV
 from training.demo.tiny_models import build_tiny_encoder
+from contract.env import EXPECTED_GPUS_ENV, WORKER_ID_ENV
 from contract.paths import child_env
 
 STEP_LINE = re.compile(r"\bstep (\d+)/(\d+)\b")
@@ -60,7 +61,7 @@ SMOKE_PHASE_S = 300.0
 
 def _env(**extra: str) -> dict[str, str]:
     env = child_env(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **extra)
-    for name in ("RAGPOOL_TEST_HOOKS", "RAGPOOL_HEALTH_TEST_FAULT", "RAGPOOL_EXPECTED_GPUS", "RAGPOOL_RUN_ID"):
+    for name in ("RAGPOOL_TEST_HOOKS", "RAGPOOL_HEALTH_TEST_FAULT", EXPECTED_GPUS_ENV, "RAGPOOL_RUN_ID"):
         env.pop(name, None)
     return env
 
@@ -85,7 +86,7 @@ def start_worker(name: str, out: Path, env: dict[str, str], args: argparse.Names
     cmd = [sys.executable, "-m", "training.worker", "--lease-seconds", f"{args.lease_seconds:g}",
            "--poll-seconds", "0.5", "--idle-exit-seconds", "900", "--max-tasks", "1",
            "--health-check-timeout-seconds", "300", "--stop-grace-seconds", "30"]
-    proc = subprocess.Popen(cmd, env={**env, "RAGPOOL_WORKER_ID": name}, stdout=log, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(cmd, env={**env, WORKER_ID_ENV: name}, stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True)
     log.close()
     return proc

@@ -8,5 +8,12 @@ without pulling in another (tests/training/test_torch_boundary.py, tests/test_im
 - :mod:`contract.messages`: how an error message quotes a value someone wrote;
 - :mod:`contract.paths`: the shared root, the run-id rule and the one path-confinement rule;
 - :mod:`contract.lanes`: which workers claim which runs, the executors (:class:`contract.lanes.Executor`),
-  priorities and node limit a lane is made of.
+  priorities and node limit a lane is made of;
+- :mod:`contract.env`: the environment variables one plane sets and another reads (those with a shape keep
+  their names beside their parsers: lanes, :mod:`contract.ray_pools`, :mod:`contract.pool_gpus`,
+  :mod:`contract.ray_auth`, paths);
+- :mod:`contract.names`: names and labels several planes use (the pool label, the GPU resource, the queue's
+  default namespace, the log group, the Ray version);
+- :mod:`contract.defaults`: the lease, backoff, keeper interval and gang deadline both sides use;
+- :mod:`contract.mappings`: the one nested-merge helper.
 """

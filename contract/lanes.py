@@ -40,6 +40,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from contract.env import NNODES_ENV
+
 
 class Executor(StrEnum):
     """How a run runs (a run spec's ``executor``); each compares equal to its value."""
@@ -230,7 +232,7 @@ def worker_env(lanes: Sequence[Lane]) -> dict[str, str]:
     ``RAGPOOL_WORKER_GROUP`` and ``RAGPOOL_RDZV_HOST`` (see the worker's docstring)."""
     text = format_lanes(lanes)
     parsed = parse_lanes(text)
-    return {LANES_ENV: text, "RAGPOOL_NNODES": str(parsed[0].nodes)}
+    return {LANES_ENV: text, NNODES_ENV: str(parsed[0].nodes)}
 
 
 def lanes_from_env(executors: Sequence[str], nodes: int,

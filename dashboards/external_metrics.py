@@ -60,7 +60,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from training.ray.placement import POOL_LABEL
+from contract.names import POOL_LABEL
 from contract.lanes import LANE_LABEL_PREFIX, Lane
 
 Source = Literal["kube-state-metrics", "redis_exporter", "yace", "kuberay-operator", "ray", "keda"]

@@ -29,7 +29,7 @@ from infra.storage import SharedStorage, StorageArgs  # noqa: E402
 from infra.queue_redis import Redis, RedisArgs  # noqa: E402
 from infra.training_namespace import TRAINING_NAMESPACE, TrainingNamespace, TrainingNamespaceArgs  # noqa: E402
 from infra.worker_jobs import WorkerJobs, WorkerJobsArgs  # noqa: E402
-from training.scheduler.run_queue import DEFAULT_NAMESPACE  # noqa: E402
+from contract.names import DEFAULT_NAMESPACE  # noqa: E402
 
 cluster_name = cfg.name_prefix
 network = Network("network", NetworkArgs(config=cfg, cluster_name=cluster_name))

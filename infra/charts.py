@@ -36,7 +36,7 @@ KUBERAY_OPERATOR = Chart("kuberay-operator", "1.7.0", "https://ray-project.githu
 # and appVersion 2.20.2; repository URL from that tag's README.md `helm repo add kedacore ...`).
 KEDA = Chart("keda", "2.20.2", "https://kedacore.github.io/charts")
 # The Ray the training image carries (RayCluster.spec.rayVersion, the generated Ray dashboards):
-# training.ray.RAY_VERSION, tied to pyproject's pin by tests/infra/test_ray_cluster.py.
+# contract.names.RAY_VERSION, tied to pyproject's pin by tests/infra/test_ray_cluster.py.
 
 # Helm installs a chart's crds/ only on first install and never upgrades them, so the
 # kuberay-operator release skips them and infra/ray_cluster.py applies the same files

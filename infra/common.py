@@ -9,9 +9,9 @@ import pulumi
 import yaml
 
 from infra.config import StackConfig
-from training.config import deep_merge  # noqa: F401  (re-exported: the one nested-merge helper)
+from contract.mappings import deep_merge  # noqa: F401  (re-exported: the one nested-merge helper)
 from contract.paths import DEFAULT_SHARED_ROOT
-from training.ray.placement import POOL_LABEL
+from contract.names import GPU_RESOURCE, POOL_LABEL
 
 VALUES_DIR = Path(__file__).resolve().parent / "values"
 
@@ -21,7 +21,7 @@ SYSTEM_POOL = "system"
 # Where cluster services run (the managed system node group carries this label; the Helm values
 # files in infra/values/ ask for it with the `!system-nodes` tag, rendered by load_values).
 SYSTEM_NODE_SELECTOR = {POOL_LABEL: SYSTEM_POOL}
-GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
+GPU_TAINT = {"key": GPU_RESOURCE, "value": "true", "effect": "NoSchedule"}
 # What a pod that must run on GPU nodes carries (device plugin, DCGM, node agents, workers).
 GPU_TOLERATION = {"key": GPU_TAINT["key"], "operator": "Exists", "effect": GPU_TAINT["effect"]}
 # Where training pods mount the shared filesystem: the training package's default shared root.

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from infra.config import _INSTANCE_TYPE, GpuPoolConfig, StackConfig
-from training.scheduler.fit import PoolGpus, format_pool_gpus
+from contract.pool_gpus import PoolGpus, format_pool_gpus
 
 REFERENCE = Path(__file__).resolve().parent / "reference" / "gpu_memory.yaml"
 

@@ -20,6 +20,7 @@ import pulumi_kubernetes as k8s
 from infra.component import RagpoolComponent
 from infra import iam
 from infra.charts import KARPENTER
+from contract.names import GPU_RESOURCE
 from infra.common import GPU_TAINT, POOL_LABEL, PART_OF, aws_tags, child, deep_merge, load_values
 from infra.config import GpuPoolConfig, StackConfig
 
@@ -63,7 +64,7 @@ def node_pool_spec(pool: GpuPoolConfig, node_class: str) -> dict[str, Any]:
                 "terminationGracePeriod": "24h",
             },
         },
-        "limits": {"nvidia.com/gpu": str(pool.gpu_limit)},
+        "limits": {GPU_RESOURCE: str(pool.gpu_limit)},
         "disruption": {
             # Only empty nodes are consolidated: a training pod is never evicted to save money.
             "consolidationPolicy": "WhenEmpty",

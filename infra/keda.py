@@ -40,14 +40,10 @@ from infra.common import SYSTEM_NODE_SELECTOR, TRAINING_UID, child, k8s_labels, 
 from infra.config import GpuPoolConfig, StackConfig
 from infra.pod_security import container_security_context, pod_security_context
 from infra.training_namespace import baseline_policies, redis_peer
-from training.scheduler.keeper import DEFAULT_INTERVAL_S as KEEPER_INTERVAL_S
-from training.scheduler.keeper import NAMESPACES_ENV as QUEUE_NAMESPACES_ENV
+from contract.defaults import DEFAULT_LEASE_S, KEEPER_INTERVAL_S
+from contract.env import NAMESPACES_ENV
 from contract.lanes import MAX_NODES, Lane, format_lane_set, worker_lanes
-from training.scheduler.supervisor import WorkerConfig
 from contract.ports import QUEUE_METRICS_PORT, REDIS_PORT
-
-# The worker template's lease (infra/worker_jobs.py passes WorkerConfig's default).
-WORKER_LEASE_S: float = WorkerConfig.__dataclass_fields__["lease_seconds"].default
 
 KEDA_NAMESPACE = "keda"
 # The vendored CRDs, by a path relative to infra/, as infra/charts.py KUBERAY_CRD_DIR: under
@@ -80,7 +76,7 @@ SCALED_JOB_MAX_TASKS = 1
 # Long enough for the one wait that is not a race: a pod the Job re-creates after its node was lost
 # (podFailurePolicy Ignore on DisruptionTarget) sees that run requeued once its lease lapses and the
 # keeper ticks, and takes it.
-SCALED_JOB_IDLE_EXIT_SECONDS = WORKER_LEASE_S + KEEPER_INTERVAL_S + POLLING_INTERVAL_SECONDS
+SCALED_JOB_IDLE_EXIT_SECONDS = DEFAULT_LEASE_S + KEEPER_INTERVAL_S + POLLING_INTERVAL_SECONDS
 
 
 def operator_metrics_port() -> int:
@@ -343,7 +339,7 @@ def keeper_deployment_spec(image: str, redis_secret: str, queue_namespaces: tupl
                 "args": ["--interval-seconds", f"{KEEPER_INTERVAL_S:g}",
                          "--metrics-port", str(QUEUE_METRICS_PORT)],
                 "env": [*redis_client_env(redis_secret),
-                        {"name": QUEUE_NAMESPACES_ENV, "value": ",".join(queue_namespaces)}],
+                        {"name": NAMESPACES_ENV, "value": ",".join(queue_namespaces)}],
                 "ports": [{"name": "queue-metrics", "containerPort": QUEUE_METRICS_PORT}],
                 "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
                 "securityContext": container_security_context(),

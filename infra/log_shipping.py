@@ -31,7 +31,7 @@ from infra import iam
 from infra.component import RagpoolComponent
 from infra.common import aws_tags, child, stateful
 from infra.config import StackConfig
-from training.reports.logs import APPLICATION_LOG_GROUP
+from contract.names import APPLICATION_LOG_GROUP
 
 ADDON = "amazon-cloudwatch-observability"
 #: Pinned, unlike the other managed add-ons (infra/cluster.py): the configuration keys below are

@@ -45,9 +45,10 @@ from infra.charts import KUBERAY_CRD_DIR, KUBERAY_CRD_FILES, KUBERAY_OPERATOR
 from infra.common import GPU_TOLERATION, POOL_LABEL, SHARED_MOUNT_PATH, SYSTEM_NODE_SELECTOR, TRAINING_UID, child, k8s_labels, load_values
 from infra.config import GpuPoolConfig, StackConfig
 from infra.pod_security import container_security_context, pod_security_context
-from training.ray.auth import TOKEN_MODE, TOKEN_SECRET_KEY
-from training.ray import RAY_VERSION
-from training.ray.pools import format_pools
+from contract.ray_auth import TOKEN_MODE, TOKEN_SECRET_KEY
+from contract.names import GPU_RESOURCE, RAY_VERSION
+from contract.paths import SHARED_ROOT_ENV
+from contract.ray_pools import format_pools
 from infra.training_namespace import (
     RAY_AUTOSCALER_METRICS_PORT, RAY_CLIENT_PORT, RAY_DASHBOARD_AGENT_GRPC_PORT, RAY_DASHBOARD_AGENT_LISTEN_PORT,
     RAY_DASHBOARD_METRICS_PORT, RAY_DASHBOARD_PORT, RAY_GCS_PORT, RAY_MAX_WORKER_PORT, RAY_METRICS_PORT,
@@ -98,7 +99,7 @@ class RayEndpoint:
     address: str
     """The Jobs API (``RAY_ADDRESS``)."""
     pools: str
-    """``RAGPOOL_RAY_POOLS``: the pools the cluster offers (:func:`ray_pools`, training/ray/pools.py format)."""
+    """``RAGPOOL_RAY_POOLS``: the pools the cluster offers (:func:`ray_pools`, contract/ray_pools.py format)."""
     namespace: str
     """The namespace of the cluster (and of its token Secret)."""
     auth_secret: str
@@ -138,7 +139,7 @@ def _pinned_ports() -> dict[str, str]:
 def _env(namespace: str) -> list[dict[str, Any]]:
     return [
         {"name": "RAY_LOG_TO_STDERR", "value": "1"},
-        {"name": "RAGPOOL_SHARED_ROOT", "value": SHARED_MOUNT_PATH},
+        {"name": SHARED_ROOT_ENV, "value": SHARED_MOUNT_PATH},
         {"name": "RAGPOOL_RAY_NAMESPACE", "value": namespace},
         {"name": "HOME", "value": "/tmp"},
         {"name": "HF_HOME", "value": "/tmp/hf"},
@@ -184,7 +185,7 @@ def ray_pools(cfg: StackConfig, gpu_quota: int | None = None) -> dict[str, int]:
     """The pools a namespace's RayCluster can place stages on: pool -> GPUs of one of its Ray workers
     (``ray.<stage>.gpus`` may not exceed it). A pool whose group may not scale above 0 there (a team
     quota below one worker's GPUs) is left out: a stage on it would wait for nothing. This is what
-    ``RAGPOOL_RAY_POOLS`` carries (training/ray/pools.py) for ``ragpool submit`` and the Ray worker."""
+    ``RAGPOOL_RAY_POOLS`` carries (contract/ray_pools.py) for ``ragpool submit`` and the Ray worker."""
     return {p.name: worker_resources(p)["gpus"] for p in cfg.gpu_pools if max_workers(cfg, p, gpu_quota) > 0}
 
 
@@ -283,9 +284,9 @@ def ray_cluster_spec(cfg: StackConfig, namespace: str, image: str, shared_claim:
                         "env": _env(namespace),
                         "ports": [{"name": "metrics", "containerPort": RAY_METRICS_PORT}],
                         "resources": {
-                            "requests": {"nvidia.com/gpu": str(size["gpus"]), "cpu": str(size["cpus"]),
+                            "requests": {GPU_RESOURCE: str(size["gpus"]), "cpu": str(size["cpus"]),
                                          "memory": f"{size['memory_gib']}Gi"},
-                            "limits": {"nvidia.com/gpu": str(size["gpus"]), "memory": f"{size['memory_limit_gib']}Gi"},
+                            "limits": {GPU_RESOURCE: str(size["gpus"]), "memory": f"{size['memory_limit_gib']}Gi"},
                         },
                         "securityContext": container_security_context(TRAINING_UID),
                         "volumeMounts": mounts,

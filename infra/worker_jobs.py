@@ -24,7 +24,6 @@ from RAGPOOL_EXECUTORS.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,24 +43,20 @@ from infra.ray_cluster import RayEndpoint, max_workers
 from infra.training_namespace import MAX_RANKS_PER_POD, WORKER_SERVICE_ACCOUNT, WORKERS_SERVICE
 from contract import exit_codes
 from contract.ports import QUEUE_METRICS_PORT, RANK_METRICS_PORT, RDZV_PORT
-from training.components.health import EXPECTED_GPUS_ENV
-from training.scheduler.preflight import NODE_NAME_ENV
-from training.scheduler.redis_conn import REQUIRED_REPLICAS_ENV
-from training.ray.auth import SECRET_ENV, TOKEN_SECRET_KEY, client_env
-from training.ray.pools import POOLS_ENV
-from training.scheduler.exporter import READY_PATH
+from contract.defaults import DEFAULT_LEASE_S
+from contract.env import (EXECUTORS_ENV, EXPECTED_GPUS_ENV, NAMESPACE_ENV, NODE_NAME_ENV, RDZV_HOST_ENV, RDZV_PORT_ENV,
+                          REDIS_PASSWORD_FILE_ENV, REDIS_URL_ENV, REQUIRED_REPLICAS_ENV, WORKER_GROUP_ENV, WORKER_ID_ENV)
+from contract.lanes import Executor
+from contract.names import GPU_RESOURCE
+from contract.paths import SHARED_ROOT_ENV
+from contract.ray_auth import SECRET_ENV, TOKEN_SECRET_KEY, client_env
+from contract.ray_pools import POOLS_ENV
+from contract.ports import READY_PATH
 from contract.lanes import lane_labels, worker_env
-from training.scheduler.supervisor import EXECUTORS_ENV, WorkerConfig
 
 TERMINATION_GRACE_SECONDS = 300
 # Importing torch, one CUDA context per GPU, a matmul each and an NCCL all-reduce: minutes at most.
 HEALTH_CHECK_TIMEOUT_SECONDS = 300
-
-
-def worker_default(name: str):
-    """A worker setting's default, from its one home (training/scheduler/supervisor.py WorkerConfig)."""
-    [f] = [f for f in dataclasses.fields(WorkerConfig) if f.name == name]
-    return f.default_factory() if f.default is dataclasses.MISSING else f.default
 
 
 WORKER_LABELS = {**k8s_labels("worker", "ragpool-worker"), "ragpool.io/redis-client": "true"}
@@ -99,8 +94,8 @@ def redis_client_env(redis_secret: str) -> list[dict[str, Any]]:
     """The queue's Redis for a client container: the URL from the connection Secret, the password
     as a file (``redis_secret_volume``), never on the command line, and the replicas every write
     must reach (the stack's ``queue_redis.required_replicas``, from the same Secret)."""
-    return [{"name": "REDIS_URL", "valueFrom": {"secretKeyRef": {"name": redis_secret, "key": "url"}}},
-            {"name": "REDIS_PASSWORD_FILE", "value": f"{REDIS_SECRET_DIR}/password"},
+    return [{"name": REDIS_URL_ENV, "valueFrom": {"secretKeyRef": {"name": redis_secret, "key": "url"}}},
+            {"name": REDIS_PASSWORD_FILE_ENV, "value": f"{REDIS_SECRET_DIR}/password"},
             {"name": REQUIRED_REPLICAS_ENV, "valueFrom": {"secretKeyRef": {"name": redis_secret,
                                                                            "key": REQUIRED_REPLICAS_KEY}}}]
 
@@ -162,15 +157,15 @@ def _worker_pod(*, image: str, redis_secret: str, shared_claim: str, queue_names
             "command": ["python", "-m", "training.worker"],
             "args": ["--metrics-port", str(QUEUE_METRICS_PORT), "--idle-exit-seconds", "600",
                      # A worker silent this long (lost node) loses its run to the next claimer.
-                     "--lease-seconds", f"{worker_default('lease_seconds'):g}",
+                     "--lease-seconds", f"{DEFAULT_LEASE_S:g}",
                      *args,
                      # Leave the pod's grace period a margin after the run checkpointed.
                      "--stop-grace-seconds", str(TERMINATION_GRACE_SECONDS - 15)],
             "env": [
                 *redis_client_env(redis_secret),
-                {"name": "RAGPOOL_SHARED_ROOT", "value": SHARED_MOUNT_PATH},
-                {"name": "RAGPOOL_QUEUE_NAMESPACE", "value": queue_namespace},
-                {"name": "RAGPOOL_WORKER_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                {"name": SHARED_ROOT_ENV, "value": SHARED_MOUNT_PATH},
+                {"name": NAMESPACE_ENV, "value": queue_namespace},
+                {"name": WORKER_ID_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                 *env,
             ],
             "ports": ports,
@@ -208,22 +203,22 @@ def gpu_worker_job_spec(kind: WorkerKind, image: str, namespace: str, redis_secr
         # Pre-flight node health check before claiming (training/components/health.py).
         args=["--health-check-timeout-seconds", f"{HEALTH_CHECK_TIMEOUT_SECONDS:g}"],
         env=[
-            {"name": "RAGPOOL_WORKER_GROUP", "valueFrom": {"fieldRef": {
+            {"name": WORKER_GROUP_ENV, "valueFrom": {"fieldRef": {
                 "fieldPath": "metadata.labels['batch.kubernetes.io/job-name']"}}},
-            {"name": "RAGPOOL_RDZV_HOST", "value": f"$(RAGPOOL_WORKER_GROUP)-0.{WORKERS_SERVICE}.{namespace}.svc"},
-            {"name": "RAGPOOL_RDZV_PORT", "value": str(RDZV_PORT)},
+            {"name": RDZV_HOST_ENV, "value": f"$({WORKER_GROUP_ENV})-0.{WORKERS_SERVICE}.{namespace}.svc"},
+            {"name": RDZV_PORT_ENV, "value": str(RDZV_PORT)},
             # Exactly its lanes (RAGPOOL_LANES) and their pod count (RAGPOOL_NNODES).
             *({"name": k, "value": v} for k, v in worker_env(kind.lanes).items()),
             # What the health check expects to see, and the node its failure metric names.
             {"name": EXPECTED_GPUS_ENV, "value": str(gpus)},
             {"name": NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-            {"name": EXECUTORS_ENV, "value": "torchrun"},  # never a Ray run: those go to ragpool-worker-ray
+            {"name": EXECUTORS_ENV, "value": Executor.TORCHRUN.value},  # never a Ray run: those go to ragpool-worker-ray
             {"name": "HF_HOME", "value": "/tmp/hf"},
         ],
         ports=ports,
         resources={
-            "requests": {"nvidia.com/gpu": str(gpus), "cpu": str(2 * gpus), "memory": f"{8 * gpus}Gi"},
-            "limits": {"nvidia.com/gpu": str(gpus), "memory": f"{12 * gpus}Gi"},
+            "requests": {GPU_RESOURCE: str(gpus), "cpu": str(2 * gpus), "memory": f"{8 * gpus}Gi"},
+            "limits": {GPU_RESOURCE: str(gpus), "memory": f"{12 * gpus}Gi"},
         },
         tmp_size="20Gi", shm_size=f"{4 * gpus}Gi",
         subdomain=WORKERS_SERVICE, tolerations=[GPU_TOLERATION])
@@ -300,12 +295,12 @@ def ray_worker_job_spec(image: str, redis_secret: str, shared_claim: str, ray: R
         image=image, redis_secret=redis_secret, shared_claim=shared_claim, queue_namespace=queue_namespace,
         node_selector=dict(SYSTEM_NODE_SELECTOR), args=[],
         env=[
-            {"name": EXECUTORS_ENV, "value": "ray"},
+            {"name": EXECUTORS_ENV, "value": Executor.RAY.value},
             *({"name": k, "value": v} for k, v in worker_env(lanes).items()),
             {"name": "RAY_ADDRESS", "value": ray.address},
             # The worker re-checks each ray run's stages against the pools it can reach.
             {"name": POOLS_ENV, "value": ray.pools},
-            # The cluster's token, sent on every Jobs API call (training/ray/auth.py), and the Secret
+            # The cluster's token, sent on every Jobs API call (contract/ray_auth.py), and the Secret
             # a refusal names.
             *[{"name": k, "value": v} for k, v in client_env(f"{RAY_TOKEN_DIR}/{TOKEN_SECRET_KEY}").items()],
             {"name": SECRET_ENV, "value": f"{ray.namespace}/{ray.auth_secret}"},

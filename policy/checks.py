@@ -30,7 +30,8 @@ from policy.pod_templates import containers as _containers
 from policy.pod_templates import get as _get
 from policy.pod_templates import is_list as _is_list
 from policy.secret_access import check_secret_volumes_readable
-from training.ray.placement import POOL_LABEL
+from contract.names import POOL_LABEL
+from contract.names import GPU_RESOURCE
 
 MANDATORY = "mandatory"
 ADVISORY = "advisory"
@@ -39,7 +40,6 @@ ENFORCEMENT_LEVELS = (MANDATORY, ADVISORY, "disabled")
 ENVIRONMENTS = ("dev", "staging", "prod")
 REQUIRED_TAGS = ("project", "stack", "environment", "owner", "cost-center")
 DEFAULT_TRAINING_NAMESPACES = ("ragpool-training",)
-GPU_RESOURCE = "nvidia.com/gpu"
 
 # AWS resource types this program declares that take no `tags` input. Every other `aws:*`
 # type counts as taggable, so a new resource type is held to the tag rule until someone
@@ -845,7 +845,8 @@ def check_lanes_have_one_scaled_job(resources: Sequence[Resource], ctx: Context)
     likewise; ``ray`` where a RayCluster runs. (A namespace whose quota fits no worker of a pool
     has no lane of it: such runs are the submitter's to pin elsewhere.)"""
     from contract.lanes import LANES_ENV, MAX_NODES, Lane
-    from training.scheduler.run_queue import DEFAULT_NAMESPACE, NAMESPACE_ENV
+    from contract.env import NAMESPACE_ENV
+    from contract.names import DEFAULT_NAMESPACE
 
     pools: dict[str, float] = {}
     for r in resources:

@@ -14,7 +14,6 @@ message names the dotted key and the offending value.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import os
 import re
@@ -27,6 +26,7 @@ from typing import Any, Literal
 
 import yaml
 
+from contract.mappings import deep_merge
 from contract.paths import DEFAULT_SHARED_ROOT, RUN_ID_RULE, PathError, confine, is_valid_run_id
 from contract.paths import run_dir as _run_dir
 from contract.messages import shown
@@ -528,17 +528,6 @@ class RunConfig:
 
 # --------------------------------------------------------------------------- nested mappings
 # The one home of ragpool's nested-dict helpers (run config, run spec, demo, Helm values).
-
-
-def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
-    """A new dict: ``override`` merged into ``base`` (mappings merge, anything else replaces)."""
-    out = {k: deep_merge({}, v) if isinstance(v, Mapping) else copy.deepcopy(v) for k, v in base.items()}
-    for key, value in override.items():
-        if isinstance(value, Mapping):
-            out[key] = deep_merge(out[key] if isinstance(out.get(key), Mapping) else {}, value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
 
 
 def nest(flat: Mapping[str, Any]) -> dict[str, Any]:

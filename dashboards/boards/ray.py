@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from contract import exit_codes
-from training.ray import RAY_VERSION
+from contract.names import RAY_VERSION
 
 RAY_BOARDS_DIR = Path(__file__).resolve().parent / "ray-generated"
 # Output stem -> name of the generator in ray's grafana_dashboard_factory. Ray Core (nodes,

@@ -20,7 +20,8 @@ from contract.lanes import (
 from training.scheduler.run_queue import lane, ready_list
 from contract.lanes import PRIORITIES
 from training.scheduler.spec import SpecError, parse_spec
-from training.scheduler.supervisor import EXECUTORS_ENV, WorkerConfig
+from contract.env import EXECUTORS_ENV
+from training.scheduler.supervisor import WorkerConfig
 
 ALL_LANES = [Lane(), Lane(nodes=2), Lane(pool="gpu-spot"), Lane(nodes=4, pool="gpu-spot"), Lane("ray")]
 

@@ -8,7 +8,7 @@ import yaml
 
 from infra import common
 from infra.common import SYSTEM_NODE_SELECTOR, SYSTEM_POOL, VALUES_DIR, load_values
-from training.ray.placement import POOL_LABEL
+from contract.names import POOL_LABEL
 
 VALUES_FILES = sorted(p.name for p in VALUES_DIR.glob("*.yaml"))
 

@@ -19,9 +19,7 @@ from infra.keda import (
     KEDA_NAMESPACE,
     KEEPER_NAME,
     OPERATOR_POD_LABELS,
-    QUEUE_NAMESPACES_ENV,
     TRIGGER_AUTHENTICATION,
-    KEEPER_INTERVAL_S,
     SCALED_JOB_IDLE_EXIT_SECONDS,
     SCALED_JOB_MAX_TASKS,
     KedaQueue,
@@ -30,8 +28,10 @@ from infra.keda import (
     worker_kinds,
 )
 from infra.plan import plan
+from contract.defaults import KEEPER_INTERVAL_S
+from contract.env import NAMESPACES_ENV
 from tests.infra.harness import SCHEMAS_DIR, inputs_of, schema_text, strict_crd_schemas
-from training.scheduler.exporter import READY_PATH
+from contract.ports import READY_PATH
 from contract.lanes import LANES_ENV, Lane, lane_selector, parse_lanes
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -360,7 +360,7 @@ def test_one_keeper_for_every_queue(team_plan, committed_plans):
     assert container["command"] == ["python", "-m", "training.scheduler.keeper"]
     assert "--interval-seconds" in container["args"]
     env = {e["name"]: e for e in container["env"]}
-    assert env[QUEUE_NAMESPACES_ENV]["value"] == "ragpool,search"
+    assert env[NAMESPACES_ENV]["value"] == "ragpool,search"
     assert env["REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "ragpool-redis", "key": "url"}
     assert spec["template"]["metadata"]["labels"]["ragpool.io/redis-client"] == "true"
     assert {p["name"] for p in container["ports"]} == {"queue-metrics"}

@@ -54,20 +54,21 @@ def test_host_run_imports_nothing_before_run_path_that_the_host_does_not(host_ru
 
 
 def test_a_module_shadowing_an_installed_one_fails_the_host_run(tmp_path):
-    """The check can fail: the program as it was (infra/redis.py next to __main__.py) stops where
-    `pulumi up` stopped, although this test process has long imported redis-py."""
+    """The check can fail: a program module named like an installed one (once infra/redis.py, which shadowed
+    redis-py; the program no longer imports redis-py since infra reads the contract, not the scheduler) stops
+    the host run where `pulumi up` would, although this test process has long imported the real one."""
     program = tmp_path / "infra"
     program.mkdir()
     (program / "__main__.py").write_text((INFRA_DIR / "__main__.py").read_text())
-    (program / "redis.py").write_text((INFRA_DIR / "queue_redis.py").read_text())
-    import redis  # noqa: F401  (in-process, the real one is already loaded: why plan runs a fresh interpreter)
+    (program / "pulumi_random.py").write_text('"""Named like the installed pulumi_random."""\n')
+    import pulumi_random  # noqa: F401  (in-process, the real one is already loaded: why plan runs a fresh interpreter)
 
     with pytest.raises(ProgramError) as err:
         run_program_as_host(load_stack("dev"), program=program)
-    assert "No module named 'redis.backoff'; 'redis' is not a package" in str(err.value)
+    assert "module 'pulumi_random' has no attribute 'RandomPassword'" in str(err.value)
     assert program_shadowing(program) == [
-        "infra/redis.py: `redis` is also a module of the installed distribution redis; the language host puts "
-        "infra/ first on sys.path, so this one replaces it for every import: rename it"]
+        "infra/pulumi_random.py: `pulumi_random` is also a module of the installed distribution pulumi_random; the "
+        "language host puts infra/ first on sys.path, so this one replaces it for every import: rename it"]
 
 
 def test_no_program_module_shadows_an_installed_one():

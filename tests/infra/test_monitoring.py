@@ -10,7 +10,7 @@ import re
 
 from dashboards.external_metrics import KSM_METRIC_LABELS_ALLOWLIST, lane_ksm_label
 from tests.support.helm import chart_values
-from training.ray.placement import POOL_LABEL
+from contract.names import POOL_LABEL
 from contract.lanes import LANE_LABEL_PREFIX, parse_lane
 
 

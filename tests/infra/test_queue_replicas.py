@@ -14,7 +14,8 @@ import pytest
 from infra.plan import load_stack, validate_stack
 from infra.queue_redis import CONNECTION_SECRET, REQUIRED_REPLICAS_KEY, required_replicas
 from tests.infra.harness import kubernetes_objects
-from training.scheduler.redis_conn import REQUIRED_REPLICAS_ENV, settings_from_env
+from contract.env import REQUIRED_REPLICAS_ENV
+from training.scheduler.redis_conn import settings_from_env
 
 
 def _env_lists(node: Any) -> Iterator[list[dict]]:

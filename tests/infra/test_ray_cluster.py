@@ -20,7 +20,7 @@ from policy.k8s_scheduling import schedulable
 from tests.conftest import TEAMS_ON_PROD
 from tests.infra.harness import inputs_of, is_core, kubernetes_objects, validate_core, validate_custom
 from tests.support.kuberay import RAYCLUSTER, pod_labels
-from training.ray import RAY_VERSION
+from contract.names import RAY_VERSION
 
 TEAMS = list(TEAMS_ON_PROD)
 """The teams of ``team_plan`` (tests/conftest.py), for the tests that run the program with them themselves."""
@@ -250,7 +250,7 @@ def _ray_ports(group: dict) -> set[int]:
 def test_each_ray_worker_declares_its_pools_most_nodes(team_plan):
     """RAGPOOL_RAY_POOLS carries each pool's maxReplicas in the namespace (``name=GPUSxNODES``): what
     Ray Tune runs at once on an idle cluster (training/ray/tune.py concurrency)."""
-    from training.ray.pools import POOLS_ENV, parse_pool_nodes
+    from contract.ray_pools import POOLS_ENV, parse_pool_nodes
 
     declared = {}
     for cron in inputs_of(team_plan, CRONJOB):
@@ -498,7 +498,7 @@ def _env(container: dict) -> dict[str, dict]:
 def test_every_raycluster_runs_with_token_auth_from_its_namespaces_own_secret(committed_plans, team_plan):
     from infra.ray_cluster import RAY_AUTH_SECRET
     from infra.worker_jobs import RAY_WORKER_TEMPLATE
-    from training.ray.auth import SECRET_ENV, TOKEN_PATH_ENV, TOKEN_SECRET_KEY
+    from contract.ray_auth import SECRET_ENV, TOKEN_PATH_ENV, TOKEN_SECRET_KEY
 
     for doc in (committed_plans["dev"], committed_plans["prod"], team_plan):
         namespaces = set(clusters(doc))
@@ -544,7 +544,7 @@ def test_the_ray_token_is_a_pulumi_secret_only_in_secrets_and_never_in_the_plan_
 
     from infra.plan import PLACEHOLDER_SECRET, SECRET_MASK, _unwrap, load_stack, plan_diff, run_program
     from infra.ray_cluster import RAY_AUTH_SECRET
-    from training.ray.auth import TOKEN_ENV, TOKEN_SECRET_KEY
+    from contract.ray_auth import TOKEN_ENV, TOKEN_SECRET_KEY
 
     recorded = run_program(load_stack("prod", overrides={"ragpool:trainingTeams": TEAMS}))
     secrets = [r for r in recorded if r.type == SECRET and r.inputs["metadata"]["name"] == RAY_AUTH_SECRET]

@@ -9,7 +9,7 @@ import pytest
 
 from infra.plan import plan
 from tests.infra.harness import inputs_of
-from training.ray.pools import POOLS_ENV, format_pools, parse_pools, pool_problems
+from contract.ray_pools import POOLS_ENV, format_pools, parse_pools, pool_problems
 from training.scheduler.spec import RunSpec, SpecError, parse_spec
 
 TEAMS = [{"name": "search", "gpuQuota": 4}, {"name": "small", "gpuQuota": 2}]

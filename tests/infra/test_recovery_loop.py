@@ -20,8 +20,8 @@ import yaml
 from dashboards import rulefiles
 from tests.conftest import STACKS
 from contract import exit_codes
-from training.components.health import EXPECTED_GPUS_ENV
-from training.scheduler.preflight import NODE_NAME_ENV
+from contract.env import EXPECTED_GPUS_ENV
+from contract.env import NODE_NAME_ENV
 from training.scheduler.supervisor import WorkerConfig, build_arg_parser
 
 REPO = Path(__file__).resolve().parents[2]

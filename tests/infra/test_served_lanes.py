@@ -17,7 +17,8 @@ from infra.config import GPU_INSTANCE_FAMILIES
 from infra.gpu_memory import REFERENCE, family_gpu_memory_gib, gpu_memory_gib
 from infra.plan import load_stack, render_plan, run_program
 from tests.infra.harness import inputs_of
-from training.scheduler.fit import PoolGpus, lane_problems, parse_pool_gpus
+from contract.pool_gpus import PoolGpus, parse_pool_gpus
+from training.scheduler.fit import lane_problems
 from contract.lanes import SERVED_LANES_ENV, Lane, lane_of_ready_list, parse_lane_set
 from training.scheduler.spec import parse_spec
 

@@ -39,8 +39,8 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from contract import exit_codes
+from contract.env import EXPECTED_GPUS_ENV
 
-EXPECTED_GPUS_ENV = "RAGPOOL_EXPECTED_GPUS"
 TEST_FAULT_ENV = "RAGPOOL_HEALTH_TEST_FAULT"
 TEST_FAULTS = ("matmul", "allreduce")
 

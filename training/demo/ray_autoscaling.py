@@ -81,7 +81,7 @@ class PoolNodeType:
     """Object store of one node."""
 
     def autoscaler_node_type(self) -> dict[str, Any]:
-        from training.ray.placement import POOL_LABEL
+        from contract.names import POOL_LABEL
 
         return {"resources": {"CPU": self.cpus, "GPU": self.gpus, "object_store_memory": self.object_store_mb * 2**20},
                 "labels": {POOL_LABEL: self.pool}, "node_config": {}, "min_workers": 0,
@@ -158,7 +158,7 @@ class LocalAutoscalingCluster(LocalRayHead):
 
     def pools_up(self) -> dict[str, int]:
         """Pool -> alive worker nodes."""
-        from training.ray.placement import POOL_LABEL
+        from contract.names import POOL_LABEL
 
         up: dict[str, int] = {}
         for node in self.worker_nodes():

@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from contract import exit_codes
+from contract.env import EXECUTORS_ENV, NAMESPACE_ENV
+from contract.lanes import Executor
 
 RAY_RUN_ID = "demo-ray"
 TUNE_RUN_ID = "demo-tune"
@@ -97,7 +99,7 @@ def run(out: Path, shared: Path, env: dict[str, str], run_worker, tune_trials: i
     :func:`launch_head` (else one is started here); it is stopped here in every case.
     0 when the run and the search succeeded."""
     from training.localdev.ray_head import RayHeadError
-    from training.ray.pools import POOLS_ENV
+    from contract.ray_pools import POOLS_ENV
     from training.scheduler import cli as runs_cli
     from training.scheduler.redis_conn import connect
     from training.scheduler.run_queue import TaskQueue
@@ -126,11 +128,11 @@ def run(out: Path, shared: Path, env: dict[str, str], run_worker, tune_trials: i
         print("== one Ray worker: RAGPOOL_EXECUTORS=ray RAY_ADDRESS=" + head.address
               + " " + " ".join(f"{k}={v}" for k, v in head.client_env().items())
               + " python -m training.worker --idle-exit-seconds 0", flush=True)
-        worker_code = run_worker({**ray_env, "RAGPOOL_EXECUTORS": "ray", "RAY_ADDRESS": head.address})
+        worker_code = run_worker({**ray_env, EXECUTORS_ENV: Executor.RAY.value, "RAY_ADDRESS": head.address})
         print(f"== Ray worker exited {worker_code}", flush=True)
         print(f"\n== ragpool status {RAY_RUN_ID}", flush=True)
         runs_cli.main(["status", RAY_RUN_ID])
-        info = TaskQueue(connect(), namespace=env["RAGPOOL_QUEUE_NAMESPACE"]).get(RAY_RUN_ID)
+        info = TaskQueue(connect(), namespace=env[NAMESPACE_ENV]).get(RAY_RUN_ID)
         report = shared / "runs" / RAY_RUN_ID / "evaluate" / "report.json"
         print(f"== Ray run artifacts: {shared / 'runs' / RAY_RUN_ID}  (report {report}"
               f"{'' if report.is_file() else ', missing'})", flush=True)

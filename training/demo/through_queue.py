@@ -30,12 +30,15 @@ import sys
 from pathlib import Path
 
 from contract import exit_codes
+from contract.env import EXECUTORS_ENV, NAMESPACE_ENV
+from contract.lanes import Executor
 
 
 def demo_spec(run_id: str, nproc: int | None, shared: Path, overrides: dict | None = None) -> dict:
     """The demo run as a run spec, sized like ``python -m training.demo`` (its config is the one source);
     ``overrides`` are merged into that config first (the Ray half's smaller runs)."""
-    from training.config import STAGES, deep_merge, flatten
+    from contract.mappings import deep_merge
+    from training.config import STAGES, flatten
     from training.demo.direct import demo_config
     from training.scheduler.spec import RUN_SECTION
 
@@ -87,7 +90,7 @@ def _torchrun_run(run_id: str, spec_path: Path, shared: Path, env: dict[str, str
     runs_cli.main(["status"])
     print(f"\n== ragpool status {run_id}", flush=True)
     runs_cli.main(["status", run_id])
-    info = TaskQueue(connect(), namespace=env["RAGPOOL_QUEUE_NAMESPACE"]).get(run_id)
+    info = TaskQueue(connect(), namespace=env[NAMESPACE_ENV]).get(run_id)
     paths = artifact_paths(shared / "runs" / run_id)
     report = Path(paths["report"])
     if report.is_file():
@@ -182,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                 except RayHeadError:
                     head = None  # ray_queue.run reports it
             if "torchrun" in executors:
-                ok = _torchrun_run(args.run_id, spec_path, shared, {**env, "RAGPOOL_EXECUTORS": "torchrun"}) == 0
+                ok = _torchrun_run(args.run_id, spec_path, shared, {**env, EXECUTORS_ENV: Executor.TORCHRUN.value}) == 0
             if "ray" in executors:
                 ok = ray_queue.run(out, shared, env, run_worker, tune_trials=args.tune_trials, head=head) == 0 and ok
                 head = None  # stopped by ray_queue.run

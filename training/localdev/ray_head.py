@@ -12,7 +12,7 @@ label ``ragpool.io/pool=<pool>`` (:data:`training.ray.placement.POOL_LABEL`): th
 in for a GPU pool of a real cluster (its GPUs are logical too: ``num_gpus``, 0 by default), so a ray
 run's stages name that pool as they would on KubeRay. Its temp dir is short and under /tmp (Ray's AF_UNIX socket paths must
 stay under 108 bytes). It runs with Ray's token authentication, as every ragpool RayCluster does
-(:mod:`training.ray.auth`): a fresh random token in a file of its temp dir (mode 0600), which
+(:mod:`contract.ray_auth`): a fresh random token in a file of its temp dir (mode 0600), which
 :meth:`LocalRayHead.client_env` hands to its clients, so the authenticated path is the one the demo
 and the tests exercise (``auth=False`` runs it without). Every Ray process it starts (raylet, workers,
 the Ray jobs' drivers) inherits ``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN_PATH``, the repository on
@@ -124,13 +124,13 @@ class LocalRayHead:
 
     def client_env(self) -> dict[str, str]:
         """What a client of this head (a queue worker, ``ray.init``, the ray CLI) needs in its environment."""
-        from training.ray.auth import AUTH_MODE_ENV, client_env
+        from contract.ray_auth import AUTH_MODE_ENV, client_env
 
         return client_env(self.token_path) if self.auth else {AUTH_MODE_ENV: "disabled"}
 
     def auth_headers(self) -> dict[str, str]:
         """The HTTP header that authenticates a request to this head's dashboard / Jobs API."""
-        from training.ray.auth import auth_headers
+        from contract.ray_auth import auth_headers
 
         return auth_headers(self.client_env())
 
@@ -138,7 +138,7 @@ class LocalRayHead:
         """The environment ``ray start`` and so every Ray process of this head runs with."""
         from contract.paths import child_env
 
-        from training.ray.auth import TOKEN_ENV
+        from contract.ray_auth import TOKEN_ENV
 
         env = child_env()
         env.pop("RAY_ADDRESS", None)  # this is a new cluster, not a client of another one
@@ -157,7 +157,7 @@ class LocalRayHead:
         return env
 
     def command(self, ray: str) -> list[str]:
-        from training.ray.placement import POOL_LABEL
+        from contract.names import POOL_LABEL
 
         cmd = [ray, "start", "--head", "--block", "--disable-usage-stats",
                f"--port={self.gcs_port}",

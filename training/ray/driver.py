@@ -46,7 +46,7 @@ from training.config import ConfigError, RunConfig, load_run_config, split_cli
 from contract.exit_codes import BAD_INPUT, FAILED, OK, UNAVAILABLE
 from training.ray.job import DRIVER_ERROR_PREFIX
 from training.ray.placement import TRAINING_STAGES, PlacementError, StagePlacement, plan, reserved, strategy_for
-from training.ray.pools import POOLS_ENV
+from contract.ray_pools import POOLS_ENV
 
 PREPARE = "prepare"
 RAY_STORAGE_DIR = "ray"

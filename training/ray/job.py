@@ -6,7 +6,7 @@ Submits ``python -m training.ray.driver --config RUN.yaml`` through the Ray Jobs
 (:class:`ray.job_submission.JobSubmissionClient`) to the Ray cluster at ``--address`` (default
 ``RAY_ADDRESS``: the head's dashboard port, ``http://<head-svc>:8265``) with the cluster's token on
 every call (submit, status, logs, stop: ``Authorization: Bearer``, from ``RAY_AUTH_TOKEN_PATH``, the
-Ray worker template's secret volume, or ``RAY_AUTH_TOKEN``; :mod:`training.ray.auth`), copies the job's log to
+Ray worker template's secret volume, or ``RAY_AUTH_TOKEN``; :mod:`contract.ray_auth`), copies the job's log to
 stdout as it grows, and exits when the job ends. The run config must be on the shared storage the
 Ray cluster mounts too (the worker writes it under the shared root). The submission id is
 ``<run_id>-a<attempt>`` (``RAGPOOL_RUN_ID`` / ``RAGPOOL_ATTEMPT`` from the worker): a worker that
@@ -34,7 +34,7 @@ import time
 from typing import Any
 
 from contract.exit_codes import BAD_INPUT, FAILED, OK, RETRIABLE, UNAVAILABLE
-from training.ray.pools import POOLS_ENV
+from contract.ray_pools import POOLS_ENV
 
 POLL_S = 1.0
 STOP_WAIT_S = 60.0
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     from ray.exceptions import AuthenticationError
     from ray.job_submission import JobSubmissionClient
 
-    from training.ray.auth import RayAuthError, auth_headers, refusal
+    from contract.ray_auth import RayAuthError, auth_headers, refusal
 
     try:
         headers = auth_headers()

@@ -15,7 +15,7 @@ fails at once.
 
 From zero: a RayCluster's worker groups idle at 0 replicas, and its head has ``num-cpus: 0``, so
 on an idle cluster no node of any pool is alive. What a pool can hold is then read from the
-namespace's declaration (``RAGPOOL_RAY_POOLS``, :mod:`training.ray.pools`: pool -> GPUs of one
+namespace's declaration (``RAGPOOL_RAY_POOLS``, :mod:`contract.ray_pools`: pool -> GPUs of one
 of its Ray workers), not from the nodes that happen to be alive: a stage whose pool is declared
 (or whose pool is empty, "any node", while pools are declared) is checked against it, and its
 placement group is created even with no node of the pool alive. The pending group is the demand
@@ -46,11 +46,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from training.config import RAY_STAGES, RayStageConfig
+from contract.names import POOL_LABEL
 
-POOL_LABEL = "ragpool.io/pool"
-"""The label naming a node's pool, its one home: Ray node label here (Ray reserves the ``ray.io/``
-prefix for itself), Kubernetes node label, nodeSelector and Karpenter NodePool label in infra/
-(infra.common imports it)."""
 TRAINING_STAGES: tuple[str, ...] = ("retriever", "generator")
 """Stages that run as Ray Train worker groups (DDP); the others run as Ray tasks."""
 
@@ -119,7 +116,7 @@ def _declared(declared: Mapping[str, int] | None) -> Mapping[str, int]:
     if declared is not None:
         return declared
     from training.config import ConfigError
-    from training.ray.pools import POOLS_ENV, PoolsError, declared_pools
+    from contract.ray_pools import POOLS_ENV, PoolsError, declared_pools
 
     try:
         return declared_pools()

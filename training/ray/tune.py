@@ -33,7 +33,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from training.config import ConfigError, RunConfig, deep_merge, load_run_config, split_cli
+from contract.mappings import deep_merge
+from training.config import ConfigError, RunConfig, load_run_config, split_cli
 from contract.exit_codes import BAD_INPUT, FAILED, OK
 
 TUNE_DIR = "tune"
@@ -173,7 +174,7 @@ def concurrency(cfg: RunConfig, nodes: list[dict[str, Any]], declared: str | Non
 
     From the namespace's declaration (``declared``, the ``RAGPOOL_RAY_POOLS`` text; None = this
     process's) when it gives the pool's GPUs per node and most nodes (``name=GPUSxNODES``,
-    training/ray/pools.py) and a trial uses GPUs: each node holds GPUS // ``gpus`` of a trial's
+    contract/ray_pools.py) and a trial uses GPUs: each node holds GPUS // ``gpus`` of a trial's
     workers, so the pool holds NODES x that // ``workers`` trials (an empty pool, "any node": the sum
     over every declared pool, when each declares its nodes). On an idle cluster (Ray autoscaling from
     zero) no node is alive, and counting live nodes would start one trial at a time; starting as many
@@ -185,7 +186,7 @@ def concurrency(cfg: RunConfig, nodes: list[dict[str, Any]], declared: str | Non
     if cfg.ray.tune.max_concurrent:
         return cfg.ray.tune.max_concurrent
     from training.ray.placement import pool_nodes
-    from training.ray.pools import POOLS_ENV, parse_pool_nodes, parse_pools
+    from contract.ray_pools import POOLS_ENV, parse_pool_nodes, parse_pools
 
     res = cfg.ray.retriever
     text = os.environ.get(POOLS_ENV, "") if declared is None else declared

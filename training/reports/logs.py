@@ -22,9 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from contract.paths import run_dir as run_dir_of
+from contract.names import APPLICATION_LOG_GROUP
 
-APPLICATION_LOG_GROUP = "/aws/containerinsights/{cluster}/application"
-"""Where the CloudWatch observability add-on's Fluent Bit sends container logs."""
 
 WORKER_LOG_GLOB = "attempt-*.log"
 """The worker's per-attempt copies under ``<run>/logs/``."""

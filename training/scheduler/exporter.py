@@ -29,6 +29,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from training.scheduler.run_queue import DURATION_BUCKETS, OUTCOMES, TaskQueue, WorkerState
 from contract.lanes import PRIORITIES
+from contract.ports import READY_PATH
 
 STALE_WORKER_S = 86400.0
 
@@ -113,8 +114,6 @@ def queue_registry(queue: TaskQueue) -> CollectorRegistry:
     return registry
 
 
-READY_PATH = "/ready"
-"""The worker's Kubernetes readiness path on its metrics port (see training/scheduler/supervisor.py)."""
 
 
 def start_queue_metrics_server(queue: TaskQueue, port: int, addr: str = "0.0.0.0",

@@ -38,22 +38,17 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from contract import exit_codes
+from contract.defaults import KEEPER_INTERVAL_S
+from contract.env import METRICS_PORT_ENV, NAMESPACE_ENV, NAMESPACES_ENV
+from contract.names import DEFAULT_NAMESPACE
 
 log = logging.getLogger("ragpool.keeper")
 
-DEFAULT_INTERVAL_S = 5.0
-"""Seconds between two ticks (``--interval-seconds``)."""
-NAMESPACES_ENV = "RAGPOOL_QUEUE_NAMESPACES"
-"""Comma-separated queue key namespaces the keeper keeps."""
-METRICS_PORT_ENV = "RAGPOOL_QUEUE_METRICS_PORT"
-"""The queue metrics port (the worker's too); infra sets it from its one home."""
 _NAMESPACE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 
 
 def namespaces_from_env(environ=None) -> tuple[str, ...]:
     """``$RAGPOOL_QUEUE_NAMESPACES`` split on commas, else the single namespace of the worker's env."""
-    from training.scheduler.run_queue import DEFAULT_NAMESPACE, NAMESPACE_ENV
-
     env = os.environ if environ is None else environ
     raw = env.get(NAMESPACES_ENV, "")
     names = tuple(dict.fromkeys(n.strip() for n in raw.split(",") if n.strip()))
@@ -98,7 +93,7 @@ class Keeper:
         registry.register(_TickCollector(self))
         return registry
 
-    def run(self, interval_s: float = DEFAULT_INTERVAL_S) -> int:
+    def run(self, interval_s: float = KEEPER_INTERVAL_S) -> int:
         """Tick every ``interval_s`` until stopped; Redis outages are logged and waited out."""
         from training.scheduler.redis_conn import is_temporary_error
 
@@ -130,8 +125,8 @@ class _TickCollector(Collector):
 
 def build_arg_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m training.scheduler.keeper", description=__doc__.split("\n")[0])
-    parser.add_argument("--interval-seconds", type=float, default=DEFAULT_INTERVAL_S,
-                        help=f"seconds between two ticks (default {DEFAULT_INTERVAL_S:g})")
+    parser.add_argument("--interval-seconds", type=float, default=KEEPER_INTERVAL_S,
+                        help=f"seconds between two ticks (default {KEEPER_INTERVAL_S:g})")
     parser.add_argument("--metrics-port", type=int, default=None,
                         help=f"serve metrics on this port (default ${METRICS_PORT_ENV}; 0 = off)")
     return parser

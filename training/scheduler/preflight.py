@@ -25,13 +25,13 @@ import time
 from dataclasses import dataclass
 
 from contract import exit_codes, paths
+from contract.env import NODE_NAME_ENV
 
 log = logging.getLogger("ragpool.worker")
 
 HEALTH_MODULE = "training.components.health"
 METRIC = "ragpool_worker_health_check_failed"
 #: The node a pod runs on (downward API ``spec.nodeName``; set by the worker Job template).
-NODE_NAME_ENV = "RAGPOOL_NODE_NAME"
 #: How long a failed worker keeps serving the failure metric before it exits: four scrapes
 #: at the training PodMonitor's 15 s interval (infra/monitoring.py).
 FAILURE_LINGER_S = 60.0

@@ -66,13 +66,12 @@ from redis.sentinel import Sentinel, SentinelConnectionPool
 
 from contract.messages import shown
 from contract.ports import REDIS_PORT, REDIS_SENTINEL_PORT
+from contract.env import REDIS_PASSWORD_FILE_ENV, REDIS_URL_ENV, REQUIRED_REPLICAS_ENV
 
 DEFAULT_URL = f"redis://127.0.0.1:{REDIS_PORT}/0"
 DEFAULT_SENTINEL_PORT = REDIS_SENTINEL_PORT
 DEFAULT_REPLICA_WAIT_MS = 1000
 MAX_REPLICA_WAIT_MS = 60_000
-REQUIRED_REPLICAS_ENV = "REDIS_REQUIRED_REPLICAS"
-"""Environment variable: replicas that must confirm every acknowledged write (module docstring)."""
 REPLICA_WAIT_MS_ENV = "REDIS_REPLICA_WAIT_MS"
 """Environment variable: how long a write waits for those replicas (module docstring)."""
 MAX_REQUIRED_REPLICAS = 16
@@ -204,7 +203,7 @@ def settings_from_env(env: dict[str, str] | None = None) -> RedisSettings:
     """Read the variables in the module docstring into :class:`RedisSettings`."""
     env = os.environ if env is None else env
     password = env.get("REDIS_PASSWORD") or None
-    password_file = env.get("REDIS_PASSWORD_FILE")
+    password_file = env.get(REDIS_PASSWORD_FILE_ENV)
     if password is None and password_file:
         try:
             password = Path(password_file).read_text().rstrip("\r\n") or None
@@ -212,7 +211,7 @@ def settings_from_env(env: dict[str, str] | None = None) -> RedisSettings:
             raise RedisConfigError(f"REDIS_PASSWORD_FILE: cannot read {password_file!r}: {exc.strerror}") from exc
     raw_sentinels = env.get("REDIS_SENTINELS") or ""
     return RedisSettings(
-        url=env.get("REDIS_URL") or DEFAULT_URL,
+        url=env.get(REDIS_URL_ENV) or DEFAULT_URL,
         password=password,
         username=env.get("REDIS_USERNAME") or None,
         ca_file=env.get("REDIS_CA_FILE") or None,

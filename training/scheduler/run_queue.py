@@ -56,6 +56,9 @@ from training.scheduler.redis_conn import (
     DEFAULT_REPLICA_WAIT_MS, NotReplicatedError, RedisSettings, connect, reconnect, settings_from_env, single_attempt,
 )
 from contract.lanes import PRIORITIES
+from contract.defaults import DEFAULT_BACKOFF_BASE_S, DEFAULT_BACKOFF_MAX_S, DEFAULT_LEASE_S
+from contract.env import NAMESPACE_ENV
+from contract.names import DEFAULT_NAMESPACE
 from training.scheduler.spec import RunSpec
 
 class State(StrEnum):
@@ -138,17 +141,6 @@ MAX_ERROR_CHARS = 4000
 FREE_RELEASES = 20
 """Releases (graceful hand-backs: preemption, drain) a task gets for free; past this each
 release spends an attempt, so a run that always exits retriable ends in the dead-letter list."""
-DEFAULT_LEASE_S = 60.0
-"""Lease length: a worker silent this long loses its task to the next claimer (the worker's
-``--lease-seconds`` default, :class:`training.scheduler.supervisor.WorkerConfig`)."""
-DEFAULT_BACKOFF_BASE_S = 30.0
-"""First retry delay after a failed attempt; doubles each attempt (``--backoff-base-seconds``)."""
-DEFAULT_BACKOFF_MAX_S = 3600.0
-"""Upper bound of the retry delay (``--backoff-max-seconds``)."""
-DEFAULT_NAMESPACE = "ragpool"
-"""Key prefix (without the colon) when none is configured."""
-NAMESPACE_ENV = "RAGPOOL_QUEUE_NAMESPACE"
-"""Environment variable that names the key namespace (workers, the run CLI, Jobs set it)."""
 
 
 def namespace_from_env() -> str:

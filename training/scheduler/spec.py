@@ -64,7 +64,8 @@ from typing import Any, Mapping
 
 import yaml
 
-from training.config import MODEL_PATH_KEYS, STAGES, ConfigError, RunConfig, deep_merge, load_run_config, nest
+from contract.mappings import deep_merge
+from training.config import MODEL_PATH_KEYS, STAGES, ConfigError, RunConfig, load_run_config, nest
 from contract.lanes import EXECUTORS, MAX_NODES, POOLS_ENV, PRIORITIES, Lane, LaneError, declared_pools
 from contract.messages import shown
 from contract.paths import RUN_ID_RULE, PathError, confine, is_valid_run_id, shared_root_from_env
@@ -428,7 +429,7 @@ def ray_problems(spec: RunSpec, shared_root: str, cfg: RunConfig | None = None) 
     """A ray run's stages must name declared pools whose nodes hold their GPUs per worker
     (``cfg``: the spec's training config when already loaded)."""
     from training.config import RAY_STAGES
-    from training.ray.pools import PoolsError, declared_pools, pool_problems
+    from contract.ray_pools import PoolsError, declared_pools, pool_problems
 
     try:
         pools = declared_pools()

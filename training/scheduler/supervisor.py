@@ -93,12 +93,14 @@ from pathlib import Path
 from typing import TypeVar
 
 from contract import exit_codes
+from contract.defaults import DEFAULT_BACKOFF_BASE_S, DEFAULT_BACKOFF_MAX_S, DEFAULT_GANG_DEADLINE_S, DEFAULT_LEASE_S
+from contract.env import (EXECUTORS_ENV, GANG_DEADLINE_ENV, METRICS_PORT_ENV, NNODES_ENV, RDZV_HOST_ENV, RDZV_PORT_ENV,
+                          WORKER_GROUP_ENV, WORKER_ID_ENV)
 from contract.paths import run_dir, shared_root_from_env
 from contract.ports import RDZV_PORT
 from training.scheduler.child import run_command, write_run_config
 from contract.lanes import Lane, format_lanes, lanes_from_env
 from training.scheduler.outcome import Action, ChildExit, Decision, Outcome, StopReason, decide, outcome_of
-from training.scheduler.run_queue import DEFAULT_BACKOFF_BASE_S, DEFAULT_BACKOFF_MAX_S, DEFAULT_LEASE_S
 from training.scheduler.run_queue import Claim, Heartbeat, Key, Release, WorkerState, namespace_from_env
 from contract.lanes import EXECUTORS
 from training.scheduler.spec import RunSpec
@@ -128,17 +130,11 @@ class Gang(StrEnum):
     """Not all joined within the deadline: the run was handed back; every pod exits."""
 
 
-GANG_DEADLINE_ENV = "RAGPOOL_GANG_DEADLINE_SECONDS"
-"""Environment variable of ``WorkerConfig.gang_deadline_seconds``."""
-DEFAULT_GANG_DEADLINE_S = 900.0
-"""Default gang deadline: longer than Karpenter takes to bring up a GPU node."""
 GANG_POLL_S = 0.2
 """How often a gathering index 0, or a joined follower, looks at the gang."""
 GANG_GO_MEMBER = "go"
 """Index 0 adds ``<task>-a<attempt>/go`` to the joined set when the gang forms (a follower that
 polls after a short run already ended still knows it went)."""
-EXECUTORS_ENV = "RAGPOOL_EXECUTORS"
-"""Environment variable listing the executors a worker claims (see ``WorkerConfig.executors``)."""
 
 
 def executors_from_env() -> tuple[str, ...]:
@@ -148,7 +144,7 @@ def executors_from_env() -> tuple[str, ...]:
 
 
 def default_worker_id() -> str:
-    return os.environ.get("RAGPOOL_WORKER_ID") or f"{socket.gethostname()}-{os.getpid()}"
+    return os.environ.get(WORKER_ID_ENV) or f"{socket.gethostname()}-{os.getpid()}"
 
 
 @dataclass
@@ -181,20 +177,20 @@ class WorkerConfig:
     """Before claiming, run the node health check (``python -m training.components.health``,
     a subprocess) and give it this long; on failure exit HEALTH_CHECK_FAILED without claiming
     (training/scheduler/preflight.py). 0 = skip; the worker Job template turns it on."""
-    metrics_port: int = field(default_factory=lambda: int(os.environ.get("RAGPOOL_QUEUE_METRICS_PORT") or 0))
+    metrics_port: int = field(default_factory=lambda: int(os.environ.get(METRICS_PORT_ENV) or 0))
     """Serve queue metrics on this port (0 = off; env RAGPOOL_QUEUE_METRICS_PORT).
     Also ``/ready``; the worker Jobs pass ``QUEUE_METRICS_PORT`` (9300, contract/ports.py)."""
     run_id: str | None = field(default_factory=lambda: os.environ.get("RAGPOOL_RUN_ID") or None)
     """Only claim this run (a Job dedicated to one run)."""
-    nnodes: int = field(default_factory=lambda: int(os.environ.get("RAGPOOL_NNODES") or 1))
+    nnodes: int = field(default_factory=lambda: int(os.environ.get(NNODES_ENV) or 1))
     """Pods in this worker's group (Indexed Job size); 1 for ordinary workers."""
     node_index: int = field(default_factory=lambda: int(os.environ.get("JOB_COMPLETION_INDEX") or 0))
     """This pod's index in the group (Kubernetes ``JOB_COMPLETION_INDEX``)."""
-    group: str | None = field(default_factory=lambda: os.environ.get("RAGPOOL_WORKER_GROUP") or None)
+    group: str | None = field(default_factory=lambda: os.environ.get(WORKER_GROUP_ENV) or None)
     """Group name shared by the pods of one Indexed Job (the Job name)."""
-    rdzv_host: str = field(default_factory=lambda: os.environ.get("RAGPOOL_RDZV_HOST") or "127.0.0.1")
+    rdzv_host: str = field(default_factory=lambda: os.environ.get(RDZV_HOST_ENV) or "127.0.0.1")
     """Index-0 pod's DNS name (headless Service) for the torchrun c10d rendezvous."""
-    rdzv_port: int = field(default_factory=lambda: int(os.environ.get("RAGPOOL_RDZV_PORT") or RDZV_PORT))
+    rdzv_port: int = field(default_factory=lambda: int(os.environ.get(RDZV_PORT_ENV) or RDZV_PORT))
     """Rendezvous port on the index-0 pod."""
     executors: tuple[str, ...] = field(default_factory=lambda: executors_from_env())
     """Which runs this worker claims, by their spec's ``executor`` (``RAGPOOL_EXECUTORS``,

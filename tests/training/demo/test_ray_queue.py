@@ -8,7 +8,7 @@ import pytest
 from training.config import RAY_STAGES, load_run_config
 from training.demo import ray_queue
 from training.demo.through_queue import demo_spec
-from training.ray.pools import POOLS_ENV
+from contract.ray_pools import POOLS_ENV
 from training.ray.tune import TRIAL_DRIVER_CPUS, check_space, concurrency, milestone_every
 from training.scheduler.spec import SpecError, parse_spec
 
@@ -25,7 +25,7 @@ def _config(raw, root):
 
 def _local_node() -> list[dict]:
     """What ray.nodes() reports for the demo's Ray head."""
-    from training.ray.placement import POOL_LABEL
+    from contract.names import POOL_LABEL
 
     return [{"Alive": True, "Labels": {POOL_LABEL: ray_queue.POOL}, "Resources": {"CPU": float(ray_queue.RAY_CPUS)}}]
 

@@ -58,7 +58,7 @@ def cluster():
 @pytest.fixture
 def declared(monkeypatch, cluster) -> None:
     """``RAGPOOL_RAY_POOLS`` as the worker template sets it: every pool of the cluster, GPUs per node."""
-    from training.ray.pools import POOLS_ENV, format_pools
+    from contract.ray_pools import POOLS_ENV, format_pools
 
     monkeypatch.setenv(POOLS_ENV, format_pools({t.pool: t.gpus for t in cluster.node_types}))
 
@@ -184,7 +184,7 @@ def test_the_declaration_reaches_the_driver_and_its_stage_tasks(monkeypatch) -> 
     import ray.job_submission
 
     from training.ray import driver, job
-    from training.ray.pools import POOLS_ENV
+    from contract.ray_pools import POOLS_ENV
 
     sent = {}
 

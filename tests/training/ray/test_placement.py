@@ -17,7 +17,8 @@ import pytest
 
 from tests.training.ray.conftest import needs_ray, ray_env, ray_temp_dir
 from training.config import RayStageConfig
-from training.ray.placement import POOL_LABEL, PlacementError, bundle_nodes, plan, reserved, strategy_for
+from contract.names import POOL_LABEL
+from training.ray.placement import PlacementError, bundle_nodes, plan, reserved, strategy_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 needs_ray()
@@ -91,7 +92,7 @@ def test_plan_from_the_declaration_still_refuses_what_can_never_fit() -> None:
 
 def test_plan_reads_the_declaration_from_the_environment(monkeypatch) -> None:
     from training.config import ConfigError
-    from training.ray.pools import POOLS_ENV
+    from contract.ray_pools import POOLS_ENV
 
     monkeypatch.setenv(POOLS_ENV, "a=1")
     assert plan("index", RayStageConfig(pool="a"), IDLE).pool == "a"

@@ -123,8 +123,8 @@ def shared(tmp_path, tiny_encoder_dir) -> Path:
 @pytest.fixture
 def ray_queue(redis_server, namespace, make_queue, monkeypatch, ray_head, shared):
     """The queue, and ``submit(run_id, **spec)`` / ``work()`` as ``ragpool submit`` and a Ray worker do them."""
-    from training.ray.auth import SECRET_ENV
-    from training.ray.pools import POOLS_ENV
+    from contract.ray_auth import SECRET_ENV
+    from contract.ray_pools import POOLS_ENV
     from training.scheduler import cli as runs_cli
     from training.scheduler.supervisor import Worker, WorkerConfig
 
@@ -329,7 +329,7 @@ def test_a_client_without_the_token_is_refused_on_the_jobs_api_and_by_the_gcs(ra
 def test_the_ray_job_without_a_token_exits_4_naming_the_secret(ray_head, tmp_path) -> None:
     import subprocess
 
-    from training.ray.auth import SECRET_ENV
+    from contract.ray_auth import SECRET_ENV
     from training.scheduler.child import ray_job_argv
 
     config = tmp_path / "runs" / "no-token" / "run.yaml"

@@ -11,7 +11,7 @@ import pytest
 
 from contract import exit_codes
 from training.scheduler import cli as runs_cli
-from training.ray.pools import POOLS_ENV
+from contract.ray_pools import POOLS_ENV
 
 BASE = """
 run_id: {run_id}

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from training.config import ConfigError, load_run_config
-from training.ray.placement import POOL_LABEL
-from training.ray.pools import POOLS_ENV, format_pools, parse_pool_nodes, parse_pools
+from contract.names import POOL_LABEL
+from contract.ray_pools import POOLS_ENV, format_pools, parse_pool_nodes, parse_pools
 from training.ray.tune import TRIAL_DRIVER_CPUS, concurrency
 
 

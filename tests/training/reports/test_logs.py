@@ -14,7 +14,8 @@ from tests.support.training import REPO, stage_env
 from contract.ports import free_port
 from tests.support.tiny_run import RETRIEVER_STEPS, RUN_ID, own_copy
 from contract import exit_codes
-from training.reports.logs import APPLICATION_LOG_GROUP, CloudWatchSource, LogFilter, parse_lines, parse_since
+from contract.names import APPLICATION_LOG_GROUP
+from training.reports.logs import CloudWatchSource, LogFilter, parse_lines, parse_since
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch_multiproc]
 

@@ -15,7 +15,8 @@ from contract.paths import child_env
 from contract import exit_codes
 from training.scheduler.run_queue import RAY_LANE, lane
 from training.scheduler.spec import SpecError, parse_spec
-from training.scheduler.supervisor import EXECUTORS_ENV, WorkerConfig
+from contract.env import EXECUTORS_ENV
+from training.scheduler.supervisor import WorkerConfig
 
 GPU, RAY = ("torchrun",), ("ray",)
 

@@ -13,7 +13,7 @@ import pytest
 from tests.training.scheduler.test_cli import _cli_at
 from contract import exit_codes
 from training.rank_memory import GIB, config_parameters, fits, model_parameters, state_bytes_per_rank
-from training.scheduler.fit import POOL_GPUS_ENV, FitError, PoolGpus, format_pool_gpus, parse_pool_gpus
+from contract.pool_gpus import POOL_GPUS_ENV, FitError, PoolGpus, format_pool_gpus, parse_pool_gpus
 from contract.lanes import POOLS_ENV, SERVED_LANES_ENV
 
 # Lanes of a namespace whose quota fits 4 one-GPU workers of gpu-spot (the default pool), and no
@@ -181,7 +181,7 @@ def test_pool_gpus_round_trip_and_bad_values():
 
 
 def test_a_ray_stage_is_checked_on_its_own_pool_and_workers(tmp_path, monkeypatch):
-    from training.ray.pools import POOLS_ENV as RAY_POOLS_ENV
+    from contract.ray_pools import POOLS_ENV as RAY_POOLS_ENV
     from training.scheduler.fit import memory_problems
     from training.scheduler.spec import parse_spec
 

@@ -15,9 +15,10 @@ from tests.support.redis_fixtures import make_spec
 from tests.training.scheduler.test_supervisor import finish, sh, start_worker, wait_for
 
 from contract.ports import free_port
-from training.scheduler.exporter import READY_PATH
+from contract.ports import READY_PATH
 from contract.lanes import LANES_ENV, Lane, worker_env, worker_lanes
-from training.scheduler.supervisor import GANG_DEADLINE_ENV, WorkerConfig
+from contract.env import GANG_DEADLINE_ENV
+from training.scheduler.supervisor import WorkerConfig
 
 
 def _gang(n: int, group: str, index: int) -> dict[str, str]:

@@ -17,7 +17,9 @@ from tests.support.waits import wait_for
 
 from contract import exit_codes
 from contract.ports import free_port
-from training.scheduler.keeper import DEFAULT_INTERVAL_S, NAMESPACES_ENV, namespaces_from_env
+from contract.defaults import KEEPER_INTERVAL_S
+from contract.env import NAMESPACES_ENV
+from training.scheduler.keeper import namespaces_from_env
 from contract.lanes import Lane
 from training.scheduler.run_queue import FREE_RELEASES, Release, TaskQueue
 
@@ -84,7 +86,7 @@ def test_namespaces_default_to_the_workers_namespace():
     assert namespaces_from_env({}) == ("ragpool",)
     assert namespaces_from_env({"RAGPOOL_QUEUE_NAMESPACE": "x"}) == ("x",)
     assert namespaces_from_env({NAMESPACES_ENV: " a, b ,a,"}) == ("a", "b")
-    assert DEFAULT_INTERVAL_S == 5.0
+    assert KEEPER_INTERVAL_S == 5.0
 
 
 def test_a_gang_timeout_never_spends_an_attempt(make_queue):

@@ -1,10 +1,10 @@
-"""training/ray/auth.py: where a Ray client's token comes from, and what a refusal says (never the token)."""
+"""contract/ray_auth.py: where a Ray client's token comes from, and what a refusal says (never the token)."""
 
 from __future__ import annotations
 
 import pytest
 
-from training.ray.auth import (
+from contract.ray_auth import (
     SECRET_ENV, TOKEN_ENV, TOKEN_PATH_ENV, RayAuthError, auth_headers, client_env, load_token, refusal,
 )
 

@@ -1,0 +1,48 @@
+"""The environment variables one plane sets and another reads: their one home.
+
+The Pulumi program (infra/) writes them into the worker, keeper and Ray templates; the worker, the keeper,
+the exporter and ``ragpool`` read them. A variable whose value has a shape keeps its name beside its encoder
+and parser: the lane lists (``RAGPOOL_LANES``, ``RAGPOOL_POOLS``, ``RAGPOOL_SERVED_LANES``:
+contract/lanes.py), the Ray pools (contract/ray_pools.py), the pool GPUs (contract/pool_gpus.py), Ray's
+token authentication (contract/ray_auth.py) and the shared root (contract/paths.py). The rest are plain
+strings and numbers, named here. tests/contract/test_env.py finds a name written as a literal elsewhere.
+"""
+
+# ------------------------------------------------------------------ the queue's Redis (every client)
+
+REDIS_URL_ENV = "REDIS_URL"
+"""``redis://`` or ``rediss://`` URL of the queue (the connection Secret's ``url``)."""
+REDIS_PASSWORD_FILE_ENV = "REDIS_PASSWORD_FILE"
+"""A file holding the queue's password (the connection Secret mounted as a volume)."""
+REQUIRED_REPLICAS_ENV = "REDIS_REQUIRED_REPLICAS"
+"""Replicas that must confirm every acknowledged write (training/scheduler/redis_conn.py)."""
+
+# ------------------------------------------------------------------ the queue
+
+NAMESPACE_ENV = "RAGPOOL_QUEUE_NAMESPACE"
+"""The queue's key namespace (workers, the run CLI and the Jobs set it; default ``contract.names.DEFAULT_NAMESPACE``)."""
+NAMESPACES_ENV = "RAGPOOL_QUEUE_NAMESPACES"
+"""Comma-separated queue key namespaces the keeper keeps."""
+METRICS_PORT_ENV = "RAGPOOL_QUEUE_METRICS_PORT"
+"""The queue metrics port of the worker and the keeper (``contract.ports.QUEUE_METRICS_PORT`` in the cluster)."""
+
+# ------------------------------------------------------------------ the worker
+
+WORKER_ID_ENV = "RAGPOOL_WORKER_ID"
+"""The worker's name in task hashes and metrics (the pod's name in the cluster)."""
+EXECUTORS_ENV = "RAGPOOL_EXECUTORS"
+"""The executors a worker claims, comma-separated (``WorkerConfig.executors``)."""
+NNODES_ENV = "RAGPOOL_NNODES"
+"""Pods in the worker's group (an Indexed Job's size); 1 for single-pod workers."""
+WORKER_GROUP_ENV = "RAGPOOL_WORKER_GROUP"
+"""The name the pods of one Indexed Job share (the Job's name)."""
+RDZV_HOST_ENV = "RAGPOOL_RDZV_HOST"
+"""The index-0 pod's DNS name for the torchrun c10d rendezvous."""
+RDZV_PORT_ENV = "RAGPOOL_RDZV_PORT"
+"""The rendezvous port on the index-0 pod (``contract.ports.RDZV_PORT`` in the cluster)."""
+EXPECTED_GPUS_ENV = "RAGPOOL_EXPECTED_GPUS"
+"""GPUs the node health check expects to see (the worker pod's request)."""
+NODE_NAME_ENV = "RAGPOOL_NODE_NAME"
+"""The node a worker runs on (the downward API's ``spec.nodeName``), for the pre-flight failure metric."""
+GANG_DEADLINE_ENV = "RAGPOOL_GANG_DEADLINE_SECONDS"
+"""``WorkerConfig.gang_deadline_seconds``."""
