@@ -121,7 +121,7 @@ def ray_from_zero(out: Path, skip: str | None) -> tuple[float | None, str]:
 def measure(args: argparse.Namespace) -> dict:
     from bench.autoscale_sim import Settings, Simulation, stack_from_plan
     from infra.plan import plan
-    from infra.training_namespace import TRAINING_NAMESPACE
+    from infra.peers import TRAINING_NAMESPACE
 
     out = Path(args.out).resolve()
     settings = Settings(polling_interval_s=args.polling_interval_s, idle_exit_s=args.idle_exit_s, lease_s=args.lease_s)

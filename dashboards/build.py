@@ -3,14 +3,12 @@
 Deterministic: keys sorted, two-space indent, trailing newline, no timestamps or ids that
 vary between runs, so a rebuild of unchanged code is byte-identical.
 
-    python -m dashboards.build --out DIR      # same as: ragpool dashboards --out DIR
+    ragpool dashboards --out DIR      # or: python -m dashboards.cli --out DIR (dashboards/cli.py)
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -57,16 +55,3 @@ def write_all(out_dir: Path, lanes: Sequence[Lane] | None = None) -> list[Path]:
         path.write_text(text, encoding="utf-8")
         written.append(path)
     return written
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dashboards.build", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, type=Path, help="directory for the dashboard JSON files")
-    args = parser.parse_args(argv)
-    from dashboards.cli import run  # one implementation of the command
-
-    return run(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -56,3 +56,15 @@ def run(args: argparse.Namespace) -> int:
     for path in written:
         print(path)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m dashboards.cli --out DIR [--lanes ...]``: the same command without the ``ragpool`` CLI."""
+    parser = argparse.ArgumentParser(prog="python -m dashboards.cli")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["dashboards", *(sys.argv[1:] if argv is None else argv)])
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -27,7 +27,8 @@ from infra.ray_cluster import Ray, RayArgs, RayNamespace, ray_endpoint  # noqa: 
 from infra.registry import Registry, RegistryArgs  # noqa: E402
 from infra.storage import SharedStorage, StorageArgs  # noqa: E402
 from infra.queue_redis import Redis, RedisArgs  # noqa: E402
-from infra.training_namespace import TRAINING_NAMESPACE, TrainingNamespace, TrainingNamespaceArgs  # noqa: E402
+from infra.peers import TRAINING_NAMESPACE  # noqa: E402
+from infra.training_namespace import TrainingNamespace, TrainingNamespaceArgs  # noqa: E402
 from infra.worker_jobs import WorkerJobs, WorkerJobsArgs  # noqa: E402
 from contract.names import DEFAULT_NAMESPACE  # noqa: E402
 

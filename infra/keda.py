@@ -12,9 +12,8 @@
 - NetworkPolicies: default-deny in ``keda``; the operator reaches DNS, the API server (HTTPS) and
   the queue (dev: the Valkey pods, admitted by a policy next to them; prod: ElastiCache in the
   VPC, TLS and auth token); Prometheus scrapes its metrics (a PodMonitor here).
-- The queue keeper (``python -m training.scheduler.keeper``): one always-on pod on the system
-  nodes that requeues lapsed leases and due retries of every queue namespace, which otherwise
-  move only inside claims, so with zero workers KEDA would never see them.
+- The queue keeper, without which KEDA would never see lapsed leases and due retries with zero workers, is
+  built in infra/keeper.py.
 
 The ScaledJobs themselves are built here (:func:`scaled_job_spec`, :func:`worker_kinds`) and
 declared per training namespace by infra/worker_jobs.py around the worker Job it builds.
@@ -36,14 +35,14 @@ import pulumi_kubernetes as k8s
 
 from infra.component import RagpoolComponent
 from infra.charts import KEDA
-from infra.common import SYSTEM_NODE_SELECTOR, TRAINING_UID, child, k8s_labels, load_values
+from infra.common import child, k8s_labels, load_values
 from infra.config import GpuPoolConfig, StackConfig
-from infra.pod_security import container_security_context, pod_security_context
-from infra.training_namespace import baseline_policies, redis_peer
+from infra.peers import REDIS_SERVICE, redis_peer
+from infra.queue_redis import CONNECTION_SECRET
+from infra.training_namespace import baseline_policies
 from contract.defaults import DEFAULT_LEASE_S, KEEPER_INTERVAL_S
-from contract.env import NAMESPACES_ENV
 from contract.lanes import MAX_NODES, Lane, format_lane_set, worker_lanes
-from contract.ports import QUEUE_METRICS_PORT, REDIS_PORT
+from contract.ports import REDIS_PORT
 
 KEDA_NAMESPACE = "keda"
 # The vendored CRDs, by a path relative to infra/, as infra/charts.py KUBERAY_CRD_DIR: under
@@ -66,7 +65,6 @@ POLLING_INTERVAL_SECONDS = 10
 # each); the Job's ttlSecondsAfterFinished removes the rest after a day.
 SUCCESSFUL_JOBS_HISTORY = 5
 FAILED_JOBS_HISTORY = 10
-KEEPER_NAME = "ragpool-queue-keeper"
 # A ScaledJob's Job is one run (KEDA's model: one Job per queued item): its worker takes one run and
 # exits (training/scheduler/supervisor.py WorkerConfig.max_tasks). Why the count is then exact:
 # docs/DESIGN.md, "One Job, one run".
@@ -250,9 +248,7 @@ def keda_network_policies(cfg: StackConfig) -> dict[str, dict[str, Any]]:
 
 def redis_from_keda_policy() -> dict[str, Any]:
     """dev: the Valkey pods admit KEDA's operator on the Redis port (added to the queue's own client policy)."""
-    from infra.queue_redis import SERVICE_NAME
-
-    return {"podSelector": {"matchLabels": {"app.kubernetes.io/name": SERVICE_NAME}}, "policyTypes": ["Ingress"],
+    return {"podSelector": {"matchLabels": {"app.kubernetes.io/name": REDIS_SERVICE}}, "policyTypes": ["Ingress"],
             "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": KEDA_NAMESPACE}},
                                    "podSelector": {"matchLabels": dict(OPERATOR_POD_LABELS)}}],
                          "ports": [{"protocol": "TCP", "port": REDIS_PORT}]}]}
@@ -285,7 +281,7 @@ class Keda(RagpoolComponent):
             f"{name}-trigger-auth", api_version="keda.sh/v1alpha1", kind="ClusterTriggerAuthentication",
             metadata={"name": TRIGGER_AUTHENTICATION, "labels": k8s_labels("autoscaler", TRIGGER_AUTHENTICATION)},
             # From KEDA's namespace (KEDA_RESTRICT_SECRET_ACCESS): infra/queue_redis.py writes it there.
-            spec={"secretTargetRef": [{"parameter": "password", "name": TRIGGER_AUTHENTICATION, "key": "password"}]},
+            spec={"secretTargetRef": [{"parameter": "password", "name": CONNECTION_SECRET, "key": "password"}]},
             opts=child(self, depends_on=self.crds))
         ns_opts = child(self, depends_on=[self.namespace])
         for np_name, spec in keda_network_policies(cfg).items():
@@ -308,53 +304,3 @@ class Keda(RagpoolComponent):
                   "podMetricsEndpoints": [{"port": "metrics", "interval": "30s"}]},
             opts=child(self, depends_on=[self.release, *args.depends_on]))
         self.register_outputs({"namespace": self.namespace_name})
-
-
-# ------------------------------------------------------------------ the keeper
-
-
-def keeper_deployment_spec(image: str, redis_secret: str, queue_namespaces: tuple[str, ...]) -> dict[str, Any]:
-    """The always-on keeper: one pod on the system nodes, a Redis client like the workers."""
-    from infra.queue_redis import CLIENT_LABEL
-    from infra.worker_jobs import redis_client_env, redis_secret_volume
-
-    labels = {**k8s_labels("queue-keeper", KEEPER_NAME), **CLIENT_LABEL}
-    volume, mount = redis_secret_volume(redis_secret)
-    return {
-        "replicas": 1,
-        # Never two keepers at once during a rollout (both would be harmless, one is enough).
-        "strategy": {"type": "Recreate"},
-        "selector": {"matchLabels": {"app.kubernetes.io/name": KEEPER_NAME}},
-        "template": {"metadata": {"labels": labels}, "spec": {
-            "automountServiceAccountToken": False,
-            "nodeSelector": dict(SYSTEM_NODE_SELECTOR),
-            # fsGroup: the password file is 0440 root's until the kubelet hands it to this group
-            # (policy/secret_access.py, rule secret-volumes-readable).
-            "securityContext": pod_security_context(TRAINING_UID, fs_group=TRAINING_UID),
-            "containers": [{
-                "name": "keeper",
-                "image": image,
-                "command": ["python", "-m", "training.scheduler.keeper"],
-                # A lost worker's run is back in its ready list within a lease and one interval.
-                "args": ["--interval-seconds", f"{KEEPER_INTERVAL_S:g}",
-                         "--metrics-port", str(QUEUE_METRICS_PORT)],
-                "env": [*redis_client_env(redis_secret),
-                        {"name": NAMESPACES_ENV, "value": ",".join(queue_namespaces)}],
-                "ports": [{"name": "queue-metrics", "containerPort": QUEUE_METRICS_PORT}],
-                "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
-                "securityContext": container_security_context(),
-                "volumeMounts": [mount, {"name": "tmp", "mountPath": "/tmp"}],
-            }],
-            "volumes": [volume, {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
-        }},
-    }
-
-
-def keeper_network_policy(cfg: StackConfig) -> dict[str, Any]:
-    """The keeper: out to the queue only (DNS: the namespace's allow-dns), in from Prometheus."""
-
-    return {"podSelector": {"matchLabels": {"app.kubernetes.io/name": KEEPER_NAME}},
-            "policyTypes": ["Ingress", "Egress"],
-            "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
-                         "ports": [{"protocol": "TCP", "port": QUEUE_METRICS_PORT}]}],
-            "egress": [{"to": [redis_peer(cfg)], "ports": [{"protocol": "TCP", "port": REDIS_PORT}]}]}

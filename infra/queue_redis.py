@@ -15,6 +15,7 @@ stack output gives the last to ``ragpool submit`` (README).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pulumi
 import pulumi_aws as aws
@@ -25,7 +26,8 @@ from infra.component import RagpoolComponent
 from infra.common import SYSTEM_NODE_SELECTOR, aws_tags, child, k8s_labels, stateful
 from infra.config import StackConfig
 from infra.pod_security import container_security_context, pod_security_context
-from infra.training_namespace import TRAINING_NAMESPACE_LABEL
+from infra.peers import REDIS_CLIENT_LABEL, REDIS_SERVICE, TRAINING_NAMESPACE_LABEL
+from contract.env import REDIS_PASSWORD_FILE_ENV, REDIS_URL_ENV, REQUIRED_REPLICAS_ENV
 from contract.ports import REDIS_PORT
 
 # Official Valkey image (BSD-licensed Redis fork; same protocol and AOF semantics).
@@ -36,12 +38,29 @@ EXPORTER_UID = 59000  # the redis_exporter image's user
 CONNECTION_SECRET = "ragpool-redis"
 REQUIRED_REPLICAS_KEY = "required_replicas"
 """Key of the connection Secret that holds :func:`required_replicas` (REDIS_REQUIRED_REPLICAS)."""
-SERVICE_NAME = "ragpool-redis"
-# Pods carrying this label may talk to Redis (workers, the submit/status Job).
-CLIENT_LABEL = {"ragpool.io/redis-client": "true"}
 ELASTICACHE_ENGINE_VERSION = "8.0"
 EXPORTER_PORT = 9121
 EXPORTER_NAME = "ragpool-redis-exporter"
+
+
+REDIS_SECRET_DIR = "/var/run/secrets/ragpool/redis"
+
+
+def redis_client_env(redis_secret: str) -> list[dict[str, Any]]:
+    """The queue's Redis for a client container: the URL from the connection Secret, the password
+    as a file (``redis_secret_volume``), never on the command line, and the replicas every write
+    must reach (the stack's ``queue_redis.required_replicas``, from the same Secret)."""
+    return [{"name": REDIS_URL_ENV, "valueFrom": {"secretKeyRef": {"name": redis_secret, "key": "url"}}},
+            {"name": REDIS_PASSWORD_FILE_ENV, "value": f"{REDIS_SECRET_DIR}/password"},
+            {"name": REQUIRED_REPLICAS_ENV, "valueFrom": {"secretKeyRef": {"name": redis_secret,
+                                                                           "key": REQUIRED_REPLICAS_KEY}}}]
+
+
+def redis_secret_volume(redis_secret: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(volume, mount) of the connection Secret's password at REDIS_SECRET_DIR."""
+    return ({"name": "redis", "secret": {"secretName": redis_secret, "items": [{"key": "password", "path": "password"}],
+                                         "defaultMode": 0o440}},
+            {"name": "redis", "mountPath": REDIS_SECRET_DIR, "readOnly": True})
 
 
 def required_replicas(cfg: StackConfig) -> int:
@@ -74,13 +93,13 @@ class RedisArgs:
 
 
 def valkey_statefulset_spec(namespace: str) -> dict:
-    labels = k8s_labels("queue", SERVICE_NAME)
+    labels = k8s_labels("queue", REDIS_SERVICE)
     password_env = {"name": "REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {"name": CONNECTION_SECRET,
                                                                              "key": "password"}}}
     return {
-        "serviceName": SERVICE_NAME,
+        "serviceName": REDIS_SERVICE,
         "replicas": 1,
-        "selector": {"matchLabels": {"app.kubernetes.io/name": SERVICE_NAME}},
+        "selector": {"matchLabels": {"app.kubernetes.io/name": REDIS_SERVICE}},
         "template": {
             "metadata": {"labels": labels},
             "spec": {
@@ -130,7 +149,7 @@ def exporter_deployment_spec() -> dict:
         "replicas": 1,
         "selector": {"matchLabels": {"app.kubernetes.io/name": EXPORTER_NAME}},
         "template": {
-            "metadata": {"labels": {**labels, **CLIENT_LABEL}},
+            "metadata": {"labels": {**labels, **REDIS_CLIENT_LABEL}},
             "spec": {
                 "automountServiceAccountToken": False,
                 "nodeSelector": dict(SYSTEM_NODE_SELECTOR),
@@ -184,7 +203,7 @@ class Redis(RagpoolComponent):
             deps: list[pulumi.Resource] = [group]
         else:
             url = pulumi.Output.from_input(args.namespace).apply(
-                lambda ns: f"redis://{SERVICE_NAME}.{ns}.svc.cluster.local:{REDIS_PORT}/0")
+                lambda ns: f"redis://{REDIS_SERVICE}.{ns}.svc.cluster.local:{REDIS_PORT}/0")
             deps = []
 
         connection = {"url": url, "password": password.result, REQUIRED_REPLICAS_KEY: str(required_replicas(cfg))}
@@ -204,24 +223,24 @@ class Redis(RagpoolComponent):
             ns = args.namespace
             self.service = k8s.core.v1.Service(
                 f"{name}-service",
-                metadata={"name": SERVICE_NAME, "namespace": ns, "labels": k8s_labels("queue", SERVICE_NAME)},
-                spec={"selector": {"app.kubernetes.io/name": SERVICE_NAME}, "type": "ClusterIP",
+                metadata={"name": REDIS_SERVICE, "namespace": ns, "labels": k8s_labels("queue", REDIS_SERVICE)},
+                spec={"selector": {"app.kubernetes.io/name": REDIS_SERVICE}, "type": "ClusterIP",
                       "ports": [{"name": "redis", "port": REDIS_PORT, "targetPort": "redis"},
                                 {"name": "redis-metrics", "port": EXPORTER_PORT, "targetPort": "redis-metrics"}]},
                 opts=child(self, depends_on=args.depends_on))
             self.statefulset = k8s.apps.v1.StatefulSet(
                 f"{name}-statefulset",
-                metadata={"name": SERVICE_NAME, "namespace": ns, "labels": k8s_labels("queue", SERVICE_NAME)},
+                metadata={"name": REDIS_SERVICE, "namespace": ns, "labels": k8s_labels("queue", REDIS_SERVICE)},
                 spec=pulumi.Output.from_input(ns).apply(valkey_statefulset_spec),
                 opts=child(self, depends_on=[self.secret, self.service]))
             k8s.networking.v1.NetworkPolicy(
                 f"{name}-clients-only",
-                metadata={"name": f"{SERVICE_NAME}-clients-only", "namespace": ns, "labels": k8s_labels("queue")},
-                spec={"podSelector": {"matchLabels": {"app.kubernetes.io/name": SERVICE_NAME}},
+                metadata={"name": f"{REDIS_SERVICE}-clients-only", "namespace": ns, "labels": k8s_labels("queue")},
+                spec={"podSelector": {"matchLabels": {"app.kubernetes.io/name": REDIS_SERVICE}},
                       "policyTypes": ["Ingress"],
                       "ingress": [
                           {"from": [{"namespaceSelector": {"matchLabels": dict(TRAINING_NAMESPACE_LABEL)},
-                                     "podSelector": {"matchLabels": dict(CLIENT_LABEL)}}],
+                                     "podSelector": {"matchLabels": dict(REDIS_CLIENT_LABEL)}}],
                            "ports": [{"protocol": "TCP", "port": REDIS_PORT}]},
                           {"from": [{"namespaceSelector": {"matchLabels": {
                               "kubernetes.io/metadata.name": "monitoring"}}}],

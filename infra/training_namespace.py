@@ -23,9 +23,10 @@ import pulumi_kubernetes as k8s
 from infra.component import RagpoolComponent
 from infra.common import child, k8s_labels, stateful
 from infra.config import StackConfig
+from infra.peers import RAY_CLIENT_LABEL, TRAINING_NAMESPACE, TRAINING_NAMESPACE_LABEL, redis_peer
+from infra.storage import STORAGE_CLASS
 from contract.ports import QUEUE_METRICS_PORT, RANK_METRICS_PORT, RDZV_PORT, REDIS_PORT
 
-TRAINING_NAMESPACE = "ragpool-training"
 WORKER_SERVICE_ACCOUNT = "ragpool-worker"
 WORKERS_SERVICE = "ragpool-workers"  # headless: stable DNS for Indexed Job pods (rendezvous)
 MAX_RANKS_PER_POD = 8
@@ -73,10 +74,6 @@ def ray_metrics_ports() -> list[dict[str, Any]]:
             for p in (RAY_METRICS_PORT, RAY_AUTOSCALER_METRICS_PORT, RAY_DASHBOARD_METRICS_PORT)]
 
 
-# Every training namespace carries this label: Redis admits queue clients from them.
-TRAINING_NAMESPACE_LABEL = {"ragpool.io/training": "true"}
-
-
 @dataclass(frozen=True)
 class TrainingNamespaceArgs:
     config: StackConfig
@@ -94,8 +91,6 @@ class TrainingNamespaceArgs:
 def ray_network_policies(cfg: StackConfig) -> dict[str, dict[str, Any]]:
     """Ray's flows: node to node on Ray's ports, the Ray worker template to the head's Jobs
     API, EFS, HTTPS (the head's autoscaler calls the Kubernetes API), metrics scrapes."""
-    from infra.worker_jobs import RAY_CLIENT_LABEL
-
     ray = {"podSelector": {"matchLabels": dict(RAY_POD_LABELS)}}
     head = {"podSelector": {"matchLabels": dict(RAY_HEAD_POD_LABELS)}}
     ray_workers = {"podSelector": {"matchLabels": dict(RAY_WORKER_POD_LABELS)}}
@@ -140,13 +135,6 @@ def ray_network_policies(cfg: StackConfig) -> dict[str, dict[str, Any]]:
             "egress": [{"to": [ray_workers]}],
         },
     }
-
-
-def redis_peer(cfg: StackConfig) -> dict[str, Any]:
-    """The queue as a NetworkPolicy peer: prod ElastiCache in the VPC, dev the Valkey pods."""
-    return ({"ipBlock": {"cidr": cfg.network.vpc_cidr}} if cfg.is_prod else
-            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": TRAINING_NAMESPACE}},
-             "podSelector": {"matchLabels": {"app.kubernetes.io/name": "ragpool-redis"}}})
 
 
 def baseline_policies(prefix: str = "") -> dict[str, dict[str, Any]]:
@@ -243,8 +231,6 @@ class TrainingNamespace(RagpoolComponent):
                   "ports": [{"name": "rdzv", "port": RDZV_PORT, "targetPort": RDZV_PORT}]},
             opts=ns_opts)
         if args.shared_claim:
-            from infra.storage import STORAGE_CLASS
-
             k8s.core.v1.PersistentVolumeClaim(
                 f"{name}-shared-pvc",
                 metadata={"name": args.shared_claim, "namespace": self.name,

@@ -34,18 +34,19 @@ from infra.component import RagpoolComponent
 from infra.common import GPU_TOLERATION, POOL_LABEL, SHARED_MOUNT_PATH, SYSTEM_NODE_SELECTOR, TRAINING_UID, child, k8s_labels
 from infra.config import GpuPoolConfig, StackConfig
 from infra.keda import (
-    KEDA_EXCLUDED_LABELS, KEEPER_NAME, KedaQueue, WorkerKind, keeper_deployment_spec, keeper_network_policy, ray_worker_lanes, scaled_job_spec,
-    served_lanes, worker_kinds,
+    KEDA_EXCLUDED_LABELS, KedaQueue, WorkerKind, ray_worker_lanes, scaled_job_spec, served_lanes, worker_kinds,
 )
+from infra.keeper import KEEPER_NAME, keeper_deployment_spec, keeper_network_policy
+from infra.peers import RAY_CLIENT_LABEL, REDIS_CLIENT_LABEL
+from infra.queue_redis import redis_client_env, redis_secret_volume
 from infra.pod_security import container_security_context, pod_security_context
-from infra.queue_redis import REQUIRED_REPLICAS_KEY
 from infra.ray_cluster import RayEndpoint, max_workers
 from infra.training_namespace import MAX_RANKS_PER_POD, WORKER_SERVICE_ACCOUNT, WORKERS_SERVICE
 from contract import exit_codes
 from contract.ports import QUEUE_METRICS_PORT, RANK_METRICS_PORT, RDZV_PORT
 from contract.defaults import DEFAULT_LEASE_S
 from contract.env import (EXECUTORS_ENV, EXPECTED_GPUS_ENV, NAMESPACE_ENV, NODE_NAME_ENV, RDZV_HOST_ENV, RDZV_PORT_ENV,
-                          REDIS_PASSWORD_FILE_ENV, REDIS_URL_ENV, REQUIRED_REPLICAS_ENV, WORKER_GROUP_ENV, WORKER_ID_ENV)
+                          WORKER_GROUP_ENV, WORKER_ID_ENV)
 from contract.lanes import Executor
 from contract.names import GPU_RESOURCE
 from contract.paths import SHARED_ROOT_ENV
@@ -59,11 +60,8 @@ TERMINATION_GRACE_SECONDS = 300
 HEALTH_CHECK_TIMEOUT_SECONDS = 300
 
 
-WORKER_LABELS = {**k8s_labels("worker", "ragpool-worker"), "ragpool.io/redis-client": "true"}
+WORKER_LABELS = {**k8s_labels("worker", "ragpool-worker"), **REDIS_CLIENT_LABEL}
 RAY_WORKER_TEMPLATE = "ragpool-worker-ray"
-# Pods of the Ray worker template carry this label: the namespace's NetworkPolicies let them
-# (and only them, besides Ray's own pods) reach the Ray head's Jobs API.
-RAY_CLIENT_LABEL = {"ragpool.io/ray-client": "true"}
 
 
 @dataclass(frozen=True)
@@ -85,26 +83,6 @@ class WorkerJobsArgs:
     """How KEDA reads the queue (infra/keda.py); None: CronJob templates only, no ScaledJobs."""
     keeper_queue_namespaces: tuple[str, ...] = ()
     """Run the queue keeper here for these key namespaces (the main namespace: every queue)."""
-
-
-REDIS_SECRET_DIR = "/var/run/secrets/ragpool/redis"
-
-
-def redis_client_env(redis_secret: str) -> list[dict[str, Any]]:
-    """The queue's Redis for a client container: the URL from the connection Secret, the password
-    as a file (``redis_secret_volume``), never on the command line, and the replicas every write
-    must reach (the stack's ``queue_redis.required_replicas``, from the same Secret)."""
-    return [{"name": REDIS_URL_ENV, "valueFrom": {"secretKeyRef": {"name": redis_secret, "key": "url"}}},
-            {"name": REDIS_PASSWORD_FILE_ENV, "value": f"{REDIS_SECRET_DIR}/password"},
-            {"name": REQUIRED_REPLICAS_ENV, "valueFrom": {"secretKeyRef": {"name": redis_secret,
-                                                                           "key": REQUIRED_REPLICAS_KEY}}}]
-
-
-def redis_secret_volume(redis_secret: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(volume, mount) of the connection Secret's password at REDIS_SECRET_DIR."""
-    return ({"name": "redis", "secret": {"secretName": redis_secret, "items": [{"key": "password", "path": "password"}],
-                                         "defaultMode": 0o440}},
-            {"name": "redis", "mountPath": REDIS_SECRET_DIR, "readOnly": True})
 
 
 RAY_TOKEN_DIR = "/var/run/secrets/ragpool/ray"

@@ -17,7 +17,6 @@ from infra.keda import (
     CRD_DIR,
     KEDA_CRD_DIR,
     KEDA_NAMESPACE,
-    KEEPER_NAME,
     OPERATOR_POD_LABELS,
     TRIGGER_AUTHENTICATION,
     SCALED_JOB_IDLE_EXIT_SECONDS,
@@ -29,7 +28,6 @@ from infra.keda import (
 )
 from infra.plan import plan
 from contract.defaults import KEEPER_INTERVAL_S
-from contract.env import NAMESPACES_ENV
 from tests.infra.harness import SCHEMAS_DIR, inputs_of, schema_text, strict_crd_schemas
 from contract.ports import READY_PATH
 from contract.lanes import LANES_ENV, Lane, lane_selector, parse_lanes
@@ -347,22 +345,3 @@ def test_worker_kinds_arithmetic_at_the_edges():
 
 
 # ------------------------------------------------------------------ the keeper
-
-
-def test_one_keeper_for_every_queue(team_plan, committed_plans):
-    [keeper] = [d for d in inputs_of(team_plan, "kubernetes:apps/v1:Deployment", "ragpool-training")
-                if d["metadata"]["name"] == KEEPER_NAME]
-    spec = keeper["spec"]
-    assert spec["replicas"] == 1
-    pod = spec["template"]["spec"]
-    assert pod["nodeSelector"] == {"ragpool.io/pool": "system"} and "tolerations" not in pod
-    container = pod["containers"][0]
-    assert container["command"] == ["python", "-m", "training.scheduler.keeper"]
-    assert "--interval-seconds" in container["args"]
-    env = {e["name"]: e for e in container["env"]}
-    assert env[NAMESPACES_ENV]["value"] == "ragpool,search"
-    assert env["REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "ragpool-redis", "key": "url"}
-    assert spec["template"]["metadata"]["labels"]["ragpool.io/redis-client"] == "true"
-    assert {p["name"] for p in container["ports"]} == {"queue-metrics"}
-    for doc in (team_plan, *committed_plans.values()):  # one keeper per stack, never in a team namespace
-        assert len([d for d in inputs_of(doc, "kubernetes:apps/v1:Deployment") if d["metadata"]["name"] == KEEPER_NAME]) == 1

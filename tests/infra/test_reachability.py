@@ -29,7 +29,8 @@ from typing import Any
 
 import pytest
 
-from infra.keda import KEDA_NAMESPACE, KEEPER_NAME, OPERATOR_POD_LABELS, operator_metrics_port
+from infra.keda import KEDA_NAMESPACE, OPERATOR_POD_LABELS, operator_metrics_port
+from infra.keeper import KEEPER_NAME
 from infra.training_namespace import MAX_RANKS_PER_POD
 from tests.conftest import STACKS
 from tests.support.kuberay import RAYCLUSTER, pod_labels

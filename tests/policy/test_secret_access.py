@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.keda import KEEPER_NAME
+from infra.keeper import KEEPER_NAME
 from policy.checks import MANDATORY, RULES_BY_NAME
 from policy.offline import evaluate
 from policy.pod_templates import SCALED_JOB_TYPE, containers, get, pod_templates

@@ -46,6 +46,25 @@ def demo_config(out: Path, run_id: str) -> dict:
     }
 
 
+def demo_spec(run_id: str, nproc: int | None, shared: Path, overrides: dict | None = None) -> dict:
+    """The demo run as a run spec, sized like ``python -m training.demo`` (its config is the one source);
+    ``overrides`` are merged into that config first (the Ray half's smaller runs)."""
+    from contract.mappings import deep_merge
+    from training.config import STAGES, flatten
+    from training.scheduler.spec import RUN_SECTION
+
+    config = deep_merge(demo_config(shared, run_id), overrides or {})
+    stages = [s for s in STAGES if s in config["stages"]]
+    hyper = {stage: flatten(config[stage]) for stage in stages if config.get(stage)}
+    run_wide = {k: v for k, v in config.items()
+                if k not in ("run_id", "shared_root", "stages", "data", *STAGES)}
+    if run_wide:
+        hyper[RUN_SECTION] = flatten(run_wide)
+    return {"run_id": run_id, "stages": stages, "data": config["data"], "hyperparameters": hyper,
+            **({"gpus_per_node": nproc} if nproc else {}), "priority": "normal", "max_attempts": 2,
+            "timeout_seconds": 1800}
+
+
 def artifact_paths(run_dir: Path) -> dict[str, str]:
     """Where a pipeline run leaves its models, index and report."""
     return {"run_dir": str(run_dir), "retriever_model": str(run_dir / "retriever" / "model"),

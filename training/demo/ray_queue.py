@@ -31,6 +31,7 @@ from typing import Any
 from contract import exit_codes
 from contract.env import EXECUTORS_ENV, NAMESPACE_ENV
 from contract.lanes import Executor
+from training.demo.direct import demo_spec
 
 RAY_RUN_ID = "demo-ray"
 TUNE_RUN_ID = "demo-tune"
@@ -44,8 +45,6 @@ def ray_demo_spec(shared: Path, run_id: str = RAY_RUN_ID, pool: str = POOL) -> d
     """The demo run (:func:`training.demo.direct.demo_config`) as an ``executor: ray`` spec, sized for
     about two and a half minutes on 2 cores (mostly Ray Train start-ups): fewer steps, each stage on ``pool``
     (2 CPUs: 2 Ray Train workers of 1 CPU, 2 index and 2 preparation tasks)."""
-    from training.demo.through_queue import demo_spec
-
     stage = {"pool": pool}
     overrides = {
         "retriever": {"max_steps": 8},
@@ -63,8 +62,6 @@ def ray_demo_spec(shared: Path, run_id: str = RAY_RUN_ID, pool: str = POOL) -> d
 def tune_demo_spec(shared: Path, trials: int = 4, run_id: str = TUNE_RUN_ID, pool: str = POOL) -> dict[str, Any]:
     """A retriever search over the demo data: ``trials`` trials of 2 steps, ASHA milestones at 1 and 2,
     each trial one Ray Train worker of 0.9 CPU so that two run at once on the 2 logical CPUs."""
-    from training.demo.through_queue import demo_spec
-
     overrides = {
         "stages": ["retriever"],
         "retriever": {"max_steps": 2, "optim": {"warmup_steps": 1}},

@@ -7,7 +7,7 @@ import pytest
 
 from training.config import RAY_STAGES, load_run_config
 from training.demo import ray_queue
-from training.demo.through_queue import demo_spec
+from training.demo.direct import demo_spec
 from contract.ray_pools import POOLS_ENV
 from training.ray.tune import TRIAL_DRIVER_CPUS, check_space, concurrency, milestone_every
 from training.scheduler.spec import SpecError, parse_spec
