@@ -14,7 +14,7 @@ from pathlib import Path
 
 def cmd_check(args: argparse.Namespace) -> int:
     from infra.config import StackConfigError, deploy_problems
-    from infra.plan import load_stack, validate_stack
+    from infra.stack import load_stack, validate_stack
 
     status = 0
     for stack in args.stack:
@@ -38,7 +38,7 @@ def cmd_preview(args: argparse.Namespace) -> int:
     (ragpool:previewRoleArn set). The PR workflow picks the preview job's runner from it and
     .ci/plan-diff.sh the comment's first line."""
     from infra.config import StackConfigError
-    from infra.plan import load_stack, validate_stack
+    from infra.stack import load_stack, validate_stack
     from contract import exit_codes
 
     lines = []

@@ -12,7 +12,8 @@ from typing import Any
 import yaml
 
 from infra.gpu_pools import KARPENTER_SERVICE_ACCOUNT
-from infra.plan import MOCK_ACCOUNT, load_stack, mock_outputs, validate_stack
+from infra.plan import MOCK_ACCOUNT, mock_outputs
+from infra.stack import load_stack, validate_stack
 
 REFERENCE_DIR = Path(__file__).resolve().parents[2] / "infra" / "reference"
 KARPENTER_REFERENCE = "karpenter_v1.14_controller_policy"

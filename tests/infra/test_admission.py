@@ -40,7 +40,7 @@ import pytest
 import yaml
 
 from infra.log_shipping import ADDON, ADDON_CONFIGURATION
-from infra.plan import load_stack
+from infra.stack import load_stack
 from infra.pod_security import restricted_problems
 from policy.pod_templates import POD_SPEC_PATHS
 from tests.conftest import STACKS

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from infra import aliases
-from infra.plan import INFRA_DIR, load_stack, plan_diff, render_plan, run_program
+from infra.plan import INFRA_DIR, plan_diff, render_plan, run_program
+from infra.stack import load_stack
 
 
 def _plan_with_main(tmp_path, replace: tuple[str, str] | None):

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from infra.config import DEFAULT_GPU_POOLS, SCHEMA, SCHEMA_BY_NAME, StackConfigError, parse, pulumi_yaml_config
-from infra.plan import REPO_ROOT, load_stack, validate_stack
+from infra.stack import REPO_ROOT, load_stack, validate_stack
 
 BASE = {"owner": "ml-platform", "costCenter": "rag", "publicAccessCidrs": ["198.51.100.0/24"],
         "deployRoleArn": "arn:aws:iam::444455556666:role/deploy"}

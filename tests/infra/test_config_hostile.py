@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from infra.cli import build_parser
 from infra.config import _DNS_LABEL, _IMAGE_TAG, SCHEMA, shown_key
-from infra.plan import MAX_STACK_FILE_BYTES, REPO_ROOT
+from infra.stack import MAX_STACK_FILE_BYTES, REPO_ROOT
 
 STACK = "hostile"
 STACK_FILE = f"Pulumi.{STACK}.yaml"

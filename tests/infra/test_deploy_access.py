@@ -13,7 +13,8 @@ import sys
 
 import pytest
 
-from infra.plan import REPO_ROOT, plan
+from infra.plan import plan
+from infra.stack import REPO_ROOT
 
 ENTRY = "aws:eks/accessEntry:AccessEntry"
 ASSOCIATION = "aws:eks/accessPolicyAssociation:AccessPolicyAssociation"
@@ -75,7 +76,7 @@ def real_engine(monkeypatch):
     import pulumi
     from pulumi.runtime.settings import SETTINGS
 
-    from infra.plan import load_stack
+    from infra.stack import load_stack
 
     def configure(stack: str, overrides: dict | None = None):
         settings = load_stack(stack, overrides=overrides)

@@ -12,7 +12,8 @@ import yaml
 
 import infra.plan as plan_module
 from infra.langhost.shadowing import program_module_names, program_shadowing
-from infra.plan import INFRA_DIR, HostRun, ProgramError, load_stack, render_plan, run_program, run_program_as_host
+from infra.plan import INFRA_DIR, HostRun, ProgramError, render_plan, run_program, run_program_as_host
+from infra.stack import load_stack
 
 REFERENCE = INFRA_DIR / "reference" / "pulumi_language_host.yaml"
 

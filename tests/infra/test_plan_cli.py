@@ -10,7 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from infra.plan import REPO_ROOT, plan_diff
+from infra.plan import plan_diff
+from infra.stack import REPO_ROOT
 
 RAGPOOL = [sys.executable, "-m", "infra.cli"]
 

@@ -13,7 +13,8 @@ import yaml
 
 from infra.cluster import PREVIEW_EXCLUDED, PREVIEW_GROUP, preview_rules
 from infra.config import StackConfigError, parse
-from infra.plan import REPO_ROOT, plan
+from infra.plan import plan
+from infra.stack import REPO_ROOT
 from policy.cel_eval import crd_documents
 
 REFERENCE = yaml.safe_load((REPO_ROOT / "infra" / "reference" / "pulumi_kubernetes_preview.yaml").read_text())

@@ -11,7 +11,8 @@ import pulumi_aws
 import pytest
 
 from infra.config import PROJECT
-from infra.plan import SECRET_MASK, load_stack, plan
+from infra.plan import SECRET_MASK, plan
+from infra.stack import load_stack
 
 COMMON_TAGS = {"project", "stack", "environment", "owner", "cost-center", "managed-by"}
 
@@ -461,7 +462,7 @@ def test_pods_run_as_the_training_images_user(committed_plans):
     import re
 
     from infra.common import TRAINING_UID
-    from infra.plan import REPO_ROOT
+    from infra.stack import REPO_ROOT
 
     dockerfile = (REPO_ROOT / "training" / "Dockerfile").read_text()
     assert re.search(r"^USER (\d+)$", dockerfile, re.M).group(1) == str(TRAINING_UID)

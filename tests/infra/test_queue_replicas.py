@@ -11,7 +11,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from infra.plan import load_stack, validate_stack
+from infra.stack import load_stack, validate_stack
 from infra.queue_redis import CONNECTION_SECRET, REQUIRED_REPLICAS_KEY, required_replicas
 from tests.infra.harness import kubernetes_objects
 from contract.env import REQUIRED_REPLICAS_ENV

@@ -542,7 +542,8 @@ def test_every_raycluster_runs_with_token_auth_from_its_namespaces_own_secret(co
 def test_the_ray_token_is_a_pulumi_secret_only_in_secrets_and_never_in_the_plan_or_its_diff(committed_plans, team_plan):
     from pulumi.runtime import rpc
 
-    from infra.plan import PLACEHOLDER_SECRET, SECRET_MASK, _unwrap, load_stack, plan_diff, run_program
+    from infra.plan import PLACEHOLDER_SECRET, SECRET_MASK, _unwrap, plan_diff, run_program
+    from infra.stack import load_stack
     from infra.ray_cluster import RAY_AUTH_SECRET
     from contract.ray_auth import TOKEN_ENV, TOKEN_SECRET_KEY
 

@@ -410,7 +410,7 @@ def _api_reachable_from(plan: dict, ip: str) -> bool:
 
 
 def _config(stack: str):
-    from infra.plan import load_stack, validate_stack
+    from infra.stack import load_stack, validate_stack
 
     return validate_stack(load_stack(stack))
 

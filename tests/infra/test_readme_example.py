@@ -6,7 +6,8 @@ import re
 
 import yaml
 
-from infra.plan import REPO_ROOT, plan, plan_diff
+from infra.plan import plan, plan_diff
+from infra.stack import REPO_ROOT
 
 
 def _block(text: str, marker: str) -> str:

@@ -15,7 +15,8 @@ import pytest
 
 from infra.config import GPU_INSTANCE_FAMILIES
 from infra.gpu_memory import REFERENCE, family_gpu_memory_gib, gpu_memory_gib
-from infra.plan import load_stack, render_plan, run_program
+from infra.plan import render_plan, run_program
+from infra.stack import load_stack
 from tests.infra.harness import inputs_of
 from contract.pool_gpus import PoolGpus, parse_pool_gpus
 from training.scheduler.fit import lane_problems

@@ -14,7 +14,8 @@ import pytest
 from moto import mock_aws
 
 from infra.leftovers import cmd_leftovers, find_leftovers, terminate
-from infra.plan import load_stack, run_program
+from infra.plan import run_program
+from infra.stack import load_stack
 
 
 @pytest.fixture(scope="module")

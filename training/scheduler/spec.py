@@ -66,7 +66,7 @@ import yaml
 
 from contract.mappings import deep_merge
 from training.config import MODEL_PATH_KEYS, STAGES, ConfigError, RunConfig, load_run_config, nest
-from contract.lanes import EXECUTORS, MAX_NODES, POOLS_ENV, PRIORITIES, Lane, LaneError, declared_pools
+from contract.lanes import EXECUTORS, MAX_NODES, POOLS_ENV, PRIORITIES, Executor, Lane, LaneError, declared_pools
 from contract.messages import shown
 from contract.paths import RUN_ID_RULE, PathError, confine, is_valid_run_id, shared_root_from_env
 
@@ -136,7 +136,7 @@ class RunSpec:
     """Attempts (claims that fail) before the task goes to the dead-letter list."""
     timeout_seconds: int = 86400
     """Wall-clock limit of one attempt; the worker stops the run and counts a failure."""
-    executor: str = "torchrun"
+    executor: str = Executor.TORCHRUN.value
     """:data:`EXECUTORS`; ``ray`` takes its per-stage resources from ``hyperparameters.run`` ``ray.*``."""
     pool: str | None = None
     """The GPU pool a torchrun run must run on (``contract/lanes.py``); None = the stack's
@@ -156,7 +156,7 @@ class RunSpec:
             "max_attempts": self.max_attempts,
             "timeout_seconds": self.timeout_seconds,
             # Only when not the default: payloads of torchrun runs stay as they were.
-            **({"executor": self.executor} if self.executor != "torchrun" else {}),
+            **({"executor": self.executor} if self.executor != _default("executor") else {}),
             **({"pool": self.pool} if self.pool is not None else {}),
         }
 
@@ -317,6 +317,11 @@ def _hyperparameters(raw: Mapping, stages: tuple[str, ...], shared_root: str,
     return out
 
 
+def _default(name: str) -> Any:
+    """The default of :class:`RunSpec` field ``name``: where a spec's defaults are written, once."""
+    return RunSpec.__dataclass_fields__[name].default
+
+
 def parse_spec(raw: Any, *, source: str = "run spec", shared_root: str | None = None) -> RunSpec:
     """Validate a mapping into a :class:`RunSpec`; raise :class:`SpecError` listing every problem."""
     shared_root = shared_root or shared_root_from_env()
@@ -361,20 +366,20 @@ def parse_spec(raw: Any, *, source: str = "run spec", shared_root: str | None = 
         section, key = MODEL_FIELDS[name]
         if key in hyper.get(section, {}):
             problems.append((f"models.{name}", f"also set as hyperparameters.{section}.{key}; set it in one place"))
-    nodes = _int_field(raw, "nodes", 1, 1, MAX_NODES, problems)
+    nodes = _int_field(raw, "nodes", _default("nodes"), 1, MAX_NODES, problems)
     gpus = raw.get("gpus_per_node")
     if gpus is not None:
         gpus = _int_field(raw, "gpus_per_node", 1, 1, 16, problems)
-    priority = raw.get("priority", "normal")
+    priority = raw.get("priority", _default("priority"))
     if priority not in PRIORITIES:
         problems.append(("priority", f"must be one of {', '.join(PRIORITIES)}, got {shown(priority)}"))
-        priority = "normal"
-    max_attempts = _int_field(raw, "max_attempts", 3, 1, 100, problems)
-    timeout = _int_field(raw, "timeout_seconds", 86400, 1, 7 * 86400, problems)
-    executor = raw.get("executor", "torchrun")
+        priority = _default("priority")
+    max_attempts = _int_field(raw, "max_attempts", _default("max_attempts"), 1, 100, problems)
+    timeout = _int_field(raw, "timeout_seconds", _default("timeout_seconds"), 1, 7 * 86400, problems)
+    executor = raw.get("executor", _default("executor"))
     if executor not in EXECUTORS:
         problems.append(("executor", f"must be one of {', '.join(EXECUTORS)}, got {shown(executor)}"))
-        executor = "torchrun"
+        executor = _default("executor")
     elif executor == "ray" and nodes > 1:
         problems.append(("nodes", f"must be 1 for executor: ray, got {nodes}: the Ray cluster sizes a ray run "
                                   "(hyperparameters.run ray.<stage>.workers), not pods"))

@@ -65,6 +65,8 @@ def test_run_section_sets_run_wide_keys_but_not_the_specs_own():
 def test_defaults():
     spec = parse_spec({"run_id": "r1", "stages": ["index"]}, shared_root=ROOT)
     assert (spec.priority, spec.max_attempts, spec.nodes, spec.gpus_per_node) == ("normal", 3, 1, None)
+    # parse_spec's defaults are RunSpec's, field by field: a spec that leaves them out is the dataclass's own.
+    assert spec == RunSpec(run_id="r1", stages=("index",))
 
 
 def _with(**changes):
