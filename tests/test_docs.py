@@ -1,4 +1,4 @@
-"""docs/DESIGN.md stays true: every path it names exists, every component and room is listed."""
+"""docs/DESIGN.md and docs/TESTING.md stay true: every path they name exists; DESIGN lists every component and room."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DESIGN = (REPO / "docs" / "DESIGN.md").read_text()
+TESTING = (REPO / "docs" / "TESTING.md").read_text()
 
 
-def _named_paths() -> set[str]:
-    return {m for m in re.findall(r"`([\w./{},*-]+)`", DESIGN) if "/" in m and not m.startswith(("/", "ragpool.io"))}
+def _named_paths(text: str = DESIGN) -> set[str]:
+    return {m for m in re.findall(r"`([\w./{},*-]+)`", text) if "/" in m and not m.startswith(("/", "ragpool.io"))}
 
 
 def _expand(path: str) -> list[str]:
@@ -21,8 +22,8 @@ def _expand(path: str) -> list[str]:
     return [p for alt in m.group(1).split(",") for p in _expand(path[: m.start()] + alt + path[m.end():])]
 
 
-def test_every_path_design_names_exists() -> None:
-    missing = [p for named in _named_paths() for p in _expand(named)
+def test_every_path_the_docs_name_exists() -> None:
+    missing = [p for named in _named_paths(DESIGN) | _named_paths(TESTING) for p in _expand(named)
                if "<" not in p and not (REPO / p.rstrip("/")).exists() and not list(REPO.glob(p))]
     assert missing == []
 
