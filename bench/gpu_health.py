@@ -3,7 +3,7 @@
     python -m bench.gpu_health [--expected-gpus N] [--matmul-size 4096] [--repeats 3]
 
 Runs ``python -m training.components.health`` (the command the worker runs,
-training/scheduler/preflight.py) ``--repeats`` times as a subprocess on this machine's GPUs, and
+training/scheduler/worker/preflight.py) ``--repeats`` times as a subprocess on this machine's GPUs, and
 prints per run: the wall time of the whole command (interpreter, torch import, CUDA init
 included), each check's seconds and detail (matmul ms/product and TFLOP/s per GPU, the NCCL
 all-reduce with two or more GPUs). One JSON line last: ``{"gpus", "gpu_names", "runs": [...],

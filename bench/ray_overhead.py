@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from training.demo import synthetic
     from contract.paths import child_env
-    from training.scheduler.child import stage_entry, torchrun_argv
+    from training.scheduler.worker.child import stage_entry, torchrun_argv
 
     out = Path(args.out).resolve()
     shutil.rmtree(out / "runs", ignore_errors=True)

@@ -237,7 +237,7 @@ def run_ddp_scaling(per_rank_batch: int, steps: int, warm: int) -> dict:
     import statistics
 
     from contract.paths import child_env
-    from training.scheduler.child import torchrun_argv
+    from training.scheduler.worker.child import torchrun_argv
 
     env = child_env(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     cmd = torchrun_argv([str(Path(__file__).resolve()), "--worker", "--per-rank-batch", str(per_rank_batch),

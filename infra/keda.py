@@ -66,7 +66,7 @@ POLLING_INTERVAL_SECONDS = 10
 SUCCESSFUL_JOBS_HISTORY = 5
 FAILED_JOBS_HISTORY = 10
 # A ScaledJob's Job is one run (KEDA's model: one Job per queued item): its worker takes one run and
-# exits (training/scheduler/supervisor.py WorkerConfig.max_tasks). Why the count is then exact:
+# exits (training/scheduler/worker/ WorkerConfig.max_tasks). Why the count is then exact:
 # docs/DESIGN.md, "One Job, one run".
 SCALED_JOB_MAX_TASKS = 1
 # ... and a worker that finds nothing exits soon: the run it was started for was queued when KEDA

@@ -141,7 +141,7 @@ def test_the_boundaries_are_real():
     contract, training imports the contract, and the scan covers every source package."""
     assert "dashboards" in imported_packages((REPO / "infra" / "monitoring.py").read_text())
     assert "contract" in imported_packages((REPO / "infra" / "worker_jobs.py").read_text())
-    assert "contract" in imported_packages((REPO / "training" / "scheduler" / "supervisor.py").read_text())
+    assert "contract" in imported_packages((REPO / "training" / "scheduler" / "worker" / "loop.py").read_text())
     assert {"contract", "infra", "dashboards", "policy", "training"} <= set(SOURCE_PACKAGES)
 
 

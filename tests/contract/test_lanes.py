@@ -21,7 +21,7 @@ from training.scheduler.run_queue import lane, ready_list
 from contract.lanes import PRIORITIES
 from training.scheduler.spec import SpecError, parse_spec
 from contract.env import EXECUTORS_ENV
-from training.scheduler.supervisor import WorkerConfig
+from training.scheduler.worker.settings import WorkerConfig
 
 ALL_LANES = [Lane(), Lane(nodes=2), Lane(pool="gpu-spot"), Lane(nodes=4, pool="gpu-spot"), Lane("ray")]
 

@@ -217,7 +217,7 @@ def test_one_scaledjob_per_worker_kind_on_exactly_its_lanes(committed_plans, sta
 
 def worker_config(job_spec: dict):
     """The WorkerConfig a Job's worker container runs with (its args through the worker's own parser)."""
-    from training.scheduler.supervisor import build_arg_parser
+    from training.scheduler.worker.settings import build_arg_parser
 
     container = job_spec["template"]["spec"]["containers"][0]
     assert container["command"] == ["python", "-m", "training.worker"]

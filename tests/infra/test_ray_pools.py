@@ -71,7 +71,7 @@ def test_submit_and_the_ray_worker_refuse_what_the_namespace_cannot_place(team_p
     monkeypatch.setenv(POOLS_ENV, "gpu-ondemand=16,gpu-spot=16")
     spec = ray_run(pool, gpus)
     # ... the namespace's Ray worker, whose template carries the real list, refuses it when it validates
-    # the claimed spec, once, against its own environment (training/scheduler/supervisor.py run_task).
+    # the claimed spec, once, against its own environment (training/scheduler/worker/ run_task).
     monkeypatch.setenv(POOLS_ENV, format_pools(pools))
     if key is None:
         assert RunSpec.from_json(spec.to_json(), shared_root="/mnt/shared") == spec

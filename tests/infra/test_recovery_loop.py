@@ -22,7 +22,7 @@ from tests.conftest import STACKS
 from contract import exit_codes
 from contract.env import EXPECTED_GPUS_ENV
 from contract.env import NODE_NAME_ENV
-from training.scheduler.supervisor import WorkerConfig, build_arg_parser
+from training.scheduler.worker.settings import WorkerConfig, build_arg_parser
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = yaml.safe_load((REPO / "infra" / "reference" / "gpu_fault_repair.yaml").read_text())

@@ -14,7 +14,7 @@ import yaml
 
 from contract import paths
 from training.demo.tiny_models import build_tiny_encoder
-from training.scheduler.child import stage_entry, torchrun_argv
+from training.scheduler.worker.child import stage_entry, torchrun_argv
 
 from tests.support.faults import FAULT_ENVS, HANG_FAULT_ENV, RESUME_FAULT_ENV
 from tests.support.faults import MODULE as FAULTS_MODULE
@@ -44,7 +44,7 @@ def stage_env(**extra: str) -> dict[str, str]:
 
 def stage_cmd(module: str, config: Path, overrides: list[str], nproc: int = 1) -> list[str]:
     """``python -m training.<module>`` for one process, for more the worker's torchrun
-    (training/scheduler/child.py)."""
+    (training/scheduler/worker/child.py)."""
     entry = stage_entry(module, config, *overrides)
     if nproc == 1:
         return [sys.executable, *entry]

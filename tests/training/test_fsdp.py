@@ -108,11 +108,11 @@ def test_hsdp_over_two_nodes_with_activation_checkpointing_matches_ddp(indexed_r
     replicates across the nodes, with every decoder block recomputed in backward."""
     from tests.support.training import REPO, stage_env
     from contract.ports import free_port
-    from training.scheduler.child import stage_entry, torchrun_argv
+    from training.scheduler.worker.child import stage_entry, torchrun_argv
 
     spec = _spec(indexed_root, "hsdp", "hsdp", activation_checkpointing=True)
     port = free_port()
-    # As a worker gang's pods run it: node 0 hosts the c10d store (training/scheduler/child.py).
+    # As a worker gang's pods run it: node 0 hosts the c10d store (training/scheduler/worker/child.py).
     cmds = [torchrun_argv(stage_entry("generator", spec), nproc=1, nnodes=2, rdzv_endpoint=f"127.0.0.1:{port}",
                           rdzv_id="hsdp-test", is_host=node == 0) for node in range(2)]
     nodes = [subprocess.Popen(cmd, cwd=REPO, env=stage_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,

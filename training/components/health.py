@@ -21,7 +21,7 @@ Prints a readable line per check on stderr and one JSON object last on stdout
 "detail"}]}``). Exit codes (contract/exit_codes.py): ``OK``, ``HEALTH_CHECK_FAILED``, ``BAD_INPUT``.
 
 A GPU that hangs cannot be interrupted from inside the process: the worker runs this command
-as a subprocess with a timeout (training/scheduler/preflight.py) and counts a timeout as a
+as a subprocess with a timeout (training/scheduler/worker/preflight.py) and counts a timeout as a
 failure.
 
 Test hook (never set it in a Job): ``RAGPOOL_HEALTH_TEST_FAULT=matmul`` corrupts one element of

@@ -5,7 +5,7 @@
 Generates the synthetic dataset under ``OUT/datasets/synthetic`` (OUT is the shared
 root), writes ``OUT/run.yaml``, runs
 ``torchrun --nnodes 1 --nproc-per-node 2 --max-restarts 0 --standalone -m training.pipeline --config OUT/run.yaml``
-(the command the queue worker runs, from training/scheduler/child.py)
+(the command the queue worker runs, from training/scheduler/worker/child.py)
 (retriever -> index -> generator -> evaluate), then prints the evaluation report, the
 artifact paths, the wall time and the peak resident memory of the whole process tree.
 Rerunning skips the stages that are already complete.
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"dataset: {data_dir}\nrun spec: {run_yaml}", flush=True)
 
     from contract.paths import child_env
-    from training.scheduler.child import stage_entry, torchrun_argv
+    from training.scheduler.worker.child import stage_entry, torchrun_argv
 
     cmd = torchrun_argv(stage_entry("pipeline", run_yaml), nproc=args.nproc)
     print("running:", " ".join(cmd), flush=True)

@@ -74,7 +74,7 @@ def register(subparsers) -> None:
     p.add_argument("--start", action="store_true", help="then run the whole run with the best parameters on Ray")
     p.set_defaults(handler=cmd_tune)
 
-    from training.scheduler.supervisor import build_arg_parser
+    from training.scheduler.worker.settings import build_arg_parser
 
     p = subparsers.add_parser("worker", help="claim and run tasks (python -m training.worker)")
     build_arg_parser(p)
@@ -333,7 +333,7 @@ def cmd_tune(args) -> int:
 
 
 def cmd_worker(args) -> int:
-    from training.scheduler.supervisor import worker_main
+    from training.scheduler.worker.loop import worker_main
 
     return worker_main(args)
 

@@ -189,7 +189,7 @@ def worker(mode: str, root: Path, *more_roots: Path) -> None:
 def _torchrun(mode: str, root: Path, nproc: int, *more_roots: Path,
              timeout: int = 180) -> subprocess.CompletedProcess[str]:
     from tests.support.training import stage_env
-    from training.scheduler.child import torchrun_argv
+    from training.scheduler.worker.child import torchrun_argv
 
     cmd = torchrun_argv([str(Path(__file__).resolve()), mode, *map(str, (root, *more_roots))], nproc=nproc)
     return subprocess.run(cmd, cwd=REPO, env={**stage_env(), "PYTHONPATH": str(REPO)}, capture_output=True,

@@ -159,7 +159,7 @@ exit_process(0)  # as a rank ends: no finalization for Gloo's threads to abort
     import subprocess
 
     from tests.support.training import REPO, stage_env
-    from training.scheduler.child import torchrun_argv
+    from training.scheduler.worker.child import torchrun_argv
 
     out = subprocess.run(torchrun_argv([str(script), str(tmp_path)], nproc=2), cwd=REPO, env=stage_env(),
                          capture_output=True, text=True, timeout=120)

@@ -126,7 +126,8 @@ def ray_queue(redis_server, namespace, make_queue, monkeypatch, ray_head, shared
     from contract.ray_auth import SECRET_ENV
     from contract.ray_pools import POOLS_ENV
     from training.scheduler import cli as runs_cli
-    from training.scheduler.supervisor import Worker, WorkerConfig
+    from training.scheduler.worker.loop import Worker
+    from training.scheduler.worker.settings import WorkerConfig
 
     for name, value in {"REDIS_URL": redis_server.url, "RAGPOOL_QUEUE_NAMESPACE": namespace,
                         "RAGPOOL_SHARED_ROOT": str(shared), POOLS_ENV: f"{POOL}=0", "RAGPOOL_EXECUTORS": "ray",
@@ -330,7 +331,7 @@ def test_the_ray_job_without_a_token_exits_4_naming_the_secret(ray_head, tmp_pat
     import subprocess
 
     from contract.ray_auth import SECRET_ENV
-    from training.scheduler.child import ray_job_argv
+    from training.scheduler.worker.child import ray_job_argv
 
     config = tmp_path / "runs" / "no-token" / "run.yaml"
     cmd = ray_job_argv(config) + ["--address", ray_head.address]

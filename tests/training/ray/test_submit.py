@@ -61,8 +61,9 @@ def test_bad_ray_specs_are_refused_with_the_key(submit, executor, run, key) -> N
 
 
 def test_a_ray_run_is_enqueued_and_followed_as_a_ray_job(submit, tmp_path) -> None:
-    from training.scheduler.child import write_run_config
-    from training.scheduler.supervisor import Worker, WorkerConfig
+    from training.scheduler.worker.child import write_run_config
+    from training.scheduler.worker.loop import Worker
+    from training.scheduler.worker.settings import WorkerConfig
 
     code, err, stored = submit("good-ray", "ray", "{ray.retriever.pool: gpu-spot, ray.retriever.gpus: 1}")
     assert code == exit_codes.OK, err

@@ -16,7 +16,7 @@ from contract import exit_codes
 from training.scheduler.run_queue import RAY_LANE, lane
 from training.scheduler.spec import SpecError, parse_spec
 from contract.env import EXECUTORS_ENV
-from training.scheduler.supervisor import WorkerConfig
+from training.scheduler.worker.settings import WorkerConfig
 
 GPU, RAY = ("torchrun",), ("ray",)
 

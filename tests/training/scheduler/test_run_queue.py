@@ -488,7 +488,7 @@ def test_the_worker_and_the_queue_share_one_lease_and_backoff_default():
     import inspect
 
     from training.scheduler import run_queue
-    from training.scheduler.supervisor import WorkerConfig
+    from training.scheduler.worker.settings import WorkerConfig
 
     queue = {k: p.default for k, p in inspect.signature(TaskQueue).parameters.items()}
     worker = {f.name: f.default for f in dataclasses.fields(WorkerConfig)}

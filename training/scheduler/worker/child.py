@@ -1,6 +1,6 @@
 """The child process that runs a run's stages: its command line and environment, the one builder.
 
-The queue worker (training/scheduler/supervisor.py), the local demo (training/demo/direct.py), the
+The queue worker (training/scheduler/worker/), the local demo (training/demo/direct.py), the
 benchmarks (bench/train_throughput.py, bench/ray_overhead.py) and the tests' stage runner
 (tests/support/training.py) all start torchrun through :func:`torchrun_argv`; the worker's ray
 runs are followed through :func:`ray_job_argv`. A torchrun child of one pod::

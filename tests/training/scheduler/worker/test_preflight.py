@@ -16,7 +16,7 @@ from tests.support.waits import wait_for
 
 from contract import exit_codes
 from training.components.health import TEST_FAULT_ENV
-from training.scheduler import preflight
+from training.scheduler.worker import preflight
 
 
 def _env(**extra: str) -> dict[str, str]:

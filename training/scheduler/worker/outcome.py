@@ -4,7 +4,7 @@
 it, if it did) into a :class:`Decision`: which queue call records it, with what reason, and
 whether the worker stops claiming afterwards. It talks to nothing (no Redis, no processes), so
 every exit code of :mod:`contract.exit_codes` under every :class:`StopReason` is unit-tested
-(tests/training/scheduler/test_outcome.py); the worker (training/scheduler/supervisor.py) makes
+(tests/training/scheduler/worker/test_outcome.py); the worker (training/scheduler/worker/) makes
 the one queue call the decision names and turns the queue's reply into an :class:`Outcome`.
 In the style of Ray Train's ``FailurePolicy.make_decision`` -> ``FailureDecision`` (ray-project/ray
 python/ray/train/v2/_internal/execution/failure_handling/failure_policy.py, commit d8cf1f9e): a pure

@@ -434,11 +434,12 @@ def test_worker_rides_out_a_redis_crash_and_restart(own_redis, tmp_path):
 # -- outcomes -------------------------------------------------------------------------------
 
 def test_record_maps_each_way_a_child_ends_to_one_outcome(make_queue, tmp_path):
-    """What each decision of training/scheduler/outcome.py leaves in a real queue (the decisions
+    """What each decision of training/scheduler/worker/outcome.py leaves in a real queue (the decisions
     themselves, for every exit code: test_outcome.py)."""
     from contract.exit_codes import BAD_INPUT
-    from training.scheduler.outcome import ChildExit, Outcome, StopReason
-    from training.scheduler.supervisor import Worker, WorkerConfig
+    from training.scheduler.worker.outcome import ChildExit, Outcome, StopReason
+    from training.scheduler.worker.loop import Worker
+    from training.scheduler.worker.settings import WorkerConfig
 
     q = make_queue(backoff_base_s=0, backoff_max_s=0)
     worker = Worker(q, WorkerConfig(worker_id="w", shared_root=str(tmp_path)))
@@ -494,11 +495,13 @@ class _FakeQueue:
 def test_a_redis_outage_is_waited_out_by_one_retry_that_a_sigterm_cuts_short(monkeypatch, tmp_path):
     import redis
 
-    from training.scheduler import supervisor
-    from training.scheduler.supervisor import STOPPED, Worker, WorkerConfig
+    from training.scheduler.worker import outage
+    from training.scheduler.worker.loop import Worker
+    from training.scheduler.worker.outage import STOPPED
+    from training.scheduler.worker.settings import WorkerConfig
 
-    monkeypatch.setattr(supervisor, "OUTAGE_BACKOFF_BASE_S", 0.001)
-    monkeypatch.setattr(supervisor, "OUTAGE_BACKOFF_CAP_S", 0.01)
+    monkeypatch.setattr(outage, "OUTAGE_BACKOFF_BASE_S", 0.001)
+    monkeypatch.setattr(outage, "OUTAGE_BACKOFF_CAP_S", 0.01)
     q = _FakeQueue()
     worker = Worker(q, WorkerConfig(worker_id="w", shared_root=str(tmp_path)))
     tries, outages = [], []
@@ -527,7 +530,9 @@ def test_the_worker_validates_a_claimed_spec_once_and_the_child_gets_that_config
     import training.config as run_config
     from training.scheduler.run_queue import Claim
     from training.scheduler.spec import parse_spec
-    from training.scheduler.supervisor import Outcome, Worker, WorkerConfig
+    from training.scheduler.worker.loop import Worker
+    from training.scheduler.worker.outcome import Outcome
+    from training.scheduler.worker.settings import WorkerConfig
 
     monkeypatch.setenv("RAGPOOL_RAY_POOLS", "gpu-spot=1")
     extra = {"executor": "ray", "hyperparameters": {"run": {"ray.retriever.pool": "gpu-spot"}}} \

@@ -12,13 +12,13 @@ import urllib.request
 
 import pytest
 from tests.support.redis_fixtures import make_spec
-from tests.training.scheduler.test_supervisor import finish, sh, start_worker, wait_for
+from tests.training.scheduler.worker.test_loop import finish, sh, start_worker, wait_for
 
 from contract.ports import free_port
 from contract.ports import READY_PATH
 from contract.lanes import LANES_ENV, Lane, worker_env, worker_lanes
 from contract.env import GANG_DEADLINE_ENV
-from training.scheduler.supervisor import WorkerConfig
+from training.scheduler.worker.settings import WorkerConfig
 
 
 def _gang(n: int, group: str, index: int) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""The worker's outcome policy (training/scheduler/outcome.py), without Redis: every exit code of
+"""The worker's outcome policy (training/scheduler/worker/outcome.py), without Redis: every exit code of
 contract/exit_codes.py under every way a child can end, for both executors."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from contract import exit_codes
-from training.scheduler.outcome import Action, ChildExit, Decision, Outcome, StopReason, decide, outcome_of
+from training.scheduler.worker.outcome import Action, ChildExit, Decision, Outcome, StopReason, decide, outcome_of
 from training.scheduler.run_queue import Release
 from contract.lanes import EXECUTORS
 

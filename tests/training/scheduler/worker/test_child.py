@@ -1,4 +1,4 @@
-"""The one builder of the worker's child (training/scheduler/child.py): torchrun on one pod and on a
+"""The one builder of the worker's child (training/scheduler/worker/child.py): torchrun on one pod and on a
 gang's pods, a ray run's Ray job, the test hooks, and the run config it reads."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import yaml
 
 from training.config import load_run_config
 from contract.paths import PACKAGE_ROOT
-from training.scheduler.child import ray_job_argv, run_command, stage_entry, torchrun_argv, write_run_config
+from training.scheduler.worker.child import ray_job_argv, run_command, stage_entry, torchrun_argv, write_run_config
 from training.scheduler.spec import parse_spec
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]

@@ -1,0 +1,162 @@
+"""A multi-node run's gang: index 0 gathers the other indices of its Indexed Job, each follower joins."""
+
+from __future__ import annotations
+
+import threading
+import time
+from enum import StrEnum
+from pathlib import Path
+
+from training.scheduler.run_queue import Claim, Heartbeat, Release
+from training.scheduler.spec import RunSpec
+from training.scheduler.worker import log
+from training.scheduler.worker.outage import STOPPED, is_redis_error
+from training.scheduler.worker.outcome import Outcome
+
+
+class Gang(StrEnum):
+    """The ``state`` of a published multi-node group (a group without one is ``GO``: older workers)."""
+
+    GATHERING = "gathering"
+    """Index 0 holds the run and waits for the other indices to join."""
+    GO = "go"
+    """Every index joined: start torchrun."""
+    ABORTED = "aborted"
+    """Not all joined within the deadline: the run was handed back; every pod exits."""
+
+
+GANG_POLL_S = 0.2
+"""How often a gathering index 0, or a joined follower, looks at the gang."""
+GANG_GO_MEMBER = "go"
+"""Index 0 adds ``<task>-a<attempt>/go`` to the joined set when the gang forms (a follower that
+polls after a short run already ended still knows it went)."""
+
+
+def gang_member(key: tuple, index: int | str) -> str:
+    """A pod's entry in its gang's joined set: ``<task>-a<attempt>/<index>``."""
+    return f"{key[0]}-a{key[1]}/{index}"
+
+
+class GangMember:
+    """The :class:`training.scheduler.worker.loop.Worker`'s part in a gang: follower (index > 0) and index 0."""
+
+    def _run_follower(self) -> int:
+        """Index > 0 of an Indexed Job: join whatever run index 0 publishes."""
+        seen: tuple | None = None
+        idle_since = time.monotonic()
+        while not self.stopping.is_set():
+            group = self._until_redis_answers(lambda _again: self.queue.read_group(self.config.group),
+                                              "queue unavailable")
+            if group is STOPPED:
+                break
+            key = (group["task_id"], group["attempt"]) if group else None
+            if group and key != seen:
+                seen = key
+                state = group.get("state", Gang.GO)
+                if state == Gang.ABORTED or (state == Gang.GATHERING and not self._join_gang(key)):
+                    log.warning("worker %s (index %d): the gang of run %s did not form; exiting", self.config.worker_id,
+                                self.config.node_index, key[0])
+                    break
+                self.ready.set()
+                # Index 0 validated the spec when it claimed it and wrote its run.yaml: this pod only builds
+                # its own torchrun command from it.
+                spec = RunSpec.from_validated_json(group["spec_json"])
+                cmd, env = self._command(spec, Path(group["config"]), group["attempt"])
+                # Index 0 holds the lease and heartbeats it: this pod only runs its share.
+                ended = self._supervise(cmd, env, run_id=spec.run_id, attempt=group["attempt"],
+                                        timeout_s=spec.timeout_seconds, lease=None)
+                log.info("worker %s (index %d): run %s exited %s", self.config.worker_id,
+                         self.config.node_index, spec.run_id, ended.code)
+                self.tasks_done += 1
+                self.ready.clear()
+                idle_since = time.monotonic()
+                if self.config.max_tasks and self.tasks_done >= self.config.max_tasks:
+                    break
+                continue
+            # Before its first run a follower waits no longer than the gang deadline: index 0 may
+            # never come (its node could not be had), and this pod must not hold its GPUs forever.
+            wait_limit = self.config.idle_exit_seconds
+            if not self.tasks_done:
+                wait_limit = min(wait_limit, self.config.gang_deadline_seconds)
+            if time.monotonic() - idle_since >= wait_limit:
+                break
+            self.stopping.wait(min(self.config.poll_seconds, 0.5))
+        return 0
+
+    def _join_gang(self, key: tuple) -> bool:
+        """Follower: join the gang index 0 is gathering for run ``key`` (task, attempt) and wait for
+        its go; False when it aborts, disappears or the deadline passes (then this pod exits)."""
+        cfg, q = self.config, self.queue
+        ttl = int(cfg.lease_seconds * 2) + 1
+        deadline = time.monotonic() + cfg.gang_deadline_seconds
+        joined = False
+        while not self.stopping.is_set() and time.monotonic() < deadline:
+            try:
+                if not joined:
+                    q.join_group(cfg.group, gang_member(key, cfg.node_index), ttl)
+                    joined = True
+                group = q.read_group(cfg.group)
+            except Exception as exc:
+                if not is_redis_error(exc):
+                    raise
+                self.stopping.wait(GANG_POLL_S)
+                continue
+            if group and (group["task_id"], group["attempt"]) == key and group.get("state", Gang.GO) == Gang.GO:
+                return True
+            if not group or (group["task_id"], group["attempt"]) != key or group.get("state") == Gang.ABORTED:
+                # Gone or replaced: it went (and maybe finished already) only if index 0 marked it so.
+                try:
+                    return gang_member(key, GANG_GO_MEMBER) in q.group_members(cfg.group)
+                except Exception as exc:
+                    if not is_redis_error(exc):
+                        raise
+                    return False
+            self.stopping.wait(GANG_POLL_S)
+        return False
+
+    def _gather(self, claim: Claim, info: dict) -> Outcome | None:
+        """Index 0: publish the run as gathering and wait until every other index joined (then
+        publish go and return None), heartbeating the lease meanwhile. Otherwise record and return
+        the outcome: GANG_TIMEOUT (handed back, no attempt spent), INTERRUPTED, CANCELLED or LOST."""
+        cfg, q = self.config, self.queue
+        ttl = int(cfg.lease_seconds * 2) + 1
+        key = (claim.task_id, claim.attempt)
+        wanted = {gang_member(key, i) for i in range(1, cfg.nnodes)}
+        q.reset_group_members(cfg.group)
+        q.publish_group(cfg.group, claim, {**info, "state": Gang.GATHERING}, ttl_s=ttl)
+        stop_heartbeat = threading.Event()
+        verdict: dict[str, Heartbeat] = {}
+        threading.Thread(target=self._heartbeat_loop, args=(claim, stop_heartbeat, verdict), daemon=True).start()
+        deadline = time.monotonic() + cfg.gang_deadline_seconds
+        try:
+            while True:
+                try:
+                    if wanted <= q.group_members(cfg.group):
+                        q.join_group(cfg.group, gang_member(key, GANG_GO_MEMBER), ttl)
+                        q.publish_group(cfg.group, claim, {**info, "state": Gang.GO}, ttl_s=ttl)
+                        return None
+                except Exception as exc:
+                    if not is_redis_error(exc):
+                        raise
+                if verdict.get("state") in (Heartbeat.CANCEL, Heartbeat.LOST) or self.stopping.is_set() \
+                        or time.monotonic() > deadline:
+                    break
+                self.stopping.wait(GANG_POLL_S)
+        finally:
+            stop_heartbeat.set()
+        q.publish_group(cfg.group, claim, {**info, "state": Gang.ABORTED}, ttl_s=ttl)
+        if verdict.get("state") == Heartbeat.LOST:
+            return Outcome.LOST
+        if verdict.get("state") == Heartbeat.CANCEL:
+            return self._keep_trying(claim, lambda again: Outcome(q.cancelled(claim)))
+        if self.stopping.is_set():
+            self._keep_trying(claim, lambda again: q.release(claim, "interrupted by worker shutdown (SIGTERM) "
+                                                                     "while its gang gathered"))
+            return Outcome.INTERRUPTED
+        missing = sorted(wanted - q.group_members(cfg.group))
+        reason = (f"gang timeout: {len(missing)} of {cfg.nnodes} pods did not join within "
+                  f"{cfg.gang_deadline_seconds:.0f}s ({', '.join(m.rsplit('/', 1)[1] for m in missing)}); "
+                  "handed back without spending an attempt")
+        log.warning("run %s: %s", claim.task_id, reason)
+        self._keep_trying(claim, lambda again: q.release(claim, reason, kind=Release.GANG_TIMEOUT))
+        return Outcome.GANG_TIMEOUT
