@@ -14,6 +14,7 @@ from training.scheduler.redis_conn import (
     NotReplicatedError,
     QueueRetry,
     RedisConfigError,
+    SENTINEL_REQUIRED_REPLICAS,
     RedisSettings,
     connect,
     is_temporary_error,
@@ -67,6 +68,30 @@ def test_replica_wait_setting():
     assert settings_from_env({"REDIS_REPLICA_WAIT_MS": "250"}).replica_wait_ms == 250
     assert settings_from_env({}).required_replicas == 0  # unset: no WAIT (single-node dev Redis)
     assert settings_from_env({"REDIS_REQUIRED_REPLICAS": " 2 "}).required_replicas == 2
+
+
+def test_a_sentinel_set_waits_for_a_replica_unless_told_otherwise():
+    """Round-4 audit, item 5: with only the Sentinel variables set (as a new user sets them), every write used to
+    skip WAIT, and a failover lost acknowledged submissions. The worker, the keeper and the CLI all read their
+    settings here (settings_from_env), so the rule is the same in each."""
+    sentinel = {"REDIS_SENTINELS": "10.0.0.1:26379,10.0.0.2", "REDIS_SENTINEL_MASTER": "queue"}
+    assert settings_from_env(sentinel).required_replicas == SENTINEL_REQUIRED_REPLICAS == 1
+    assert settings_from_env({**sentinel, "REDIS_REQUIRED_REPLICAS": "0"}).required_replicas == 0  # explicit only
+    assert settings_from_env({**sentinel, "REDIS_REQUIRED_REPLICAS": "2"}).required_replicas == 2
+    assert settings_from_env({"REDIS_URL": "redis://10.0.0.1:6379/0"}).required_replicas == 0  # no Sentinel: none
+
+
+def test_the_worker_keeper_and_cli_read_their_redis_settings_from_one_place():
+    import ast
+    from pathlib import Path
+
+    import training.scheduler
+
+    root = Path(training.scheduler.__path__[0])
+    for rel in ("worker/loop.py", "keeper.py", "cli.py"):
+        calls = {n.func.id for n in ast.walk(ast.parse((root / rel).read_text()))
+                 if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+        assert "settings_from_env" in calls and "RedisSettings" not in calls, rel
 
 
 # -- which errors are temporary ---------------------------------------------------------------
