@@ -23,8 +23,11 @@ RANK_METRICS_PORT = 9400
 #: torchrun's c10d rendezvous on a multi-node run's first pod (``RAGPOOL_RDZV_PORT``;
 #: torch.distributed.run's own default).
 RDZV_PORT = 29400
-#: The worker's Kubernetes readiness path on QUEUE_METRICS_PORT (training/scheduler/exporter.py serves it).
+#: The Kubernetes readiness path of the worker and the keeper on QUEUE_METRICS_PORT
+#: (training/scheduler/exporter.py serves it).
 READY_PATH = "/ready"
+#: The keeper's Kubernetes liveness path on QUEUE_METRICS_PORT: its tick loop came round lately.
+LIVE_PATH = "/live"
 
 
 def free_ports(count: int) -> list[int]:

@@ -12,7 +12,7 @@ from typing import Any
 
 from contract.defaults import KEEPER_INTERVAL_S
 from contract.env import NAMESPACES_ENV
-from contract.ports import QUEUE_METRICS_PORT, REDIS_PORT
+from contract.ports import LIVE_PATH, QUEUE_METRICS_PORT, READY_PATH, REDIS_PORT
 from infra.common import SYSTEM_NODE_SELECTOR, TRAINING_UID, k8s_labels
 from infra.config import StackConfig
 from infra.peers import REDIS_CLIENT_LABEL, redis_peer
@@ -47,6 +47,12 @@ def keeper_deployment_spec(image: str, redis_secret: str, queue_namespaces: tupl
                 "env": [*redis_client_env(redis_secret),
                         {"name": NAMESPACES_ENV, "value": ",".join(queue_namespaces)}],
                 "ports": [{"name": "queue-metrics", "containerPort": QUEUE_METRICS_PORT}],
+                # A hung tick loop is restarted (a Redis outage is not: the loop still comes round); the
+                # keeper is ready while its ticks succeed (training/scheduler/keeper.py STALL_S).
+                "livenessProbe": {"httpGet": {"path": LIVE_PATH, "port": "queue-metrics"},
+                                  "periodSeconds": 30, "timeoutSeconds": 5, "failureThreshold": 3},
+                "readinessProbe": {"httpGet": {"path": READY_PATH, "port": "queue-metrics"},
+                                   "periodSeconds": 10, "timeoutSeconds": 5},
                 "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
                 "securityContext": container_security_context(),
                 "volumeMounts": [mount, {"name": "tmp", "mountPath": "/tmp"}],

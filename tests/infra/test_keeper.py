@@ -1,8 +1,18 @@
-"""infra/keeper.py: one keeper per stack, in the main training namespace, keeping every queue."""
+"""infra/keeper.py: one keeper per stack, in the main training namespace, keeping every queue; its probes ask the
+paths the keeper serves, on the port it serves them (the plan's command run against a real redis-server)."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
 from contract.env import NAMESPACES_ENV
+from contract.paths import child_env
+from contract.ports import free_port
+from tests.support.waits import wait_for
 from infra.keeper import KEEPER_NAME
 from tests.conftest import TEAMS_ON_PROD
 from tests.infra.harness import inputs_of
@@ -26,3 +36,38 @@ def test_one_keeper_for_every_queue(team_plan, committed_plans):
     assert {p["name"] for p in container["ports"]} == {"queue-metrics"}
     for doc in (team_plan, *committed_plans.values()):  # one keeper per stack, never in a team namespace
         assert len([d for d in inputs_of(doc, "kubernetes:apps/v1:Deployment") if d["metadata"]["name"] == KEEPER_NAME]) == 1
+
+
+def test_the_keepers_probes_ask_what_the_keeper_serves(committed_plans, redis_server, namespace):
+    [keeper] = [d for d in inputs_of(committed_plans["dev"], "kubernetes:apps/v1:Deployment", "ragpool-training")
+                if d["metadata"]["name"] == KEEPER_NAME]
+    container = keeper["spec"]["template"]["spec"]["containers"][0]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    probes = {kind: container[kind]["httpGet"] for kind in ("livenessProbe", "readinessProbe")}
+    assert {probe["port"] for probe in probes.values()} == {"queue-metrics"}
+    # The plan's command, its metrics port moved to a free local one (the probes follow the named port).
+    args = list(container["args"])
+    args[args.index("--metrics-port") + 1] = str(port := free_port())
+    assert int(container["args"][container["args"].index("--metrics-port") + 1]) == ports["queue-metrics"]
+    proc = subprocess.Popen([sys.executable, *container["command"][1:], *args],
+                            env=child_env(REDIS_URL=redis_server.url, **{NAMESPACES_ENV: namespace}),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def status(path: str) -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+                return resp.status
+        except urllib.error.HTTPError as err:
+            return err.code
+
+    try:
+        codes = lambda: {kind: status(probe["path"]) for kind, probe in probes.items()}  # noqa: E731
+        wait_for(lambda: codes() == {"livenessProbe": 200, "readinessProbe": 200}, 30,
+                 "the keeper's probe endpoints to answer 200", seen=codes, retry_on=(OSError,), poll_s=0.2)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+

@@ -22,7 +22,8 @@ restarts. Workers silent for a day are dropped from the heartbeat gauge.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -116,25 +117,42 @@ def queue_registry(queue: TaskQueue) -> CollectorRegistry:
 
 
 
+@dataclass(frozen=True)
+class Probe:
+    """A Kubernetes probe endpoint: 200 with ``ok`` while ``check()`` is true, else 503 with ``failing``."""
+
+    check: Callable[[], bool]
+    ok: str
+    failing: str
+
+
 def start_queue_metrics_server(queue: TaskQueue, port: int, addr: str = "0.0.0.0",
                                ready: Callable[[], bool] | None = None):
     """Serve ``/metrics`` for the queue on ``port``; returns (server, thread). With ``ready``,
     ``GET /ready`` (:data:`READY_PATH`) answers 200 when ``ready()`` is true, else 503."""
+    probes = {READY_PATH: Probe(ready, "ready: holds a run or is exiting", "not ready: no run claimed")} if ready else {}
+    return serve_metrics(queue_registry(queue), port, addr, probes)
+
+
+def serve_metrics(registry: CollectorRegistry, port: int, addr: str = "0.0.0.0",
+                  probes: Mapping[str, Probe] | None = None):
+    """Serve ``/metrics`` of ``registry`` on ``port``, and each of ``probes`` on its path; returns (server, thread)."""
     from prometheus_client import make_wsgi_app, start_http_server
 
-    if ready is None:
-        return start_http_server(port, addr=addr, registry=queue_registry(queue))
+    if not probes:
+        return start_http_server(port, addr=addr, registry=registry)
     from socketserver import ThreadingMixIn
     from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-    metrics = make_wsgi_app(queue_registry(queue))
+    metrics = make_wsgi_app(registry)
 
     def app(environ, start_response):
-        if environ.get("PATH_INFO") != READY_PATH:
+        probe = probes.get(environ.get("PATH_INFO"))
+        if probe is None:
             return metrics(environ, start_response)
-        ok = bool(ready())
+        ok = bool(probe.check())
         start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
-        return [b"ready: holds a run or is exiting\n" if ok else b"not ready: no run claimed\n"]
+        return [f"{probe.ok if ok else probe.failing}\n".encode()]
 
     class _Server(ThreadingMixIn, WSGIServer):
         daemon_threads = True

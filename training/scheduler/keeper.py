@@ -13,7 +13,9 @@ priorities is exactly the number of runs that need a worker in that lane.
 It also serves, on ``--metrics-port`` (default ``$RAGPOOL_QUEUE_METRICS_PORT``; 0 = off), the
 queue metrics of its first namespace (``training.scheduler.exporter``), the per-lane gauges of
 every namespace (``ragpool_lane_*``, ``ragpool_gang_timeouts_total``, label ``queue``) and
-``ragpool_keeper_last_tick_timestamp_seconds``. It holds no lease and runs nothing; running two
+``ragpool_keeper_last_tick_timestamp_seconds``, and the Kubernetes probes: ``/live`` (``LIVE_PATH``) answers
+200 while its loop came round within :data:`STALL_S`, whether Redis answered or not (a restart cures a hung
+loop, not an outage), ``/ready`` (``READY_PATH``) while its last tick within that time succeeded. It holds no lease and runs nothing; running two
 keepers is harmless (each tick is atomic and idempotent). SIGTERM/SIGINT stop it after the
 current tick (exit 0).
 
@@ -33,6 +35,7 @@ import signal
 import sys
 import threading
 import time
+from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -41,9 +44,13 @@ from contract import exit_codes
 from contract.defaults import KEEPER_INTERVAL_S
 from contract.env import METRICS_PORT_ENV, NAMESPACE_ENV, NAMESPACES_ENV
 from contract.names import DEFAULT_NAMESPACE
+from contract.ports import LIVE_PATH, READY_PATH
 
 log = logging.getLogger("ragpool.keeper")
 
+STALL_S = 120.0
+"""A loop that has not come round in this long is hung (liveness). One round is at most a tick blocked on the
+socket timeout (30 s, training/scheduler/redis_conn.py) and its retries (about 7 s), plus the interval."""
 _NAMESPACE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 
 
@@ -72,17 +79,39 @@ class Keeper:
         self.namespaces = namespaces
         self.queues = {ns: TaskQueue(client, namespace=ns) for ns in namespaces}
         self.last_tick: float = 0.0
+        """Unix time of the last successful tick (the metric)."""
+        self.last_round: float = time.monotonic()
+        """Monotonic time the loop last came round, a tick done or failed (liveness)."""
+        self.last_success: float | None = None
+        """Monotonic time of the last successful tick (readiness)."""
         self.stopping = threading.Event()
 
     def tick(self) -> dict[str, tuple[int, int]]:
         """One tick for every namespace (one script); returns namespace -> (reaped, promoted)."""
         moved = self.queues[self.namespaces[0]].tick(self.namespaces)
         self.last_tick = time.time()
+        self.last_success = time.monotonic()
         for ns, (reaped, promoted) in moved.items():
             if reaped or promoted:
                 log.info("keeper: %s: %d lapsed lease(s) reaped, %d due retr%s back in the queue", ns, reaped,
                          promoted, "y" if promoted == 1 else "ies")
         return moved
+
+    def alive(self, now: float | None = None) -> bool:
+        """Liveness: the loop came round within :data:`STALL_S` (a Redis outage does not count against it)."""
+        return (time.monotonic() if now is None else now) - self.last_round < STALL_S
+
+    def ready(self, now: float | None = None) -> bool:
+        """Readiness: a tick succeeded within :data:`STALL_S`: the queue is being kept."""
+        now = time.monotonic() if now is None else now
+        return self.last_success is not None and now - self.last_success < STALL_S
+
+    def probes(self) -> dict[str, Any]:
+        """The keeper's Kubernetes probe endpoints (training/scheduler/exporter.py ``serve_metrics``)."""
+        from training.scheduler.exporter import Probe
+
+        return {LIVE_PATH: Probe(self.alive, "alive: the tick loop comes round", "hung: no tick loop round lately"),
+                READY_PATH: Probe(self.ready, "ready: the queue is kept", "not ready: no successful tick lately")}
 
     def registry(self) -> CollectorRegistry:
         from training.scheduler.exporter import LaneCollector, QueueCollector
@@ -110,6 +139,7 @@ class Keeper:
                 log.warning("keeper: tick failed (%s: %s); retry %d", type(exc).__name__, exc, failures)
                 for queue in self.queues.values():
                     queue.reconnect()
+            self.last_round = time.monotonic()
             self.stopping.wait(max(0.0, interval_s - (time.monotonic() - started)))
         return exit_codes.OK
 
@@ -156,9 +186,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         log.warning("keeper: Redis at %s not reachable yet (%s); ticking anyway", settings.endpoint, exc)
     if port:
-        from prometheus_client import start_http_server
+        from training.scheduler.exporter import serve_metrics
 
-        start_http_server(port, addr="0.0.0.0", registry=keeper.registry())
+        serve_metrics(keeper.registry(), port, probes=keeper.probes())
 
     def stop(_signum, _frame) -> None:
         keeper.stopping.set()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 
 import pytest
@@ -19,9 +20,31 @@ from contract import exit_codes
 from contract.ports import free_port
 from contract.defaults import KEEPER_INTERVAL_S
 from contract.env import NAMESPACES_ENV
-from training.scheduler.keeper import namespaces_from_env
+from contract.ports import LIVE_PATH, READY_PATH
+from training.scheduler.keeper import STALL_S, Keeper, namespaces_from_env
 from contract.lanes import Lane
 from training.scheduler.run_queue import FREE_RELEASES, Release, TaskQueue
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return resp.status, resp.read().decode().strip()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode().strip()
+
+
+def test_liveness_is_the_loop_coming_round_and_readiness_a_successful_tick(redis_server, namespace):
+    keeper = Keeper(redis_server.client(), (namespace,))
+    start = keeper.last_round
+    assert keeper.alive(start) and not keeper.ready(start)  # started, no tick yet
+    keeper.tick()
+    assert keeper.ready() and keeper.alive()
+    later = keeper.last_success + STALL_S
+    assert not keeper.ready(later)  # no successful tick for STALL_S: Redis away, the queue not kept
+    keeper.last_round = later - 1  # ... while the loop still came round: alive, never restarted for an outage
+    assert keeper.alive(later)
+    assert not keeper.alive(keeper.last_round + STALL_S)  # a loop that stopped coming round is hung
 
 
 def _scrape(port: int) -> str:
@@ -62,6 +85,8 @@ def test_the_keeper_moves_runs_back_with_zero_workers_and_serves_lane_gauges(red
                  seen=lambda: _scrape(port)[-2000:], retry_on=(OSError,), poll_s=0.1)  # OSError: not up yet
         text = _scrape(port)
         assert "ragpool_keeper_last_tick_timestamp_seconds" in text and "ragpool_queue_depth" in text
+        assert _get(port, LIVE_PATH) == (200, "alive: the tick loop comes round")
+        assert _get(port, READY_PATH) == (200, "ready: the queue is kept")
         assert f'ragpool_gang_timeouts_total{{lane="torchrun.n2",queue="{namespace}"}} 0.0' in text
         keeper.send_signal(signal.SIGTERM)
         assert keeper.wait(timeout=20) == exit_codes.OK
