@@ -762,6 +762,10 @@ def from_pulumi() -> StackConfig:
 # AWS's documentation account IDs: the committed stack files carry them as marked
 # placeholders so the offline plan works; a real deployment must replace them.
 EXAMPLE_ACCOUNT_IDS = ("111122223333", "123456789012")
+DOCUMENTATION_NETWORKS = tuple(ipaddress.ip_network(n) for n in (
+    "192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24",  # RFC 5737 TEST-NET-1, -2, -3
+    "2001:db8::/32"))  # RFC 3849
+"""Address ranges reserved for documentation: a CIDR inside one reaches nobody, a placeholder."""
 
 
 def deploy_problems(cfg: StackConfig) -> list[str]:
@@ -780,6 +784,13 @@ def deploy_problems(cfg: StackConfig) -> list[str]:
                     f"{PROJECT}:{key} = {json.dumps(arn)}: account {account} is AWS's documentation example, a placeholder; "
                     f"set the real role (fix: pulumi config set "
                     f"{key if key != 'adminRoleArns' else '--path adminRoleArns[0]'} arn:aws:iam::<account>:role/<name>)")
+    for i, cidr in enumerate(cfg.cluster.public_access_cidrs):
+        network = ipaddress.ip_network(cidr)
+        if any(network.version == doc.version and network.subnet_of(doc) for doc in DOCUMENTATION_NETWORKS):
+            problems.append(
+                f"{PROJECT}:publicAccessCidrs[{i}] = {json.dumps(cidr)}: a documentation range (RFC 5737/3849), a "
+                "placeholder that reaches nobody: the API endpoint would admit no one; set your office or VPN "
+                f"ranges (fix: pulumi config set --path 'publicAccessCidrs[{i}]' <your CIDR>)")
     return problems
 
 

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from infra.config import DEFAULT_GPU_POOLS, SCHEMA, SCHEMA_BY_NAME, StackConfigError, parse, pulumi_yaml_config
 from infra.stack import REPO_ROOT, load_stack, validate_stack
+from tests.support.stack_config import REAL_CIDR
 
 BASE = {"owner": "ml-platform", "costCenter": "rag", "publicAccessCidrs": ["198.51.100.0/24"],
         "deployRoleArn": "arn:aws:iam::444455556666:role/deploy"}
@@ -203,12 +204,28 @@ def test_fuzzed_configs_parse_or_fail_cleanly(raw, wire, region):
 def test_deploy_role_is_first_cluster_admin_and_placeholders_are_refused_only_for_deploy():
     from infra.config import deploy_problems
 
-    cfg = _parse({**BASE, "adminRoleArns": ["arn:aws:iam::444455556666:role/ops", "arn:aws:iam::444455556666:role/deploy"]})
+    cfg = _parse({**BASE, "publicAccessCidrs": [REAL_CIDR],  # BASE's is a documentation range
+                  "adminRoleArns": ["arn:aws:iam::444455556666:role/ops", "arn:aws:iam::444455556666:role/deploy"]})
     assert cfg.cluster.cluster_admin_arns == ("arn:aws:iam::444455556666:role/deploy", "arn:aws:iam::444455556666:role/ops")
     assert deploy_problems(cfg) == []
     committed = validate_stack(load_stack("dev"))  # the stack file's marked placeholder parses offline
-    [problem] = deploy_problems(committed)
-    assert "ragpool:deployRoleArn" in problem and "111122223333" in problem and "pulumi config set deployRoleArn" in problem
+    role, cidr = deploy_problems(committed)
+    assert "ragpool:deployRoleArn" in role and "111122223333" in role and "pulumi config set deployRoleArn" in role
+    assert cidr.startswith('ragpool:publicAccessCidrs[0] = "203.0.113.0/24": a documentation range')
+
+
+@pytest.mark.parametrize(("cidrs", "refused"), [
+    (["198.51.100.0/24"], [0]), (["192.0.2.128/25"], [0]), (["2001:db8:1::/48"], [0]),
+    (["198.51.99.0/24", "203.0.113.0/24"], [1]),  # the neighbour of a documentation range is a real one
+    (["100.64.0.0/10", "2001:db9::/32"], []),
+])
+def test_deploy_refuses_a_documentation_range_as_public_access_cidrs(cidrs, refused):
+    from infra.config import deploy_problems
+
+    problems = deploy_problems(_parse({**BASE, "endpointPublicAccess": True, "publicAccessCidrs": cidrs}))
+    assert [int(p.split("[", 1)[1].split("]")[0]) for p in problems if "publicAccessCidrs" in p] == refused
+    for p in problems:
+        assert "fix: pulumi config set --path 'publicAccessCidrs[" in p
 
 
 # ------------------------------------------------------------------ one rule per identifier, applied whole

@@ -68,6 +68,7 @@ def test_config_check_deploy_refuses_the_committed_placeholders():
         assert (f"Pulumi.{stack}.yaml: ragpool:deployRoleArn = \"arn:aws:iam::111122223333:role/ragpool-deploy-{stack}\""
                 in res.stderr)
     assert "fix: pulumi config set deployRoleArn" in res.stderr
+    assert 'Pulumi.dev.yaml: ragpool:publicAccessCidrs[0] = "203.0.113.0/24": a documentation range' in res.stderr
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from infra.config import StackConfigError, parse
 from infra.plan import plan
 from infra.stack import REPO_ROOT
 from policy.cel_eval import crd_documents
+from tests.support.stack_config import REAL_CIDR
 
 REFERENCE = yaml.safe_load((REPO_ROOT / "infra" / "reference" / "pulumi_kubernetes_preview.yaml").read_text())
 PREVIEW = "arn:aws:iam::210987654321:role/ragpool-preview"
@@ -146,4 +147,5 @@ def test_an_example_account_preview_role_is_refused_only_for_a_real_deployment()
                 region="us-west-2")
     assert [p for p in deploy_problems(cfg) if "previewRoleArn" in p and "placeholder" in p
             and "pulumi config set previewRoleArn" in p]
-    assert deploy_problems(parse({**BASE, "previewRoleArn": PREVIEW}, stack="dev", region="us-west-2")) == []
+    real = {**BASE, "previewRoleArn": PREVIEW, "publicAccessCidrs": [REAL_CIDR]}  # BASE's is a documentation range
+    assert deploy_problems(parse(real, stack="dev", region="us-west-2")) == []
