@@ -14,7 +14,8 @@ What stands in for the cluster (:class:`Cluster`):
 - Nodes: a pod starts at once (a node is there) unless its pool (the pod's
   ``ragpool.io/pool`` node selector) would then run more GPUs than ``gpu_capacity`` (the
   NodePool's ``limits``, or less to make nodes scarce); then it stays Pending, as when
-  Karpenter cannot get a node.
+  Karpenter cannot get a node. ``node_delay(pod)``, when given, keeps a pod Pending that many
+  seconds after it was created: its node comes late (a cold pool), or never.
 - ResourceQuota: a pod whose GPU request would take its namespace's non-terminal pods past
   ``requests.nvidia.com/gpu`` is not created; the Job controller tries again (1 s).
 - Deployments (the keeper): one pod, restarted when it exits.
@@ -282,7 +283,8 @@ class Cluster:
 
     def __init__(self, scaled_jobs: Iterable[dict], *, redis_client, secrets: dict[str, dict[str, str]],
                  shared_root: Path, work_dir: Path, settings: Settings, gpu_capacity: dict[str, int] | None = None,
-                 gpu_quotas: dict[str, int] | None = None, extra_env: dict[str, str] | None = None) -> None:
+                 gpu_quotas: dict[str, int] | None = None, extra_env: dict[str, str] | None = None,
+                 node_delay: Callable[[Pod], float] | None = None) -> None:
         self.scaled_jobs = [ScaledJob(m) for m in scaled_jobs]
         self.redis = redis_client
         self.secrets = secrets
@@ -296,6 +298,8 @@ class Cluster:
         self.deployments: list[ScaledJob] = []
         """Deployments' stand-ins: a never-polled ScaledJob shell holding one always-restarted Job."""
         self.extra_env = dict(extra_env or {})
+        self.node_delay = node_delay
+        """Seconds a pod waits Pending for its node after it was created (None: none)."""
         self.events: list[Event] = []
         self.created: list[Job] = []
         """Every Job the ScaledJobs created, also those KEDA's clean-up removed since."""
@@ -467,6 +471,8 @@ class Cluster:
         for pod in list(job.pods):
             if pod.phase == "Pending" and pod.deleting_since is None:
                 limit = self.gpu_capacity.get(pod.pool) if pod.pool is not None else None
+                if self.node_delay is not None and now - pod.created_at < self.node_delay(pod):
+                    continue  # its node is not there yet
                 if limit is None or self.running_gpus_in_pool(pod.pool) + pod.gpus <= limit:
                     self._start_pod(pod, now)
             elif pod.phase == "Running":
@@ -753,8 +759,10 @@ class Simulation:
     """Redis (with a password, as the connection Secret gives it), the keeper Deployment and a
     :class:`Cluster` running the stack's ScaledJobs. A context manager."""
 
-    def __init__(self, work_dir: Path, stack: Stack, settings: Settings = Settings()) -> None:
+    def __init__(self, work_dir: Path, stack: Stack, settings: Settings = Settings(),
+                 node_delay: Callable[[Pod], float] | None = None) -> None:
         self.work_dir = work_dir
+        self.node_delay = node_delay
         self.settings = settings
         self.stack = stack
         self.manifests = [localize(m, settings) for m in stack.scaled_jobs]
@@ -778,7 +786,7 @@ class Simulation:
                 shared_root=self.shared_root, work_dir=self.work_dir, settings=self.settings,
                 gpu_capacity=self.stack.gpu_capacity, gpu_quotas=self.stack.gpu_quotas,
                 extra_env={"RAGPOOL_WORKER_TEST_COMMAND": json.dumps(["sh", "-c", WORKLOAD]),
-                           "SIM_STEP_S": f"{self.settings.step_s:g}"})
+                           "SIM_STEP_S": f"{self.settings.step_s:g}"}, node_delay=self.node_delay)
             if self.stack.keeper is not None:
                 self.keeper = self.cluster.run_deployment(
                     self.stack.keeper, {"--interval-seconds": f"{self.settings.keeper_interval_s:g}"})

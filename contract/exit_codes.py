@@ -20,6 +20,10 @@ NOT_FOUND = 3
 #: ``python -m training.ray.job``: the Ray cluster unreachable, or refusing the token (the
 #: message names its Secret); the worker hands the run back without spending an attempt.
 UNAVAILABLE = 4
+#: The worker of a multi-node run (a pod of an Indexed Job): its gang did not form within the gang deadline
+#: (index 0 handed the run back unspent, or a follower saw no run or the gang aborted). The worker Job's
+#: ``podFailurePolicy`` fails the whole Job on it, so no pod of it still Pending holds a slot KEDA counts.
+GANG_TIMEOUT = 5
 #: Worker pre-flight node health check failed (``python -m training.components.health``:
 #: GPUs missing or not as requested, a wrong or slow matmul, a failed all-reduce). Nothing
 #: was claimed, so no run attempt is spent; the worker Job's ``podFailurePolicy``

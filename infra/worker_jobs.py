@@ -222,6 +222,13 @@ def worker_job_spec(labels: dict[str, str], pod_spec: dict[str, Any], nodes: int
             # The alert RagpoolWorkerHealthCheckFailed pages; the runs stay queued.
             {"action": "FailJob", "onExitCodes": {"containerName": "worker", "operator": "In",
                                                    "values": [exit_codes.HEALTH_CHECK_FAILED]}},
+            # A multi-node run's gang did not form within the gang deadline (the run was handed back
+            # unspent): fail the whole Job, so no pod of it still Pending (its node never came) keeps
+            # the Job unfinished with no Ready pod, which KEDA's accurate strategy counts as pending and
+            # would start no replacement for (kedacore/keda v2.20.2 pkg/scaling/executor/scale_jobs.go
+            # getPendingJobCount). The job controller removes the Job's other pods when it fails it.
+            {"action": "FailJob", "onExitCodes": {"containerName": "worker", "operator": "In",
+                                                   "values": [exit_codes.GANG_TIMEOUT]}},
             # The Ray worker: the Ray cluster is unreachable or refuses the token (training/ray/job.py);
             # the run was handed back unspent and the worker stopped claiming. Fail the Job: without this
             # rule the exit matched none and was counted (kubernetes/kubernetes

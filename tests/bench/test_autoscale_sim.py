@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import types
+from typing import Any
 
 import pytest
 
@@ -164,6 +165,54 @@ def test_a_retry_that_comes_due_with_no_worker_left_gets_a_new_job(plan, tmp_pat
         second = sim.cluster.pod_named(sim.claimer_pods("retried")[-1])
         assert second.job is not first.job and second.job.created_at > zero_at
         assert sim.cluster.unfinished_jobs() == 0
+
+
+@pytest.mark.slow
+@requires_redis
+def test_a_gang_forms_when_index_0_comes_last_and_a_gang_timeout_fails_its_job(plan, tmp_path):
+    """Round-4 audit, item 1, from zero. First, index 0's node comes after the followers' idle exit (a cold
+    pool's minutes, scaled: 1.5 idle exits, inside the gang deadline): the follower waits the gang deadline and
+    the first Job runs the run. Then a follower's node never comes: index 0's gang times out, its exit fails the
+    whole Job (podFailurePolicy), the Pending follower with it, and KEDA's next Job runs the run."""
+    stack = stack_from_plan(plan, MAIN_NAMESPACE)
+    gang_jobs = the_scaled_job(stack, nodes=2)
+    late = SETTINGS.idle_exit_s * 1.5
+    assert SETTINGS.idle_exit_s < late < SETTINGS.gang_deadline_s
+    phase: dict[str, Any] = {"earlier_jobs": None, "lost": None}
+
+    def node_delay(pod) -> float:
+        """Phase 1: index 0's node comes late. Phase 2: the first new Job's followers get no node."""
+        if pod.job.scaled_job.name != gang_jobs["metadata"]["name"]:
+            return 0.0  # the keeper
+        if phase["earlier_jobs"] is None:
+            return late if pod.index == 0 else 0.0
+        if phase["lost"] is None and pod.job.name not in phase["earlier_jobs"]:
+            phase["lost"] = pod.job.name
+        return float("inf") if pod.job.name == phase["lost"] and pod.index > 0 else 0.0
+
+    with Simulation(tmp_path / "sim", stack, SETTINGS, node_delay=node_delay) as sim:
+        namespace = queue_namespace(gang_jobs)
+        sim.submit(namespace, "late-leader", nodes=2)
+        sim.settle(SETTLE_S)
+        assert_each_run_once(sim, ["late-leader"])
+        created = [e.job for e in sim.cluster.events
+                   if e.kind == "job-created" and e.scaled_job == gang_jobs["metadata"]["name"]]
+        assert len(created) == 1, created  # no gang timeout, no second Job
+        stats = lambda: sim.queue(namespace).lane_stats()[Lane(nodes=2)]  # noqa: E731
+        assert stats().gang_timeouts == 0
+
+        phase["earlier_jobs"] = set(created)
+        sim.submit(namespace, "lost-follower", nodes=2)
+        sim.settle(SETTLE_S)
+        finished = {e.job: e.detail for e in sim.cluster.events if e.kind == "job-finished"}
+        first = phase["lost"]
+        assert first is not None, "no Job was created for the second run"
+        assert finished[first] == {"condition": "Failed", "reason": "PodFailurePolicy"}, finished
+        assert stats().gang_timeouts == 1
+        info = sim.info("lost-follower")
+        assert info.state == "succeeded" and info.completions == 1 and info.attempts == 1, info
+        assert sim.cluster.pod_named(sim.claimer_pods("lost-follower")[-1]).job.name != first
+        assert sim.cluster.unfinished_jobs() == 0 and not sim.cluster.live_pods()
 
 
 @pytest.mark.slow

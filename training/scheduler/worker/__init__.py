@@ -46,9 +46,11 @@ and every pod start torchrun. If they have not all joined within ``--gang-deadli
 (env ``RAGPOOL_GANG_DEADLINE_SECONDS``, default 900: longer than a GPU node takes to come up)
 index 0 marks the gang aborted, hands the run back WITHOUT spending an attempt, however often
 it happens (``TaskQueue.release(kind=Release.GANG_TIMEOUT)``, counted in ``ragpool_gang_timeouts_total``
-for an alert), and exits 0; a follower that sees the abort, or no run within the deadline,
-exits 0 too. So a gang that cannot get N nodes holds no GPU longer than the deadline, and the
-run waits in its lane for the next Job.
+for an alert), and exits ``GANG_TIMEOUT`` (5); a follower that sees the abort, or no run within the
+deadline before its first run (it waits the deadline whatever ``--idle-exit-seconds`` says: index 0's
+node may come last), exits ``GANG_TIMEOUT`` too. The worker Job fails on that code (its
+``podFailurePolicy``), which removes its other pods, Pending ones included. So a gang that cannot get N
+nodes holds no GPU longer than the deadline, and the run waits in its lane for the next Job.
 
 Readiness (Kubernetes): with a metrics port the worker also serves ``GET /ready``
 (``exporter.READY_PATH``): 200 while it holds a claim (index 0 from its claim on; another

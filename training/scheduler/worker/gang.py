@@ -7,6 +7,7 @@ import time
 from enum import StrEnum
 from pathlib import Path
 
+from contract import exit_codes
 from training.scheduler.run_queue import Claim, Heartbeat, Release
 from training.scheduler.spec import RunSpec
 from training.scheduler.worker import log
@@ -56,7 +57,7 @@ class GangMember:
                 if state == Gang.ABORTED or (state == Gang.GATHERING and not self._join_gang(key)):
                     log.warning("worker %s (index %d): the gang of run %s did not form; exiting", self.config.worker_id,
                                 self.config.node_index, key[0])
-                    break
+                    return exit_codes.GANG_TIMEOUT
                 self.ready.set()
                 # Index 0 validated the spec when it claimed it and wrote its run.yaml: this pod only builds
                 # its own torchrun command from it.
@@ -73,12 +74,17 @@ class GangMember:
                 if self.config.max_tasks and self.tasks_done >= self.config.max_tasks:
                     break
                 continue
-            # Before its first run a follower waits no longer than the gang deadline: index 0 may
-            # never come (its node could not be had), and this pod must not hold its GPUs forever.
-            wait_limit = self.config.idle_exit_seconds
+            # Before its first run a follower waits the gang deadline, whatever its idle exit: index 0
+            # claims only once its own node is up, its image pulled and its health check done, which on
+            # a cold pool comes after the followers' (round-4 audit, item 1). Past it index 0 is not
+            # coming (its node could not be had): the gang failed, and so does the Job.
             if not self.tasks_done:
-                wait_limit = min(wait_limit, self.config.gang_deadline_seconds)
-            if time.monotonic() - idle_since >= wait_limit:
+                if time.monotonic() - idle_since >= self.config.gang_deadline_seconds:
+                    log.warning("worker %s (index %d): no run from index 0 within the gang deadline (%.0fs); "
+                                "exiting", self.config.worker_id, self.config.node_index,
+                                self.config.gang_deadline_seconds)
+                    return exit_codes.GANG_TIMEOUT
+            elif time.monotonic() - idle_since >= self.config.idle_exit_seconds:
                 break
             self.stopping.wait(min(self.config.poll_seconds, 0.5))
         return 0

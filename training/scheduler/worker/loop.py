@@ -99,10 +99,10 @@ class Worker(ChildSupervisor, GangMember, OutageRetry):
             self._register(WorkerState.RUNNING, claim.task_id)
             outcome = self.run_task(claim)
             interrupted = outcome == Outcome.INTERRUPTED or interrupted
-            if outcome == Outcome.GANG_TIMEOUT:
+            if outcome == Outcome.GANG_TIMEOUT:  # the Job fails (podFailurePolicy): none of its pods waits on
                 log.warning("worker %s: the gang of %s did not form within %.0fs; exiting", self.config.worker_id,
                             claim.task_id, self.config.gang_deadline_seconds)
-                break
+                return exit_codes.GANG_TIMEOUT
             self.ready.clear()
             self._register(WorkerState.WAITING)
             if self.ray_unavailable:  # every ray run would fail the same way: leave them queued

@@ -17,6 +17,7 @@ from tests.training.scheduler.worker.test_loop import finish, sh, start_worker, 
 from contract.ports import free_port
 from contract.ports import READY_PATH
 from contract.lanes import LANES_ENV, Lane, worker_env, worker_lanes
+from contract import exit_codes
 from contract.env import GANG_DEADLINE_ENV
 from training.scheduler.worker.settings import WorkerConfig
 
@@ -40,9 +41,9 @@ def test_a_partial_gang_times_out_every_pod_exits_and_the_run_keeps_its_attempts
         follower = start_worker(redis_server, namespace, tmp_path, cmd, idle=30, lease=1.0,
                                 **_gang(3, f"job-{round_}", 1), **{GANG_DEADLINE_ENV: "1.5"})
         code, out = finish(leader, timeout=30)
-        assert code == 0 and "did not form" in out, out
+        assert code == exit_codes.GANG_TIMEOUT and "did not form" in out, out  # the Job fails on it
         code, fout = finish(follower, timeout=30)
-        assert code == 0 and "did not form" in fout, fout
+        assert code == exit_codes.GANG_TIMEOUT and "did not form" in fout, fout
         assert time.monotonic() - started < 20, "both pods exit soon after the deadline (idle exit is 30 s)"
         info = q.get("three-node")
         assert info.state == "queued" and info.attempts == 0, "a gang timeout spends no attempt"
@@ -58,8 +59,30 @@ def test_a_follower_whose_index_0_never_comes_exits_at_the_gang_deadline(redis_s
     follower = start_worker(redis_server, namespace, tmp_path, sh("true"), idle=60,
                             **_gang(2, "job-alone", 1), **{GANG_DEADLINE_ENV: "1"})
     code, out = finish(follower, timeout=30)
-    assert code == 0, out
+    assert code == exit_codes.GANG_TIMEOUT and "no run from index 0 within the gang deadline" in out, out
     assert time.monotonic() - started < 20, "the gang deadline (1 s), not the idle exit (60 s), bounds the wait"
+
+
+@pytest.mark.slow
+def test_followers_wait_the_gang_deadline_for_an_index_0_that_comes_last(redis_server, namespace, make_queue,
+                                                                          tmp_path):
+    """Round-4 audit, item 1: on a cold pool index 0's node, image and health check come after the followers'.
+    A follower used to wait only min(idle exit, gang deadline) and exit 0 (an index never run again): with the
+    ScaledJob's 75 s idle exit it was gone before index 0 claimed. Here the idle exit is 1 s, index 0 comes 3 s
+    after the follower, and the gang still forms and runs on both."""
+    q = make_queue()
+    q.submit(make_spec("late-leader", nodes=2))
+    ran = tmp_path / "ran"
+    cmd = sh(f"touch {ran}-{{node_index}}")
+    follower = start_worker(redis_server, namespace, tmp_path, cmd, idle=1, **_gang(2, "job-late", 1),
+                            **{GANG_DEADLINE_ENV: "30"})
+    time.sleep(3)  # the follower's idle exit is long past when index 0 arrives
+    assert follower.poll() is None, "the follower waits for index 0 beyond its idle exit"
+    leader = start_worker(redis_server, namespace, tmp_path, cmd, idle=1, **_gang(2, "job-late", 0),
+                          **{GANG_DEADLINE_ENV: "30"})
+    assert finish(leader, timeout=60)[0] == 0 and finish(follower, timeout=60)[0] == 0
+    assert sorted(p.name for p in tmp_path.glob("ran-*")) == ["ran-0", "ran-1"]
+    assert q.get("late-leader").state == "succeeded"
 
 
 @pytest.mark.slow

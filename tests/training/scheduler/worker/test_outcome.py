@@ -25,6 +25,8 @@ ON_ITS_OWN = {
                     "ray": (Action.RELEASE, True, Release.UNAVAILABLE, True)},
     "HEALTH_CHECK_FAILED": {e: (Action.FAIL, True, Release.GRACEFUL, False) for e in EXECUTORS},
     "RETRIABLE": {e: (Action.RELEASE, True, Release.GRACEFUL, False) for e in EXECUTORS},
+    # The worker's own exit, never a child's: a child that returns it fails like any other code.
+    "GANG_TIMEOUT": {e: (Action.FAIL, True, Release.GRACEFUL, False) for e in EXECUTORS},
 }
 
 
