@@ -3,6 +3,7 @@ The last line printed is one JSON object.
 
     python bench/fsdp_memory.py [--quick] [--dir /tmp/ragpool-fsdp-bench]
     python bench/fsdp_memory.py --gpu        # on a CUDA machine: largest generator DDP vs FSDP fits, with MFU
+    python bench/fsdp_memory.py --host-memory  # CPU: host-memory peak per parameter of an async DCP save + gather
 
 CPU mode runs 2-rank torchrun jobs (gloo, one thread per rank) on the same Llama (``cpu`` shape of
 bench/train_throughput.py, ~29M parameters) and batch under ``parallelism.strategy`` ddp and fsdp, with
@@ -34,6 +35,18 @@ the training loop's own wrappers (:func:`training.components.distributed.wrap_dd
                               parameters, shard, read only its slices) over loading it whole on every
                               rank (from_pretrained) and then sharding. Goal <= 0.7;
                               load_peak_rss_growth_ratio: the same for the growth over the RSS before loading
+
+``--host-memory`` (CPU, 2 gloo ranks, the ~135M-parameter Llama below under fsdp after one optimizer step): the
+host-memory peak, over the RSS before it, of the two moments an FSDP stage adds host memory to a GPU pod
+(training/rank_memory.py uses these figures for the submit-time host check). The peak is each rank's VmHWM,
+reset (``/proc/self/clear_refs``) just before each moment. Keys:
+
+  staging_bytes_per_parameter  one background DCP save (Checkpointer.save_dcp, async: the CPU staging copy
+                               of this rank's parameter and AdamW shards, then the writer) per parameter of
+                               the rank's shard; the larger of the two ranks
+  gather_bytes_per_parameter   rank 0 at the end of the stage: full_model_state (the full fp32 model gathered
+                               to its CPU) and save_pretrained of it, as training/generator.py does, per
+                               parameter of the whole model
 
 ``--gpu`` (one command, all GPUs of the machine): for Llama shapes from 1B up, one bf16 training step on one
 GPU with DDP's full replica, then FSDP over every GPU present (torchrun), until each runs out of memory;
@@ -313,6 +326,76 @@ def worker_load(how: str, source: Path, out: Path) -> None:
     D.destroy()
 
 
+def _rss_bytes(field: str) -> int:
+    """``VmRSS`` (now) or ``VmHWM`` (peak since the last :func:`_reset_peak`) of this process, in bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024  # kB
+    raise SystemExit(f"/proc/self/status has no {field}")
+
+
+def _reset_peak() -> int:
+    """Reset the peak RSS to the current RSS (Linux: ``5`` to ``/proc/self/clear_refs``); returns the RSS."""
+    import gc
+
+    gc.collect()
+    Path("/proc/self/clear_refs").write_text("5")
+    return _rss_bytes("VmRSS")
+
+
+def worker_host(out: Path, batch: int, seq: int) -> None:
+    """The host-memory peak of a background DCP save of a stepped FSDP model, then of the rank-0 gather and
+    save_pretrained that end a generator stage (see ``--host-memory``)."""
+    import torch
+
+    from training.components import distributed as D
+    from training.components import sharding as S
+    from training.components.checkpoint import Checkpointer
+
+    env = D.init_distributed("cpu")
+    _, model, wrapped, opt = _build(LOAD_SHAPE, "cpu", "fsdp", env)
+    torch.manual_seed(1 + env.rank)
+    x = torch.randint(0, LOAD_SHAPE["vocab_size"], (batch, seq))
+    _step(wrapped, model, opt, x, "cpu")
+    opt.zero_grad(set_to_none=True)
+    local = S.local_state_bytes(model, opt)["params"] // 4  # fp32: elements of this rank's shard
+    total = sum(p.numel() for p in model.parameters())
+    D.barrier(env)
+    ck = Checkpointer(out / "host-ckpt", 1, env.is_main)
+    base = _reset_peak()
+    ck.save_dcp(1, model, opt, {}, env, blocking=False)
+    ck.wait_snapshot()
+    ck.wait()
+    staging = _rss_bytes("VmHWM") - base
+    D.barrier(env)
+    base = _reset_peak()
+    full = S.full_model_state(model)
+    if env.is_main:  # what training/generator.py does with it
+        from transformers import AutoModelForCausalLM, LlamaConfig
+
+        with S.params_on_meta():
+            hf = AutoModelForCausalLM.from_config(LlamaConfig(**LOAD_SHAPE, tie_word_embeddings=True))
+        tied = {n for n, _ in hf.named_parameters(remove_duplicate=False)} - {n for n, _ in hf.named_parameters()}
+        hf.save_pretrained(out / "host-model", state_dict={k: v for k, v in full.items() if k not in tied})
+    del full
+    gather = _rss_bytes("VmHWM") - base
+    D.barrier(env)
+    (out / f"host-{env.rank}.json").write_text(json.dumps({
+        "rank": env.rank, "local_parameters": local, "parameters": total,
+        "staging_bytes": staging, "gather_bytes": gather}))
+    D.destroy()
+
+
+def host_figures(work: Path, batch: int, seq: int) -> dict:
+    _torchrun(2, ["--worker", "host", "--out", str(work), "--batch", str(batch), "--seq", str(seq)], timeout=1200)
+    ranks = [_read(work / f"host-{r}.json") for r in (0, 1)]
+    return {
+        "staging_bytes_per_parameter": max(r["staging_bytes"] / r["local_parameters"] for r in ranks),
+        "gather_bytes_per_parameter": ranks[0]["gather_bytes"] / ranks[0]["parameters"],
+        "parameters": ranks[0]["parameters"], "ranks": ranks,
+    }
+
+
 def worker_gpu(shape: str, strategy: str, out: Path, batch: int, seq: int) -> None:
     import torch
 
@@ -446,7 +529,9 @@ def main() -> int:
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions (smoke run)")
     ap.add_argument("--gpu", action="store_true", help="largest generator per strategy on this machine's GPUs")
-    ap.add_argument("--worker", choices=("measure", "reload", "load", "gpu"), help=argparse.SUPPRESS)
+    ap.add_argument("--host-memory", action="store_true",
+                    help="host-memory peak per parameter of an async DCP save and the rank-0 gather (CPU)")
+    ap.add_argument("--worker", choices=("measure", "reload", "load", "gpu", "host"), help=argparse.SUPPRESS)
     ap.add_argument("--how", choices=("full", "meta"), default="meta", help=argparse.SUPPRESS)
     ap.add_argument("--strategy", default="ddp", help=argparse.SUPPRESS)
     ap.add_argument("--shape", default="1b", help=argparse.SUPPRESS)
@@ -467,13 +552,19 @@ def main() -> int:
     if args.worker == "load":
         worker_load(args.how, Path(args.checkpoint), Path(args.out))
         return 0
+    if args.worker == "host":
+        worker_host(Path(args.out), args.batch or 2, args.seq or 64)
+        return 0
     if args.worker == "gpu":
         worker_gpu(args.shape, args.strategy, Path(args.out), args.batch or 4, args.seq or 2048)
         return 0
     with tempfile.TemporaryDirectory(prefix="ragpool-fsdp-bench-", dir=args.dir) as tmp:
         work = Path(tmp)
-        figures = gpu_figures(work, args.batch or 4, args.seq or 2048) if args.gpu else \
-            cpu_figures(work, args.quick, args.batch or 4, args.seq or 256)
+        if args.host_memory:
+            figures = host_figures(work, args.batch or 2, args.seq or 64)
+        else:
+            figures = gpu_figures(work, args.batch or 4, args.seq or 2048) if args.gpu else \
+                cpu_figures(work, args.quick, args.batch or 4, args.seq or 256)
     print(json.dumps(figures))
     return 0
 

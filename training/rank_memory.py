@@ -12,6 +12,16 @@ rest is the CUDA context, NCCL buffers and the allocator's slack). Activations, 
 one or two gathered blocks in bf16, come on top and depend on the batch, the sequence length and
 activation checkpointing, so a refused stage cannot fit and an accepted one may still run out of memory.
 
+Host memory (:func:`host_fits`): a GPU worker pod's memory limit (``RAGPOOL_POOL_GPUS`` ``:mem<M>GiB``,
+sized from the instance's RAM by infra/gpu_memory.py) must hold the two host-memory peaks a training stage
+adds, measured on CPU by ``python bench/fsdp_memory.py --host-memory`` (docs/DESIGN.md "Host memory of a
+training stage"): every checkpoint stages each rank's parameter and AdamW shards in CPU memory
+(:data:`HOST_STAGING_BYTES_PER_PARAMETER` per parameter of the shard, on every rank of the pod at once;
+under ``ddp`` rank 0 alone snapshots its whole state), and the end of a sharded stage gathers the full
+fp32 model on rank 0's CPU and writes it (:data:`HOST_GATHER_BYTES_PER_PARAMETER` per parameter of the
+model). The larger of the two must fit :data:`USABLE_FRACTION` of the pod's memory (the rest: each rank's
+process, CUDA context and data loader). A lower bound too.
+
 The parameter count of a Hugging Face model directory (:func:`model_parameters`): exact from the
 headers of its ``*.safetensors`` files (the JSON header lists every tensor's shape; no tensor is read),
 else estimated from ``config.json`` for a decoder-only transformer (:func:`config_parameters`).
@@ -32,6 +42,12 @@ STATE_BYTES_PER_PARAMETER = sum(BYTES_PER_PARAMETER.values())
 USABLE_FRACTION = 0.9
 """Share of one GPU's memory the training state may take (the check's headroom: 10 %)."""
 GIB = 2**30
+HOST_STAGING_BYTES_PER_PARAMETER = 12.1
+"""Host-memory peak of one background DCP save per parameter of a rank's shard (fp32 parameter 4 + AdamW 8,
+staged to CPU, and the writer's buffers): 12.09 measured (bench/fsdp_memory.py --host-memory)."""
+HOST_GATHER_BYTES_PER_PARAMETER = 6.0
+"""Host-memory peak on rank 0 per parameter of the model at the end of a sharded stage (the full fp32 model
+gathered to its CPU, then save_pretrained of it): 6.00 measured (bench/fsdp_memory.py --host-memory)."""
 MAX_HEADER_BYTES = 100 * 2**20
 """A safetensors header longer than this is refused (the format's own limit is 100 MB)."""
 
@@ -67,6 +83,33 @@ def fits(parameters: int, strategy: str, world: int, gpus_per_node: int, gpu_gib
             f"{'within' if need <= usable else 'more than'} {usable / GIB:.1f} GiB usable "
             f"({USABLE_FRACTION:.0%} of {gpu_gib:g} GiB per GPU), before activations")
     return need <= usable, line
+
+
+def host_bytes_per_pod(parameters: int, strategy: str, world: int, gpus_per_node: int,
+                       ranks_per_pod: int) -> tuple[int, int]:
+    """``(staging, gather)``: host bytes a worker pod holds while a checkpoint is staged (every sharded rank
+    of the pod at once; rank 0 alone under ``ddp``), and rank 0's while the stage's model is gathered."""
+    group = shard_group(strategy, world, gpus_per_node)
+    stagers = 1 if strategy == "ddp" else max(1, ranks_per_pod)
+    staging = stagers * math.ceil(HOST_STAGING_BYTES_PER_PARAMETER * parameters / group)
+    return staging, math.ceil(HOST_GATHER_BYTES_PER_PARAMETER * parameters)
+
+
+def host_fits(parameters: int, strategy: str, world: int, gpus_per_node: int, ranks_per_pod: int,
+              pod_gib: float) -> tuple[bool, bool, str]:
+    """``(staging fits, gather fits, arithmetic)``: whether each host-memory peak fits
+    :data:`USABLE_FRACTION` of a ``pod_gib`` GiB worker pod, and the arithmetic as one line."""
+    group = shard_group(strategy, world, gpus_per_node)
+    staging, gather = host_bytes_per_pod(parameters, strategy, world, gpus_per_node, ranks_per_pod)
+    usable = USABLE_FRACTION * pod_gib * GIB
+    stagers = "rank 0" if strategy == "ddp" else f"{max(1, ranks_per_pod)} rank(s) of the pod"
+    over = "" if group == 1 else f" / {group} ranks"
+    line = (f"{strategy}: checkpoint staging {stagers} x {parameters / 1e9:.2f}e9 parameters x "
+            f"{HOST_STAGING_BYTES_PER_PARAMETER:g} B{over} = {staging / GIB:.1f} GiB, rank-0 gather "
+            f"{parameters / 1e9:.2f}e9 x {HOST_GATHER_BYTES_PER_PARAMETER:g} B = {gather / GIB:.1f} GiB of host "
+            f"memory, against {usable / GIB:.1f} GiB usable ({USABLE_FRACTION:.0%} of the {pod_gib:g} GiB "
+            f"memory limit of a worker pod)")
+    return staging <= usable, gather <= usable, line
 
 
 def _safetensors_parameters(path: Path) -> int:

@@ -4,7 +4,7 @@
   the set of lanes the namespace's KEDA ScaledJobs trigger on (read back from the ScaledJobs' ready-list
   triggers in the plan, not from infra/keda.py), so a run that passes the check has a worker that starts
   for it, and one refused would have waited forever;
-- ``poolGpus``: RAGPOOL_POOL_GPUS (``pool=GPUS:<N>GiB``), every GPU pool's worker GPUs and its smallest GPU
+- ``poolGpus``: RAGPOOL_POOL_GPUS (``pool=GPUS:<N>GiB:mem<M>GiB``), every GPU pool's worker GPUs and its smallest GPU
   memory from infra/reference/gpu_memory.yaml (AWS figures), unknown families left without memory (``pool=GPUS``).
 """
 
@@ -94,12 +94,13 @@ def test_submit_refuses_what_the_namespace_has_no_worker_for(runs, namespace, fi
 
 
 def test_pool_gpus(runs):
-    assert runs["dev"][1]["poolGpus"] == "gpu-spot=1:24GiB"  # g5, g6: 24 GiB (not GPUSxGiB: x is nodes elsewhere)
-    assert parse_pool_gpus(runs["dev"][1]["poolGpus"]) == {"gpu-spot": PoolGpus(1, 24.0)}
+    # g5, g6: 24 GiB (not GPUSxGiB: x is nodes elsewhere); the worker pod's memory (tests/infra/test_gpu_memory.py)
+    assert runs["dev"][1]["poolGpus"] == "gpu-spot=1:24GiB:mem11GiB"
+    assert parse_pool_gpus(runs["dev"][1]["poolGpus"]) == {"gpu-spot": PoolGpus(1, 24.0, 11.0)}
     # prod: gpu-ondemand is p4d (40) and p5 (80): the smaller counts; g6e has no AWS figure recorded, so the
-    # spot pool skips the memory check.
-    assert parse_pool_gpus(runs["prod"][1]["poolGpus"]) == {"gpu-ondemand": PoolGpus(8, 40.0),
-                                                           "gpu-spot": PoolGpus(4, None)}
+    # spot pool skips the GPU memory check (its pod memory is known: the host check is made).
+    assert parse_pool_gpus(runs["prod"][1]["poolGpus"]) == {"gpu-ondemand": PoolGpus(8, 40.0, 1055.0),
+                                                           "gpu-spot": PoolGpus(4, None, 167.0)}
 
 
 def test_gpu_memory_reference_is_complete_and_sourced():

@@ -17,6 +17,12 @@ Two facts of the stack reach the submitter as environment variables, each from a
   stage's ``parallelism.strategy`` key and the arithmetic. It is skipped, with a note, when the pool's
   memory is unknown or the model directory cannot be read from the submitting machine; the packaged
   default models (``model: ""``) are tiny and not checked.
+  With ``:mem<M>GiB`` (the worker pod's memory limit, sized from the instance's RAM by
+  infra/gpu_memory.py), the stage's host-memory peaks are checked too (training/rank_memory.py
+  ``host_fits``): the checkpoint staging of the pod's ranks (refused naming
+  ``parallelism.strategy``: shard over more ranks) and the rank-0 gather of the full model at the
+  end of the stage (refused naming ``pool``, or ``ray.<stage>.pool``: only a pool with larger worker
+  pods holds it). Without ``:mem`` that check is not made.
 
 Either variable unset: that check is not made (what ``ragpool submit`` did before them).
 """
@@ -28,7 +34,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from training.rank_memory import GIB, STATE_BYTES_PER_PARAMETER, USABLE_FRACTION, ModelSizeError, fits, model_parameters
+from training.rank_memory import (GIB, STATE_BYTES_PER_PARAMETER, USABLE_FRACTION, ModelSizeError, fits, host_fits,
+                                  model_parameters)
 from contract.lanes import SERVED_LANES_ENV, LaneError, declared_lanes, declared_pools, lane_of
 from contract.pool_gpus import POOL_GPUS_ENV, FitError, PoolGpus, declared_pool_gpus
 from training.scheduler.spec import RunSpec, _spec_field

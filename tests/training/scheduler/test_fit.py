@@ -6,13 +6,15 @@ enqueued; with the variables unset nothing changes. Against a real redis-server.
 from __future__ import annotations
 
 import json
+import math
 import struct
 
 import pytest
 
 from tests.training.scheduler.test_cli import _cli_at
 from contract import exit_codes
-from training.rank_memory import GIB, config_parameters, fits, model_parameters, state_bytes_per_rank
+from training.rank_memory import (GIB, config_parameters, fits, host_bytes_per_pod, host_fits, model_parameters,
+                                  state_bytes_per_rank)
 from contract.pool_gpus import POOL_GPUS_ENV, FitError, PoolGpus, format_pool_gpus, parse_pool_gpus
 from contract.lanes import POOLS_ENV, SERVED_LANES_ENV
 
@@ -99,9 +101,10 @@ def llama_7b(root) -> str:
     return "models/llama-7b"
 
 
-def generator_run(run_id: str, model: str, strategy: str, nodes: int = 1) -> str:
+def generator_run(run_id: str, model: str, strategy: str, nodes: int = 1, pool: str | None = None) -> str:
     return (f"run_id: {run_id}\nstages: [generator]\nmodels: {{generator: {model}}}\nnodes: {nodes}\n"
-            f"hyperparameters:\n  generator: {{parallelism.strategy: {strategy}}}\n")
+            + (f"pool: {pool}\n" if pool else "")
+            + f"hyperparameters:\n  generator: {{parallelism.strategy: {strategy}}}\n")
 
 
 def test_a_7b_model_with_ddp_on_a_24_gib_pool_is_refused_with_the_arithmetic(submit, tmp_path):
@@ -119,6 +122,42 @@ def test_a_7b_model_with_ddp_on_a_24_gib_pool_is_refused_with_the_arithmetic(sub
     err = refused(submit(generator_run("big-fsdp4", "models/llama-7b", "fsdp", nodes=4), **env),
                   "hyperparameters.generator.parallelism.strategy")
     assert "/ 4 ranks = 25.1 GiB per rank" in err
+
+
+def test_a_7b_fsdp_stage_whose_host_memory_peaks_do_not_fit_the_worker_pod_is_refused(submit, tmp_path):
+    """The pod memory of RAGPOOL_POOL_GPUS (:mem<M>GiB): 6.74e9 parameters gather 6 B each on rank 0 (37.7 GiB)
+    and stage 12.1 B per parameter of each rank's shard at every checkpoint (bench/fsdp_memory.py --host-memory)."""
+    key = "hyperparameters.generator.parallelism.strategy"
+    served = SERVED + ",torchrun.n8,pool.gpu-big"
+    # Sharded over 8 one-GPU nodes, the GPU state fits (12.6 GiB per rank) but a dev-sized pod of 11 GiB cannot
+    # take the rank-0 gather: only a pool with larger pods helps, so the key is the run's pool.
+    env = {POOL_GPUS_ENV: "gpu-spot=1:24GiB:mem11GiB,gpu-big=8:80GiB:mem1055GiB", POOLS_ENV: "gpu-spot,gpu-big",
+           SERVED_LANES_ENV: served}
+    err = refused(submit(generator_run("host-gather", llama_7b(tmp_path), "fsdp", nodes=8), **env), "pool")
+    assert "cannot be gathered on rank 0" in err and "rank-0 gather 6.74e9 x 6 B = 37.7 GiB" in err
+    assert "9.9 GiB usable (90% of the 11 GiB memory limit of a worker pod)" in err and "pool 'gpu-spot'" in err
+    # 8 ranks of one pod staging 1/8 each: 75.9 GiB, more than 90 % of a 64 GiB pod.
+    small = {**env, POOL_GPUS_ENV: "gpu-big=8:80GiB:mem64GiB", POOLS_ENV: "gpu-big"}
+    err = refused(submit(generator_run("host-staging", "models/llama-7b", "fsdp", pool="gpu-big"), **small), key)
+    assert "cannot stage its checkpoint" in err and "8 rank(s) of the pod" in err and "= 75.9 GiB" in err
+    # A p4d-sized pod (1055 GiB, infra/gpu_memory.py) holds both: accepted.
+    code, err, queued = submit(generator_run("host-ok", "models/llama-7b", "fsdp", pool="gpu-big"), **env)
+    assert code == 0 and queued, err
+    # A stack that exports no pod memory: the host check is not made (as before it).
+    code, err, queued = submit(generator_run("host-old", "models/llama-7b", "fsdp", nodes=8),
+                               **{**env, POOL_GPUS_ENV: "gpu-spot=1:24GiB"})
+    assert code == 0 and queued, err
+
+
+def test_the_host_arithmetic():
+    params = config_parameters(LLAMA_7B)
+    staging, gather = host_bytes_per_pod(params, "fsdp", 8, 8, 8)
+    assert staging == 8 * math.ceil(12.1 * params / 8) and gather == math.ceil(6 * params)
+    assert host_bytes_per_pod(params, "ddp", 8, 8, 8)[0] == math.ceil(12.1 * params), "ddp: rank 0 alone snapshots"
+    assert host_bytes_per_pod(params, "hsdp", 16, 8, 8)[0] == 8 * math.ceil(12.1 * params / 8)
+    assert host_fits(params, "fsdp", 8, 8, 8, 1055)[:2] == (True, True)
+    assert host_fits(params, "fsdp", 8, 1, 1, 11)[:2] == (True, False)
+    assert host_fits(params, "fsdp", 8, 8, 8, 64)[:2] == (False, True)
 
 
 def test_unknown_gpu_memory_or_an_unreadable_model_skips_with_a_note(submit, tmp_path):
@@ -173,9 +212,13 @@ def test_pool_gpus_round_trip_and_bad_values():
     pools = {"gpu-spot": PoolGpus(1, 24.0), "gpu-big": PoolGpus(8, None), "h200": PoolGpus(8, 141.0)}
     assert format_pool_gpus(pools) == "gpu-spot=1:24GiB,gpu-big=8,h200=8:141GiB"
     assert parse_pool_gpus(format_pool_gpus(pools)) == pools
+    # With the worker pod's memory (infra/gpu_memory.py pod_memory_gib), with or without the GPU memory.
+    pools = {"gpu-spot": PoolGpus(1, 24.0, 11.0), "gpu-x": PoolGpus(4, None, 167.0), "gpu-big": PoolGpus(8, 40.0)}
+    assert format_pool_gpus(pools) == "gpu-spot=1:24GiB:mem11GiB,gpu-x=4:mem167GiB,gpu-big=8:40GiB"
+    assert parse_pool_gpus(format_pool_gpus(pools)) == pools
     assert list(parse_pool_gpus("b=1,a=2")) == ["b", "a"], "order kept: the first is the default pool"
     for bad in ("gpu-spot", "gpu-spot=0:24GiB", "Gpu=1:24GiB", "gpu=1:", "gpu=1:24", "gpu=1:GiB",
-                "gpu=1:24gib", "gpu=1x24", "gpu=1:24GiBx"):  # the old GPUSxGiB form too: x means nodes elsewhere
+                "gpu=1:24gib", "gpu=1x24", "gpu=1:24GiBx", "gpu=1:mem", "gpu=1:mem11", "gpu=1:mem11GiB:24GiB"):  # the old GPUSxGiB form too: x means nodes elsewhere
         with pytest.raises(FitError, match=POOL_GPUS_ENV):
             parse_pool_gpus(bad)
 
