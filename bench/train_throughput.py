@@ -139,6 +139,7 @@ def _retriever_setup(per_rank_batch: int, env):
     """Real MiniLM, real synthetic data, the retriever stage's own batch and loss code."""
     from training.demo import synthetic
     from training.config import load_run_config
+    from training.components.corpus import MemoryCorpus
     from training.components.data import Passage, QAExample, Datasets
     from training.components.models import load_encoder
     from training.components.optim import build_optimizer
@@ -150,7 +151,7 @@ def _retriever_setup(per_rank_batch: int, env):
                    for q in data["qa_train"]], [])
     cfg = load_run_config({"retriever": {"max_length": 48, "global_batch_size": per_rank_batch * env.world_size}})
     model, tok = load_encoder("")
-    task = make_task(cfg, env, ds, model, tok)
+    task = make_task(cfg, env, MemoryCorpus(ds.corpus), ds.train, model, tok)
     return cfg, ds, model, task, build_optimizer(model, cfg.retriever.optim)
 
 

@@ -106,7 +106,8 @@ TRAINING_MODULES = (
     "tests/bench/test_recovery.py", "tests/training/components/test_dcp.py",
     "tests/training/components/test_distributed.py", "tests/training/reports/test_logs.py",
     "tests/training/reports/test_report.py", "tests/training/test_ddp.py", "tests/training/test_entrypoints.py",
-    "tests/training/test_fsdp.py", "tests/training/test_generator.py", "tests/training/test_pipeline.py",
+    "tests/training/test_fsdp.py", "tests/training/test_generator.py", "tests/training/test_index.py",
+    "tests/training/test_pipeline.py",
     "tests/training/test_resume.py",
 )
 """The modules besides ``RAY_MODULES`` whose tests run training processes (marker ``torch_multiproc``; a module

@@ -84,7 +84,8 @@ def confine_relative(key: str, rel: str) -> str:
 @dataclass
 class DataConfig:
     corpus: str = "datasets/synthetic/corpus.jsonl"
-    """JSONL corpus of ``{id, text}`` passages, relative to ``shared_root``."""
+    """Corpus of ``{id, text}`` passages, relative to ``shared_root``: a JSONL file, or a directory of JSONL
+    shards (prepared once with ``ragpool data prepare``; training/components/corpus.py)."""
     qa_train: str = "datasets/synthetic/qa_train.jsonl"
     """JSONL training questions ``{question, answer, positive_ids}``, relative to ``shared_root``."""
     qa_eval: str = "datasets/synthetic/qa_eval.jsonl"
@@ -172,6 +173,35 @@ class EncoderParallelismConfig(ParallelismConfig):
                  "the retriever's encoder has no decoder blocks to checkpoint; set false")
 
 
+IndexKind = Literal["flat", "ivf", "hnsw", "ivfpq"]
+PQ_BITS = (4, 5, 6, 7, 8)
+"""Bits per PQ sub-code FAISS's ``PQ{m}x{bits}`` takes here (8 is FAISS's default)."""
+
+
+@dataclass
+class MiningConfig:
+    """Hard negatives mined over the corpus with the base encoder's index (a sharded step before training)."""
+
+    count: int = 0
+    """Mined negatives kept per question (after those its record lists); 0 = no mining."""
+    rank_from: int = 10
+    """First rank of the mining window (0 = the top hit): the very top is often an unlabelled positive."""
+    rank_to: int = 50
+    """One past the last rank searched; the first ``count`` passages of the window that are not one of the
+    question's positives are kept."""
+    index: IndexKind = "flat"
+    """Index kind of the base encoder's mining index (``ivfpq`` for large corpora; the run's ``index``
+    section gives its other settings)."""
+
+    def __post_init__(self) -> None:
+        _require(self.count >= 0, "count", self.count, "must be >= 0 (0 = no mining)")
+        _require(self.rank_from >= 0, "rank_from", self.rank_from, "must be >= 0")
+        _require(self.rank_to - self.rank_from >= self.count, "rank_to", self.rank_to,
+                 f"must leave room for count={self.count} after rank_from={self.rank_from}")
+        _require(self.rank_to <= 1024, "rank_to", self.rank_to, "must be <= 1024 (FAISS searches at most 2048 "
+                 "neighbours; the window is read per question)")
+
+
 @dataclass
 class RetrieverConfig:
     model: str = ""
@@ -190,6 +220,8 @@ class RetrieverConfig:
     """Hard negatives per question from the record's ``hard_negative_ids``, topped up deterministically (0 = in-batch only)."""
     gather_negatives: bool = True
     """Use passages from all ranks as negatives (gradient-preserving all-gather)."""
+    mining: MiningConfig = field(default_factory=MiningConfig)
+    """Hard-negative mining over the corpus with the base encoder (off by default)."""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=5e-5, warmup_steps=3))
     """Optimizer and schedule."""
     parallelism: EncoderParallelismConfig = field(default_factory=EncoderParallelismConfig)
@@ -202,13 +234,13 @@ class RetrieverConfig:
         _require(self.hard_negatives >= 0, "hard_negatives", self.hard_negatives, "must be >= 0")
 
 
-IndexKind = Literal["flat", "ivf", "hnsw"]
-
-
 @dataclass
 class IndexConfig:
     kind: IndexKind = "flat"
-    """FAISS index type: ``flat`` (exact inner product), ``ivf`` or ``hnsw``."""
+    """FAISS index type: ``flat`` (exact inner product), ``ivf`` (IVF-Flat) or ``hnsw`` for small corpora
+    (one process builds them, holding every embedding); ``ivfpq`` (IVF with product-quantised codes, ``pq_m``
+    bytes a passage at 8 bits) for large ones: trained on a sample, each rank adds its own parts, merged on
+    disk, searched memory-mapped."""
     nlist: int = 16
     """IVF: number of clusters (must not exceed the corpus size)."""
     nprobe: int = 4
@@ -217,14 +249,24 @@ class IndexConfig:
     """HNSW: neighbours per node."""
     hnsw_ef_search: int = 64
     """HNSW: search beam width."""
+    pq_m: int = 8
+    """IVF-PQ: sub-quantisers per vector (must divide the encoder's dimension); the code size in bytes at 8 bits."""
+    pq_bits: int = 8
+    """IVF-PQ: bits per sub-code, one of 4-8."""
+    opq: bool = False
+    """IVF-PQ: learn an OPQ rotation before quantising (better recall for the same bytes, longer training)."""
+    part_rows: int = 65536
+    """Passages per embedding part: the unit a rank (or Ray task) encodes, writes, verifies and resumes."""
     batch_size: int = 64
     """Passages encoded per forward pass on each rank."""
     use_finetuned: bool = True
     """Encode with the retriever stage's output model when it exists, else the configured base model."""
 
     def __post_init__(self) -> None:
-        for name in ("nlist", "nprobe", "hnsw_m", "hnsw_ef_search", "batch_size"):
+        for name in ("nlist", "nprobe", "hnsw_m", "hnsw_ef_search", "batch_size", "pq_m", "part_rows"):
             _require(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
+        _require(self.pq_bits in PQ_BITS, "pq_bits", self.pq_bits, f"must be one of {', '.join(map(str, PQ_BITS))}")
+        _require(self.nprobe <= self.nlist, "nprobe", self.nprobe, f"must not exceed nlist={self.nlist}")
 
 
 TinyArch = Literal["llama", "gpt2"]

@@ -3,35 +3,42 @@
     torchrun --nnodes=N --nproc-per-node=G -m training.evaluate --config RUN.yaml [--key=value ...]
     python -m training.evaluate --config RUN.yaml
 
-Questions are embedded with the index's encoder (sharded across ranks) and searched in
-the index; the generator (when its stage is complete) answers greedily from the top
-``generator.top_k`` passages, questions sharded across ranks. Rank 0 writes
+Each question's top-k is computed once (questions shared across the ranks, embedded with the index's
+encoder and searched in the index) and stored with the index (:func:`training.components.search.topk`);
+the generator (when its stage is complete) answers greedily from the top ``generator.top_k`` passages,
+read from the corpus by row, questions sharded across ranks. ``evaluate.compare_pretrained`` builds the
+pretrained encoder's index through the same sharded path in ``evaluate/baseline_index/``. Rank 0 writes
 ``<shared>/runs/<run_id>/evaluate/report.json`` and ``_COMPLETE``.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import re
 import string
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from training.components import distributed as D
 from training.components import heap
-from training.components.data import load_datasets
+from training.components.corpus import Corpus
 from training.components.logs import get_logger
-from training.components.models import load_encoder
-from training.components.search import build_faiss, encode_sharded, retrieval_metrics, retrieve, search
+from training.components.run_data import load_run_data, positive_rows
+from training.components.search import auxiliary_index, open_index_marker, retrieval_metrics, topk
 from training.components.stage import complete_stage, exit_process, is_complete, run_main, run_stage, write_json_atomic
 from training.config import RunConfig
 from contract.exit_codes import OK
-from training.generator import contexts, encode_prompt, special_ids
+from training.generator import context, encode_prompt, special_ids
+
+if TYPE_CHECKING:
+    import numpy as np
 
 STAGE = "evaluate"
 REPORT = "report.json"
+BASELINE_DIR = "baseline_index"
 
 
 def normalize_answer(text: str) -> str:
@@ -76,35 +83,44 @@ def generate_answers(model: torch.nn.Module, tok: Any, prompts: list[list[int]],
     return out
 
 
+def _lists(rows: "np.ndarray") -> list[list[int]]:
+    return [[int(r) for r in row if r >= 0] for row in rows]
+
+
+def _baseline(cfg: RunConfig, env: D.DistEnv, corpus: Corpus, questions: list[str], depth: int) -> "np.ndarray":
+    """The pretrained encoder's top-k through the same sharded path as the run's own index (parts on disk,
+    never gathered), in ``evaluate/baseline_index/``: exact (``flat``) unless the run's index is ``ivfpq``,
+    whose kind it then shares (a corpus too large for one process)."""
+    ic = cfg.index if cfg.index.kind == "ivfpq" else dataclasses.replace(cfg.index, kind="flat")
+    out = cfg.stage_dir(STAGE) / BASELINE_DIR
+    return topk(cfg, env, out, auxiliary_index(cfg, env, corpus, cfg.retriever.model, out, ic), "eval", questions,
+                depth)
+
+
 def _evaluate(cfg: RunConfig, env: D.DistEnv) -> int:
     log = get_logger(STAGE, env.is_main)
     out = cfg.stage_dir(STAGE)
     e = cfg.evaluate
     t0 = time.monotonic()
-    data = load_datasets(cfg.shared_root, cfg.data.corpus, cfg.data.qa_train, cfg.data.qa_eval)
+    data = load_run_data(cfg, env)
     examples = data.eval[: e.max_questions] if e.max_questions else data.eval
     questions = [ex.question for ex in examples]
-    positives = [ex.positive_ids for ex in examples]
+    positives = positive_rows(data.corpus, examples)
     depth = max(max(e.recall_at), cfg.generator.top_k)
 
-    retrieved, marker = retrieve(cfg, env, questions, depth)
-    heap.settle()  # the encoder and the index are loaded
+    index_dir = cfg.stage_dir("index")
+    marker = open_index_marker(index_dir)
+    retrieved = topk(cfg, env, index_dir, marker, "eval", questions, depth)
+    heap.settle()
     report: dict[str, Any] = {"run_id": cfg.run_id, "questions": len(examples), "world_size": env.world_size,
                               "retrieval": {"encoder": marker.get("encoder") or "all-MiniLM-L6-v2 (pretrained)",
                                             "index": marker.get("kind"),
-                                            **retrieval_metrics(retrieved, positives, e.recall_at)}}
+                                            **retrieval_metrics(_lists(retrieved), positives, e.recall_at)}}
 
     if e.compare_pretrained:
-        base, base_tok = load_encoder(cfg.retriever.model)
-        base.to(env.device)
-        p_emb = encode_sharded(env, base, base_tok, [p.text for p in data.corpus], cfg.retriever.max_length,
-                               cfg.index.batch_size)
-        q_emb = encode_sharded(env, base, base_tok, questions, cfg.retriever.max_length, cfg.index.batch_size)
-        del base
-        flat = build_faiss(p_emb.numpy(), "flat", 1, 1, 1, 1)
-        base_ret = search(flat, q_emb, [p.id for p in data.corpus], depth)
         report["retrieval_pretrained"] = {"encoder": cfg.retriever.model or "all-MiniLM-L6-v2 (pretrained)",
-                                          **retrieval_metrics(base_ret, positives, e.recall_at)}
+                                          **retrieval_metrics(_lists(_baseline(cfg, env, data.corpus, questions,
+                                                                               depth)), positives, e.recall_at)}
 
     gen_dir = cfg.stage_dir("generator")
     if is_complete(gen_dir):
@@ -114,10 +130,10 @@ def _evaluate(cfg: RunConfig, env: D.DistEnv) -> int:
         model = AutoModelForCausalLM.from_pretrained(str(gen_dir / "model")).to(env.device)
         sp = special_ids(tok)
         k = cfg.generator.top_k
-        ctx = contexts(data, examples, retrieved, k, include_gold=False)
         budget = cfg.generator.max_length - e.max_new_tokens
         mine = list(range(env.rank, len(examples), env.world_size))
-        prompts = [encode_prompt(tok, sp, questions[i], ctx[i], budget) for i in mine]
+        prompts = [encode_prompt(tok, sp, questions[i], context(data.corpus, examples[i], retrieved[i], k, False),
+                                 budget) for i in mine]
         answers = generate_answers(model, tok, prompts, e.max_new_tokens, env.device)
         gathered = D.all_gather_object(env, list(zip(mine, answers)))
         preds = dict(pair for part in gathered for pair in part)

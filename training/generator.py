@@ -13,22 +13,28 @@ with the MiniLM WordPiece tokenizer, so nothing is downloaded. Output:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
 from training.components import distributed as D
 from training.components import sharding as S
-from training.components.data import Datasets, QAExample, load_datasets
+from training.components.corpus import Corpus
+from training.components.data import QAExample
 from training.components.logs import get_logger
 from training.components.loop import TrainTask, seed_everything, train
-from training.components.search import retrieve
+from training.components.run_data import load_run_data
+from training.components.search import open_index_marker, topk
 from training.components.stage import complete_stage, exit_process, run_main, run_stage
 from training.config import RunConfig
 from contract.exit_codes import OK
+
+if TYPE_CHECKING:
+    import numpy as np
 
 STAGE = "generator"
 IGNORE = -100
@@ -75,16 +81,15 @@ def encode_example(tok: Any, sp: SpecialIds, question: str, passages: list[str],
     return prompt + ans, [IGNORE] * len(prompt) + ans
 
 
-def contexts(data: Datasets, examples: list[QAExample], retrieved: list[list[str]], k: int,
-             include_gold: bool) -> list[list[str]]:
-    text_of = {p.id: p.text for p in data.corpus}
-    out = []
-    for ex, got in zip(examples, retrieved):
-        chosen = list(got[:k])
-        if include_gold and not any(g in chosen for g in ex.positive_ids):
-            chosen[-1] = ex.positive_ids[0]
-        out.append([text_of[i] for i in chosen])
-    return out
+def context(corpus: Corpus, ex: QAExample, retrieved: "np.ndarray", k: int, include_gold: bool) -> list[str]:
+    """The passages of one prompt: the top ``k`` corpus rows retrieved for ``ex`` (with its first positive in
+    the last place when ``include_gold`` and none was retrieved), read from the corpus by row."""
+    chosen = [int(r) for r in retrieved[:k] if r >= 0]
+    if include_gold and chosen:
+        gold = [corpus.row_of(g) for g in ex.positive_ids]
+        if not any(g in chosen for g in gold):
+            chosen[-1] = gold[0]  # type: ignore[assignment]
+    return corpus.texts(chosen)
 
 
 def load_or_build_model(cfg: RunConfig) -> tuple[torch.nn.Module, Any]:
@@ -153,14 +158,16 @@ def answer_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor], devi
     return model(batch["input_ids"].to(device), batch["attention_mask"].to(device), batch["labels"].to(device))
 
 
-def make_task(cfg: RunConfig, model: torch.nn.Module, tok: Any, encoded: list[tuple[list[int], list[int]]]) -> TrainTask:
+def make_task(cfg: RunConfig, model: torch.nn.Module, tok: Any, n_examples: int,
+              encode: Callable[[int], tuple[list[int], list[int]]]) -> TrainTask:
+    """The answer-loss task over ``n_examples``; ``encode(i)`` builds example ``i`` when a batch needs it."""
     g = cfg.generator
     pad = special_ids(tok).pad
     on_meta = any(p.is_meta for p in model.parameters())
     return TrainTask(
-        stage=STAGE, model=AnswerLoss(model), n_examples=len(encoded), global_batch_size=g.global_batch_size,
+        stage=STAGE, model=AnswerLoss(model), n_examples=n_examples, global_batch_size=g.global_batch_size,
         grad_accum=g.grad_accum, max_steps=g.max_steps, optim=g.optim,
-        make_batch=lambda idx: pad_batch([encoded[i] for i in idx], pad),
+        make_batch=lambda idx: pad_batch([encode(i) for i in idx], pad),
         count=lambda b: int((b["labels"][:, 1:] != IGNORE).sum()),
         loss_sum=answer_loss_sum, tokens=lambda b: int(b["attention_mask"].sum()), parallelism=g.parallelism,
         load_weights=(lambda m, device: S.load_safetensors_sharded(m, device, Path(g.model), prefix="lm."))
@@ -171,17 +178,24 @@ def _train(cfg: RunConfig, env: D.DistEnv) -> int:
     log = get_logger(STAGE, env.is_main)
     out = cfg.stage_dir(STAGE)
     g = cfg.generator
-    data = load_datasets(cfg.shared_root, cfg.data.corpus, cfg.data.qa_train, cfg.data.qa_eval)
-    retrieved, _ = retrieve(cfg, env, [ex.question for ex in data.train], g.top_k)
-    ctx = contexts(data, data.train, retrieved, g.top_k, g.include_gold)
+    data = load_run_data(cfg, env)
+    index_dir = cfg.stage_dir("index")
+    # Every training question's top-k, computed once across the ranks; a rank reads only its batches' rows.
+    retrieved = topk(cfg, env, index_dir, open_index_marker(index_dir), "train", [ex.question for ex in data.train],
+                     g.top_k)
     seed_everything(cfg.seed)
     model, tok = load_or_build_model(cfg)
     sp = special_ids(tok)
-    encoded = [encode_example(tok, sp, ex.question, c, ex.answer, g.max_length) for ex, c in zip(data.train, ctx)]
+
+    def encode(i: int) -> tuple[list[int], list[int]]:
+        ex = data.train[i]
+        return encode_example(tok, sp, ex.question, context(data.corpus, ex, retrieved[i], g.top_k, g.include_gold),
+                              ex.answer, g.max_length)
+
     n_params = sum(p.numel() for p in model.parameters())
-    log.info("generator: %d examples, %.2fM params, top_k=%d, world_size=%d", len(encoded), n_params / 1e6,
+    log.info("generator: %d examples, %.2fM params, top_k=%d, world_size=%d", len(data.train), n_params / 1e6,
              g.top_k, env.world_size)
-    task = make_task(cfg, model, tok, encoded)
+    task = make_task(cfg, model, tok, len(data.train), encode)
     result = train(task, cfg, env, out)
     if result.exit_code != OK:
         return result.exit_code

@@ -39,7 +39,8 @@ def test_artifacts_and_report(pipeline_run) -> None:
     for stage in ("retriever", "index", "generator", "evaluate"):
         assert (run_dir / stage / "_COMPLETE").is_file(), stage
     assert (run_dir / "index" / "index.faiss").stat().st_size > 0
-    assert len(json.loads((run_dir / "index" / "ids.json").read_text())) == 240
+    assert json.loads((run_dir / "index" / "_COMPLETE").read_text())["passages"] == 240
+    assert not (run_dir / "index" / "embeddings").exists()  # the parts go once the index holds them
     assert (run_dir / "retriever" / "model" / "model.safetensors").is_file()
     assert (run_dir / "generator" / "model" / "model.safetensors").is_file()
     report = json.loads((run_dir / "evaluate" / "report.json").read_text())

@@ -1,33 +1,30 @@
-"""Encoding sharded across ranks, FAISS index build/load/search, and retrieval metrics."""
+"""The index stage's and the retrieving stages' work on every rank: embeddings written part by part,
+the FAISS index built from them (:mod:`training.components.faiss_index`), and each question's top-k
+computed once, sharded across ranks, and stored; retrieval metrics.
+
+Nothing here gathers embeddings: ranks share work through files on the shared storage and barriers.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import time
 from pathlib import Path
-from typing import assert_never
+from typing import Any, assert_never
 
 import numpy as np
 import torch
 
 from training.components import distributed as D
-from training.components.models import DualEncoder, encode_texts, load_encoder
-from training.components.stage import is_complete, read_marker
-from training.config import IndexKind, RunConfig
+from training.components import embeddings as E
+from training.components import faiss_index as FI
+from training.components.corpus import Corpus
+from training.components.models import encode_texts, load_encoder
+from training.components.stage import COMPLETE_MARKER, is_complete, read_marker, write_json_atomic
+from training.config import ConfigError, IndexConfig, IndexKind, RunConfig
 
-INDEX_FILE = "index.faiss"
-IDS_FILE = "ids.json"
-
-
-def encode_sharded(env: D.DistEnv, model: DualEncoder, tokenizer: object, texts: list[str], max_length: int,
-                   batch_size: int) -> torch.Tensor:
-    """Every rank encodes a contiguous shard; all ranks get all embeddings in input order."""
-    per = -(-len(texts) // env.world_size)
-    shard = texts[env.rank * per:(env.rank + 1) * per]
-    emb = encode_texts(model, tokenizer, shard, max_length, batch_size, env.device)
-    if emb.numel() == 0:
-        dim = model.encoder.config.hidden_size
-        emb = torch.zeros((0, dim))
-    return D.all_gather_variable(env, emb.to(env.device)).cpu()
+TOPK_DIR = "topk"
 
 
 def retriever_model_path(cfg: RunConfig, prefer_finetuned: bool = True) -> str:
@@ -39,6 +36,7 @@ def retriever_model_path(cfg: RunConfig, prefer_finetuned: bool = True) -> str:
 
 
 def build_faiss(emb: np.ndarray, kind: IndexKind, nlist: int, nprobe: int, hnsw_m: int, ef_search: int):
+    """An in-memory index over ``emb`` (small searches: Ray Tune's trials; the index stage builds from parts)."""
     import faiss
 
     emb = np.ascontiguousarray(emb, dtype=np.float32)
@@ -61,31 +59,8 @@ def build_faiss(emb: np.ndarray, kind: IndexKind, nlist: int, nprobe: int, hnsw_
     return index
 
 
-def save_index(index, ids: list[str], out_dir: Path) -> None:
-    import faiss
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    faiss.write_index(index, str(out_dir / INDEX_FILE))
-    (out_dir / IDS_FILE).write_text(json.dumps(ids))
-
-
-def load_index(index_dir: Path):
-    """``(faiss index, ids, marker)`` of a complete index stage."""
-    import faiss
-
-    if not is_complete(index_dir):
-        raise FileNotFoundError(f"{index_dir}: index stage is not complete (run the index stage first)")
-    index = faiss.read_index(str(index_dir / INDEX_FILE))
-    ids = json.loads((index_dir / IDS_FILE).read_text())
-    marker = read_marker(index_dir)
-    if "nprobe" in marker and hasattr(index, "nprobe"):
-        index.nprobe = marker["nprobe"]
-    if marker.get("kind") == "hnsw":
-        index.hnsw.efSearch = marker.get("hnsw_ef_search", 64)
-    return index, ids, marker
-
-
 def search(index, queries: torch.Tensor, ids: list[str], k: int) -> list[list[str]]:
+    """Top-``k`` ids per query of an in-memory index (:func:`build_faiss`: small searches, Ray Tune's trials)."""
     k = min(k, len(ids))
     _, idx = index.search(np.ascontiguousarray(queries.numpy(), dtype=np.float32), k)
     return [[ids[j] for j in row if j >= 0] for row in idx]
@@ -105,18 +80,137 @@ def retrieval_metrics(retrieved: list[list[str]], positives: list[tuple[str, ...
     return out
 
 
-def load_retriever_for_index(marker: dict) -> tuple[DualEncoder, object, int]:
-    """The encoder an index was built with (recorded in its marker), and its max_length."""
-    model, tok = load_encoder(marker.get("encoder", ""))
-    return model, tok, int(marker.get("max_length", 64))
 
 
-def retrieve(cfg: RunConfig, env: D.DistEnv, questions: list[str], k: int) -> tuple[list[list[str]], dict]:
-    """Top-``k`` passage ids per question with the index stage's own encoder and index (questions
-    encoded sharded across ranks; the same result on every rank), and the index stage's marker."""
-    index, ids, marker = load_index(cfg.stage_dir("index"))
-    model, tok, max_len = load_retriever_for_index(marker)
-    model.to(env.device)
-    q = encode_sharded(env, model, tok, questions, max_len, cfg.index.batch_size)
-    del model
-    return search(index, q, ids, k), marker
+def _encoder_batches(encoder_path: str, max_length: int, batch_size: int, device: torch.device):
+    model, tok = load_encoder(encoder_path)
+    model.to(device)
+    dim = int(model.encoder.config.hidden_size)
+    return dim, lambda texts: encode_texts(model, tok, texts, max_length, batch_size, device).numpy()
+
+
+def check_index_settings(ic: IndexConfig, rows: int, dim: int) -> None:
+    errors = FI.check_settings(ic.kind, rows, dim, ic.nlist, ic.pq_m, ic.pq_bits)
+    if errors:
+        raise ConfigError("; ".join(errors), "index")
+
+
+def encode_my_parts(env: D.DistEnv, corpus: Corpus, out_dir: Path, encode_batch, ic: IndexConfig,
+                    encoder_path: str) -> dict[str, int]:
+    """This rank's parts of the corpus encoded to ``out_dir/embeddings`` (those already written and
+    verified skipped), then a barrier: every part exists when it returns."""
+    emb_dir = out_dir / E.PARTS_DIR
+    counts = {"parts_encoded": 0, "parts_resumed": 0}
+    for part in E.mine(E.parts(corpus.rows, ic.part_rows), env.rank, env.world_size):
+        if E.is_done(emb_dir, part, encoder_path):
+            counts["parts_resumed"] += 1
+            continue
+        E.encode_part(corpus, part, emb_dir, encode_batch, ic.batch_size, encoder_path)
+        counts["parts_encoded"] += 1
+    every = D.all_gather_object(env, counts)  # also the barrier: every part exists after it
+    return {k: sum(c[k] for c in every) for k in counts}
+
+
+def build_index(cfg: RunConfig, env: D.DistEnv, corpus: Corpus, encoder_path: str, out_dir: Path,
+                ic: IndexConfig | None = None) -> dict[str, Any]:
+    """Encode, build and write an index of ``corpus`` with ``encoder_path`` into ``out_dir`` on every rank
+    (a collective). Returns what the index's marker records (the same on every rank but the counts)."""
+    ic = ic or cfg.index
+    dim, encode_batch = _encoder_batches(encoder_path, cfg.retriever.max_length, ic.batch_size, env.device)
+    check_index_settings(ic, corpus.rows, dim)
+    t0 = time.monotonic()
+    counts = encode_my_parts(env, corpus, out_dir, encode_batch, ic, encoder_path)
+    encode_s = time.monotonic() - t0
+    all_parts = E.parts(corpus.rows, ic.part_rows)
+    emb_dir = out_dir / E.PARTS_DIR
+    summary: dict[str, Any] = {}
+    if ic.kind in FI.SHARDED_KINDS:
+        if env.is_main and not (out_dir / FI.TRAINED_FILE).is_file():
+            summary["train_sample"] = FI.train(out_dir, emb_dir, all_parts, ic, cfg.seed)
+        D.barrier(env)
+        for part in E.mine(all_parts, env.rank, env.world_size):
+            FI.add_part(out_dir, emb_dir, part)
+        D.barrier(env)
+        if env.is_main:
+            FI.merge(out_dir, all_parts, ic.nprobe)
+    elif env.is_main:
+        FI.build_small(out_dir, emb_dir, all_parts, ic, cfg.seed)
+    if env.is_main:
+        summary["index_bytes"] = FI.index_bytes(out_dir)
+    return {**index_marker(ic, encoder_path, cfg.retriever.max_length, corpus.rows, dim, encode_s),
+            "parts": len(all_parts), **counts, **summary}
+
+
+def index_marker(ic: IndexConfig, encoder_path: str, max_length: int, rows: int, dim: int,
+                 encode_s: float) -> dict[str, Any]:
+    """What an index directory's marker records: how to search it and with which encoder."""
+    return {"kind": ic.kind, "nprobe": ic.nprobe, "hnsw_ef_search": ic.hnsw_ef_search, "encoder": encoder_path,
+            "max_length": max_length, "passages": rows, "dim": dim, "encode_seconds": encode_s}
+
+
+def finish_index(out_dir: Path) -> None:
+    """After the index is written and marked: its embedding parts removed (the index holds what is searched)."""
+    import shutil
+
+    shutil.rmtree(out_dir / E.PARTS_DIR, ignore_errors=True)
+
+
+def auxiliary_index(cfg: RunConfig, env: D.DistEnv, corpus: Corpus, encoder_path: str, out_dir: Path,
+                    ic: IndexConfig) -> dict[str, Any]:
+    """An index a stage builds for itself (evaluate's pretrained baseline, the retriever's mining index)
+    through the index stage's path, once: its marker (``_COMPLETE`` in ``out_dir``) when it is there, else
+    built, marked and its parts removed. A collective."""
+    if not D.broadcast_object(env, is_complete(out_dir)):
+        summary = build_index(cfg, env, corpus, encoder_path, out_dir, ic)
+        if env.is_main:
+            write_json_atomic(out_dir / COMPLETE_MARKER, {"completed_at": time.time(), **summary})
+            finish_index(out_dir)
+        D.barrier(env)
+    return read_marker(out_dir)
+
+
+def topk(cfg: RunConfig, env: D.DistEnv, index_dir: Path, marker: dict[str, Any], split: str,
+         questions: list[str], depth: int) -> np.ndarray:
+    """Corpus rows of each question's top ``depth`` passages in the index at ``index_dir`` (``-1`` where
+    fewer), computed once (each rank encodes and searches a contiguous share of the questions) and stored
+    as ``index_dir/topk/<split>.npy``; later calls with the same questions, index and no deeper ``depth``
+    read it memory-mapped. A collective when it must be computed."""
+    out = index_dir / TOPK_DIR
+    key = {"questions": len(questions), "depth": depth, "index": marker.get("completed_at"),
+           "digest": hashlib.sha256("\n".join(questions).encode()).hexdigest()[:16]}
+    meta_path, rows_path = out / f"{split}.json", out / f"{split}.npy"
+    have = json.loads(meta_path.read_text()) if meta_path.is_file() else None
+    fresh = have is not None and rows_path.is_file() and \
+        {k: v for k, v in have.items() if k != "depth"} == {k: v for k, v in key.items() if k != "depth"} \
+        and have["depth"] >= depth
+    fresh = D.broadcast_object(env, fresh)
+    if not fresh:
+        per = -(-len(questions) // env.world_size)
+        lo, hi = min(len(questions), env.rank * per), min(len(questions), (env.rank + 1) * per)
+        index = FI.load(index_dir, marker)
+        _, encode_batch = _encoder_batches(marker.get("encoder", ""), int(marker.get("max_length", 64)),
+                                           cfg.index.batch_size, env.device)
+        rows = np.full((hi - lo, depth), -1, dtype=np.int64)
+        for s in range(lo, hi, 1024):
+            got = FI.search_rows(index, encode_batch(questions[s:min(hi, s + 1024)]), depth)
+            rows[s - lo:s - lo + got.shape[0], :got.shape[1]] = got
+        del index
+        out.mkdir(parents=True, exist_ok=True)
+        np.save(out / f".{split}.rank{env.rank}.npy", rows)
+        D.barrier(env)
+        if env.is_main:
+            parts = [out / f".{split}.rank{r}.npy" for r in range(env.world_size)]
+            tmp = out / f".{split}.tmp.npy"
+            np.save(tmp, np.concatenate([np.load(p) for p in parts]))
+            tmp.replace(rows_path)
+            FI.write_meta(meta_path, key)
+            for p in parts:
+                p.unlink(missing_ok=True)
+        D.barrier(env)
+    return np.load(rows_path, mmap_mode="r")
+
+
+def open_index_marker(index_dir: Path) -> dict[str, Any]:
+    if not is_complete(index_dir):
+        raise FileNotFoundError(f"{index_dir}: index stage is not complete (run the index stage first)")
+    return read_marker(index_dir)

@@ -16,8 +16,9 @@ chain is submitted at once and each stage starts the moment its input is ready:
   Train set up; checkpoints land in ``runs/<run_id>/<stage>/checkpoints`` as under torchrun, and
   ``FailureConfig(max_failures=ray.max_failures)`` restarts a failed worker group, which resumes
   from the newest verified checkpoint;
-- ``index``: the corpus encoded as ``ray.index.workers`` parallel tasks, the shards merged by a
-  task into the same ``index.faiss`` / ``ids.json`` / ``_COMPLETE`` as :mod:`training.index`;
+- ``index``: the corpus encoded as one task a part (``index.part_rows`` rows) into the same
+  ``embeddings/`` parts as :mod:`training.index`'s ranks, then built (or for ``ivfpq`` trained, added part
+  by part and merged) by tasks into the same ``index.faiss`` and ``_COMPLETE``;
 - ``evaluate``: the evaluation stage as a Ray task, writing the same ``report.json``.
 
 Every stage reserves its own placement group on its pool (:mod:`training.ray.placement`) and
@@ -51,8 +52,6 @@ from contract.ray_pools import POOLS_ENV
 PREPARE = "prepare"
 RAY_STORAGE_DIR = "ray"
 """Ray Train's run state (not the stages' outputs) under ``runs/<run_id>/``."""
-SHARDS_DIR = "_shards"
-"""Index stage: per-task embedding shards before the merge (removed after it)."""
 # Passed to the stage tasks and Ray Train workers when set here: the Hugging Face offline switch, the
 # import path, the namespace's declared pools (the stage tasks plan against them: placement.plan), the
 # training loop's step-hook modules (its HOOKS_ENV; tests inject faults through them) and the hooks' own
@@ -136,61 +135,99 @@ def _task(fn: Any, gpus: float) -> Any:
     return ray.remote(max_calls=1 if gpus else 0)(fn)
 
 
-def validate_file(shared_root: str, rel: str, kind: str) -> dict[str, Any]:
-    """Prepare task: read and validate one data file; returns its record count."""
-    from training.components.data import load_corpus, load_qa, resolve_confined
+def validate_file(shared_root: str, rel: str, kind: str, run_dir: str) -> dict[str, Any]:
+    """Prepare task: read and validate one data file (the corpus prepared into the run's ``corpus/`` unless
+    prepared in place, as :mod:`training.components.run_data` does); returns its record count."""
+    from pathlib import Path
+
+    from training.components.corpus import open_prepared
+    from training.components.data import load_qa, resolve_confined
+    from training.components.run_data import CORPUS_CACHE_DIR
 
     path = resolve_confined(shared_root, rel, f"data.{kind}")
-    records = load_corpus(path) if kind == "corpus" else load_qa(path)
-    return {"file": rel, "records": len(records)}
+    if kind == "corpus":
+        return {"file": rel, "records": open_prepared(path, Path(run_dir) / CORPUS_CACHE_DIR).rows}
+    return {"file": rel, "records": len(load_qa(path))}
 
 
-def encode_shard(tree: dict[str, Any], encoder_path: str, start: int, end: int, out_file: str,
-                 gpus: float, cpus: float) -> str:
-    """Index task: embed passages ``[start, end)`` of the corpus with ``encoder_path``; saves a .npy shard."""
-    import numpy as np
-
-    from training.components.data import load_corpus, resolve_confined
-    from training.components.models import encode_texts, load_encoder
+def encode_part_task(tree: dict[str, Any], encoder_path: str, n: int, gpus: float, cpus: float) -> int:
+    """Index task: part ``n`` of the corpus encoded to the index stage's ``embeddings/`` (the same files,
+    checks and resume rule as a torchrun rank's: :func:`training.components.search.encode_my_parts`);
+    1 when it encoded, 0 when the part was already there."""
+    from training.components import embeddings as E
+    from training.components.run_data import open_corpus
+    from training.components.search import _encoder_batches
 
     cfg = load_run_config(tree)
     env = _task_env(cfg.device, gpus, cpus)
-    corpus = load_corpus(resolve_confined(cfg.shared_root, cfg.data.corpus, "data.corpus"))
-    model, tok = load_encoder(encoder_path)
-    model.to(env.device)
-    emb = encode_texts(model, tok, [p.text for p in corpus[start:end]], cfg.retriever.max_length,
-                       cfg.index.batch_size, env.device)
-    if emb.numel() == 0:
-        emb = emb.reshape(0, model.encoder.config.hidden_size)
-    tmp = f"{out_file}.tmp-{os.getpid()}.npy"
-    np.save(tmp, emb.cpu().numpy().astype(np.float32))
-    os.replace(tmp, out_file)
-    return out_file
+    corpus = open_corpus(cfg)
+    part = E.parts(corpus.rows, cfg.index.part_rows)[n]
+    emb_dir = cfg.stage_dir("index") / E.PARTS_DIR
+    if not E.is_done(emb_dir, part, encoder_path):
+        _, encode_batch = _encoder_batches(encoder_path, cfg.retriever.max_length, cfg.index.batch_size, env.device)
+        E.encode_part(corpus, part, emb_dir, encode_batch, cfg.index.batch_size, encoder_path)
+        return 1
+    return 0
 
 
-def merge_index(tree: dict[str, Any], encoder_path: str, encode_s: float, *shards: str) -> dict[str, Any]:
-    """Index task: concatenate the shards in corpus order and write the index stage's outputs."""
-    import shutil
-    from pathlib import Path
-
-    import numpy as np
-
-    from training.components.data import load_corpus, resolve_confined
-    from training.components.logs import get_logger
-    from training.index import write_index
+def train_index_task(tree: dict[str, Any], *encoded: int) -> int:
+    """Index task (ivfpq): the empty index trained on a sample of the parts, once (kept across retries)."""
+    from training.components import embeddings as E
+    from training.components import faiss_index as FI
 
     cfg = load_run_config(tree)
-    corpus = load_corpus(resolve_confined(cfg.shared_root, cfg.data.corpus, "data.corpus"))
-    emb = np.concatenate([np.load(s) for s in shards], axis=0)
-    if emb.shape[0] != len(corpus):
-        raise RuntimeError(f"index: {emb.shape[0]} embeddings for {len(corpus)} passages")
+    out = cfg.stage_dir("index")
+    all_parts = E.parts(_corpus_rows(cfg), cfg.index.part_rows)
+    if not (out / FI.TRAINED_FILE).is_file():
+        return FI.train(out, out / E.PARTS_DIR, all_parts, cfg.index, cfg.seed)
+    return 0
+
+
+def add_part_task(tree: dict[str, Any], n: int, train_sample: int) -> int:
+    """Index task (ivfpq): part ``n``'s vectors added to a copy of the trained index, written alone."""
+    from training.components import embeddings as E
+    from training.components import faiss_index as FI
+
+    cfg = load_run_config(tree)
+    out = cfg.stage_dir("index")
+    FI.add_part(out, out / E.PARTS_DIR, E.parts(_corpus_rows(cfg), cfg.index.part_rows)[n])
+    return n
+
+
+def finish_index_task(tree: dict[str, Any], encoder_path: str, encode_s: float, train_sample: int,
+                      *done: int) -> dict[str, Any]:
+    """Index task: the parts built (small kinds) or merged (ivfpq) into the index stage's outputs, marked."""
+    from training.components import embeddings as E
+    from training.components import faiss_index as FI
+    from training.components.logs import get_logger
+    from training.components.search import finish_index, index_marker
+    from training.components.stage import complete_stage
+
+    cfg = load_run_config(tree)
+    out = cfg.stage_dir("index")
+    rows = _corpus_rows(cfg)
+    all_parts = E.parts(rows, cfg.index.part_rows)
+    dim = E.dimension(out / E.PARTS_DIR)
+    if cfg.index.kind in FI.SHARDED_KINDS:
+        FI.merge(out, all_parts, cfg.index.nprobe)
+    else:
+        FI.build_small(out, out / E.PARTS_DIR, all_parts, cfg.index, cfg.seed)
+    summary = {**index_marker(cfg.index, encoder_path, cfg.retriever.max_length, rows, dim, encode_s),
+               "parts": len(all_parts), "parts_encoded": sum(done), "parts_resumed": len(done) - sum(done),
+               "index_bytes": FI.index_bytes(out),
+               **({"train_sample": train_sample} if train_sample else {})}
     with _log_context(cfg, 0):
-        get_logger("index", True).info("indexed %d passages (%s, dim %d) from %d Ray task shards in %.1fs -> %s",
-                                       len(corpus), cfg.index.kind, emb.shape[1], len(shards), encode_s,
-                                       cfg.stage_dir("index"))
-        write_index(cfg, [p.id for p in corpus], emb, encoder_path, encode_s)
-    shutil.rmtree(Path(shards[0]).parent, ignore_errors=True)
-    return {"passages": len(corpus), "dim": int(emb.shape[1]), "shards": len(shards), "encode_seconds": encode_s}
+        get_logger("index", True).info("indexed %d passages (%s, dim %d) from %d Ray task parts in %.1fs -> %s",
+                                       rows, cfg.index.kind, dim, len(all_parts), encode_s, out)
+        complete_stage(cfg, "index", summary)
+    finish_index(out)
+    return summary
+
+
+def _corpus_rows(cfg: RunConfig) -> int:
+    from training.components.run_data import open_corpus
+
+    return open_corpus(cfg).rows
 
 
 def evaluate_task(tree: dict[str, Any], gpus: float, cpus: float) -> dict[str, Any]:
@@ -239,7 +276,7 @@ def run_prepare(cfg: RunConfig, placement: StagePlacement) -> dict[str, Any]:
     with reserved(placement, cfg.ray.placement_timeout_s, f"{cfg.run_id}-{PREPARE}") as pg:
         refs = {kind: task.options(num_cpus=placement.bundle.get("CPU", 0), num_gpus=0, max_retries=0,
                                    scheduling_strategy=strategy_for(pg, i % placement.workers))
-                .remote(cfg.shared_root, rel, kind)
+                .remote(cfg.shared_root, rel, kind, str(cfg.run_dir()))
                 for i, (kind, rel) in enumerate(files)}
         return {kind: ray.get(ref) for kind, ref in refs.items()}
 
@@ -273,34 +310,42 @@ def run_training(cfg: RunConfig, stage: str, placement: StagePlacement) -> dict[
 
 
 def run_index(cfg: RunConfig, placement: StagePlacement) -> dict[str, Any]:
+    """Index stage as Ray tasks: one task a part (the resume unit, written to the same files as a torchrun
+    rank's, so either executor resumes the other's parts), then for ivfpq one training task, one add task a
+    part and the merge; for the small kinds one build task. Plain tasks rather than Ray Data's
+    ``map_batches``: a part is already the batch of work, and its file is the output."""
     import ray
 
-    from training.components.data import load_corpus, resolve_confined
-    from training.components.search import retriever_model_path
+    from training.components import embeddings as E
+    from training.components import faiss_index as FI
+    from training.components.search import check_index_settings, retriever_model_path
 
-    n = len(load_corpus(resolve_confined(cfg.shared_root, cfg.data.corpus, "data.corpus")))
+    rows = _corpus_rows(cfg)
     encoder_path = retriever_model_path(cfg, cfg.index.use_finetuned)
-    shard_dir = cfg.stage_dir("index") / SHARDS_DIR
-    shard_dir.mkdir(parents=True, exist_ok=True)
-    tasks = max(1, min(placement.workers, n))
-    per = -(-n // tasks)
+    all_parts = E.parts(rows, cfg.index.part_rows)
     cpus, gpus = placement.bundle.get("CPU", 0), placement.bundle.get("GPU", 0)
-    encode = _task(encode_shard, gpus)
-    merge = _task(merge_index, 0)
+    encode = _task(encode_part_task, gpus)
     with reserved(placement, cfg.ray.placement_timeout_s, f"{cfg.run_id}-index") as pg:
         t0 = time.monotonic()
         tree = cfg.to_dict()
-        shards = [encode.options(num_cpus=cpus, num_gpus=gpus, max_retries=1,
-                                 scheduling_strategy=strategy_for(pg, i))
-                  .remote(tree, encoder_path, i * per, min(n, (i + 1) * per), str(shard_dir / f"{i:05d}.npy"),
-                          gpus, cpus)
-                  for i in range(tasks)]
-        ray.wait(shards, num_returns=len(shards))
+
+        def where(i: int, fn: Any, g: float = 0) -> Any:
+            return fn.options(num_cpus=cpus, num_gpus=g, max_retries=1, scheduling_strategy=strategy_for(pg, i))
+
+        encoded = [where(p.n % placement.workers, encode, gpus).remote(tree, encoder_path, p.n, gpus, cpus)
+                   for p in all_parts]
+        ray.wait(encoded, num_returns=len(encoded))
         encode_s = time.monotonic() - t0
-        # The refs themselves are the merge's arguments: Ray hands it the shard paths.
-        return ray.get(merge.options(num_cpus=cpus, num_gpus=0, max_retries=0,
-                                     scheduling_strategy=strategy_for(pg, 0))
-                       .remote(tree, encoder_path, encode_s, *shards))
+        train_sample = 0
+        check_index_settings(cfg.index, rows, E.dimension(cfg.stage_dir("index") / E.PARTS_DIR))
+        if cfg.index.kind in FI.SHARDED_KINDS:
+            trained = where(0, ray.remote(train_index_task)).remote(tree, *encoded)
+            added = [where(p.n % placement.workers, ray.remote(add_part_task)).remote(tree, p.n, trained)
+                     for p in all_parts]
+            train_sample = ray.get(trained)
+            ray.get(added)
+        return ray.get(where(0, _task(finish_index_task, 0)).remote(tree, encoder_path, encode_s, train_sample,
+                                                                   *encoded))
 
 
 def run_evaluate(cfg: RunConfig, placement: StagePlacement) -> dict[str, Any]:

@@ -114,6 +114,7 @@ def trial_worker(config: dict[str, Any]) -> None:
     from training import retriever
     from training.components import distributed as D
     from training.components import logs
+    from training.components.corpus import MemoryCorpus
     from training.components.data import load_datasets
     from training.components.loop import seed_everything, train
     from training.components.models import load_encoder
@@ -134,7 +135,8 @@ def trial_worker(config: dict[str, Any]) -> None:
 
     # Records carry the run id and rank; no run_dir: a trial never writes the run's own retriever log.
     with logs.scoped_context(cfg.run_id, env.rank):
-        result = train(retriever.make_task(cfg, env, data, model, tokenizer), cfg, env, stage_dir, hooks=[report])
+        task = retriever.make_task(cfg, env, MemoryCorpus(data.corpus), data.train, model, tokenizer)
+        result = train(task, cfg, env, stage_dir, hooks=[report])
     if result.exit_code != OK:
         raise RuntimeError(f"trial training exited with {result.exit_code}")
 

@@ -107,38 +107,95 @@ def memory_problems(spec: RunSpec, shared_root: str,
         if spec.executor == "ray":
             ray = cfg.ray.stage(stage)
             pool, world, per_node = ray.pool, ray.workers, ray.workers
+            pool_key = _spec_field(spec, f"ray.{stage}.pool")
+            # Ray Train workers of one Ray worker pod (ray.<stage>.gpus GPUs each).
+            per_pod = min(world, pools[pool].gpus // max(1, ray.gpus)) if pool in pools else 1
         else:
             pool = spec.pool or _default_pool(pools, env)
             per_node = spec.gpus_per_node or (pools[pool].gpus if pool in pools else 0)
             world = spec.nodes * per_node
+            pool_key, per_pod = "pool", per_node  # the spec's own field
         skip = f"memory check of {stage} skipped"
         if not pool or pool not in pools:
             notes.append(f"{skip}: pool {pool or '(any)'!r} is not in {POOL_GPUS_ENV}")
             continue
-        gib = pools[pool].gib
+        gib, mem = pools[pool].gib, pools[pool].mem_gib
         if gib is None:
             notes.append(f"{skip}: pool {pool!r} has an instance family whose GPU memory is not recorded "
                          "(infra/reference/gpu_memory.yaml)")
-            continue
+            if mem is None:
+                continue
         try:
             params, how = model_parameters(section.model)
         except (ModelSizeError, OSError) as err:
             notes.append(f"{skip}: cannot read the size of {section.model} from here ({err}); mount the shared "
                          "root (RAGPOOL_SHARED_ROOT) to check it")
             continue
-        ok, arithmetic = fits(params, par.strategy, world, per_node, gib)
-        if ok:
+        model = f"the {stage} model ({Path(section.model).name}, {params} parameters from {how})"
+        ok, arithmetic = fits(params, par.strategy, world, per_node, gib) if gib is not None else (True, "")
+        if not ok:
+            need = math.ceil(STATE_BYTES_PER_PARAMETER * params / (USABLE_FRACTION * (gib or 0) * GIB))
+            problems.append((_spec_field(spec, f"{stage}.parallelism.strategy"),
+                             f"{model} cannot fit a GPU of pool {pool!r}: {arithmetic}; shard it over at least "
+                             f"{need} ranks (fsdp over nodes x gpus_per_node, or hsdp over a node's GPUs)"))
             continue
-        need = math.ceil(STATE_BYTES_PER_PARAMETER * params / (USABLE_FRACTION * gib * GIB))
-        problems.append((_spec_field(spec, f"{stage}.parallelism.strategy"),
-                         f"the {stage} model ({Path(section.model).name}, {params} parameters from {how}) cannot "
-                         f"fit a GPU of pool {pool!r}: {arithmetic}; shard it over at least {need} ranks "
-                         f"(fsdp over nodes x gpus_per_node, or hsdp over a node's GPUs)"))
+        if mem is None:
+            continue  # a stack older than the pod memory in RAGPOOL_POOL_GPUS: not checked, as before
+        staging_ok, gather_ok, host = host_fits(params, par.strategy, world, per_node, per_pod, mem)
+        if not gather_ok:
+            problems.append((pool_key,
+                             f"{model} cannot be gathered on rank 0 at the end of the stage in a worker pod of pool "
+                             f"{pool!r} (it would be OOM-killed, retried and dead-lettered): {host}; pick a pool "
+                             f"whose worker pods have more memory ({POOL_GPUS_ENV} :mem<M>GiB)"))
+        elif not staging_ok:
+            problems.append((_spec_field(spec, f"{stage}.parallelism.strategy"),
+                             f"{model} cannot stage its checkpoint in a worker pod of pool {pool!r} (it would be "
+                             f"OOM-killed at its first checkpoint): {host}; shard it over more ranks (fsdp over "
+                             f"more nodes) or pick a pool whose worker pods have more memory"))
     return problems, notes
+
+
+def _encoder_dim(model_dir: Path) -> int | None:
+    """``hidden_size`` of a local encoder directory's ``config.json`` (None when it cannot be read)."""
+    import json
+
+    try:
+        return int(json.loads((model_dir / "config.json").read_text())["hidden_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def index_problems(spec: RunSpec, shared_root: str) -> tuple[list[tuple[str, str]], list[str]]:
+    """The index settings against the corpus and encoder when this machine can see them (the shared
+    storage mounted, the corpus prepared, the encoder a local directory): ``nlist`` against the corpus's
+    passages, ``pq_m`` dividing the encoder's dimension, ``2**pq_bits`` centroids trainable
+    (:func:`training.components.faiss_index.check_settings`, which the stage runs again before encoding)."""
+    from training.components.corpus import MANIFEST, PREPARED_DIR
+    from training.components.faiss_index import check_settings
+    from training.config import ConfigError, load_run_config
+
+    if "index" not in spec.stages:
+        return [], []
+    try:
+        cfg = load_run_config(spec.to_training_config(shared_root))
+    except ConfigError:
+        return [], []  # the spec's own validation reports it
+    manifest = Path(shared_root) / cfg.data.corpus / PREPARED_DIR / MANIFEST
+    dim = _encoder_dim(Path(cfg.retriever.model)) if cfg.retriever.model else None
+    if not manifest.is_file() or dim is None:
+        return [], [f"index settings checked when the stage starts (corpus manifest {manifest} or the encoder's "
+                    "config.json not readable here)"] if cfg.index.kind != "flat" else []
+    import json
+
+    rows = int(json.loads(manifest.read_text())["rows"])
+    ic = cfg.index
+    return [(_spec_field(spec, msg.split("=", 1)[0]), msg.split(": ", 1)[1])
+            for msg in check_settings(ic.kind, rows, dim, ic.nlist, ic.pq_m, ic.pq_bits)], []
 
 
 def fit_problems(spec: RunSpec, shared_root: str,
                  environ: Mapping[str, str] | None = None) -> tuple[list[tuple[str, str]], list[str]]:
-    """``(problems, notes)``: the lane check, then the memory check."""
+    """``(problems, notes)``: the lane check, then the memory check, then the index settings."""
     problems, notes = memory_problems(spec, shared_root, environ)
-    return lane_problems(spec, environ) + problems, notes
+    index, index_notes = index_problems(spec, shared_root)
+    return lane_problems(spec, environ) + problems + index, notes + index_notes

@@ -53,6 +53,26 @@ def test_the_ray_executor_resumes_a_run_torchrun_trained(shared, tiny_encoder_di
     assert tiny_run.layout(own) == tiny_run.layout(t_dir)
 
 
+def test_an_index_stage_torchrun_began_is_finished_by_ray_from_the_parts_it_wrote(shared, tiny_encoder_dir,
+                                                                                    local_ray) -> None:
+    """The index stage SIGKILLed under torchrun in its third part (tests/training/test_index.py's program):
+    the Ray executor's part tasks skip the two parts written and verified, encode the rest, and build the index."""
+    import subprocess
+    import sys
+
+    from tests.support.training import REPO, stage_env
+    from tests.training.test_index import KILLED_MID_ENCODE
+
+    small_parts = ["--index.part_rows=20", "--index.batch_size=10"]
+    spec = write_run(shared, "half-indexed", stages=["index"], **tiny_run.sections(tiny_encoder_dir))
+    killed = subprocess.run([sys.executable, "-c", KILLED_MID_ENCODE, "--config", str(spec), *small_parts], cwd=REPO,
+                            env=stage_env(), capture_output=True, text=True, timeout=240)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert _drive(spec, *small_parts) == 0
+    marker = json.loads((shared / "runs" / "half-indexed" / "index" / "_COMPLETE").read_text())
+    assert marker["parts_resumed"] == 2 and marker["parts_encoded"] == marker["parts"] - 2 > 0
+
+
 def test_a_stage_failure_is_an_exit_code_naming_the_cause(shared, tiny_encoder_dir, local_ray, capsys) -> None:
     cfg = write_run(shared, "ray-bad-pool", stages=["index"], **tiny_run.sections(tiny_encoder_dir))
     assert _drive(cfg, "--ray.index.pool=gpu-nowhere") == 4

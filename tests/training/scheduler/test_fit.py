@@ -244,3 +244,34 @@ def test_a_ray_stage_is_checked_on_its_own_pool_and_workers(tmp_path, monkeypatc
     assert [k for k, _ in problems] == ["hyperparameters.generator.parallelism.strategy"] and not notes
     assert "pool 'gpu-spot'" in problems[0][1] and "100.4 GiB per rank" in problems[0][1]
     assert memory_problems(ray_run("fsdp", 8), root, env) == ([], []), "fsdp over 8 Ray Train workers: 12.6 GiB"
+    # With the Ray worker pods' memory: the rank-0 gather (37.7 GiB) does not fit an 11 GiB pod: the stage's pool.
+    problems, _ = memory_problems(ray_run("fsdp", 8), root, {POOL_GPUS_ENV: "gpu-big=8:80GiB,gpu-spot=1:24GiB:mem11GiB"})
+    assert [k for k, _ in problems] == ["hyperparameters.run.ray.generator.pool"], problems
+
+
+# ------------------------------------------------------------------ index settings against the corpus
+
+
+def test_index_settings_the_prepared_corpus_cannot_hold_are_refused_at_submit(submit, tmp_path):
+    from training.components.corpus import PREPARED_DIR, prepare
+
+    shared = tmp_path / "shared"
+    corpus = shared / "datasets" / "big" / "passages"
+    corpus.mkdir(parents=True)
+    (corpus / "s0.jsonl").write_text("".join(json.dumps({"id": f"p{i}", "text": "t"}) + "\n" for i in range(300)))
+    prepare(corpus, corpus / PREPARED_DIR)
+    encoder = shared / "models" / "enc"
+    encoder.mkdir(parents=True)
+    (encoder / "config.json").write_text(json.dumps({"hidden_size": 32}))
+    spec = ("run_id: {rid}\nstages: [index]\ndata: {{corpus: datasets/big/passages}}\n"
+            "models: {{retriever: models/enc}}\nhyperparameters:\n  index: {{{index}}}\n")
+    err = refused(submit(spec.format(rid="pq-bad", index="kind: ivfpq, nlist: 1000, nprobe: 4, pq_m: 5")),
+                  "hyperparameters.index.nlist")
+    assert "more clusters than the 300 passages" in err
+    assert "  hyperparameters.index.pq_m: must divide the encoder's dimension 32" in err
+    code, err, queued = submit(spec.format(rid="pq-ok", index="kind: ivfpq, nlist: 4, nprobe: 4, pq_m: 8"))
+    assert code == 0 and queued, err
+    # Not prepared (or not mounted here): accepted, with a note that the stage checks it.
+    code, err, queued = submit(spec.format(rid="pq-later", index="kind: ivfpq, nlist: 4, nprobe: 4, pq_m: 8")
+                               .replace("datasets/big/passages", "datasets/elsewhere"))
+    assert code == 0 and queued and "index settings checked when the stage starts" in err
