@@ -22,8 +22,9 @@ import training.scheduler
 
 REPO = Path(__file__).resolve().parents[2]
 FORBIDDEN = ("torch", "transformers", "faiss")
-CONTRACTS = ("training", "training.config", "training.worker")
-"""Torch-free modules of training/ beside the scheduler; every module of contract/ is torch-free too."""
+CONTRACTS = ("training", "training.config", "training.worker", "training.datasets.s3sync", "training.datasets.cli")
+"""Torch-free modules of training/ beside the scheduler (the dataset import runs in a small Job); every module of
+contract/ is torch-free too."""
 
 
 def torch_free_modules() -> list[str]:
