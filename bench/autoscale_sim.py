@@ -6,7 +6,7 @@ What is real: the ScaledJob objects (built by infra, the same dicts ``pulumi up`
 KEDA's job-count algorithm (:mod:`bench.keda_scaledjob`, transcribed from KEDA v2.20.2),
 the exact command KEDA's Redis scaler sends for each trigger (``EVAL`` of its Lua script on the
 trigger's ``listName``), the worker processes with the job template's command, args and
-environment (``value``, ``fieldRef``, ``secretKeyRef``, ``$(VAR)`` expansion as the kubelet does),
+environment (``value``, ``fieldRef``, ``secretKeyRef``, ``configMapKeyRef``, ``$(VAR)`` expansion as the kubelet does),
 their ``/ready`` endpoint as the readiness probe the template declares, the queue and the keeper.
 
 What stands in for the cluster (:class:`Cluster`):
@@ -284,10 +284,12 @@ class Cluster:
     def __init__(self, scaled_jobs: Iterable[dict], *, redis_client, secrets: dict[str, dict[str, str]],
                  shared_root: Path, work_dir: Path, settings: Settings, gpu_capacity: dict[str, int] | None = None,
                  gpu_quotas: dict[str, int] | None = None, extra_env: dict[str, str] | None = None,
-                 node_delay: Callable[[Pod], float] | None = None) -> None:
+                 node_delay: Callable[[Pod], float] | None = None,
+                 config_maps: dict[str, dict[str, str]] | None = None) -> None:
         self.scaled_jobs = [ScaledJob(m) for m in scaled_jobs]
         self.redis = redis_client
         self.secrets = secrets
+        self.config_maps = config_maps or {}
         self.shared_root = shared_root
         self.work_dir = work_dir
         self.settings = settings
@@ -603,6 +605,9 @@ class Cluster:
             elif "secretKeyRef" in var.get("valueFrom", {}):
                 ref = var["valueFrom"]["secretKeyRef"]
                 value = self.secrets[ref["name"]][ref["key"]]
+            elif "configMapKeyRef" in var.get("valueFrom", {}):
+                ref = var["valueFrom"]["configMapKeyRef"]
+                value = self.config_maps[ref["name"]][ref["key"]]
             else:
                 raise ValueError(f"env {var['name']}: {var.get('valueFrom')} is not simulated")
             env[var["name"]] = local(value)
@@ -748,8 +753,9 @@ class Stack:
     """Pool -> its NodePool's ``limits`` of GPUs (what Karpenter may bring up)."""
     gpu_quotas: dict[str, int]
     """Namespace -> its ResourceQuota's ``requests.nvidia.com/gpu``."""
-    redis_secret: str
-    """The Secret the workers' ``REDIS_URL`` comes from."""
+    redis_config: str
+    """The ConfigMap the workers' ``REDIS_URL`` and required replicas come from (the password is a file of the
+    connection Secret, infra/queue_redis.py ``CONNECTION_SECRET``)."""
 
     def queue_namespaces(self) -> list[str]:
         return sorted({queue_namespace(m) for m in self.scaled_jobs})
@@ -775,6 +781,8 @@ class Simulation:
         self._queues: dict[str, Any] = {}
 
     def __enter__(self) -> "Simulation":
+        from infra.queue_redis import REQUIRED_REPLICAS_KEY, URL_KEY
+
         shutil.rmtree(self.work_dir, ignore_errors=True)
         (self.shared_root / "runs").mkdir(parents=True)
         password = _suffix(24)
@@ -783,6 +791,7 @@ class Simulation:
         try:
             self.cluster = Cluster(
                 self.manifests, redis_client=self.client, secrets=self._secrets(password),
+                config_maps={self.stack.redis_config: {URL_KEY: self.server.url, REQUIRED_REPLICAS_KEY: "0"}},
                 shared_root=self.shared_root, work_dir=self.work_dir, settings=self.settings,
                 gpu_capacity=self.stack.gpu_capacity, gpu_quotas=self.stack.gpu_quotas,
                 extra_env={"RAGPOOL_WORKER_TEST_COMMAND": json.dumps(["sh", "-c", WORKLOAD]),
@@ -797,13 +806,12 @@ class Simulation:
         return self
 
     def _secrets(self, password: str) -> dict[str, dict[str, str]]:
-        """The queue's connection Secret as infra's holds it (``url``, ``password``, required replicas:
-        0, this Redis has none) for this Redis; any other Secret a template names (the Ray token)
-        gets random values."""
-        from infra.queue_redis import REQUIRED_REPLICAS_KEY
+        """The queue's connection Secret as infra's holds it (the password) for this Redis; any other Secret a
+        template names (the Ray token) gets random values."""
+        from infra.queue_redis import CONNECTION_SECRET
 
         secrets: dict[str, dict[str, str]] = collections.defaultdict(lambda: collections.defaultdict(lambda: _suffix(24)))
-        secrets[self.stack.redis_secret] = {"url": self.server.url, "password": password, REQUIRED_REPLICAS_KEY: "0"}
+        secrets[CONNECTION_SECRET] = {"password": password}
         return secrets
 
     def __exit__(self, *exc) -> None:
@@ -1016,9 +1024,9 @@ def stack_from_plan(plan: dict, namespace: str | None = None) -> Stack:
     quotas = {q["metadata"]["namespace"]: int(q["spec"]["hard"][f"requests.{GPU_RESOURCE}"])
               for q in objects(":core/v1:ResourceQuota") if f"requests.{GPU_RESOURCE}" in q["spec"].get("hard", {})}
     container = scaled_jobs[0]["spec"]["jobTargetRef"]["template"]["spec"]["containers"][0]
-    [secret] = [e["valueFrom"]["secretKeyRef"]["name"] for e in container["env"] if e["name"] == REDIS_URL_ENV]
+    [config] = [e["valueFrom"]["configMapKeyRef"]["name"] for e in container["env"] if e["name"] == REDIS_URL_ENV]
     return Stack(scaled_jobs=scaled_jobs, keeper=keepers[0] if keepers else None, gpu_capacity=capacity,
-                 gpu_quotas=quotas, redis_secret=secret)
+                 gpu_quotas=quotas, redis_config=config)
 
 
 def scaled_jobs_from_plan(plan: dict, namespace: str | None = None) -> list[dict]:

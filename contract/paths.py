@@ -18,6 +18,11 @@ DEFAULT_SHARED_ROOT = "/mnt/shared"
 SHARED_ROOT_ENV = "RAGPOOL_SHARED_ROOT"
 """Environment variable that overrides :data:`DEFAULT_SHARED_ROOT` (local runs, tests)."""
 
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+"""Where a pod's service-account token (``token``), the cluster CA (``ca.crt``) and its namespace are
+mounted: the kubelet's own path for them (what in-cluster clients read). The GPU worker Job projects
+them there (infra/node_fence.py); the worker's node fence reads them (training/scheduler/worker/node_fence.py)."""
+
 RUN_ID_RULE = "a DNS label: 1-63 lowercase letters, digits or '-', starting and ending alphanumeric"
 # A run id names a Redis key, a directory, a Kubernetes label value and part of Job names,
 # so it must satisfy the strictest of them (RFC 1123 label).

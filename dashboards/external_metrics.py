@@ -39,6 +39,9 @@ Sources and what each needs from the deployment (see ``dashboards/README.md``):
   value is the list's length), ``keda_build_info`` and ``keda_scaled_job_errors_total{namespace, scaledJob}`` (counted
   for every failed read in pkg/scaling/scale_handler.go getScaledJobMetrics; the per-scaler
   ``keda_scaler_detail_errors_total`` is not, for ScaledJobs, at that tag).
+* ``prometheus``: Prometheus' own ``up`` of each scrape target. A PodMonitor's target carries ``endpoint`` (the
+  port name), ``namespace``, ``pod``, ``container`` (prometheus-operator pkg/prometheus/promcfg.go
+  ``generatePodMonitorConfig``) and the relabelings of its endpoint (``ray_io_cluster`` on the Ray PodMonitors).
 * kube-state-metrics lane labels: a worker Job and its pods carry ``lane.ragpool.io/<lane>: "true"``
   for every lane their worker claims (contract/lanes.py ``lane_labels``); ``kube_job_labels``
   and ``kube_pod_labels`` carry them as ``label_lane_ragpool_io_<lane>`` (:func:`ksm_label`) because
@@ -63,7 +66,7 @@ from typing import Literal
 from contract.names import POOL_LABEL
 from contract.lanes import LANE_LABEL_PREFIX, Lane
 
-Source = Literal["kube-state-metrics", "redis_exporter", "yace", "kuberay-operator", "ray", "keda"]
+Source = Literal["kube-state-metrics", "redis_exporter", "yace", "kuberay-operator", "ray", "keda", "prometheus"]
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,9 @@ EXTERNAL_METRICS: tuple[ExternalMetric, ...] = (
                    "allocatable GPUs (the device plugin withholds unhealthy ones)"),
     ExternalMetric("kube_node_status_condition", "kube-state-metrics", ("node", "condition", "status"),
                    "Ready condition of GPU nodes"),
+    ExternalMetric("kube_node_spec_taint", "kube-state-metrics", ("node", "key", "value"),
+                   "a node's taints (internal/store/node.go: key, value, effect): the health-check fence "
+                   "(RagpoolGpuNodeFenced)"),
     ExternalMetric("kube_pod_labels", "kube-state-metrics",
                    ("namespace", "pod", "label_ragpool_io_run_id", "label_lane_ragpool_io_<lane>"),
                    "pod -> run id, to name the run holding an idle GPU; worker pod -> the lanes it claims "
@@ -127,6 +133,8 @@ EXTERNAL_METRICS: tuple[ExternalMetric, ...] = (
                    "placement groups by state (GCS, head): pending reservations of the driver's stages"),
     ExternalMetric("ray_tasks", "ray", ("namespace", "ray_io_cluster", "State"),
                    "tasks by state: PENDING_NODE_ASSIGNMENT is demand waiting for a node"),
+    ExternalMetric("up", "prometheus", ("namespace", "ray_io_cluster", "endpoint"),
+                   "scrape health of the Ray head's autoscaler sidecar (endpoint as-metrics): RagpoolRayAutoscalerDown"),
     ExternalMetric("autoscaler_pending_nodes", "ray", ("namespace", "ray_io_cluster", "NodeType"),
                    "workers the Ray autoscaler is launching, per worker group"),
     ExternalMetric("redis_up", "redis_exporter", ("instance",), "1 when the exporter reached Redis"),

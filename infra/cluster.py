@@ -19,6 +19,7 @@ from infra.component import RagpoolComponent
 from infra import iam
 from infra.common import GPU_TOLERATION, SYSTEM_NODE_SELECTOR, aws_tags, child, stateful
 from infra.config import StackConfig
+from infra.node_fence import FENCE_NAME
 
 CONTROL_PLANE_LOGS = ("api", "audit", "authenticator", "controllerManager", "scheduler")
 # Managed add-ons. Versions are left to EKS (the default for the cluster version),
@@ -52,6 +53,7 @@ PREVIEW_VERBS = ("get", "create", "patch")
 PREVIEW_RESOURCES: dict[str, tuple[str, ...]] = {
     "": ("configmaps", "limitranges", "namespaces", "persistentvolumeclaims", "resourcequotas", "serviceaccounts",
          "services"),
+    "admissionregistration.k8s.io": ("validatingadmissionpolicies", "validatingadmissionpolicybindings"),
     "apps": ("deployments", "statefulsets"),
     "batch": ("cronjobs",),
     "networking.k8s.io": ("networkpolicies",),
@@ -75,10 +77,13 @@ def preview_rules(role_name: str, binding_name: str) -> list[dict]:
           for group, resources in PREVIEW_RESOURCES.items()),
         {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
          "verbs": ["get", "create", "update"]},
-        {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"], "resourceNames": [role_name],
-         "verbs": ["get", "patch"]},
+        # And the node fence's (infra/node_fence.py), by name. A change to those two is still refused at
+        # dry-run (RBAC escalation prevention: the preview role holds neither patch on nodes nor bind) and
+        # previewed client-side; their get (the diff's read of the live object) is not.
+        {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"],
+         "resourceNames": [role_name, FENCE_NAME], "verbs": ["get", "patch"]},
         {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterrolebindings"],
-         "resourceNames": [binding_name], "verbs": ["get", "patch"]},
+         "resourceNames": [binding_name, FENCE_NAME], "verbs": ["get", "patch"]},
     ]
 
 # Add-on configuration values (`aws eks describe-addon-configuration` schema of each add-on).

@@ -65,6 +65,9 @@ POLLING_INTERVAL_SECONDS = 10
 # each); the Job's ttlSecondsAfterFinished removes the rest after a day.
 SUCCESSFUL_JOBS_HISTORY = 5
 FAILED_JOBS_HISTORY = 10
+# Jobs of a training namespace besides its ScaledJobs': workers started by hand from the CronJob templates
+# (each kept a day by its TTL) and the data import/export Jobs.
+OTHER_JOBS_HEADROOM = 20
 # A ScaledJob's Job is one run (KEDA's model: one Job per queued item): its worker takes one run and
 # exits (training/scheduler/worker/ WorkerConfig.max_tasks). Why the count is then exact:
 # docs/DESIGN.md, "One Job, one run".
@@ -143,6 +146,15 @@ def worker_kinds(cfg: StackConfig, gpu_quota: int | None, ray_max_jobs: int | No
     if ray_max_jobs is not None:
         kinds.append(WorkerKind("ragpool-worker-ray", None, 1, ray_worker_lanes(), max(1, ray_max_jobs)))
     return kinds
+
+
+def jobs_quota(kinds: Iterable[WorkerKind]) -> int:
+    """The namespace's ``count/jobs.batch``: what its ScaledJobs can hold at once (per ScaledJob, the finished
+    Jobs KEDA keeps, :data:`SUCCESSFUL_JOBS_HISTORY` + :data:`FAILED_JOBS_HISTORY`, and up to ``maxReplicaCount``
+    unfinished ones), plus :data:`OTHER_JOBS_HEADROOM`. A fixed 200 was too few for a namespace with many lanes
+    (15 kept per ScaledJob): at the quota the API server refuses KEDA's next Job (round-4 audit, item 5).
+    Policy ``jobs-quota-covers-scaledjobs`` checks every namespace of a plan against the same sum."""
+    return sum(SUCCESSFUL_JOBS_HISTORY + FAILED_JOBS_HISTORY + kind.max_jobs for kind in kinds) + OTHER_JOBS_HEADROOM
 
 
 def ray_worker_lanes() -> tuple[Lane, ...]:

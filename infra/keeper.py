@@ -44,7 +44,7 @@ def keeper_deployment_spec(image: str, redis_secret: str, queue_namespaces: tupl
                 # A lost worker's run is back in its ready list within a lease and one interval.
                 "args": ["--interval-seconds", f"{KEEPER_INTERVAL_S:g}",
                          "--metrics-port", str(QUEUE_METRICS_PORT)],
-                "env": [*redis_client_env(redis_secret),
+                "env": [*redis_client_env(),
                         {"name": NAMESPACES_ENV, "value": ",".join(queue_namespaces)}],
                 "ports": [{"name": "queue-metrics", "containerPort": QUEUE_METRICS_PORT}],
                 # A hung tick loop is restarted (a Redis outage is not: the loop still comes round); the

@@ -39,6 +39,10 @@ GRAFANA_ADMIN_SECRET = "grafana-admin"
 # CloudWatch is the only source of EFS burst credits and permitted throughput.
 YACE_IMAGE = "quay.io/prometheuscommunity/yet-another-cloudwatch-exporter:v0.67.0"
 YACE_NAME = "ragpool-cloudwatch-exporter"
+YACE_HEALTH_PATH = "/healthz"
+"""YACE's health endpoint (prometheus-community/yet-another-cloudwatch-exporter cmd/yace/main.go ``startScraper``:
+``/healthz``, 200 "ok"; read at commit 01644c68, verify at the pinned tag when bumping it): the server answers
+while CloudWatch reads run in the background, so a slow CloudWatch never restarts it."""
 NOBODY_UID = 65534  # the YACE image runs as nobody
 YACE_READ_ACTIONS = ["cloudwatch:GetMetricData", "cloudwatch:GetMetricStatistics", "cloudwatch:ListMetrics",
                      "tag:GetResources"]
@@ -187,12 +191,20 @@ class Monitoring(RagpoolComponent):
                 "selector": {"matchLabels": {"app.kubernetes.io/name": YACE_NAME}},
                 "template": {"metadata": {"labels": labels}, "spec": {
                     "serviceAccountName": YACE_NAME,
+                    # It calls AWS only, with the EKS Pod Identity token its webhook projects (its own volume);
+                    # the Kubernetes API token was mounted for nothing (checkov CKV_K8S_38).
+                    "automountServiceAccountToken": False,
                     "nodeSelector": dict(SYSTEM_NODE_SELECTOR),
                     "securityContext": pod_security_context(NOBODY_UID),
                     "containers": [{
                         "name": "exporter", "image": YACE_IMAGE,
                         "args": ["--config.file=/config/config.yml"],
                         "ports": [{"name": "metrics", "containerPort": 5000}],
+                        # Round-4 audit, item 7: it had no probe, so a hung exporter was never restarted.
+                        "livenessProbe": {"httpGet": {"path": YACE_HEALTH_PATH, "port": "metrics"},
+                                          "periodSeconds": 30, "timeoutSeconds": 5, "failureThreshold": 3},
+                        "readinessProbe": {"httpGet": {"path": YACE_HEALTH_PATH, "port": "metrics"},
+                                           "periodSeconds": 10, "timeoutSeconds": 5},
                         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
                         "securityContext": container_security_context(),
                         "volumeMounts": [{"name": "config", "mountPath": "/config", "readOnly": True}],

@@ -200,8 +200,9 @@ class TrainingNamespace(RagpoolComponent):
             f"{name}-quota", metadata={"name": "ragpool-training", "namespace": self.name, "labels": k8s_labels("training")},
             # requests.<extended resource> only: the API server's pod quota evaluator counts no limits.*
             # of an extended resource (infra/reference/kubernetes_quota.yaml), so such a key caps nothing.
+            # count/jobs.batch: the worker Jobs' own quota, sized from the ScaledJobs (infra/worker_jobs.py).
             spec={"hard": {"requests.nvidia.com/gpu": str(gpu_total),
-                           "count/jobs.batch": "200", "pods": "300", "persistentvolumeclaims": "10"}},
+                           "pods": "300", "persistentvolumeclaims": "10"}},
             opts=ns_opts)
         k8s.core.v1.LimitRange(
             f"{name}-limits", metadata={"name": "ragpool-training", "namespace": self.name, "labels": k8s_labels("training")},

@@ -35,7 +35,7 @@ SUBCHARTS = {"grafana": "grafana", "kube-state-metrics": "kube-state-metrics",
 COMMENTED_KEYS = {("kuberay-operator", "watchNamespace"), ("grafana", "adminPassword")}
 
 CORE_GROUPS = {"core", "storage.k8s.io", "apps", "batch", "networking.k8s.io", "rbac.authorization.k8s.io",
-               "policy", "scheduling.k8s.io"}
+               "policy", "scheduling.k8s.io", "admissionregistration.k8s.io"}
 
 
 # Kubernetes resources that are not one object: a Helm release (values checked against the

@@ -31,7 +31,7 @@ def test_one_keeper_for_every_queue(team_plan, committed_plans):
     assert "--interval-seconds" in container["args"]
     env = {e["name"]: e for e in container["env"]}
     assert env[NAMESPACES_ENV]["value"] == ",".join(["ragpool", *(team["name"] for team in TEAMS_ON_PROD)])
-    assert env["REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "ragpool-redis", "key": "url"}
+    assert env["REDIS_URL"]["valueFrom"]["configMapKeyRef"] == {"name": "ragpool-redis", "key": "url"}
     assert spec["template"]["metadata"]["labels"]["ragpool.io/redis-client"] == "true"
     assert {p["name"] for p in container["ports"]} == {"queue-metrics"}
     for doc in (team_plan, *committed_plans.values()):  # one keeper per stack, never in a team namespace

@@ -58,3 +58,17 @@ def test_the_autoscaling_dashboard_has_a_row_per_lane_of_the_stack(committed_pla
         exprs = json.dumps(board)
         for name in lanes:
             assert f'{lane_ksm_label(parse_lane(name))}=\\"true\\"' in exprs, (stack, name)
+
+
+def test_the_cloudwatch_exporter_has_liveness_and_readiness(committed_plans):
+    """Round-4 audit, item 7: YACE had no probe, so a hung exporter (EFS alerts silent) was never restarted."""
+    from infra.monitoring import YACE_HEALTH_PATH, YACE_NAME
+    from tests.infra.harness import inputs_of
+
+    for stack, plan in committed_plans.items():
+        [deployment] = [d for d in inputs_of(plan, "kubernetes:apps/v1:Deployment") if d["metadata"]["name"] == YACE_NAME]
+        [container] = deployment["spec"]["template"]["spec"]["containers"]
+        ports = {p["name"] for p in container["ports"]}
+        for probe in ("livenessProbe", "readinessProbe"):
+            assert container[probe]["httpGet"]["path"] == YACE_HEALTH_PATH, (stack, probe)
+            assert container[probe]["httpGet"]["port"] in ports, (stack, probe)

@@ -1,8 +1,9 @@
 """Every queue client of a stack declares the replicas its writes must reach (issue 25).
 
 Whether a submission, claim or ack must be confirmed by replicas is configuration the stack
-owns (``infra.queue_redis.required_replicas``), carried by the queue's connection Secret to
-every container that talks to Redis, never what a client observes at connect time.
+owns (``infra.queue_redis.required_replicas``), carried by the queue's connection ConfigMap to
+every container that talks to Redis, never what a client observes at connect time. The URL comes from
+the same ConfigMap: nothing secret reaches a client's environment (round-4 audit, item 7).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from typing import Any, Iterator
 import pytest
 
 from infra.stack import load_stack, validate_stack
-from infra.queue_redis import CONNECTION_SECRET, REQUIRED_REPLICAS_KEY, required_replicas
+from infra.queue_redis import (CONNECTION_CONFIG, CONNECTION_SECRET, EXPORTER_PASSWORDS_KEY, REQUIRED_REPLICAS_KEY, URL_KEY,
+                               required_replicas)
 from tests.infra.harness import kubernetes_objects
 from contract.env import REQUIRED_REPLICAS_ENV
 from training.scheduler.redis_conn import settings_from_env
@@ -34,12 +36,15 @@ def _env_lists(node: Any) -> Iterator[list[dict]]:
 @pytest.mark.parametrize("stack, replicas", [("dev", 0), ("prod", 1)])
 def test_every_queue_client_declares_the_stacks_required_replicas(committed_plans, stack, replicas):
     plan = committed_plans[stack]
+    configs = {r["inputs"]["metadata"]["namespace"]: r["inputs"]["data"] for r in plan["resources"]
+               if r["type"] == "kubernetes:core/v1:ConfigMap" and r["inputs"]["metadata"]["name"] == CONNECTION_CONFIG}
     secrets = {r["inputs"]["metadata"]["namespace"]: r["inputs"]["stringData"] for r in plan["resources"]
                if r["type"] == "kubernetes:core/v1:Secret" and r["inputs"]["metadata"]["name"] == CONNECTION_SECRET}
-    assert secrets, "no queue connection Secret in the plan"
-    # Every namespace's copy carries it (the plan masks the Secret's values: the password is in
-    # it), derived from the stack's config, and it is a value the clients accept.
-    assert all(REQUIRED_REPLICAS_KEY in data for data in secrets.values()), secrets
+    assert configs and configs.keys() == secrets.keys(), "a queue connection ConfigMap beside every Secret"
+    # Every namespace's copy carries it, derived from the stack's config, and it is a value the clients
+    # accept; the Secret holds the password alone.
+    assert all(data[REQUIRED_REPLICAS_KEY] == str(replicas) and URL_KEY in data for data in configs.values()), configs
+    assert all(set(data) <= {"password", EXPORTER_PASSWORDS_KEY} for data in secrets.values()), secrets
     assert required_replicas(validate_stack(load_stack(stack))) == replicas
     assert settings_from_env({REQUIRED_REPLICAS_ENV: str(replicas)}).required_replicas == replicas
 
@@ -53,10 +58,12 @@ def test_every_queue_client_declares_the_stacks_required_replicas(committed_plan
             clients += 1
             where = f"{obj['kind']} {obj['metadata']['name']} in {namespace}"
             assert REQUIRED_REPLICAS_ENV in names, f"{where} talks to the queue without {REQUIRED_REPLICAS_ENV}"
-            ref = names[REQUIRED_REPLICAS_ENV]["valueFrom"]["secretKeyRef"]
-            url_ref = names["REDIS_URL"]["valueFrom"]["secretKeyRef"]
+            ref = names[REQUIRED_REPLICAS_ENV]["valueFrom"]["configMapKeyRef"]
+            url_ref = names["REDIS_URL"]["valueFrom"]["configMapKeyRef"]
             assert ref == {"name": url_ref["name"], "key": REQUIRED_REPLICAS_KEY}, where
-            assert ref["name"] == CONNECTION_SECRET and namespace in secrets, where
+            assert url_ref == {"name": CONNECTION_CONFIG, "key": URL_KEY} and namespace in configs, where
+            # No client gets a Secret through its environment: the password is the mounted file.
+            assert not [e["name"] for e in env if "secretKeyRef" in (e.get("valueFrom") or {})], where
     assert clients >= 2, "expected the worker templates (and the keeper) to talk to the queue"
 
 

@@ -576,3 +576,16 @@ def _dicts(value):
     if isinstance(value, list):
         for v in value:
             yield from _dicts(v)
+
+
+def test_the_autoscaler_alert_watches_the_target_the_head_monitor_scrapes():
+    """RagpoolRayAutoscalerDown (round-4 audit, item 5) reads ``up`` of the head PodMonitor's autoscaler endpoint:
+    that endpoint exists, on the port the head declares, and carries ray_io_cluster (the alert joins on it)."""
+    from dashboards import rulefiles
+    from infra.ray_cluster import pod_monitors
+
+    [alert] = [a for a in rulefiles.alerts() if a.name == "RagpoolRayAutoscalerDown"]
+    head = pod_monitors(["ragpool-training"])["ray-head-monitor"]
+    [endpoint] = [e for e in head["podMetricsEndpoints"] if e["port"] == "as-metrics"]
+    assert 'up{endpoint="as-metrics"}' in alert.body["expr"]
+    assert [r["targetLabel"] for r in endpoint["relabelings"]] == ["ray_io_cluster"]

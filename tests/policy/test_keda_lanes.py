@@ -112,7 +112,8 @@ def test_a_larger_pool_needs_more_multi_node_lanes(plan_of):
     pool["inputs"]["spec"]["limits"]["nvidia.com/gpu"] = "9"
     assert run(doc) == []  # the namespace's GPU quota (8) still caps a gang at 8 pods
     [quota] = [r for r in find_all(doc, "kubernetes:core/v1:ResourceQuota")
-               if r["inputs"]["metadata"]["namespace"] == "ragpool-training"]
+               if r["inputs"]["metadata"]["namespace"] == "ragpool-training"
+               and "requests.nvidia.com/gpu" in r["inputs"]["spec"]["hard"]]
     quota["inputs"]["spec"]["hard"]["requests.nvidia.com/gpu"] = "9"
     messages = run(doc)
     assert sorted(m.split("'")[1] for m in messages) == ["pool.gpu-spot.n9", "torchrun.n9"]

@@ -8,8 +8,11 @@ timeout counts as a failure. On failure the worker
 - with a metrics port, serves ``ragpool_worker_health_check_failed{worker,node,check} 1`` for
   ``FAILURE_LINGER_S`` so Prometheus scrapes it (alert ``RagpoolWorkerHealthCheckFailed``,
   dashboards/rules/training.yaml), and
+- taints its own node out of scheduling (``node_fence.fence_node``, when ``RAGPOOL_NODE_NAME`` names
+  it: the GPU worker Job's template), so the next worker Job KEDA starts for the still-queued runs lands
+  on another node, and
 - exits with ``exit_codes.HEALTH_CHECK_FAILED``, which the worker Job's ``podFailurePolicy``
-  turns into a failed Job instead of a retry on the same node (infra/worker_jobs.py).
+  turns into a failed Job instead of a retry (infra/worker_jobs.py).
 
 Nothing was claimed, so no run attempt is spent: the runs stay queued for a healthy worker.
 """
@@ -23,9 +26,11 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from contract import exit_codes, paths
 from contract.env import NODE_NAME_ENV
+from training.scheduler.worker.node_fence import fence_node
 
 log = logging.getLogger("ragpool.worker")
 
@@ -92,7 +97,8 @@ def serve_failure(result: PreflightResult, worker_id: str, port: int, linger_s: 
         server.shutdown()
 
 
-def health_gate(worker_id: str, timeout_s: float, metrics_port: int = 0) -> int | None:
+def health_gate(worker_id: str, timeout_s: float, metrics_port: int = 0,
+                fence: Callable[[str, str], bool] = fence_node) -> int | None:
     """None when the node is healthy (or the check is off: ``timeout_s == 0``), else the exit code."""
     if timeout_s <= 0:
         return None
@@ -103,6 +109,9 @@ def health_gate(worker_id: str, timeout_s: float, metrics_port: int = 0) -> int 
         return None
     log.error("worker %s: pre-flight health check FAILED (%s); not claiming anything\n%s", worker_id,
               ", ".join(result.failed_checks), result.output_tail.rstrip())
+    node = os.environ.get(NODE_NAME_ENV, "")
+    if node:
+        fence(node, result.failed_checks[0])
     if metrics_port:
         serve_failure(result, worker_id, metrics_port)
     return exit_codes.HEALTH_CHECK_FAILED
