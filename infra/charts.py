@@ -35,6 +35,11 @@ KUBERAY_OPERATOR = Chart("kuberay-operator", "1.7.0", "https://ray-project.githu
 # kedacore/charts tag v2.20.2 (commit cbb9bb8ce0809dc9048f72302f7c09765d66ed56, keda/Chart.yaml version
 # and appVersion 2.20.2; repository URL from that tag's README.md `helm repo add kedacore ...`).
 KEDA = Chart("keda", "2.20.2", "https://kedacore.github.io/charts")
+# aws/eks-charts stable/aws-efa-k8s-device-plugin at bfe91c4b9257c80f754ad4b3d6a9a3c239b2b8ec (Chart.yaml version
+# v0.5.30, appVersion v0.5.20; the repository's gh-pages index.yaml publishes that version, digest
+# 43b3d666f81a40b7f7ac88ee04a64954abaaa061b1e5f54dc7ce4beb3374e32a; repository URL from the chart's README
+# `helm repo add eks ...`). Installed only by stacks with an EFA pool (infra/efa.py).
+EFA_DEVICE_PLUGIN = Chart("aws-efa-k8s-device-plugin", "v0.5.30", "https://aws.github.io/eks-charts")
 # The Ray the training image carries (RayCluster.spec.rayVersion, the generated Ray dashboards):
 # contract.names.RAY_VERSION, tied to pyproject's pin by tests/infra/test_ray_cluster.py.
 
@@ -74,6 +79,7 @@ BY_SCHEMA_NAME = {
     "kube-prometheus-stack": KUBE_PROMETHEUS_STACK,
     "kuberay-operator": KUBERAY_OPERATOR,
     "keda": KEDA,
+    "aws-efa-k8s-device-plugin": EFA_DEVICE_PLUGIN,
 }
 # Subcharts whose values are checked against their own defaults (versions fixed by the parent).
 SUBCHART_VERSIONS = {

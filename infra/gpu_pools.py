@@ -23,6 +23,7 @@ from infra.charts import KARPENTER
 from contract.names import GPU_RESOURCE
 from infra.common import GPU_TAINT, POOL_LABEL, PART_OF, aws_tags, child, deep_merge, load_values
 from infra.config import GpuPoolConfig, StackConfig
+from infra.efa import Efa
 
 KARPENTER_NAMESPACE = "kube-system"
 KARPENTER_SERVICE_ACCOUNT = "karpenter"
@@ -43,6 +44,8 @@ class GpuPoolsArgs:
     cluster_security_group_id: pulumi.Input[str]
     k8s_provider: k8s.Provider
     depends_on: list[pulumi.Resource]
+    efa: Efa | None = None
+    """The EFA security group and placement groups (infra/efa.py); None: the stack has no EFA pool."""
 
 
 def node_pool_spec(pool: GpuPoolConfig, node_class: str) -> dict[str, Any]:
@@ -76,8 +79,12 @@ def node_pool_spec(pool: GpuPoolConfig, node_class: str) -> dict[str, Any]:
 
 
 def node_class_spec(cfg: StackConfig, pool: GpuPoolConfig, cluster_name: str, role_name: str,
-                    security_group_id: str) -> dict[str, Any]:
-    return {
+                    security_group_id: str, efa_security_group_id: str | None = None,
+                    placement_group: str | None = None) -> dict[str, Any]:
+    """The pool's EC2NodeClass. An EFA pool (infra/efa.py) also selects the EFA security group and its cluster
+    placement group; its EFA interfaces are Karpenter's to attach (no ``networkInterfaces``: set, they would
+    replace the per-instance-type count Karpenter attaches when a pod requests vpc.amazonaws.com/efa)."""
+    spec = {
         "role": role_name,
         "amiSelectorTerms": [{"alias": cfg.gpu_ami_alias}],
         "subnetSelectorTerms": [{"tags": {"karpenter.sh/discovery": cluster_name}}],
@@ -92,6 +99,11 @@ def node_class_spec(cfg: StackConfig, pool: GpuPoolConfig, cluster_name: str, ro
         }],
         "tags": aws_tags(cfg, f"{cluster_name}-{pool.name}", **{POOL_LABEL: pool.name}),
     }
+    if efa_security_group_id:
+        spec["securityGroupSelectorTerms"].append({"id": efa_security_group_id})
+    if placement_group:
+        spec["placementGroupSelector"] = {"name": placement_group}
+    return spec
 
 
 def controller_policy(cluster_name: str, region: str, node_role_arn: str, queue_arn: str) -> str:
@@ -227,11 +239,14 @@ class GpuPools(RagpoolComponent):
 
         self.node_pools: dict[str, k8s.apiextensions.CustomResource] = {}
         for pool in cfg.gpu_pools:
+            efa_group = args.efa.placement_groups.get(pool.name) if args.efa else None
+            efa_inputs = [args.efa.security_group_id, efa_group] if efa_group is not None else []
             node_class = k8s.apiextensions.CustomResource(
                 f"{name}-{pool.name}-class", api_version="karpenter.k8s.aws/v1", kind="EC2NodeClass",
                 metadata={"name": pool.name, "labels": {POOL_LABEL: pool.name, **PART_OF}},
-                spec=pulumi.Output.all(args.cluster_name, node_role.name, args.cluster_security_group_id).apply(
-                    lambda a, pool=pool: node_class_spec(cfg, pool, a[0], a[1], a[2])),
+                spec=pulumi.Output.all(args.cluster_name, node_role.name, args.cluster_security_group_id,
+                                       *efa_inputs).apply(
+                    lambda a, pool=pool: node_class_spec(cfg, pool, a[0], a[1], a[2], *a[3:])),
                 opts=child(self, depends_on=[self.release]))
             self.node_pools[pool.name] = k8s.apiextensions.CustomResource(
                 f"{name}-{pool.name}", api_version="karpenter.sh/v1", kind="NodePool",

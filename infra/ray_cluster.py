@@ -44,9 +44,11 @@ from infra.component import RagpoolComponent
 from infra.charts import KUBERAY_CRD_DIR, KUBERAY_CRD_FILES, KUBERAY_OPERATOR
 from infra.common import GPU_TOLERATION, POOL_LABEL, SHARED_MOUNT_PATH, SYSTEM_NODE_SELECTOR, TRAINING_UID, child, k8s_labels, load_values
 from infra.config import GpuPoolConfig, StackConfig
+from infra.efa_devices import efa_env, pool_efa_devices
+from infra.gpu_memory import pod_memory_gib
 from infra.pod_security import container_security_context, pod_security_context
 from contract.ray_auth import TOKEN_MODE, TOKEN_SECRET_KEY
-from contract.names import GPU_RESOURCE, RAY_VERSION
+from contract.names import EFA_RESOURCE, GPU_RESOURCE, RAY_VERSION
 from contract.paths import SHARED_ROOT_ENV
 from contract.ray_pools import format_pools
 from infra.training_namespace import (
@@ -165,10 +167,11 @@ def _volumes(shared_claim: str, shm_gib: int, ray_tmp_gib: int) -> tuple[list[di
 
 def worker_resources(pool: GpuPoolConfig) -> dict[str, Any]:
     """A worker pod of ``pool``: whole GPUs (gpusPerWorker), the CPU and memory the pool's torchrun
-    workers get (infra/worker_jobs.py), the object store inside its /dev/shm."""
+    workers get (infra/worker_jobs.py; memory from the instance RAM, infra/gpu_memory.py), the object
+    store inside its /dev/shm."""
     gpus = pool.gpus_per_worker
     return {
-        "gpus": gpus, "cpus": 2 * gpus, "memory_gib": 8 * gpus, "memory_limit_gib": 12 * gpus,
+        "gpus": gpus, "cpus": 2 * gpus, "memory_gib": pod_memory_gib(pool),
         "shm_gib": 4 * gpus, "object_store_gib": 3 * gpus,
     }
 
@@ -254,6 +257,7 @@ def ray_cluster_spec(cfg: StackConfig, namespace: str, image: str, shared_claim:
     groups = []
     for pool in cfg.gpu_pools:
         size = worker_resources(pool)
+        efa = {EFA_RESOURCE: str(devices)} if (devices := pool_efa_devices(pool)) else {}
         volumes, mounts = _volumes(shared_claim, shm_gib=size["shm_gib"], ray_tmp_gib=WORKER_RAY_TMP_GIB)
         groups.append({
             "groupName": worker_group_name(pool.name),
@@ -262,7 +266,9 @@ def ray_cluster_spec(cfg: StackConfig, namespace: str, image: str, shared_claim:
             "maxReplicas": max_workers(cfg, pool, gpu_quota),
             # Ray's view of the node: its resources and labels (keys may not start with ray.io/).
             "resources": {"CPU": str(size["cpus"]), "GPU": str(size["gpus"]),
-                          "memory": str(size["memory_gib"] * 2**30), pool_resource(pool.name): str(size["gpus"])},
+                          # Ray's heap memory: the pod's less the object store (in /dev/shm, counted in the pod).
+                          "memory": str(max(1, size["memory_gib"] - size["object_store_gib"]) * 2**30),
+                          pool_resource(pool.name): str(size["gpus"])},
             "labels": {POOL_LABEL: pool.name},
             "rayStartParams": {"object-store-memory": str(size["object_store_gib"] * 2**30), **_pinned_ports()},
             "template": {
@@ -281,12 +287,14 @@ def ray_cluster_spec(cfg: StackConfig, namespace: str, image: str, shared_claim:
                     "containers": [{
                         "name": WORKER_CONTAINER,
                         "image": image,
-                        "env": _env(namespace),
+                        # EFA pools: libfabric on EFA and the pod's share of the node's EFA devices, as the
+                        # pool's torchrun workers (infra/efa.py); nothing for the other pools.
+                        "env": [*_env(namespace), *efa_env(pool)],
                         "ports": [{"name": "metrics", "containerPort": RAY_METRICS_PORT}],
                         "resources": {
-                            "requests": {GPU_RESOURCE: str(size["gpus"]), "cpu": str(size["cpus"]),
+                            "requests": {GPU_RESOURCE: str(size["gpus"]), **efa, "cpu": str(size["cpus"]),
                                          "memory": f"{size['memory_gib']}Gi"},
-                            "limits": {GPU_RESOURCE: str(size["gpus"]), "memory": f"{size['memory_limit_gib']}Gi"},
+                            "limits": {GPU_RESOURCE: str(size["gpus"]), **efa, "memory": f"{size['memory_gib']}Gi"},
                         },
                         "securityContext": container_security_context(TRAINING_UID),
                         "volumeMounts": mounts,

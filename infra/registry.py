@@ -43,7 +43,9 @@ class Registry(RagpoolComponent):
             opts=child(self, protect=cfg.protect_stateful))
         aws.ecr.LifecyclePolicy(f"{name}-training", repository=self.repository.name,
                                 policy=json.dumps(LIFECYCLE_POLICY), opts=child(self))
-        self.image_ref = self.repository.repository_url.apply(lambda url: f"{url}:{cfg.image_tag}")
+        # By digest when imageDigest is set (the deploy workflow's build): what runs is exactly what was scanned.
+        self.image_ref = self.repository.repository_url.apply(
+            lambda url: f"{url}:{cfg.image_tag}" + (f"@{cfg.image_digest}" if cfg.image_digest else ""))
 
         if cfg.build_image:
             import pulumi_docker_build as docker_build

@@ -33,10 +33,14 @@ import pulumi_kubernetes as k8s
 from infra.component import RagpoolComponent
 from infra.common import GPU_TOLERATION, POOL_LABEL, SHARED_MOUNT_PATH, SYSTEM_NODE_SELECTOR, TRAINING_UID, child, k8s_labels
 from infra.config import GpuPoolConfig, StackConfig
+from infra.efa_devices import efa_env, pool_efa_devices
+from infra.gpu_memory import pod_memory
 from infra.keda import (
-    KEDA_EXCLUDED_LABELS, KedaQueue, WorkerKind, ray_worker_lanes, scaled_job_spec, served_lanes, worker_kinds,
+    KEDA_EXCLUDED_LABELS, KedaQueue, WorkerKind, jobs_quota, ray_worker_lanes, scaled_job_spec, served_lanes,
+    worker_kinds,
 )
 from infra.keeper import KEEPER_NAME, keeper_deployment_spec, keeper_network_policy
+from infra.node_fence import token_volume
 from infra.peers import RAY_CLIENT_LABEL, REDIS_CLIENT_LABEL
 from infra.queue_redis import redis_client_env, redis_secret_volume
 from infra.pod_security import container_security_context, pod_security_context
@@ -48,7 +52,7 @@ from contract.defaults import DEFAULT_LEASE_S
 from contract.env import (EXECUTORS_ENV, EXPECTED_GPUS_ENV, NAMESPACE_ENV, NODE_NAME_ENV, RDZV_HOST_ENV, RDZV_PORT_ENV,
                           WORKER_GROUP_ENV, WORKER_ID_ENV)
 from contract.lanes import Executor
-from contract.names import GPU_RESOURCE
+from contract.names import EFA_RESOURCE, GPU_RESOURCE
 from contract.paths import SHARED_ROOT_ENV
 from contract.ray_auth import SECRET_ENV, TOKEN_SECRET_KEY, client_env
 from contract.ray_pools import POOLS_ENV
@@ -62,6 +66,7 @@ HEALTH_CHECK_TIMEOUT_SECONDS = 300
 
 WORKER_LABELS = {**k8s_labels("worker", "ragpool-worker"), **REDIS_CLIENT_LABEL}
 RAY_WORKER_TEMPLATE = "ragpool-worker-ray"
+JOBS_QUOTA = "ragpool-worker-jobs"
 
 
 @dataclass(frozen=True)
@@ -106,7 +111,7 @@ def _worker_pod(*, image: str, redis_secret: str, shared_claim: str, queue_names
     the worker identity, the restricted security context, the queue's Redis (URL and password file),
     the shared storage, a sized /tmp (and /dev/shm when ``shm_size``). ``args`` and ``env`` follow
     the common ones; ``secret_volumes`` are (volume, mount) pairs of this template alone (the Ray
-    token); ``pod_fields`` add pod-level fields (tolerations, subdomain)."""
+    token, the GPU worker's API token); ``pod_fields`` add pod-level fields (tolerations, subdomain)."""
     volumes = [{"name": "shared", "persistentVolumeClaim": {"claimName": shared_claim}}]
     mounts = [{"name": "shared", "mountPath": SHARED_MOUNT_PATH}]
     if shm_size:
@@ -140,7 +145,7 @@ def _worker_pod(*, image: str, redis_secret: str, shared_claim: str, queue_names
                      # Leave the pod's grace period a margin after the run checkpointed.
                      "--stop-grace-seconds", str(TERMINATION_GRACE_SECONDS - 15)],
             "env": [
-                *redis_client_env(redis_secret),
+                *redis_client_env(),
                 {"name": SHARED_ROOT_ENV, "value": SHARED_MOUNT_PATH},
                 {"name": NAMESPACE_ENV, "value": queue_namespace},
                 {"name": WORKER_ID_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -175,6 +180,7 @@ def gpu_worker_job_spec(kind: WorkerKind, image: str, namespace: str, redis_secr
     ports = [{"name": "queue-metrics", "containerPort": QUEUE_METRICS_PORT},
              {"name": "rdzv", "containerPort": RDZV_PORT}]
     ports += [{"name": f"rank-{r}", "containerPort": RANK_METRICS_PORT + r} for r in range(min(gpus, MAX_RANKS_PER_POD))]
+    efa = {EFA_RESOURCE: str(devices)} if (devices := pool_efa_devices(pool)) else {}
     pod_spec = _worker_pod(
         image=image, redis_secret=redis_secret, shared_claim=shared_claim, queue_namespace=queue_namespace,
         node_selector={POOL_LABEL: pool.name},
@@ -192,13 +198,21 @@ def gpu_worker_job_spec(kind: WorkerKind, image: str, namespace: str, redis_secr
             {"name": NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
             {"name": EXECUTORS_ENV, "value": Executor.TORCHRUN.value},  # never a Ray run: those go to ragpool-worker-ray
             {"name": "HF_HOME", "value": "/tmp/hf"},
+            # EFA pools: libfabric on EFA (infra/efa.py efa_env); none for the others.
+            *efa_env(pool),
         ],
         ports=ports,
+        # Memory from the pool's instance RAM (infra/gpu_memory.py pod_memory): an FSDP stage stages its
+        # checkpoints and gathers the full model in host memory (training/rank_memory.py host_fits).
+        # EFA pools also request their share of the node's EFA devices: the request makes Karpenter attach
+        # the interfaces and the device plugin hand them to the pod (infra/efa.py).
         resources={
-            "requests": {GPU_RESOURCE: str(gpus), "cpu": str(2 * gpus), "memory": f"{8 * gpus}Gi"},
-            "limits": {GPU_RESOURCE: str(gpus), "memory": f"{12 * gpus}Gi"},
+            "requests": {GPU_RESOURCE: str(gpus), **efa, "cpu": str(2 * gpus), "memory": pod_memory(pool)},
+            "limits": {GPU_RESOURCE: str(gpus), **efa, "memory": pod_memory(pool)},
         },
         tmp_size="20Gi", shm_size=f"{4 * gpus}Gi",
+        # The token and CA the worker fences its node with after a failed health check (infra/node_fence.py).
+        secret_volumes=(token_volume(),),
         subdomain=WORKERS_SERVICE, tolerations=[GPU_TOLERATION])
     return worker_job_spec({**WORKER_LABELS, POOL_LABEL: pool.name, **lane_labels(kind.lanes)}, pod_spec, kind.nodes)
 
@@ -216,10 +230,12 @@ def worker_job_spec(labels: dict[str, str], pod_spec: dict[str, Any], nodes: int
             # Bad run config or data: retrying cannot help.
             {"action": "FailJob", "onExitCodes": {"containerName": "worker", "operator": "In",
                                                    "values": [exit_codes.BAD_INPUT]}},
-            # The pre-flight health check failed: nothing was claimed (no run attempt spent).
-            # Fail the Job rather than retry: a replacement pod would most likely land on the
-            # same node (its GPUs are free again), and Ignore would loop there without bound.
-            # The alert RagpoolWorkerHealthCheckFailed pages; the runs stay queued.
+            # The pre-flight health check failed: nothing was claimed (no run attempt spent), and the
+            # worker tainted its node out of scheduling before exiting (infra/node_fence.py). Failing the
+            # Job does not move the next one: KEDA sees it finished (kedacore/keda v2.20.2
+            # pkg/scaling/executor/scale_jobs.go isJobFinished) and, the run still queued, starts another
+            # whose pod would land on the same empty node but for that taint; a retry of this Job's pod
+            # would do the same. The alerts RagpoolWorkerHealthCheckFailed and RagpoolGpuNodeFenced page.
             {"action": "FailJob", "onExitCodes": {"containerName": "worker", "operator": "In",
                                                    "values": [exit_codes.HEALTH_CHECK_FAILED]}},
             # A multi-node run's gang did not form within the gang deadline (the run was handed back
@@ -308,6 +324,11 @@ class WorkerJobs(RagpoolComponent):
         kinds = worker_kinds(cfg, args.gpu_quota, ray_max_jobs)
         self.served_lanes: str = served_lanes(kinds) if args.keda is not None else ""
         """``RAGPOOL_SERVED_LANES`` of this namespace: the lanes its ScaledJobs start workers for."""
+        # Room for every Job its ScaledJobs keep and run, and the others (infra/keda.py jobs_quota).
+        k8s.core.v1.ResourceQuota(
+            f"{name}-jobs-quota", metadata={"name": JOBS_QUOTA, "namespace": args.namespace,
+                                            "labels": k8s_labels("worker", JOBS_QUOTA)},
+            spec={"hard": {"count/jobs.batch": str(jobs_quota(kinds))}}, opts=child(self, depends_on=args.depends_on))
         for kind in kinds:
             if kind.pool is None:
                 job = pulumi.Output.from_input(args.image).apply(

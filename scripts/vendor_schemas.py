@@ -64,6 +64,9 @@ SOURCES: dict[str, Source] = {
                   "3fcc6bdd7533a4cfd15643b31593f7ff154584c9"),
     "KE": Source("kedacore/keda", "v2.20.2", "68a5b5028f35b22d50597c69819ab32c4e92f21a"),
     "KC": Source("kedacore/charts", "v2.20.2", "cbb9bb8ce0809dc9048f72302f7c09765d66ed56"),
+    # aws/eks-charts tags no chart release: the commit that last changed the chart (its Chart.yaml version
+    # v0.5.30, the version the repository's gh-pages index.yaml publishes).
+    "EC": Source("aws/eks-charts", "master (untagged)", "bfe91c4b9257c80f754ad4b3d6a9a3c239b2b8ec"),
 }
 
 _NFD_TGZ = "deployments/helm/nvidia-device-plugin/charts/node-feature-discovery-0.19.0.tgz"
@@ -90,7 +93,8 @@ FILES: list[tuple[str, str, str]] = [
           ("KA", "charts/karpenter", "karpenter", "1.14.1"),
           ("KR", "helm-chart/kuberay-operator", "kuberay-operator", "1.7.0"),
           ("EFS", "charts/aws-efs-csi-driver", "aws-efs-csi-driver", "4.4.1"),
-          ("KC", "keda", "keda", "2.20.2"))
+          ("KC", "keda", "keda", "2.20.2"),
+          ("EC", "stable/aws-efa-k8s-device-plugin", "aws-efa-k8s-device-plugin", "v0.5.30"))
       for name in ("values.yaml", "Chart.yaml")],
     *[("DP", f"{_NFD_TGZ}!node-feature-discovery/{name}", f"helm/node-feature-discovery/0.19.0/{name}")
       for name in ("values.yaml", "Chart.yaml", "values.schema.json")],

@@ -211,11 +211,11 @@ def test_deploy_runs_dev_then_prod_behind_an_environment():
     doc = load("deploy.yml")
     assert triggers(doc) == {"push": {"branches": ["main"]}}
     dev, prod = doc["jobs"]["up-dev"], doc["jobs"]["up-prod"]
-    assert prod["needs"] == "up-dev"
+    assert prod["needs"] == ["runners", "up-dev"]
     assert (dev["environment"], prod["environment"]) == ("dev", "prod")
     for stack, job in (("dev", dev), ("prod", prod)):
         assert job["concurrency"] == {"group": f"pulumi-stack-{stack}", "cancel-in-progress": False}
-        [up] = uses_of(job, "pulumi/actions")
+        [up] = [s for s in uses_of(job, "pulumi/actions") if "target" not in s["with"]]
         assert up["with"]["command"] == "up" and up["with"]["stack-name"] == stack
         assert up["with"]["policyPacks"] == "policy"
         offline = step_named(job, "Offline policy check")
@@ -417,18 +417,97 @@ def test_deploy_jobs_run_where_the_api_endpoint_is_reachable():
         assert names.index("Config check for a real deployment") < names.index("aws-actions/configure-aws-credentials")
 
 
-@pytest.mark.parametrize(("dev", "prod", "ok"), [("vpc-dev", "vpc-prod", True), ("", "vpc-prod", False),
-                                                  ("vpc-dev", "", False)])
-def test_runners_job_fails_clearly_without_runner_labels(tmp_path, dev, prod, ok):
+@pytest.mark.parametrize(("dev", "prod", "ok"), [("vpc-dev", "vpc-prod", True), ("", "vpc-prod", True),
+                                                  ("vpc-dev", "", True), ("", "", False)])
+def test_runners_job_deploys_the_stacks_with_a_runner_and_fails_only_without_any(tmp_path, dev, prod, ok):
+    """One stack's runner label is enough to deploy that stack (round-4 audit, item 6): the other is skipped
+    with a warning naming its variable; the job fails only when neither is set."""
     step = step_named(load("deploy.yml")["jobs"]["runners"], "Deploy runners are configured")
-    script = tmp_path / "check.sh"
+    script, outputs = tmp_path / "check.sh", tmp_path / "outputs"
+    script.write_text(step["run"])
+    outputs.write_text("")
+    proc = subprocess.run(["bash", "-e", str(script)], capture_output=True, text=True, timeout=30,
+                          env={"PATH": os.environ["PATH"], "DEV_LABEL": dev, "PROD_LABEL": prod,
+                               "GITHUB_OUTPUT": str(outputs)})
+    assert (proc.returncode == 0) is ok
+    assert outputs.read_text().split() == [f"dev={str(bool(dev)).lower()}", f"prod={str(bool(prod)).lower()}"]
+    for stack, label in (("DEV", dev), ("PROD", prod)):
+        assert (f"::warning::repository variable DEPLOY_RUNNER_LABEL_{stack} is not set" in proc.stdout) is (not label)
+    if not ok:
+        assert "::error::repository variables DEPLOY_RUNNER_LABEL_DEV and DEPLOY_RUNNER_LABEL_PROD are both unset" in proc.stdout
+
+
+def test_each_stack_job_runs_only_where_its_runner_is_configured():
+    jobs = load("deploy.yml")["jobs"]
+    assert jobs["runners"]["outputs"] == {"dev": "${{ steps.labels.outputs.dev }}",
+                                          "prod": "${{ steps.labels.outputs.prod }}"}
+    assert jobs["up-dev"]["if"] == "needs.runners.outputs.dev == 'true'"
+    # Prod runs when its runner is set and dev did not fail: also when dev was skipped (no dev runner).
+    assert jobs["up-prod"]["if"] == ("${{ !cancelled() && needs.runners.outputs.prod == 'true' "
+                                     "&& needs.up-dev.result != 'failure' }}")
+
+
+def test_deploy_builds_scans_checks_and_deploys_the_image_by_digest():
+    """Round-4 audit, item 6: nobody built the training image. Each stack's job builds training/Dockerfile,
+    pushes it to the stack's repository (infra/registry.py), fails on ECR's CRITICAL findings, fails when the
+    image is not in the registry, and only then runs `pulumi up` with that image's tag and digest."""
+    from infra.config import PROJECT
+
+    for stack in ("dev", "prod"):
+        job = load("deploy.yml")["jobs"][f"up-{stack}"]
+        assert job["env"] == {"REPOSITORY": f"{PROJECT}-{stack}/training", "IMAGE_TAG": "${{ github.sha }}"}
+        names = [s.get("name") or s.get("uses", "").split("@")[0] for s in steps(job)]
+        order = ["aws-actions/configure-aws-credentials", "Image repository exists",
+                 "Create the image repository (first deploy)", "Build and push the training image",
+                 "Scan the training image", "Training image exists in the registry"]
+        assert [names.index(n) for n in order] == sorted(names.index(n) for n in order)
+        assert names[-1] == "pulumi/actions" and names.index(order[-1]) == len(names) - 2
+        build = step_named(job, "Build and push the training image")["run"]
+        assert "docker build -f training/Dockerfile" in build and 'docker push "$uri:$IMAGE_TAG"' in build
+        first = step_named(job, "Create the image repository (first deploy)")
+        assert first["if"] == "steps.repo.outputs.exists != 'true'"
+        assert first["with"]["target"] == (f"urn:pulumi:{stack}::{PROJECT}::ragpool:infra:Registry"
+                                           "$aws:ecr/repository:Repository::registry-training")
+        up = steps(job)[-1]["with"]
+        assert "ragpool:imageDigest: {value: '${{ steps.image.outputs.digest }}'" in up["config-map"]
+        assert "ragpool:imageTag: {value: '${{ github.sha }}'" in up["config-map"]
+
+
+def _fake_aws(tmp_path: Path, rc: int) -> dict[str, str]:
+    """An `aws` on PATH that records its arguments and exits ``rc``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "aws").write_text(f'#!/bin/sh\necho "$@" >> "{tmp_path}/aws.log"\nexit {rc}\n')
+    (bin_dir / "aws").chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "REPOSITORY": "ragpool-dev/training", "IMAGE_TAG": "abc123",
+            "DIGEST": "sha256:" + "0" * 64}
+
+
+@pytest.mark.parametrize(("aws_rc", "ok"), [(0, True), (254, False)])
+def test_the_deploy_fails_when_the_image_is_not_in_the_registry(tmp_path, aws_rc, ok):
+    step = step_named(load("deploy.yml")["jobs"]["up-dev"], "Training image exists in the registry")
+    script = tmp_path / "exists.sh"
     script.write_text(step["run"])
     proc = subprocess.run(["bash", "-e", str(script)], capture_output=True, text=True, timeout=30,
-                          env={"PATH": os.environ["PATH"], "DEV_LABEL": dev, "PROD_LABEL": prod})
+                          env=_fake_aws(tmp_path, aws_rc))
     assert (proc.returncode == 0) is ok
-    if not ok:
-        missing = "DEPLOY_RUNNER_LABEL_DEV" if not dev else "DEPLOY_RUNNER_LABEL_PROD"
-        assert f"::error::repository variable {missing} is not set" in proc.stdout
+    assert (tmp_path / "aws.log").read_text().split() == [
+        "ecr", "describe-images", "--repository-name", "ragpool-dev/training",
+        "--image-ids", "imageTag=abc123,imageDigest=sha256:" + "0" * 64]
+    assert ("::error::the training image ragpool-dev/training:abc123@sha256:" in proc.stdout) is not ok
+
+
+def test_the_deploy_fails_on_critical_scan_findings(tmp_path):
+    step = step_named(load("deploy.yml")["jobs"]["up-prod"], "Scan the training image")
+    script = tmp_path / "scan.sh"
+    script.write_text(step["run"])
+    env = _fake_aws(tmp_path, 0)
+    for findings, ok in (("None", True), ("0", True), ("3", False)):
+        (tmp_path / "bin" / "aws").write_text(
+            f'#!/bin/sh\ncase "$2" in describe-image-scan-findings) echo {findings};; esac\nexit 0\n')
+        proc = subprocess.run(["bash", "-e", str(script)], capture_output=True, text=True, timeout=30, env=env)
+        assert (proc.returncode == 0) is ok, (findings, proc.stdout, proc.stderr)
+        assert ("CRITICAL finding(s)" in proc.stdout) is not ok
 
 
 # ------------------------------------------------------------------ the PR preview's runner (issue 21 item 5)

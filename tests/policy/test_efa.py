@@ -1,0 +1,75 @@
+"""efa-pool-requests-devices (round-4 audit, item 4): every GPU worker template of an EFA pool requests its share
+of the node's EFA devices, limits = requests; no template of another pool requests any.
+
+Fails on the code before EFA: prod's gpu-ondemand (p4d.24xlarge, p5.48xlarge) templates requested no
+vpc.amazonaws.com/efa, so Karpenter attached no interface and the gangs trained over TCP (shown below by removing
+the request from one template)."""
+
+from __future__ import annotations
+
+import pytest
+
+from contract.names import EFA_RESOURCE, POOL_LABEL
+from policy.checks import RULES_BY_NAME
+from policy.offline import evaluate
+
+pytestmark = pytest.mark.infra
+
+RULE = "efa-pool-requests-devices"
+SCALED_JOB = "kubernetes:keda.sh/v1alpha1:ScaledJob"
+
+
+def run(doc: dict) -> list:
+    return evaluate(doc, None, rules=[RULES_BY_NAME[RULE]])
+
+
+def scaled_jobs(doc: dict, pool: str) -> list[dict]:
+    return [r for r in doc["resources"] if r["type"] == SCALED_JOB
+            and r["inputs"]["spec"]["jobTargetRef"]["template"]["spec"]["nodeSelector"].get(POOL_LABEL) == pool]
+
+
+def worker(resource: dict) -> dict:
+    return resource["inputs"]["spec"]["jobTargetRef"]["template"]["spec"]["containers"][0]
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_the_committed_stacks_pass(committed_plans, stack):
+    assert run(committed_plans[stack]) == []
+
+
+def test_an_efa_pool_gang_without_the_request_is_refused(plan_of):
+    doc = plan_of("prod")
+    gang = next(r for r in scaled_jobs(doc, "gpu-ondemand") if r["inputs"]["metadata"]["name"].endswith("-n2"))
+    for side in ("requests", "limits"):
+        del worker(gang)["resources"][side][EFA_RESOURCE]
+    [v] = run(doc)
+    assert v.resource_name == gang["name"] and "requests vpc.amazonaws.com/efa None" in v.message
+    assert "gives a worker 4 EFA device(s)" in v.message
+
+
+def test_fewer_devices_than_the_pool_gives_or_a_limit_unlike_the_request_is_refused(plan_of):
+    doc = plan_of("prod")
+    first, second = scaled_jobs(doc, "gpu-ondemand")[:2]
+    worker(first)["resources"]["requests"][EFA_RESOURCE] = worker(first)["resources"]["limits"][EFA_RESOURCE] = "1"
+    worker(second)["resources"]["limits"][EFA_RESOURCE] = "2"
+    assert {v.resource_name for v in run(doc)} == {first["name"], second["name"]}
+
+
+def test_a_pool_without_an_efa_share_must_not_request_one(plan_of):
+    doc = plan_of("prod")
+    spot = scaled_jobs(doc, "gpu-spot")[0]
+    worker(spot)["resources"]["requests"][EFA_RESOURCE] = worker(spot)["resources"]["limits"][EFA_RESOURCE] = "1"
+    [v] = run(doc)
+    assert v.resource_name == spot["name"] and "drop the vpc.amazonaws.com/efa request" in v.message
+
+
+def test_prod_with_three_teams_passes():
+    """Every team namespace's worker templates and Ray workers of the EFA pool request the share too."""
+    from tests.policy.test_jobs_quota import three_teams
+
+    doc = three_teams()
+    teams = {r["inputs"]["metadata"]["namespace"] for r in doc["resources"] if r["type"] == SCALED_JOB
+             and EFA_RESOURCE in worker(r)["resources"]["limits"]}
+    assert {"ragpool-training", "ragpool-team-search", "ragpool-team-answers"} <= teams
+    assert run(doc) == []
+
