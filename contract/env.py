@@ -46,3 +46,16 @@ NODE_NAME_ENV = "RAGPOOL_NODE_NAME"
 """The node a worker runs on (the downward API's ``spec.nodeName``), for the pre-flight failure metric."""
 GANG_DEADLINE_ENV = "RAGPOOL_GANG_DEADLINE_SECONDS"
 """``WorkerConfig.gang_deadline_seconds``."""
+
+# ------------------------------------------------------------------ the run API (training/api/)
+
+API_CLUSTER_ID_ENV = "RAGPOOL_API_CLUSTER_ID"
+"""The cluster id a caller's token must have signed (``x-k8s-aws-id``; the stack's EKS cluster name)."""
+API_STS_ENDPOINT_ENV = "RAGPOOL_API_STS_ENDPOINT"
+"""The STS endpoint URL tokens must be presigned for (``https://sts.<region>.amazonaws.com``); the API calls it."""
+API_TEAMS_FILE_ENV = "RAGPOOL_API_TEAMS_FILE"
+"""The JSON file of the stack's ``apiTeams``: IAM ARN patterns per team and of the admins (a mounted ConfigMap)."""
+CONFIG_ENV = "RAGPOOL_CONFIG"
+"""The laptop's context file (``ragpool login``; default ``~/.config/ragpool/contexts.yaml``)."""
+CONTEXT_ENV = "RAGPOOL_CONTEXT"
+"""The context a command uses instead of the file's current one."""

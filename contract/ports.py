@@ -23,6 +23,8 @@ RANK_METRICS_PORT = 9400
 #: torchrun's c10d rendezvous on a multi-node run's first pod (``RAGPOOL_RDZV_PORT``;
 #: torch.distributed.run's own default).
 RDZV_PORT = 29400
+#: The run API (training/api/server.py): its container port and Service port.
+RUN_API_PORT = 8090
 #: The Kubernetes readiness path of the worker and the keeper on QUEUE_METRICS_PORT
 #: (training/scheduler/exporter.py serves it).
 READY_PATH = "/ready"

@@ -3,7 +3,9 @@
     ragpool logs RUN_ID [--stage S] [--rank R] [--since 10m] [--follow] [--json]
     ragpool report RUN_ID                      # writes <run>/report.html and <run>/report/*.png
 
-Where the logs come from (``--source``, default ``auto``): the run directory under the shared
+Where the logs come from (``--source``, default ``auto``): through the run API when a context is active
+(``ragpool login``; no ``REDIS_URL``, ``--shared-root`` or ``--since``: the stored lines of the run directory as
+the pool sees it, ``--follow`` ending when the run has finished), else the run directory under the shared
 root (``--shared-root``, env ``RAGPOOL_SHARED_ROOT``, default /mnt/shared) when it exists,
 else CloudWatch Logs of the cluster (``--cluster`` / env ``RAGPOOL_CLUSTER_NAME``, region
 from ``--region`` / the AWS environment). Exit codes: 0 shown, 2 bad arguments, 3 unknown
@@ -67,12 +69,54 @@ def _source(args):
     return CloudWatchSource(args.run_id, args.cluster, args.region)
 
 
+def _remote_logs(client, args) -> int:
+    """``logs`` through the run API (a context is active): the stored lines of the run directory, paged; with
+    ``--follow``, polled until the run has finished and no new line came."""
+    from training.reports.logs import format_line, parse_lines
+    from training.scheduler.run_queue import TERMINAL_STATES
+
+    offset = 0
+    deadline = time.monotonic() + args.follow_seconds if args.follow_seconds else None
+    while True:
+        page = client.logs(args.run_id, offset=offset, stage=args.stage, rank=args.rank)
+        if not page.ok:
+            print(f"ragpool logs: {page.message}", file=sys.stderr)
+            return page.code
+        for line in page.data["lines"]:
+            parsed = next(parse_lines([line["text"]]), None)
+            if parsed is not None:
+                print(line["text"] if args.json or not parsed.structured else format_line(parsed), flush=True)
+        offset = page.data["next_offset"]
+        if page.data["lines"]:
+            continue
+        if not args.follow or (deadline is not None and time.monotonic() >= deadline):
+            return exit_codes.OK
+        status = client.status(args.run_id)
+        if status.ok and status.data["state"] in TERMINAL_STATES:
+            return exit_codes.OK
+        time.sleep(FOLLOW_POLL_S)
+
+
 def cmd_logs(args) -> int:
     from training.reports.logs import LogFilter, LogsError, format_line, parse_since
 
     bad = _bad_run_id("logs", args.run_id)
     if bad is not None:
         return bad
+    if args.source == "auto" and not args.shared_root and not args.since:
+        from training.api.client import remote_from_env
+        from training.api.contexts import ContextError
+
+        try:
+            client = remote_from_env()
+        except ContextError as exc:
+            print(f"ragpool logs: {exc}", file=sys.stderr)
+            return exit_codes.BAD_INPUT
+        if client is not None:
+            try:
+                return _remote_logs(client, args)
+            except KeyboardInterrupt:
+                return exit_codes.OK
     try:
         flt = LogFilter(stage=args.stage, rank=args.rank, since=parse_since(args.since) if args.since else None)
     except LogsError as exc:

@@ -5,11 +5,16 @@
     ragpool list [--state S] [--limit N] [--json]
     ragpool cancel RUN_ID              # waiting: cancelled now; running: stopped at the next heartbeat
     ragpool retry RUN_ID               # dead-letter -> queue, attempts reset
+    ragpool show RUN_ID [--json]       # the stored spec
     ragpool tune run.yaml [--start]    # Ray Tune search (ASHA) over the retriever; table + best config
     ragpool worker [...]               # same as python -m training.worker
 
-Redis comes from ``REDIS_URL`` and ``REDIS_PASSWORD`` / ``REDIS_PASSWORD_FILE`` (never a
-flag); the key namespace from ``RAGPOOL_QUEUE_NAMESPACE`` (default ``ragpool``).
+Where the runs are: with a context (``ragpool login``, training/api/contexts.py) and no ``REDIS_URL``,
+through the run API (training/api/), as the caller's IAM identity; else Redis directly, from ``REDIS_URL``
+and ``REDIS_PASSWORD`` / ``REDIS_PASSWORD_FILE`` (never a flag), the key namespace from
+``RAGPOOL_QUEUE_NAMESPACE`` (default ``ragpool``). Both paths run the same verbs
+(training/scheduler/verbs.py). Through the API, a refused token is exit 2 (fix the credentials) and
+another team's run exit 1.
 
 Exit codes scripts can rely on:
 
@@ -37,7 +42,8 @@ import sys
 import time
 
 from contract import exit_codes
-from contract.messages import shown
+from training.scheduler import verbs
+from training.scheduler.verbs import Unconfirmed  # noqa: F401 (re-exported: the CLI's error of a lost write)
 
 
 def register(subparsers) -> None:
@@ -69,6 +75,11 @@ def register(subparsers) -> None:
     p.add_argument("run_id")
     p.set_defaults(handler=cmd_retry)
 
+    p = subparsers.add_parser("show", help="print the stored spec of a run (what its worker runs)")
+    p.add_argument("run_id")
+    p.add_argument("--json", action="store_true", help="the spec and run id as one JSON object")
+    p.set_defaults(handler=cmd_show)
+
     p = subparsers.add_parser("tune", help="Ray Tune search over the retriever's hyper-parameters of a run spec")
     p.add_argument("file", help="run spec file (.yaml/.yml/.json); the space is hyperparameters.run ray.tune.*")
     p.add_argument("--start", action="store_true", help="then run the whole run with the best parameters on Ray")
@@ -84,15 +95,6 @@ def register(subparsers) -> None:
 def _one_line(text: str, limit: int = 200) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-class Unconfirmed(Exception):
-    """A write was sent but its outcome is unknown: its reply was lost, or fewer replicas than
-    ``REDIS_REQUIRED_REPLICAS`` confirmed it in time. ``what`` names it and how to repeat it."""
-
-    def __init__(self, what: str, retry_hint: str, cause: Exception) -> None:
-        super().__init__(what)
-        self.what, self.retry_hint, self.cause = what, retry_hint, cause
 
 
 def _with_queue(command: str, fn):
@@ -139,6 +141,49 @@ def _with_queue(command: str, fn):
         return exit_codes.UNAVAILABLE
 
 
+def _remote():
+    """The run API client of the active context (``ragpool login``), or None for the direct path (``REDIS_URL``
+    set, or no context); a broken context file raises ``ContextError``."""
+    from training.api.client import remote_from_env
+
+    return remote_from_env()
+
+
+def _outcome(command: str, local, remote_call, render=None, *, json_out: bool = False) -> int:
+    """Run a verb through the run API (``remote_call(client)``) when a context is active, else on the queue
+    (``local(queue)``), both an :class:`~training.scheduler.verbs.Outcome`; show it and return its exit code:
+    ``data`` as JSON with ``json_out``, else ``render(data)`` or its message (stdout), a failure on stderr."""
+    from training.api.contexts import ContextError
+
+    try:
+        client = _remote()
+    except ContextError as exc:
+        print(f"ragpool {command}: {exc}", file=sys.stderr)
+        return exit_codes.BAD_INPUT
+    if client is not None:
+        outcome = remote_call(client)
+    else:
+        holder: list = []
+
+        def run(queue) -> int:
+            holder.append(local(queue))
+            return holder[0].code
+
+        code = _with_queue(command, run)
+        if not holder:
+            return code
+        outcome = holder[0]
+    if not outcome.ok:
+        print(f"ragpool {command}: {outcome.message}", file=sys.stderr)
+    elif json_out:
+        print(json.dumps(outcome.data, indent=2))
+    elif render is not None:
+        print(render(outcome.data))
+    elif outcome.message:
+        print(outcome.message)
+    return outcome.code
+
+
 def _read_spec(command: str, path: str):
     """The run spec in ``path``, or None once the user is told why it is invalid (exit 2)."""
     from training.scheduler.spec import SpecError, load_spec
@@ -167,31 +212,26 @@ def _fits_stack(spec, source: str) -> bool:
 
 
 def cmd_submit(args) -> int:
+    from training.api.contexts import ContextError
+
+    try:
+        client = _remote()
+    except ContextError as exc:
+        print(f"ragpool submit: {exc}", file=sys.stderr)
+        return exit_codes.BAD_INPUT
+    if client is not None:  # the API validates and fits it against what the pool sees
+        from training.scheduler.spec import SpecError, read_spec_text
+
+        try:
+            text = read_spec_text(args.file)
+        except SpecError as exc:
+            print(f"ragpool submit: {exc}", file=sys.stderr)
+            return exit_codes.BAD_INPUT
+        return _outcome("submit", None, lambda c: c.submit(text, source=args.file))
     spec = _read_spec("submit", args.file)
     if spec is None or not _fits_stack(spec, args.file):
         return exit_codes.BAD_INPUT
-
-    def submit(queue) -> int:
-        import redis
-
-        try:
-            result = queue.submit(spec)
-        except redis.RedisError as exc:  # sent, outcome unknown (lost reply, replicas did not confirm)
-            raise Unconfirmed(f"the submission of {spec.run_id}",
-                              "submit the same spec again (one run id is one run: a resubmit is idempotent)",
-                              exc) from exc
-        if result.created:
-            print(f"submitted {spec.run_id} (priority {spec.priority}, {len(spec.stages)} stage(s): "
-                  f"{', '.join(spec.stages)})")
-            return exit_codes.OK
-        if result.same_spec:
-            print(f"{spec.run_id} was already submitted with this spec (state {result.state}); nothing changed")
-            return exit_codes.OK
-        print(f"ragpool submit: run id {spec.run_id!r} already exists (state {result.state}) with a different "
-              "spec; choose a new run_id", file=sys.stderr)
-        return exit_codes.REFUSED
-
-    return _with_queue("submit", submit)
+    return _outcome("submit", lambda queue: verbs.submit(queue, spec), None)
 
 
 def _ago(ts: float | None, now: float) -> str:
@@ -212,115 +252,74 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(lines)
 
 
-def _task_dict(info) -> dict:
-    return {"run_id": info.task_id, "state": info.state, "priority": info.priority, "attempts": info.attempts,
-            "max_attempts": info.max_attempts, "worker": info.worker, "created_at": info.created_at,
-            "claimed_at": info.claimed_at, "finished_at": info.finished_at, "heartbeat_at": info.heartbeat_at,
-            "next_attempt_at": info.next_attempt_at, "cancel_requested": info.cancel_requested,
-            "completions": info.completions, "last_error": info.last_error}
-
-
-def _task_rows(tasks, now: float) -> list[list[str]]:
-    return [[t.task_id, t.state + (" (cancelling)" if t.cancel_requested and t.state == "running" else ""),
-             t.priority, f"{t.attempts}/{t.max_attempts}", t.worker or "-", _ago(t.created_at, now),
-             _ago(t.finished_at or t.heartbeat_at, now)] for t in tasks]
+def _task_rows(tasks: list[dict], now: float) -> list[list[str]]:
+    return [[t["run_id"], t["state"] + (" (cancelling)" if t["cancel_requested"] and t["state"] == "running" else ""),
+             t["priority"], f"{t['attempts']}/{t['max_attempts']}", t["worker"] or "-", _ago(t["created_at"], now),
+             _ago(t["finished_at"] or t["heartbeat_at"], now)] for t in tasks]
 
 
 _TASK_HEADER = ["RUN_ID", "STATE", "PRIORITY", "ATTEMPTS", "WORKER", "SUBMITTED", "LAST_ACTIVITY"]
 
 
+def _render_run(run: dict) -> str:
+    now = time.time()
+    waiting = run["waiting"]
+    lines = [_table(_task_rows([run], now), _TASK_HEADER),
+             f"waiting on: {waiting['on']} (lane {waiting['lane']}): {waiting['detail']}"]
+    if run["state"] == "failed" and run["next_attempt_at"]:
+        lines.append(f"next attempt in {max(0.0, run['next_attempt_at'] - now):.0f}s")
+    if run.get("owner"):
+        lines.append(f"owner: {run['owner']} (team {run['team']})")
+    if run["last_error"]:
+        lines.append("last error:\n  " + run["last_error"].strip().replace("\n", "\n  "))
+    return "\n".join(lines)
+
+
+def _render_overview(data: dict) -> str:
+    rows = [[p, str(data["depth"][p]), f"{data['oldest_age_seconds'][p]:.0f}s"] for p in data["depth"]]
+    lines = [_table(rows, ["PRIORITY", "WAITING", "OLDEST"]),
+             f"running: {data['running']}   waiting to retry: {data['retry_waiting']}   "
+             f"dead-letter: {data['dead_letter']}"]
+    if data["runs"]:
+        lines += ["", _table(_task_rows(data["runs"], time.time()), _TASK_HEADER)]
+    return "\n".join(lines)
+
+
 def cmd_status(args) -> int:
-    def status(queue) -> int:
-        now = time.time()
-        if args.run_id:
-            info = queue.get(args.run_id)
-            if info is None:
-                print(f"ragpool status: no run {shown(args.run_id)}", file=sys.stderr)
-                return exit_codes.NOT_FOUND
-            from training.scheduler.waiting import cluster_from_env, explain
+    if args.run_id:
+        from training.scheduler.waiting import cluster_from_env
 
-            waiting = explain(queue, info, cluster=args.cluster if args.cluster is not None else cluster_from_env(),
-                              kube_namespace=args.kube_namespace)
-            if args.json:
-                print(json.dumps({**_task_dict(info), "waiting": waiting.to_dict()}, indent=2))
-                return exit_codes.OK
-            print(_table(_task_rows([info], now), _TASK_HEADER))
-            print(f"waiting on: {waiting.on} (lane {waiting.lane}): {waiting.detail}")
-            if info.state == "failed" and info.next_attempt_at:
-                print(f"next attempt in {max(0.0, info.next_attempt_at - now):.0f}s")
-            if info.last_error:
-                print("last error:\n  " + info.last_error.strip().replace("\n", "\n  "))
-            return exit_codes.OK
-        stats = queue.stats()
-        recent = queue.list(limit=20)
-        if args.json:
-            print(json.dumps({"depth": stats.depth, "oldest_age_seconds": stats.oldest_age_s,
-                              "running": stats.running, "retry_waiting": stats.delayed,
-                              "dead_letter": stats.dead_letter, "counters": stats.counters,
-                              "runs": [_task_dict(t) for t in recent]}, indent=2))
-            return exit_codes.OK
-        rows = [[p, str(stats.depth[p]), f"{stats.oldest_age_s[p]:.0f}s"] for p in stats.depth]
-        print(_table(rows, ["PRIORITY", "WAITING", "OLDEST"]))
-        print(f"running: {stats.running}   waiting to retry: {stats.delayed}   dead-letter: {stats.dead_letter}")
-        if recent:
-            print()
-            print(_table(_task_rows(recent, now), _TASK_HEADER))
-        return exit_codes.OK
-
-    return _with_queue("status", status)
+        cluster = args.cluster if args.cluster is not None else cluster_from_env()
+        return _outcome("status", lambda queue: verbs.status(queue, args.run_id, cluster=cluster,
+                                                             kube_namespace=args.kube_namespace),
+                        lambda c: c.status(args.run_id), _render_run, json_out=args.json)
+    return _outcome("status", verbs.overview, lambda c: c.overview(), _render_overview, json_out=args.json)
 
 
 def cmd_list(args) -> int:
-    from training.scheduler.run_queue import STATES
+    bad = verbs.bad_list_arguments(args.state, args.limit)
+    if bad is not None:
+        print(f"ragpool list: {bad.message}", file=sys.stderr)
+        return bad.code
 
-    bad = [s for s in args.state or [] if s not in STATES]
-    if bad or args.limit < 1:
-        print(f"ragpool list: --state must be one of {', '.join(STATES)} and --limit >= 1", file=sys.stderr)
-        return exit_codes.BAD_INPUT
+    def render(runs: list[dict]) -> str:
+        return _table(_task_rows(runs, time.time()), _TASK_HEADER) if runs else "no runs"
 
-    def list_(queue) -> int:
-        tasks = queue.list(limit=args.limit, states=args.state)
-        if args.json:
-            print(json.dumps([_task_dict(t) for t in tasks], indent=2))
-        elif tasks:
-            print(_table(_task_rows(tasks, time.time()), _TASK_HEADER))
-        else:
-            print("no runs")
-        return exit_codes.OK
-
-    return _with_queue("list", list_)
-
-
-def _change_run(command: str, run_id: str, done: dict[str, str], refused) -> int:
-    """``queue.<command>(run_id)`` (cancel, retry), its result told the user: ``missing`` is exit 3,
-    a result in ``done`` prints its message (``{run}``: the run id) and is exit 0, any other is
-    refused, exit 1, with ``refused(result)`` as the reason."""
-
-    def change(queue) -> int:
-        result = getattr(queue, command)(run_id)
-        if result == "missing":
-            print(f"ragpool {command}: no run {shown(run_id)}", file=sys.stderr)
-            return exit_codes.NOT_FOUND
-        if result in done:
-            print(done[result].format(run=run_id))
-            return exit_codes.OK
-        print(f"ragpool {command}: {refused(result)}", file=sys.stderr)
-        return exit_codes.REFUSED
-
-    return _with_queue(command, change)
+    return _outcome("list", lambda queue: verbs.list_runs(queue, states=args.state, limit=args.limit),
+                    lambda c: c.list_runs(states=args.state, limit=args.limit), render, json_out=args.json)
 
 
 def cmd_cancel(args) -> int:
-    return _change_run("cancel", args.run_id, {
-        "cancelled": "cancelled {run}",
-        "cancelling": "{run} is running; its worker stops it at the next heartbeat",
-    }, lambda result: f"{args.run_id} already finished ({result.split(':', 1)[-1]})")
+    return _outcome("cancel", lambda queue: verbs.cancel(queue, args.run_id), lambda c: c.change("cancel", args.run_id))
 
 
 def cmd_retry(args) -> int:
-    return _change_run("retry", args.run_id, {
-        "requeued": "{run} moved from the dead-letter list back to the queue",
-    }, lambda result: f"{args.run_id} is {result}, not in the dead-letter list")
+    return _outcome("retry", lambda queue: verbs.retry(queue, args.run_id), lambda c: c.change("retry", args.run_id))
+
+
+def cmd_show(args) -> int:
+    return _outcome("show", lambda queue: verbs.show(queue, args.run_id), lambda c: c.show(args.run_id),
+                    lambda data: json.dumps(data["spec"], indent=2, sort_keys=True), json_out=args.json)
 
 
 def cmd_tune(args) -> int:

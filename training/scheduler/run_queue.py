@@ -23,6 +23,7 @@ e.g. an ElastiCache replication group with cluster mode off):
 ``P group:<name>``     str    multi-node: the task the index-0 pod claimed for its Job
 ``P group:<name>:joined`` set  multi-node: the pods that joined the gang (``<task>-a<attempt>/<index>``)
 ``P worker_state``     hash   worker id -> JSON: its lanes, state (:class:`WorkerState`), run, time
+``P audit``            stream the run API's audit events (who, what, when, result: training/api/audit.py)
 ====================  =====  ===========================================================
 
 Task states: ``queued`` -> ``running`` -> ``succeeded``; a failed attempt goes
@@ -123,6 +124,7 @@ class Key(StrEnum):
     GROUP = "group:"
     LANES = "lanes"
     WORKER_STATE = "worker_state"
+    AUDIT = "audit"
 
 
 def lane(executor: str = "torchrun", nodes: int = 1, pool: str | None = None) -> str:
@@ -230,6 +232,8 @@ class SubmitResult:
     """The task's state after the call."""
     same_spec: bool
     """Whether the stored spec equals the submitted one (always True when created)."""
+    team: str = ""
+    """The team the run belongs to ('' for a run submitted without one: the direct CLI)."""
 
 
 @dataclass(frozen=True)
@@ -252,6 +256,10 @@ class TaskInfo:
     completions: int
     cancel_requested: bool
     spec_json: str
+    owner: str = ""
+    """Who submitted it through the run API (an IAM ARN); '' when submitted directly to Redis."""
+    team: str = ""
+    """The team it belongs to (the run API's authorization); '' when submitted directly to Redis."""
 
     @classmethod
     def from_hash(cls, h: dict[str, str]) -> "TaskInfo":
@@ -266,7 +274,7 @@ class TaskInfo:
             claimed_at=ts("claimed_at"), finished_at=ts("finished_at"), heartbeat_at=ts("heartbeat_at"),
             next_attempt_at=ts("next_attempt_at"), last_error=h.get("last_error", ""),
             completions=int(h.get("completions", 0)), cancel_requested=h.get("cancel_requested") == "1",
-            spec_json=h.get("spec", ""),
+            spec_json=h.get("spec", ""), owner=h.get("owner", ""), team=h.get("team", ""),
         )
 
 
@@ -400,21 +408,24 @@ class TaskQueue:
 
     # -- producers -------------------------------------------------------------------------
 
-    def submit(self, spec: RunSpec) -> SubmitResult:
-        """Enqueue a validated run; the same run id twice is one task (idempotent)."""
+    def submit(self, spec: RunSpec, *, owner: str = "", team: str = "") -> SubmitResult:
+        """Enqueue a validated run; the same run id twice is one task (idempotent). ``owner`` and
+        ``team`` (the run API's caller) are recorded with it, in the same script."""
         return self.submit_payload(spec.run_id, spec.to_json(), priority=spec.priority,
                                    max_attempts=spec.max_attempts, timeout_s=spec.timeout_seconds,
-                                   nodes=spec.nodes, executor=spec.executor, pool=spec.pool)
+                                   nodes=spec.nodes, executor=spec.executor, pool=spec.pool, owner=owner, team=team)
 
     def submit_payload(self, task_id: str, payload: str, *, priority: str = "normal",
                        max_attempts: int = 3, timeout_s: float = 86400, nodes: int = 1,
-                       executor: str = "torchrun", pool: str | None = None) -> SubmitResult:
+                       executor: str = "torchrun", pool: str | None = None, owner: str = "",
+                       team: str = "") -> SubmitResult:
         """Lower level :meth:`submit` for an already validated payload string."""
         if priority not in PRIORITIES:
             raise ValueError(f"priority must be one of {PRIORITIES}, got {priority!r}")
-        status, state, same = self._call_replicated("submit", task_id, payload, priority, int(max_attempts),
-                                                    timeout_s, int(nodes), lane(executor, nodes, pool))
-        return SubmitResult(created=status == "created", state=state, same_spec=bool(int(same)))
+        status, state, same, stored_team = self._call_replicated(
+            "submit", task_id, payload, priority, int(max_attempts), timeout_s, int(nodes), lane(executor, nodes, pool),
+            owner, team)
+        return SubmitResult(created=status == "created", state=state, same_spec=bool(int(same)), team=stored_team)
 
     def cancel(self, task_id: str) -> str:
         """Cancel: ``cancelled`` (was waiting), ``cancelling`` (running: its worker stops it at the

@@ -1,0 +1,153 @@
+"""The run API's wire facts, shared by the server (training/api/server.py), the laptop's client
+(training/api/client.py) and the Pulumi program (infra/): paths, the token scheme, error codes.
+
+Torch-free and dependency-free. The token is aws-iam-authenticator's (kubernetes-sigs/aws-iam-authenticator,
+pkg/token/token.go): ``k8s-aws-v1.`` + unpadded base64url of a presigned ``sts:GetCallerIdentity`` GET URL
+that signs the ``x-k8s-aws-id`` header (the cluster id); STS honours a presigned URL for 15 minutes after its
+``X-Amz-Date`` whatever ``X-Amz-Expires`` says, so the server refuses an ``X-Amz-Expires`` over 900 s and a
+date older than that.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass
+
+from contract import exit_codes
+from contract.messages import shown
+
+API_VERSION = "v1"
+"""The path prefix of every run API route but ``/openapi.json``."""
+TOKEN_PREFIX = "k8s-aws-v1."
+"""What a token starts with (aws-iam-authenticator's ``v1Prefix``)."""
+CLUSTER_ID_HEADER = "x-k8s-aws-id"
+"""The signed header that binds a token to one cluster (aws-iam-authenticator's ``clusterIDHeader``)."""
+TOKEN_HEADER = "X-Ragpool-Token"
+"""Where the client also sends its token: the Kubernetes API server's service proxy consumes and strips
+``Authorization`` before it forwards a request (kubernetes/kubernetes#38775, #34076), so through that path
+the run API reads the token from this header (the same token authenticates the caller to EKS when the
+cluster id is the EKS cluster's name)."""
+MAX_TOKEN_BYTES = 4096
+"""Longest token accepted (aws-iam-authenticator's ``maxTokenLenBytes``)."""
+PRESIGN_VALID_S = 900
+"""How long STS honours a presigned GetCallerIdentity URL after its ``X-Amz-Date`` (15 minutes)."""
+PRESIGN_EXPIRES_S = 60
+"""``X-Amz-Expires`` the client signs (ignored by STS; aws-iam-authenticator's ``requestPresignParam``)."""
+STS_QUERY_PARAMETERS = frozenset({
+    "action", "version", "x-amz-algorithm", "x-amz-credential", "x-amz-date", "x-amz-expires",
+    "x-amz-security-token", "x-amz-signature", "x-amz-signedheaders",
+})
+"""The only query parameters a token's URL may carry, lower-cased (aws-iam-authenticator's ``parameterWhitelist``)."""
+STS_API_VERSION = "2011-06-15"
+"""The STS API version of the GetCallerIdentity query."""
+MAX_BODY_BYTES = 256 * 1024
+"""Largest request body the API reads (a run spec is at most 64 KiB; JSON escaping can double it)."""
+DEFAULT_CONFIG_PATH = "~/.config/ragpool/contexts.yaml"
+"""The laptop's context file when ``contract.env.CONFIG_ENV`` is unset."""
+CONNECT_TIMEOUT_S = 10.0
+"""The client's connect timeout to the API (the endpoint is named when it passes)."""
+READ_TIMEOUT_S = 60.0
+"""The client's wait for one response (the server bounds its own work below it)."""
+
+ERROR_STATUS = {
+    "bad_input": 400,
+    "unauthenticated": 401,
+    "forbidden": 403,
+    "not_found": 404,
+    "method_not_allowed": 405,
+    "timeout": 408,
+    "refused": 409,
+    "too_large": 413,
+    "unsupported_media_type": 415,
+    "internal": 500,
+    "unavailable": 503,
+}
+"""Every ``error.code`` of a JSON error body and its HTTP status."""
+
+EXIT_OF_STATUS = {
+    200: exit_codes.OK, 201: exit_codes.OK,
+    400: exit_codes.BAD_INPUT, 401: exit_codes.BAD_INPUT, 403: exit_codes.REFUSED, 404: exit_codes.NOT_FOUND,
+    405: exit_codes.BAD_INPUT, 408: exit_codes.UNAVAILABLE, 409: exit_codes.REFUSED, 413: exit_codes.BAD_INPUT,
+    415: exit_codes.BAD_INPUT, 500: exit_codes.UNAVAILABLE, 503: exit_codes.UNAVAILABLE,
+}
+"""The ``ragpool`` exit code of an API answer: a refused token is bad input (2: fix the credentials, never
+retried), another team's run refused (1), an unavailable queue retriable (4)."""
+
+STATUS_OF_EXIT = {
+    exit_codes.OK: 200, exit_codes.REFUSED: 409, exit_codes.BAD_INPUT: 400, exit_codes.NOT_FOUND: 404,
+    exit_codes.UNAVAILABLE: 503,
+}
+"""The HTTP status of a verb's outcome (training/scheduler/verbs.py): the inverse of the run CLI's exit codes."""
+
+
+# ------------------------------------------------------------------ teams (the stack's apiTeams)
+
+ARN_PATTERN_RULE = ("an IAM ARN pattern of one account: arn:aws:iam::<12 digits>:role/<name> or :user/<name>, "
+                    "'*' allowed in the name only (e.g. arn:aws:iam::123456789012:role/ml-team-a-*)")
+_ARN_PATTERN = re.compile(r"arn:aws(-[a-z]+)*:iam::[0-9]{12}:(role|user)/[A-Za-z0-9+=,.@_/*-]{1,512}")
+_TEAM = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+
+
+class TeamsError(ValueError):
+    """apiTeams is malformed; ``problems`` are ``(key, message)`` pairs naming the key."""
+
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        super().__init__("; ".join(f"{k}: {m}" for k, m in problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class ApiTeams:
+    """Who may use the run API: ARN patterns per team and of the admins (who act on every team's runs)."""
+
+    teams: dict[str, tuple[str, ...]]
+    admins: tuple[str, ...]
+
+    def team_of(self, *arns: str) -> str | None:
+        """The first team (by name) one of whose patterns matches one of ``arns``."""
+        for name in sorted(self.teams):
+            if any(fnmatch.fnmatchcase(arn, p) for p in self.teams[name] for arn in arns):
+                return name
+        return None
+
+    def is_admin(self, *arns: str) -> bool:
+        return any(fnmatch.fnmatchcase(arn, p) for p in self.admins for arn in arns)
+
+    def to_json(self) -> dict:
+        return {"teams": {k: list(v) for k, v in sorted(self.teams.items())}, "admins": list(self.admins)}
+
+
+def parse_api_teams(raw: object, key: str = "apiTeams") -> ApiTeams:
+    """``{"teams": {<team>: [<ARN pattern>...]}, "admins": [<ARN pattern>...]}`` (the stack's ``apiTeams``,
+    the API's teams file); raises :class:`TeamsError` naming each bad key."""
+    problems: list[tuple[str, str]] = []
+    if not isinstance(raw, dict):
+        raise TeamsError([(key, f"{shown(raw)} must be a mapping {{teams: {{<team>: [<ARN pattern>]}}, "
+                                "admins: [<ARN pattern>]}")])
+    for extra in sorted(set(map(str, raw)) - {"teams", "admins"}):
+        problems.append((f"{key}.{extra}", "unknown key; use teams and admins"))
+    teams_raw = raw.get("teams", {})
+    teams: dict[str, tuple[str, ...]] = {}
+
+    def patterns(value: object, at: str, allow_empty: bool = False) -> tuple[str, ...]:
+        if not isinstance(value, list) or not (value or allow_empty):
+            problems.append((at, f"{shown(value)} must be a non-empty list of ARN patterns"))
+            return ()
+        for i, p in enumerate(value):
+            if not isinstance(p, str) or not _ARN_PATTERN.fullmatch(p):
+                problems.append((f"{at}[{i}]", f"{shown(p)} is not {ARN_PATTERN_RULE}"))
+        return tuple(p for p in value if isinstance(p, str))
+
+    if not isinstance(teams_raw, dict):
+        problems.append((f"{key}.teams", f"{shown(teams_raw)} must be a mapping of team -> ARN patterns"))
+    else:
+        for name, value in teams_raw.items():
+            if not isinstance(name, str) or not _TEAM.fullmatch(name):
+                problems.append((f"{key}.teams", f"team name {shown(name)} must be a DNS label"))
+                continue
+            teams[name] = patterns(value, f"{key}.teams.{name}")
+    admins = patterns(raw["admins"], f"{key}.admins", allow_empty=True) if "admins" in raw else ()
+    if problems:
+        raise TeamsError(problems)
+    return ApiTeams(teams=teams, admins=admins)

@@ -1,0 +1,161 @@
+"""The run API (training/api/server.py) in the cluster: the ``ragpool`` verbs over HTTP as the caller's IAM identity.
+
+In the main training namespace, on the system nodes: a Deployment (2 replicas spread over zones in prod, 1 in
+dev) of the training image's ``python -m training.api.server``, a Redis client like the keeper (the URL from the
+connection ConfigMap, the password as a file: fsGroup makes the 0440 Secret readable), the shared storage
+mounted read-only (submit checks what the pool sees, ``logs`` reads run directories), the stack's facts in its
+environment (pools, served lanes, pool GPUs, Ray pools: submit's fit check and ``/v1/facts``), and ``apiTeams``
+as a mounted ConfigMap. A ClusterIP Service in front; people reach it through the Kubernetes API server's service
+proxy (docs/DESIGN.md, "The run API"), so its NetworkPolicy admits the VPC's addresses (the API server's ENIs)
+on the API port and lets it out to the queue, EFS and STS (HTTPS) only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from contract.env import API_CLUSTER_ID_ENV, API_STS_ENDPOINT_ENV, API_TEAMS_FILE_ENV
+from contract.lanes import POOLS_ENV, SERVED_LANES_ENV
+from contract.pool_gpus import POOL_GPUS_ENV
+from contract.ports import REDIS_PORT, RUN_API_PORT
+from contract.ray_pools import POOLS_ENV as RAY_POOLS_ENV
+from infra.common import SHARED_MOUNT_PATH, SYSTEM_NODE_SELECTOR, TRAINING_UID, child, k8s_labels
+from infra.component import RagpoolComponent
+from infra.config import StackConfig
+from infra.gpu_memory import pool_gpus
+from infra.peers import REDIS_CLIENT_LABEL, redis_peer
+from infra.pod_security import container_security_context, pod_security_context
+from infra.queue_redis import redis_client_env, redis_secret_volume
+
+RUN_API_NAME = "ragpool-run-api"
+TEAMS_CONFIG = "ragpool-run-api-teams"
+TEAMS_DIR = "/etc/ragpool/run-api"
+TEAMS_KEY = "teams.json"
+EFS_PORT = 2049
+HTTPS_PORT = 443
+
+
+def replicas(cfg: StackConfig) -> int:
+    """Two in prod (a node or zone lost keeps one answering), one in dev."""
+    return 2 if cfg.is_prod else 1
+
+
+def sts_endpoint(cfg: StackConfig) -> str:
+    """The STS regional endpoint of the stack's region: tokens must be presigned for it."""
+    return f"https://sts.{cfg.region}.amazonaws.com"
+
+
+def teams_config(cfg: StackConfig) -> dict[str, str]:
+    """The ConfigMap data: ``apiTeams`` as the JSON the API reads (contract/api.py parses both)."""
+    return {TEAMS_KEY: json.dumps(cfg.api_teams.to_json(), sort_keys=True)}
+
+
+def run_api_deployment_spec(cfg: StackConfig, image: str, redis_secret: str, shared_claim: str, cluster_id: str,
+                            served_lanes: str, ray_pools: str) -> dict[str, Any]:
+    labels = {**k8s_labels("run-api", RUN_API_NAME), **REDIS_CLIENT_LABEL}
+    redis_volume, redis_mount = redis_secret_volume(redis_secret)
+    env = [*redis_client_env(),
+           {"name": API_CLUSTER_ID_ENV, "value": cluster_id},
+           {"name": API_STS_ENDPOINT_ENV, "value": sts_endpoint(cfg)},
+           {"name": API_TEAMS_FILE_ENV, "value": f"{TEAMS_DIR}/{TEAMS_KEY}"},
+           {"name": POOLS_ENV, "value": ",".join(p.name for p in cfg.gpu_pools)},
+           {"name": POOL_GPUS_ENV, "value": pool_gpus(cfg)},
+           {"name": SERVED_LANES_ENV, "value": served_lanes}]
+    if ray_pools:
+        env.append({"name": RAY_POOLS_ENV, "value": ray_pools})
+    pod: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "nodeSelector": dict(SYSTEM_NODE_SELECTOR),
+        "securityContext": pod_security_context(TRAINING_UID, fs_group=TRAINING_UID),
+        "containers": [{
+            "name": "run-api",
+            "image": image,
+            "command": ["python", "-m", "training.api.server"],
+            "args": ["--port", str(RUN_API_PORT)],
+            "env": env,
+            "ports": [{"name": "http", "containerPort": RUN_API_PORT}],
+            "livenessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 20,
+                              "timeoutSeconds": 5, "failureThreshold": 3},
+            "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 10,
+                               "timeoutSeconds": 5},
+            "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},
+            "securityContext": container_security_context(),
+            "volumeMounts": [redis_mount,
+                             {"name": "shared", "mountPath": SHARED_MOUNT_PATH, "readOnly": True},
+                             {"name": "teams", "mountPath": TEAMS_DIR, "readOnly": True},
+                             {"name": "tmp", "mountPath": "/tmp"}],
+        }],
+        "volumes": [redis_volume,
+                    {"name": "shared", "persistentVolumeClaim": {"claimName": shared_claim, "readOnly": True}},
+                    {"name": "teams", "configMap": {"name": TEAMS_CONFIG}},
+                    {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
+    }
+    if cfg.is_prod:
+        pod["topologySpreadConstraints"] = [{
+            "maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": {"app.kubernetes.io/name": RUN_API_NAME}}}]
+    return {"replicas": replicas(cfg),
+            "selector": {"matchLabels": {"app.kubernetes.io/name": RUN_API_NAME}},
+            "template": {"metadata": {"labels": labels}, "spec": pod}}
+
+
+def run_api_service_spec() -> dict[str, Any]:
+    return {"type": "ClusterIP", "selector": {"app.kubernetes.io/name": RUN_API_NAME},
+            "ports": [{"name": "http", "port": RUN_API_PORT, "targetPort": "http", "protocol": "TCP"}]}
+
+
+def run_api_network_policy(cfg: StackConfig) -> dict[str, Any]:
+    """In: the API port from the VPC's addresses (the API server's service proxy comes from its ENIs in the
+    cluster's subnets). Out: the queue, EFS (the shared root) and HTTPS (STS)."""
+    vpc = {"ipBlock": {"cidr": cfg.network.vpc_cidr}}
+    return {"podSelector": {"matchLabels": {"app.kubernetes.io/name": RUN_API_NAME}},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [{"from": [vpc], "ports": [{"protocol": "TCP", "port": RUN_API_PORT}]}],
+            "egress": [{"to": [redis_peer(cfg)], "ports": [{"protocol": "TCP", "port": REDIS_PORT}]},
+                       {"to": [vpc], "ports": [{"protocol": "TCP", "port": EFS_PORT}]},
+                       {"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}], "ports": [{"protocol": "TCP", "port": HTTPS_PORT}]}]}
+
+
+@dataclass
+class RunApiArgs:
+    config: StackConfig
+    k8s_provider: k8s.Provider
+    namespace: pulumi.Input[str]
+    image: pulumi.Input[str]
+    redis_secret: str
+    shared_claim: str
+    cluster_id: pulumi.Input[str]
+    """The EKS cluster's name: the cluster id tokens sign (the same token then authenticates to EKS)."""
+    served_lanes: str
+    """``RAGPOOL_SERVED_LANES`` of the main namespace (infra/worker_jobs.py)."""
+    ray_pools: pulumi.Input[str]
+    """``RAGPOOL_RAY_POOLS`` of the main namespace ('' without Ray)."""
+    depends_on: list[pulumi.Resource]
+
+
+class RunApi(RagpoolComponent):
+    def __init__(self, name: str, args: RunApiArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("ragpool:infra:RunApi", name, opts, k8s_provider=args.k8s_provider)
+        name = self.child_prefix
+        cfg = args.config
+        meta = {"name": RUN_API_NAME, "namespace": args.namespace, "labels": k8s_labels("run-api", RUN_API_NAME)}
+        teams = k8s.core.v1.ConfigMap(
+            f"{name}-teams", metadata={**meta, "name": TEAMS_CONFIG}, data=teams_config(cfg),
+            opts=child(self, depends_on=args.depends_on))
+        k8s.apps.v1.Deployment(
+            f"{name}-deployment", metadata=meta,
+            spec=pulumi.Output.all(args.image, args.cluster_id, args.ray_pools).apply(
+                lambda a: run_api_deployment_spec(cfg, a[0], args.redis_secret, args.shared_claim, a[1],
+                                                  args.served_lanes, a[2] or "")),
+            opts=child(self, depends_on=[*args.depends_on, teams]))
+        service = k8s.core.v1.Service(f"{name}-service", metadata=meta, spec=run_api_service_spec(),
+                                      opts=child(self, depends_on=args.depends_on))
+        k8s.networking.v1.NetworkPolicy(f"{name}-netpol", metadata=meta, spec=run_api_network_policy(cfg),
+                                        opts=child(self, depends_on=args.depends_on))
+        self.service_name = service.metadata.apply(lambda m: m["name"])
+        self.register_outputs({"serviceName": self.service_name})

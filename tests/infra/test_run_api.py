@@ -1,0 +1,94 @@
+"""infra/run_api.py: the run API's Deployment, Service, ConfigMap and NetworkPolicy in the plan, and the plan's
+own command serving its probes against a real redis-server (as tests/infra/test_keeper.py does for the keeper)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import pytest
+
+from contract.api import parse_api_teams
+from contract.env import API_CLUSTER_ID_ENV, API_STS_ENDPOINT_ENV, API_TEAMS_FILE_ENV
+from contract.paths import child_env
+from contract.ports import RUN_API_PORT, free_port
+from infra.run_api import RUN_API_NAME, TEAMS_CONFIG, TEAMS_KEY
+from tests.conftest import STACKS
+from tests.infra.harness import inputs_of
+from tests.support.waits import wait_for
+
+
+def _deployment(plan: dict) -> dict:
+    [deployment] = [d for d in inputs_of(plan, "kubernetes:apps/v1:Deployment", "ragpool-training")
+                    if d["metadata"]["name"] == RUN_API_NAME]
+    return deployment
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_run_api_runs_on_system_nodes_with_the_stacks_facts(committed_plans, stack):
+    plan = committed_plans[stack]
+    spec = _deployment(plan)["spec"]
+    assert spec["replicas"] == (2 if stack == "prod" else 1)
+    pod = spec["template"]["spec"]
+    assert pod["nodeSelector"] == {"ragpool.io/pool": "system"} and pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"], "reads the password file"
+    assert ("topologySpreadConstraints" in pod) == (stack == "prod")
+    [container] = pod["containers"]
+    assert container["command"] == ["python", "-m", "training.api.server"]
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+    assert env[API_CLUSTER_ID_ENV] and env[API_STS_ENDPOINT_ENV] == "https://sts.us-west-2.amazonaws.com"
+    assert env["RAGPOOL_SERVED_LANES"] and env["RAGPOOL_POOLS"] and env["RAGPOOL_POOL_GPUS"]
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["shared"]["readOnly"] is True and env[API_TEAMS_FILE_ENV].startswith(mounts["teams"]["mountPath"])
+    [teams] = [c for c in inputs_of(plan, "kubernetes:core/v1:ConfigMap", "ragpool-training")
+               if c["metadata"]["name"] == TEAMS_CONFIG]
+    assert parse_api_teams(json.loads(teams["data"][TEAMS_KEY])).teams == {}
+    [service] = [s for s in inputs_of(plan, "kubernetes:core/v1:Service", "ragpool-training")
+                 if s["metadata"]["name"] == RUN_API_NAME]
+    assert service["spec"]["type"] == "ClusterIP"
+    assert service["spec"]["ports"] == [{"name": "http", "port": RUN_API_PORT, "targetPort": "http", "protocol": "TCP"}]
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"http": RUN_API_PORT}
+
+
+def test_the_plans_command_serves_its_probes(committed_plans, redis_server, namespace, tmp_path):
+    container = _deployment(committed_plans["dev"])["spec"]["template"]["spec"]["containers"][0]
+    probes = {kind: container[kind]["httpGet"] for kind in ("livenessProbe", "readinessProbe")}
+    assert {probe["port"] for probe in probes.values()} == {"http"}
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e and e["name"] != "REDIS_PASSWORD_FILE"}
+    teams = tmp_path / TEAMS_KEY
+    teams.write_text(json.dumps({"teams": {}}))
+    args = list(container["args"])
+    args[args.index("--port") + 1] = str(port := free_port())
+    proc = subprocess.Popen([sys.executable, *container["command"][1:], "--host", "127.0.0.1", *args],
+                            env=child_env(**{**env, "REDIS_URL": redis_server.url, "RAGPOOL_QUEUE_NAMESPACE": namespace,
+                                             API_TEAMS_FILE_ENV: str(teams)}),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def status(path: str) -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+                return resp.status
+        except urllib.error.HTTPError as err:
+            return err.code
+
+    try:
+        codes = lambda: {kind: status(probe["path"]) for kind, probe in probes.items()}  # noqa: E731
+        wait_for(lambda: codes() == {"livenessProbe": 200, "readinessProbe": 200}, 30,
+                 "the run API's probe endpoints to answer 200", seen=codes, retry_on=(OSError,), poll_s=0.2,
+                 alive=lambda: None if proc.poll() is None else f"exited {proc.returncode}: {proc.stderr.read()[-500:]}")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_missing_setting_is_exit_2_naming_it():
+    out = subprocess.run([sys.executable, "-m", "training.api.server"], env=child_env(**{API_CLUSTER_ID_ENV: ""}),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and API_CLUSTER_ID_ENV in out.stderr and "Traceback" not in out.stderr

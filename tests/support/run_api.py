@@ -1,0 +1,68 @@
+"""The run API against the test's real redis-server and a local STS (training/localdev/sts_server.py), with four
+identities: ``alice`` (team-a), ``bob`` (team-b), ``root`` (admin, no team) and ``carol`` (no team)."""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass, field
+
+import pytest
+
+from contract.api import parse_api_teams
+from training.localdev.sts_server import User, sts_server
+
+CLUSTER_ID = "ragpool-test"
+TEAMS = {"teams": {"team-a": ["arn:aws:iam::123456789012:user/alice"],
+                   "team-b": ["arn:aws:iam::123456789012:user/bob*"]},
+         "admins": ["arn:aws:iam::123456789012:user/root"]}
+
+
+@dataclass
+class LocalApi:
+    endpoint: str
+    sts_endpoint: str
+    users: dict[str, User]
+    queue: object
+    api: object
+    audit_lines: io.StringIO = field(default_factory=io.StringIO)
+
+    def client(self, user: str | None):
+        """An ApiClient signing as ``user`` (None: no credentials at all, sends no token)."""
+        from training.api.client import ApiClient
+        from training.api.contexts import Context
+
+        ctx = Context(self.endpoint, CLUSTER_ID, self.sts_endpoint, "us-west-2")
+        return ApiClient(ctx, credentials=self.users[user].credentials() if user else None)
+
+    def audit(self) -> list[dict]:
+        """The JSON audit lines the API printed."""
+        return [json.loads(x) for x in self.audit_lines.getvalue().splitlines() if x.strip()]
+
+
+@pytest.fixture(scope="session")
+def local_sts():
+    """One local STS per test process (moto's IAM users live in the process: created once)."""
+    with sts_server() as sts:
+        users = {name: sts.user(name) for name in ("alice", "bob", "root", "carol")}
+        yield sts, users
+
+
+@pytest.fixture
+def local_api(local_sts, redis_server, namespace, tmp_path):
+    """The run API (training/api/server.py) on a free port of 127.0.0.1."""
+    from training.api.server import ApiSettings, RunApi
+    from training.localdev.run_api import run_api_server
+    from training.scheduler.run_queue import TaskQueue
+
+    sts, users = local_sts
+    (tmp_path / "shared").mkdir()
+    settings = ApiSettings(cluster_id=CLUSTER_ID, sts_endpoint=sts.endpoint, teams=parse_api_teams(TEAMS),
+                           shared_root=str(tmp_path / "shared"), region="us-west-2")
+    client = redis_server.client()
+    queue = TaskQueue(client, namespace=namespace)
+    lines = io.StringIO()
+    api = RunApi(settings, queue, audit_stream=lines)
+    with run_api_server(api) as endpoint:
+        yield LocalApi(endpoint, sts.endpoint, users, queue, api, lines)
+    client.close()

@@ -1,0 +1,104 @@
+"""Who may do what: each role (team member, other team, admin, a user of no team, anonymous) x each verb,
+through the API, with the answer it must get; submit, cancel and retry audited whatever the answer."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.redis_fixtures import make_spec
+
+NEW = "run_id: {run}\nstages: [retriever]\n"
+
+# role -> user (None: no token at all); "member" is alice of team-a, whose runs these are.
+ROLES = {"member": "alice", "other team": "bob", "admin": "root", "no team": "carol", "anonymous": None}
+
+# verb -> expected error code per role ("ok": allowed)
+TABLE = {
+    "submit": {"member": "ok", "other team": "ok", "admin": "ok", "no team": "forbidden",
+               "anonymous": "unauthenticated"},
+    "resubmit": {"member": "ok", "other team": "forbidden", "admin": "ok", "no team": "forbidden",
+                 "anonymous": "unauthenticated"},
+    "status": {"member": "ok", "other team": "forbidden", "admin": "ok", "no team": "forbidden",
+               "anonymous": "unauthenticated"},
+    "show": {"member": "ok", "other team": "forbidden", "admin": "ok", "no team": "forbidden",
+             "anonymous": "unauthenticated"},
+    "logs": {"member": "ok", "other team": "forbidden", "admin": "ok", "no team": "forbidden",
+             "anonymous": "unauthenticated"},
+    "cancel": {"member": "ok", "other team": "forbidden", "admin": "ok", "no team": "forbidden",
+               "anonymous": "unauthenticated"},
+    "retry": {"member": "ok", "other team": "forbidden", "admin": "ok", "no team": "forbidden",
+              "anonymous": "unauthenticated"},
+    "list": {"member": "ok", "other team": "ok", "admin": "ok", "no team": "forbidden",
+             "anonymous": "unauthenticated"},
+    "queue": {"member": "ok", "other team": "ok", "admin": "ok", "no team": "forbidden",
+              "anonymous": "unauthenticated"},
+    "audit": {"member": "forbidden", "other team": "forbidden", "admin": "ok", "no team": "forbidden",
+              "anonymous": "unauthenticated"},
+}
+AUDITED = {"submit", "resubmit", "cancel", "retry"}
+
+
+def _setup(q) -> None:
+    q.submit(make_spec("a-queued"), owner="arn:aws:iam::123456789012:user/alice", team="team-a")
+    q.submit(make_spec("a-dead", max_attempts=1), owner="arn:aws:iam::123456789012:user/alice", team="team-a")
+    q.fail(q.claim("w", run_id="a-dead"), "boom", retriable=False)
+
+
+def _call(client, verb: str):
+    if verb == "submit":
+        return client.submit(NEW.format(run="new-run"), team="team-a" if client.is_admin else None)
+    if verb == "resubmit":
+        return client.submit(make_spec("a-queued").to_json())
+    if verb in ("cancel", "retry"):
+        return client.change(verb, "a-queued" if verb == "cancel" else "a-dead")
+    if verb == "list":
+        return client.list_runs()
+    if verb == "queue":
+        return client.overview()
+    if verb == "audit":
+        return client.audit()
+    return getattr(client, verb)("a-dead")
+
+
+@pytest.mark.parametrize("verb", list(TABLE))
+@pytest.mark.parametrize("role", list(ROLES))
+def test_authorization_table(local_api, role, verb):
+    _setup(local_api.queue)
+    client = local_api.client(ROLES[role])
+    client.is_admin = role == "admin"
+    outcome = _call(client, verb)
+    expected = TABLE[verb][role]
+    assert (outcome.error or "ok") == expected, (role, verb, outcome)
+    assert outcome.code == {"ok": 0, "forbidden": 1, "unauthenticated": 2}[expected], "exit code of the CLI"
+    if expected == "ok" and verb in ("list", "queue"):
+        runs = outcome.data if verb == "list" else outcome.data["runs"]
+        seen = {r["run_id"] for r in runs}
+        assert seen == ({"a-queued", "a-dead"} if role in ("member", "admin") else set()), (role, seen)
+    if verb in AUDITED and role != "anonymous":
+        event = local_api.audit()[-1]
+        assert event["who"] == local_api.users[ROLES[role]].arn
+        assert event["what"] == ("submit" if verb == "resubmit" else verb)
+        assert event["result"] == ("ok" if expected == "ok" else expected)
+    if expected != "ok" and verb in ("cancel", "retry"):
+        assert local_api.queue.get("a-queued").state == "queued" and local_api.queue.get("a-dead").state == "dead"
+
+
+def test_the_submitter_is_the_owner_and_an_admin_names_the_team(local_api):
+    root = local_api.client("root")
+    no_team = root.submit(NEW.format(run="admin-run"))
+    assert no_team.code == 2 and no_team.data["key"] == "team"
+    assert root.submit(NEW.format(run="admin-run"), team="team-b").ok
+    info = local_api.queue.get("admin-run")
+    assert info.owner == local_api.users["root"].arn and info.team == "team-b"
+    assert local_api.client("bob").status("admin-run").ok, "team-b's run, whoever submitted it"
+    naming = local_api.client("alice").submit(NEW.format(run="sneaky"), team="team-b")
+    assert naming.error == "forbidden" and naming.data["key"] == "team", "only an admin names a team"
+
+
+def test_admins_read_the_audit_trail_newest_first(local_api):
+    local_api.client("alice").submit(NEW.format(run="audited"))
+    local_api.client("bob").change("cancel", "audited")
+    events = local_api.client("root").audit(count=10).data
+    assert [(e["what"], e["result"]) for e in events[:2]] == [("cancel", "forbidden"), ("submit", "ok")]
+    assert events[0]["who"] == local_api.users["bob"].arn and events[1]["team"] == "team-a"
+    assert local_api.client("root").audit(count=5000).data["key"] == "count"

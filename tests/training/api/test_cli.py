@@ -1,0 +1,195 @@
+"""``ragpool login`` / ``ragpool context``, and the run commands through the API when a context is active
+(the same CLI, the same output, as the laptop's own IAM identity; no REDIS_URL)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from contract.env import CONFIG_ENV, CONTEXT_ENV, REDIS_URL_ENV
+
+
+@pytest.fixture
+def laptop(local_api, monkeypatch, tmp_path):
+    """``run(*argv) -> exit code`` of the whole ``ragpool`` CLI on a laptop signed in as alice (AWS keys in the
+    environment, a context file in tmp, no Redis variables)."""
+    from infra.cli import build_parser
+
+    alice = local_api.users["alice"]
+    monkeypatch.setenv(CONFIG_ENV, str(tmp_path / "contexts.yaml"))
+    monkeypatch.delenv(REDIS_URL_ENV, raising=False)
+    monkeypatch.delenv(CONTEXT_ENV, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", alice.access_key_id)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", alice.secret_access_key)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    parser = build_parser()
+
+    def run(*argv: str) -> int:
+        args = parser.parse_args(list(argv))
+        return args.handler(args)
+
+    return run
+
+
+def test_login_then_the_run_commands_use_the_api(laptop, local_api, tmp_path, capsys):
+    assert laptop("login", "--endpoint", local_api.endpoint, "--cluster-id", "ragpool-test") == 0
+    out = capsys.readouterr().out
+    assert "logged in to ragpool-test" in out and local_api.users["alice"].arn in out and "team-a" in out
+    spec = tmp_path / "run.yaml"
+    spec.write_text("run_id: laptop-run\nstages: [retriever]\n")
+    assert laptop("submit", str(spec)) == 0
+    assert "submitted laptop-run" in capsys.readouterr().out
+    assert local_api.queue.get("laptop-run").owner == local_api.users["alice"].arn, "submitted through the API"
+    assert laptop("status", "laptop-run") == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[1].split()[:3] == ["laptop-run", "queued", "normal"] and "owner:" in out
+    assert laptop("status", "laptop-run", "--json") == 0
+    assert json.loads(capsys.readouterr().out)["team"] == "team-a"
+    assert laptop("list", "--json") == 0
+    assert [r["run_id"] for r in json.loads(capsys.readouterr().out)] == ["laptop-run"]
+    assert laptop("show", "laptop-run") == 0
+    assert json.loads(capsys.readouterr().out)["run_id"] == "laptop-run"
+    assert laptop("status") == 0 and "laptop-run" in capsys.readouterr().out
+    assert laptop("cancel", "laptop-run") == 0 and "cancelled laptop-run" in capsys.readouterr().out
+    assert laptop("cancel", "laptop-run") == 1 and "already finished" in capsys.readouterr().err
+    assert laptop("status", "nope") == 3
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("run_id: ok\nstages: [train.py]\n")
+    assert laptop("submit", str(bad)) == 2 and "stages" in capsys.readouterr().err
+
+
+def test_contexts_list_and_use(laptop, local_api, capsys):
+    assert laptop("login", "--endpoint", local_api.endpoint, "--context", "one") == 0
+    assert laptop("login", "--endpoint", local_api.endpoint + "/", "--context", "two") == 0
+    capsys.readouterr()
+    assert laptop("context", "list") == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"  one  {local_api.endpoint}  cluster ragpool-test", f"* two  {local_api.endpoint}  cluster ragpool-test"]
+    assert laptop("context", "use", "one") == 0 and capsys.readouterr().out == "current context: one\n"
+    assert laptop("context", "list", "--json") == 0
+    assert json.loads(capsys.readouterr().out)["current"] == "one"
+    assert laptop("context", "use", "three") == 3 and "no context 'three'" in capsys.readouterr().err
+
+
+def test_redis_url_overrides_the_context(laptop, local_api, monkeypatch, redis_server, namespace, capsys):
+    assert laptop("login", "--endpoint", local_api.endpoint) == 0
+    monkeypatch.setenv(REDIS_URL_ENV, redis_server.url)
+    monkeypatch.setenv("RAGPOOL_QUEUE_NAMESPACE", "elsewhere-" + namespace)
+    local_api.client("alice").submit("run_id: via-api\nstages: [retriever]\n")
+    capsys.readouterr()
+    assert laptop("list") == 0
+    assert capsys.readouterr().out.strip() == "no runs", "the direct path, another namespace"
+
+
+def test_wrong_credentials_exit_2_with_the_fix(laptop, local_api, monkeypatch, capsys):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    assert laptop("login", "--endpoint", local_api.endpoint) == 2
+    err = capsys.readouterr().err
+    assert "token refused" in err and "SignatureDoesNotMatch" in err and "not retriable" in err
+
+
+def test_a_user_of_no_team_and_a_wrong_cluster_are_refused(laptop, local_api, monkeypatch, capsys):
+    assert laptop("login", "--endpoint", local_api.endpoint, "--cluster-id", "other") == 2
+    assert "serves cluster 'ragpool-test'" in capsys.readouterr().err
+    carol = local_api.users["carol"]
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", carol.access_key_id)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", carol.secret_access_key)
+    assert laptop("login", "--endpoint", local_api.endpoint) == 1
+    assert "belongs to no team" in capsys.readouterr().err
+
+
+def test_an_unreachable_endpoint_fails_fast_naming_it(laptop, capsys):
+    from contract.ports import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    assert laptop("login", "--endpoint", url) == 4
+    assert url in capsys.readouterr().err
+    assert laptop("login", "--endpoint", "ftp://x") == 2
+
+
+def test_a_silent_endpoint_times_out_naming_it(monkeypatch, capsys):
+    """A server that accepts and never answers: the client gives up after its read bound (shortened here),
+    exit 4, naming the endpoint."""
+    import socket
+    import time
+
+    from training.api import client as client_mod
+    from training.api.client import ApiClient
+    from training.api.contexts import Context
+
+    monkeypatch.setattr(client_mod, "READ_TIMEOUT_S", 1.0)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        started = time.monotonic()
+        outcome = ApiClient(Context(url, "c", "http://sts", "us-west-2")).info()
+    assert outcome.code == 4 and url in outcome.message and time.monotonic() - started < 5
+
+
+def test_register_adds_login_and_context():
+    from training.api.cli import register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    for argv in (["login", "--endpoint", "http://x"], ["context", "list"], ["context", "use", "a"]):
+        assert callable(parser.parse_args(argv).handler)
+
+
+def test_logs_through_the_api_and_follow_ends_with_the_run(laptop, local_api, tmp_path, capsys):
+    import json as json_
+
+    assert laptop("login", "--endpoint", local_api.endpoint) == 0
+    local_api.client("alice").submit("run_id: logged\nstages: [retriever]\n")
+    stage = tmp_path / "shared" / "runs" / "logged" / "retriever"
+    stage.mkdir(parents=True)
+    (stage / "log.jsonl").write_text("".join(json_.dumps({"run_id": "logged", "stage": "retriever", "rank": 0,
+                                                          "step": i, "message": f"loss {i}"}) + "\n"
+                                             for i in range(3)))
+    capsys.readouterr()
+    assert laptop("logs", "logged") == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 3 and "step=2 loss 2" in out[2]
+    local_api.client("alice").change("cancel", "logged")
+    assert laptop("logs", "logged", "--follow", "--json") == 0, "a finished run's follow ends"
+    assert len(capsys.readouterr().out.splitlines()) == 3
+    assert laptop("logs", "nope") == 3
+
+
+def test_a_broken_context_file_is_exit_2_naming_it(laptop, tmp_path, capsys):
+    (tmp_path / "contexts.yaml").write_text("current: [unclosed\n")
+    assert laptop("list") == 2
+    err = capsys.readouterr().err
+    assert "contexts.yaml" in err and "ragpool login" in err and "Traceback" not in err
+    (tmp_path / "contexts.yaml").write_text("current: gone\ncontexts: {}\n")
+    assert laptop("status") == 2 and "context \"gone\" is not in" in capsys.readouterr().err
+
+
+def test_tls_with_the_clusters_ca_and_a_tls_mismatch_named(laptop, local_api, tmp_path, capsys):
+    """The endpoint's certificate checked against --ca-file (the cluster CA of the API server's proxy); without
+    it, or with http:// against a TLS server, the failure says TLS and names the endpoint."""
+    import ssl
+
+    from training.localdev.redis_server import make_tls_files
+    from training.localdev.run_api import run_api_server
+
+    tls = make_tls_files(tmp_path / "tls")
+    server_ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ssl.load_cert_chain(tls.server_cert, tls.server_key)
+    with run_api_server(local_api.api, ssl_context=server_ssl) as endpoint:
+        assert endpoint.startswith("https://")
+        assert laptop("login", "--endpoint", endpoint) == 4
+        err = capsys.readouterr().err
+        assert "TLS" in err and endpoint in err
+        assert laptop("login", "--endpoint", endpoint, "--ca-file", str(tls.ca_cert), "--context", "tls") == 0
+        capsys.readouterr()
+        assert laptop("list", "--json") == 0 and json.loads(capsys.readouterr().out) == []
+        plain = endpoint.replace("https://", "http://")
+        assert laptop("login", "--endpoint", plain) == 4
+        err = capsys.readouterr().err
+        assert plain in err and "TLS mismatch" in err
+    assert laptop("login", "--endpoint", endpoint, "--ca-file", str(tmp_path / "missing.pem")) == 2

@@ -1,0 +1,477 @@
+"""The run API: what ``ragpool`` does against Redis, over HTTP, as the caller's IAM identity.
+
+    python -m training.api.server [--host 0.0.0.0] [--port 8080]
+
+Environment: the queue's Redis as every client reads it (training/scheduler/redis_conn.py: ``REDIS_URL``,
+``REDIS_PASSWORD_FILE``, ``REDIS_REQUIRED_REPLICAS``...), ``RAGPOOL_QUEUE_NAMESPACE``, the shared root
+(``RAGPOOL_SHARED_ROOT``, read-only: submit checks what the pool sees, ``logs`` reads the run directory), the
+stack's facts (``RAGPOOL_POOLS``, ``RAGPOOL_SERVED_LANES``, ``RAGPOOL_POOL_GPUS``, ``RAGPOOL_RAY_POOLS``:
+submit's fit check and ``/v1/facts``), and identity: ``RAGPOOL_API_CLUSTER_ID``, ``RAGPOOL_API_STS_ENDPOINT``,
+``RAGPOOL_API_TEAMS_FILE`` (contract/env.py). A missing or bad one: exit 2 naming it.
+
+Every route but ``/openapi.json``, ``/healthz``, ``/readyz`` and ``/v1/info`` needs ``Authorization: Bearer
+<token>`` or ``X-Ragpool-Token: <token>`` (through the API server's service proxy; training/api/identity.py). A caller acts on its team's runs only (``apiTeams``: IAM ARN patterns
+per team); an admin on every run. Runs record their owner and team; submit, cancel and retry are audited
+(training/api/audit.py). Each verb is training/scheduler/verbs.py, the CLI's own. Answers are JSON:
+``{"message", "data"}``, or ``{"error": {"code", "message", "key"?}}`` with the status of
+``contract.api.ERROR_STATUS``. Bounded: bodies (``MAX_BODY_BYTES``, read within ``BODY_TIMEOUT_S``), each
+verb's time (``VERB_TIMEOUT_S``), Redis commands (``REDIS_TIMEOUT_S``), STS calls (identity.STS_TIMEOUT_S).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import sys
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from contract import exit_codes
+from contract.api import (API_VERSION, ERROR_STATUS, MAX_BODY_BYTES, STATUS_OF_EXIT, TOKEN_HEADER, ApiTeams,
+                          TeamsError, parse_api_teams)
+from contract.env import API_CLUSTER_ID_ENV, API_STS_ENDPOINT_ENV, API_TEAMS_FILE_ENV
+from contract.lanes import POOLS_ENV, SERVED_LANES_ENV
+from contract.messages import shown
+from contract.paths import is_valid_run_id, shared_root_from_env
+from contract.pool_gpus import POOL_GPUS_ENV
+from contract.ports import RUN_API_PORT
+from contract.ray_pools import POOLS_ENV as RAY_POOLS_ENV
+from training.api.identity import Identity, StsUnavailable, TokenError, Verifier
+from training.scheduler import verbs
+
+BODY_TIMEOUT_S = 10.0
+"""Longest a client may take to send its body (a slow client gets 408)."""
+VERB_TIMEOUT_S = 30.0
+"""Longest one verb may take (Redis, the shared root) before the answer is 503."""
+REDIS_TIMEOUT_S = 5.0
+"""The socket timeout of the API's Redis commands."""
+WORKER_THREADS = 32
+"""Threads that run the (blocking) verbs and STS calls."""
+MAX_TEAMS_FILE_BYTES = 256 * 1024
+
+log = logging.getLogger("ragpool.api")
+
+
+class ApiConfigError(ValueError):
+    """The API's environment is incomplete or wrong; the message names the variable."""
+
+
+@dataclass(frozen=True)
+class ApiSettings:
+    cluster_id: str
+    """Tokens must sign this cluster id (``x-k8s-aws-id``)."""
+    sts_endpoint: str
+    """Tokens must be presigned for this STS endpoint; the API asks it who signed them."""
+    teams: ApiTeams
+    """Who belongs to which team, and the admins."""
+    shared_root: str
+    """The shared filesystem as the pool sees it (read-only here)."""
+    region: str = ""
+    """The STS region the client signs for (from the endpoint's host, ``us-east-1`` when it names none)."""
+
+
+def _region_of(sts_endpoint: str) -> str:
+    from urllib.parse import urlsplit
+
+    parts = (urlsplit(sts_endpoint).hostname or "").split(".")
+    return parts[1] if len(parts) == 4 and parts[0] == "sts" and parts[2] == "amazonaws" else "us-east-1"
+
+
+def settings_from_env(environ=None) -> ApiSettings:
+    env = os.environ if environ is None else environ
+    missing = [n for n in (API_CLUSTER_ID_ENV, API_STS_ENDPOINT_ENV, API_TEAMS_FILE_ENV) if not env.get(n)]
+    if missing:
+        raise ApiConfigError(f"{', '.join(missing)}: not set (the run API's Deployment sets them from the stack)")
+    path = env[API_TEAMS_FILE_ENV]
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_TEAMS_FILE_BYTES + 1)
+        if len(raw) > MAX_TEAMS_FILE_BYTES:
+            raise ApiConfigError(f"{API_TEAMS_FILE_ENV}: {path} is larger than {MAX_TEAMS_FILE_BYTES} bytes")
+        teams = parse_api_teams(json.loads(raw))
+    except OSError as exc:
+        raise ApiConfigError(f"{API_TEAMS_FILE_ENV}: cannot read {path!r} ({exc.strerror})") from None
+    except ValueError as exc:  # JSON or TeamsError
+        raise ApiConfigError(f"{API_TEAMS_FILE_ENV}: {path}: {exc}") from None
+    sts = env[API_STS_ENDPOINT_ENV].rstrip("/")
+    try:
+        Verifier(env[API_CLUSTER_ID_ENV], sts)
+    except ValueError as exc:
+        raise ApiConfigError(f"{API_STS_ENDPOINT_ENV}: {exc}") from None
+    return ApiSettings(cluster_id=env[API_CLUSTER_ID_ENV], sts_endpoint=sts, teams=teams,
+                       shared_root=shared_root_from_env(), region=_region_of(sts))
+
+
+class ApiError(Exception):
+    """An error answer: ``code`` (``contract.api.ERROR_STATUS``), a message, and the key it concerns."""
+
+    def __init__(self, code: str, message: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.key = code, message, key
+
+
+@dataclass(frozen=True)
+class Caller:
+    identity: Identity
+    team: str | None
+    admin: bool
+
+    @property
+    def arn(self) -> str:
+        return self.identity.arn
+
+    def teams(self) -> list[str] | None:
+        """The teams whose runs it may see (None: all)."""
+        return None if self.admin else [self.team or ""]
+
+
+def _error(code: str, message: str, key: str | None = None, request_id: str = "") -> web.Response:
+    body: dict[str, Any] = {"code": code, "message": message}
+    if key:
+        body["key"] = key
+    return web.json_response({"error": body, "request_id": request_id}, status=ERROR_STATUS[code])
+
+
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "too_large", 400: "bad_input", 408: "timeout",
+               415: "unsupported_media_type"}
+
+
+@web.middleware
+async def _errors(request: web.Request, handler):
+    """Every failure as a JSON error; a bug is a 500 with a request id (logged with its traceback), never a
+    traceback to the client."""
+    request["request_id"] = uuid.uuid4().hex[:16]
+    rid = request["request_id"]
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return _error(exc.code, exc.message, exc.key, rid)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = _HTTP_CODES.get(exc.status, "bad_input" if exc.status < 500 else "internal")
+        return _error(code, exc.reason or code, None, rid)
+    except asyncio.TimeoutError:
+        return _error("unavailable", f"the queue did not answer within {VERB_TIMEOUT_S:.0f}s; try again later",
+                      None, rid)
+    except Exception as exc:
+        import redis
+
+        if isinstance(exc, (redis.RedisError, verbs.Unconfirmed)):
+            what = exc.what + " could not be confirmed; " + exc.retry_hint if isinstance(exc, verbs.Unconfirmed) \
+                else f"the queue is unavailable ({type(exc).__name__}); try again later"
+            return _error("unavailable", what, None, rid)
+        log.exception("request %s failed", rid)
+        return _error("internal", f"internal error (request {rid}); the API's log has it", None, rid)
+
+
+class RunApi:
+    """The application: routes, the queue, the verifier, the audit trail."""
+
+    def __init__(self, settings: ApiSettings, queue, *, verifier: Verifier | None = None, audit_stream=None):
+        from training.api.audit import Audit
+
+        self.settings, self.queue = settings, queue
+        self.verifier = verifier or Verifier(settings.cluster_id, settings.sts_endpoint)
+        self.audit = Audit(queue, audit_stream)
+        self.pool = ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="ragpool-api")
+
+    def app(self) -> web.Application:
+        from training.api.openapi import openapi
+
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_errors])
+        v = f"/{API_VERSION}"
+        spec = openapi()
+
+        async def openapi_json(_request: web.Request) -> web.Response:
+            return web.json_response(spec)
+
+        async def healthz(_request: web.Request) -> web.Response:
+            return web.json_response({"message": "ok", "data": {}})
+
+        app.router.add_get("/openapi.json", openapi_json)
+        app.router.add_get("/healthz", healthz)
+        app.router.add_get("/readyz", self.readyz)
+        app.router.add_get(f"{v}/info", self.info)
+        app.router.add_get(f"{v}/whoami", self.whoami)
+        app.router.add_get(f"{v}/facts", self.facts)
+        app.router.add_get(f"{v}/queue", self.overview)
+        app.router.add_get(f"{v}/audit", self.audit_events)
+        app.router.add_get(f"{v}/runs", self.list_runs)
+        app.router.add_post(f"{v}/runs", self.submit)
+        app.router.add_get(f"{v}/runs/{{run_id}}", self.status)
+        app.router.add_get(f"{v}/runs/{{run_id}}/spec", self.show)
+        app.router.add_get(f"{v}/runs/{{run_id}}/logs", self.logs)
+        app.router.add_post(f"{v}/runs/{{run_id}}/cancel", self.cancel)
+        app.router.add_post(f"{v}/runs/{{run_id}}/retry", self.retry)
+        app.on_cleanup.append(self._close)
+        return app
+
+    async def _close(self, _app) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _run(self, fn, *args):
+        loop = asyncio.get_running_loop()
+        return await asyncio.wait_for(loop.run_in_executor(self.pool, fn, *args), VERB_TIMEOUT_S)
+
+    # -- identity ---------------------------------------------------------------------------
+
+    async def caller(self, request: web.Request, what: str) -> Caller:
+        header = request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        if request.headers.get(TOKEN_HEADER):  # through the API server's proxy (it strips Authorization)
+            scheme, token = "bearer", request.headers[TOKEN_HEADER]
+        if scheme.lower() != "bearer" or not token.strip():
+            raise ApiError("unauthenticated", "no token: send Authorization: Bearer <token> (ragpool login, then "
+                                              "any ragpool command, signs one with your AWS credentials)")
+        try:
+            identity = await self._run(self.verifier.verify, token.strip())
+        except TokenError as exc:
+            await self._audit(request, None, what, "", 401, "unauthenticated", exc.reason)
+            raise ApiError("unauthenticated", f"token refused: {exc.reason}; sign in again with the AWS "
+                                              "credentials of this cluster's account (aws sso login), then retry")
+        except StsUnavailable as exc:
+            raise ApiError("unavailable", f"cannot verify the token now: {exc}") from None
+        arns = (identity.arn, identity.canonical_arn)
+        caller = Caller(identity, self.settings.teams.team_of(*arns), self.settings.teams.is_admin(*arns))
+        if caller.team is None and not caller.admin:
+            await self._audit(request, caller, what, "", 403, "forbidden", "no team")
+            raise ApiError("forbidden", f"{identity.arn} belongs to no team of this pool (the stack's apiTeams); "
+                                        "ask the pool's admins to add your role")
+        return caller
+
+    async def _audit(self, request, caller: Caller | None, what: str, run_id: str, status: int, result: str,
+                     detail: str = "") -> None:
+        try:
+            await self._run(lambda: self.audit.record(
+                who=caller.arn if caller else "-", team=(caller.team or ("admin" if caller.admin else "")) if caller
+                else "", what=what, run_id=run_id, status=status, result=result,
+                request_id=request.get("request_id", ""), detail=detail))
+        except Exception:  # never lose the answer over the trail; Audit.record already keeps the line
+            log.exception("audit event of %s %s not written", what, run_id)
+
+    async def _run_of(self, request: web.Request, caller: Caller):
+        """The run of the path, when the caller may act on it (404 unknown, 403 another team's)."""
+        run_id = request.match_info["run_id"]
+        if not is_valid_run_id(run_id):
+            raise ApiError("bad_input", f"run_id: {shown(run_id)} is not a run id", "run_id")
+        info = await self._run(self.queue.get, run_id)
+        if info is None:
+            raise ApiError("not_found", f"no run {shown(run_id)}")
+        if not caller.admin and info.team != caller.team:
+            raise ApiError("forbidden", f"run {run_id} belongs to team {info.team or '(none)'!r}; you ({caller.arn}) "
+                                        f"act on team {caller.team!r}'s runs only")
+        return run_id, info
+
+    # -- answers ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _answer(outcome: verbs.Outcome, *, created: bool = False) -> web.Response:
+        if outcome.ok:
+            return web.json_response({"message": outcome.message, "data": outcome.data}, status=201 if created else 200)
+        code = outcome.error or {v: k for k, v in ERROR_STATUS.items()}[STATUS_OF_EXIT[outcome.code]]
+        key = outcome.data.get("key") if isinstance(outcome.data, dict) else None
+        body = {"error": {"code": code, "message": outcome.message, **({"key": key} if key else {})},
+                "data": outcome.data}
+        return web.json_response(body, status=ERROR_STATUS[code])
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        try:
+            await self._run(self.queue.client.ping)
+        except Exception as exc:
+            raise ApiError("unavailable", f"the queue is unavailable ({type(exc).__name__})") from None
+        return web.json_response({"message": "ready", "data": {}})
+
+    async def info(self, request: web.Request) -> web.Response:
+        """What ``ragpool login`` stores: where tokens are signed for (no secret, no auth)."""
+        s = self.settings
+        return web.json_response({"message": "", "data": {"cluster_id": s.cluster_id, "sts_endpoint": s.sts_endpoint,
+                                                          "region": s.region, "api_version": API_VERSION}})
+
+    async def whoami(self, request: web.Request) -> web.Response:
+        caller = await self.caller(request, "whoami")
+        return web.json_response({"message": f"{caller.arn} (team {caller.team or '-'}{', admin' if caller.admin else ''})",
+                                  "data": {"arn": caller.arn, "canonical_arn": caller.identity.canonical_arn,
+                                           "account": caller.identity.account, "team": caller.team,
+                                           "admin": caller.admin}})
+
+    async def facts(self, request: web.Request) -> web.Response:
+        """The stack's facts submit checks against (from the Deployment's environment, never from the user)."""
+        await self.caller(request, "facts")
+        env = os.environ
+        data = {"pools": env.get(POOLS_ENV), "served_lanes": env.get(SERVED_LANES_ENV),
+                "pool_gpus": env.get(POOL_GPUS_ENV), "ray_pools": env.get(RAY_POOLS_ENV),
+                "required_replicas": self.queue.required_replicas, "queue_namespace": self.queue.prefix[:-1],
+                "teams": sorted(self.settings.teams.teams)}
+        return web.json_response({"message": "", "data": data})
+
+    async def audit_events(self, request: web.Request) -> web.Response:
+        """The newest audit events (``count``, default 100, at most 1000), newest first: admins only."""
+        caller = await self.caller(request, "audit")
+        if not caller.admin:
+            raise ApiError("forbidden", f"the audit trail is the admins' ({caller.arn} is not one)")
+        count = _int_query(request, "count", 100)
+        if not 1 <= count <= 1000:
+            raise ApiError("bad_input", "count: 1 to 1000", "count")
+        return web.json_response({"message": "", "data": await self._run(self.audit.events, count)})
+
+    async def overview(self, request: web.Request) -> web.Response:
+        caller = await self.caller(request, "status")
+        return self._answer(await self._run(lambda: verbs.overview(self.queue, teams=caller.teams())))
+
+    async def list_runs(self, request: web.Request) -> web.Response:
+        caller = await self.caller(request, "list")
+        states = request.query.getall("state", []) or None
+        limit = _int_query(request, "limit", 50)
+        return self._answer(await self._run(lambda: verbs.list_runs(self.queue, states=states, limit=limit,
+                                                                     teams=caller.teams())))
+
+    async def status(self, request: web.Request) -> web.Response:
+        caller = await self.caller(request, "status")
+        run_id, _info = await self._run_of(request, caller)
+        return self._answer(await self._run(lambda: verbs.status(self.queue, run_id)))
+
+    async def show(self, request: web.Request) -> web.Response:
+        caller = await self.caller(request, "show")
+        run_id, _info = await self._run_of(request, caller)
+        return self._answer(await self._run(verbs.show, self.queue, run_id))
+
+    async def logs(self, request: web.Request) -> web.Response:
+        caller = await self.caller(request, "logs")
+        run_id, _info = await self._run_of(request, caller)
+        offset, limit = _int_query(request, "offset", 0), _int_query(request, "limit", 1000)
+        rank = _int_query(request, "rank", None)
+        stage = request.query.get("stage") or None
+        return self._answer(await self._run(lambda: verbs.logs(self.settings.shared_root, run_id, offset=offset,
+                                                                limit=limit, stage=stage, rank=rank)))
+
+    async def _change(self, request: web.Request, what: str, verb) -> web.Response:
+        caller = await self.caller(request, what)
+        try:
+            run_id, _info = await self._run_of(request, caller)
+        except ApiError as exc:
+            await self._audit(request, caller, what, request.match_info["run_id"][:63], ERROR_STATUS[exc.code],
+                              exc.code, exc.message)
+            raise
+        outcome = await self._run(verb, self.queue, run_id)
+        answer = self._answer(outcome)
+        await self._audit(request, caller, what, run_id, answer.status, outcome.error or "ok", outcome.message)
+        return answer
+
+    async def cancel(self, request: web.Request) -> web.Response:
+        return await self._change(request, "cancel", verbs.cancel)
+
+    async def retry(self, request: web.Request) -> web.Response:
+        return await self._change(request, "retry", verbs.retry)
+
+    async def submit(self, request: web.Request) -> web.Response:
+        caller = await self.caller(request, "submit")
+        body = await _json_body(request)
+        text, source, team = body.get("spec"), body.get("source", "run spec"), body.get("team")
+        if not isinstance(text, str):
+            raise ApiError("bad_input", "spec: must be the run spec's text (YAML or JSON) as a string", "spec")
+        if not isinstance(source, str) or len(source) > 256:
+            raise ApiError("bad_input", "source: must be a file name of at most 256 characters", "source")
+        if team is not None and (not caller.admin or team not in self.settings.teams.teams):
+            raise ApiError("forbidden" if not caller.admin else "bad_input",
+                           f"team: {shown(team)}: only an admin names a team, and it must be one of "
+                           f"{', '.join(sorted(self.settings.teams.teams)) or '(none)'}", "team")
+        outcome, run_id = await self._run(self._submit, caller, text, source, team)
+        answer = self._answer(outcome, created=bool(outcome.ok and outcome.data.get("created")))
+        await self._audit(request, caller, "submit", run_id, answer.status, outcome.error or "ok", outcome.message)
+        return answer
+
+    def _submit(self, caller: Caller, text: str, source: str, team: str | None) -> tuple[verbs.Outcome, str]:
+        from training.scheduler.fit import fit_problems
+        from training.scheduler.spec import SpecError, parse_spec_text
+
+        root = self.settings.shared_root
+        try:
+            spec = parse_spec_text(text, source=source, shared_root=root)
+            problems, notes = fit_problems(spec, root)
+            if problems:
+                raise SpecError(problems, source)
+        except SpecError as exc:
+            key = exc.problems[0][0] if exc.problems else None
+            return verbs.Outcome(exit_codes.BAD_INPUT, str(exc), {"key": key, "problems": exc.problems},
+                                 "bad_input"), ""
+        existing = self.queue.get(spec.run_id)
+        team = team or caller.team or (existing.team if existing is not None and caller.admin else None)
+        if not team:
+            return verbs.Outcome(exit_codes.BAD_INPUT, "team: an admin without a team of its own names the run's "
+                                                       "team", {"key": "team"}, "bad_input"), spec.run_id
+        if existing is not None and not caller.admin and existing.team != team:
+            return verbs.Outcome(exit_codes.REFUSED, f"run id {spec.run_id!r} is taken by another team; choose a new "
+                                                     "run_id", {"run_id": spec.run_id}, "forbidden"), spec.run_id
+        outcome = verbs.submit(self.queue, spec, owner=caller.arn, team=team)
+        if not outcome.data.get("created") and outcome.data.get("team") != team and not caller.admin:
+            # another team's submission of the same new id won the race between the check above and the script
+            return verbs.Outcome(exit_codes.REFUSED, f"run id {spec.run_id!r} is taken by another team; choose a new "
+                                                     "run_id", {"run_id": spec.run_id}, "forbidden"), spec.run_id
+        if isinstance(outcome.data, dict):
+            outcome.data["notes"] = notes
+        return outcome, spec.run_id
+
+
+def _int_query(request: web.Request, key: str, default):
+    raw = request.query.get(key)
+    if raw is None:
+        return default
+    if not raw.isdigit() or len(raw) > 9:
+        raise ApiError("bad_input", f"{key}: {shown(raw)} is not a whole number", key)
+    return int(raw)
+
+
+async def _json_body(request: web.Request) -> dict:
+    if request.content_type != "application/json":
+        raise ApiError("unsupported_media_type", "send the body as application/json")
+    try:
+        raw = await asyncio.wait_for(request.read(), BODY_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        raise ApiError("timeout", f"the body did not arrive within {BODY_TIMEOUT_S:.0f}s") from None
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise ApiError("bad_input", "(body): not JSON", "(body)") from None
+    if not isinstance(body, dict):
+        raise ApiError("bad_input", "(body): must be a JSON object", "(body)")
+    return body
+
+
+def open_api(settings: ApiSettings | None = None, **kwargs) -> RunApi:
+    """The API on the environment's queue (its Redis commands bounded by :data:`REDIS_TIMEOUT_S`)."""
+    from training.scheduler.redis_conn import settings_from_env as redis_settings
+    from training.scheduler.run_queue import namespace_from_env, open_queue
+
+    redis = dataclasses.replace(redis_settings(), socket_timeout_s=REDIS_TIMEOUT_S, retries=2)
+    return RunApi(settings or settings_from_env(), open_queue(redis, namespace=namespace_from_env()), **kwargs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m training.api.server", description=__doc__.split("\n")[0])
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=RUN_API_PORT)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from training.scheduler.redis_conn import RedisConfigError
+
+    try:
+        api = open_api()
+    except (ApiConfigError, RedisConfigError, TeamsError) as exc:
+        print(f"ragpool api: {exc}", file=sys.stderr)
+        return exit_codes.BAD_INPUT
+    web.run_app(api.app(), host=args.host, port=args.port, print=None, access_log=None)
+    return exit_codes.OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
