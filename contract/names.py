@@ -7,9 +7,19 @@ POOL_LABEL = "ragpool.io/pool"
 Kubernetes node label, nodeSelector and Karpenter NodePool label in infra/."""
 GPU_RESOURCE = "nvidia.com/gpu"
 """The extended resource NVIDIA's device plugin advertises (requests, limits, quotas, NodePool limits)."""
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+"""The extended resource the AWS EFA device plugin advertises, and the request that makes Karpenter attach a
+node's EFA interfaces (aws/karpenter-provider-aws v1.14.1 pkg/apis/v1/labels.go ResourceEFA; infra/efa.py)."""
 APPLICATION_LOG_GROUP = "/aws/containerinsights/{cluster}/application"
 """Where the CloudWatch observability add-on's Fluent Bit sends container logs (``ragpool logs`` reads it)."""
 RAY_VERSION = "2.58.0"
 """The Ray the training image carries (pyproject's ``ray[default,train,tune]`` pin; tests/infra/test_ray_cluster.py
 ties them): RayCluster.spec.rayVersion (infra/ray_cluster.py) and the Grafana dashboards generated from it
 (dashboards/boards/ray.py) follow it."""
+NODE_FENCE_TAINT_KEY = "ragpool.io/health-check-failed"
+"""The taint a GPU worker puts on its own node when its pre-flight health check fails
+(training/scheduler/worker/node_fence.py; value: the first failed check). No pod of ragpool
+tolerates it, so the pool's next worker Job lands on another node (Karpenter brings one);
+infra/node_fence.py grants exactly that write, dashboards/rules/training.yaml alerts on it."""
+NODE_FENCE_TAINT_EFFECT = "NoSchedule"
+"""The fence taint's effect: new pods stay off the node; nothing running there is evicted."""

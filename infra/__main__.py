@@ -16,6 +16,9 @@ except StackConfigError as exc:
     raise pulumi.RunError(str(exc)) from None
 
 from infra.cluster import Cluster, ClusterArgs  # noqa: E402
+from infra.data_access import DataAccess, DataAccessArgs  # noqa: E402
+from infra.efa import Efa, EfaArgs  # noqa: E402
+from infra.efa_devices import efa_pools  # noqa: E402
 from infra.gpu_memory import pool_gpus  # noqa: E402
 from infra.gpu_plugins import GpuPlugins, GpuPluginsArgs  # noqa: E402
 from infra.gpu_pools import GpuPools, GpuPoolsArgs  # noqa: E402
@@ -26,10 +29,13 @@ from infra.network import Network, NetworkArgs  # noqa: E402
 from infra.ray_cluster import Ray, RayArgs, RayNamespace, ray_endpoint  # noqa: E402
 from infra.registry import Registry, RegistryArgs  # noqa: E402
 from infra.storage import SharedStorage, StorageArgs  # noqa: E402
+from infra.run_api import RunApi, RunApiArgs  # noqa: E402
 from infra.queue_redis import Redis, RedisArgs  # noqa: E402
 from infra.peers import TRAINING_NAMESPACE  # noqa: E402
+from infra.node_fence import NodeFence, NodeFenceArgs  # noqa: E402
 from infra.training_namespace import TrainingNamespace, TrainingNamespaceArgs  # noqa: E402
 from infra.worker_jobs import WorkerJobs, WorkerJobsArgs  # noqa: E402
+from contract.datasets import format_buckets  # noqa: E402
 from contract.names import DEFAULT_NAMESPACE  # noqa: E402
 
 cluster_name = cfg.name_prefix
@@ -37,9 +43,12 @@ network = Network("network", NetworkArgs(config=cfg, cluster_name=cluster_name))
 cluster = Cluster("cluster", ClusterArgs(
     config=cfg, cluster_name=cluster_name, vpc_id=network.vpc_id,
     private_subnet_ids=network.private_subnet_ids, public_subnet_ids=network.public_subnet_ids))
+# GPU pools with EFA (infra/efa.py): their security group, placement groups and device plugin; none without.
+efa = Efa("efa", EfaArgs(config=cfg, vpc_id=network.vpc_id, k8s_provider=cluster.provider,
+                         depends_on=[cluster.system_nodes])) if efa_pools(cfg) else None
 gpu_pools = GpuPools("gpu", GpuPoolsArgs(
     config=cfg, cluster_name=cluster.name, cluster_security_group_id=cluster.cluster_security_group_id,
-    k8s_provider=cluster.provider, depends_on=[cluster.system_nodes]))
+    k8s_provider=cluster.provider, depends_on=[cluster.system_nodes], efa=efa))
 training = TrainingNamespace("training", TrainingNamespaceArgs(
     config=cfg, k8s_provider=cluster.provider, depends_on=[cluster.system_nodes]))
 storage = SharedStorage("storage", StorageArgs(
@@ -50,6 +59,9 @@ registry = Registry("registry", RegistryArgs(config=cfg))
 teams = [TrainingNamespace(f"team-{t.name}", TrainingNamespaceArgs(
     config=cfg, k8s_provider=cluster.provider, depends_on=[cluster.system_nodes, storage], namespace=t.namespace,
     gpu_quota=t.gpu_quota, cluster_scoped=False, shared_claim=storage.claim_name)) for t in cfg.teams]
+NodeFence("node-fence", NodeFenceArgs(
+    k8s_provider=cluster.provider, namespaces=[TRAINING_NAMESPACE, *(t.namespace for t in cfg.teams)],
+    depends_on=[training, *teams]))
 monitoring = Monitoring("monitoring", MonitoringArgs(
     config=cfg, cluster_name=cluster.name, k8s_provider=cluster.provider, training_namespaces=[training.name, *(t.name for t in teams)],
     depends_on=[cluster.system_nodes, storage]))
@@ -68,6 +80,12 @@ workers = WorkerJobs("workers", WorkerJobsArgs(
     redis_secret=redis.secret_name, shared_claim=storage.claim_name, depends_on=[redis, storage, keda],
     ray=ray_endpoint(cfg, TRAINING_NAMESPACE) if cfg.ray.enabled else None, keda=keda_queue,
     keeper_queue_namespaces=(DEFAULT_NAMESPACE, *(t.name for t in cfg.teams))))
+# The run API (`ragpool login`): people's path to the queue, as their IAM identity.
+run_api = RunApi("run-api", RunApiArgs(
+    config=cfg, k8s_provider=cluster.provider, namespace=training.name, image=registry.image_ref,
+    redis_secret=redis.secret_name, shared_claim=storage.claim_name, cluster_id=cluster.name,
+    served_lanes=workers.served_lanes,
+    ray_pools=ray_endpoint(cfg, TRAINING_NAMESPACE).pools if cfg.ray.enabled else "", depends_on=[redis, storage]))
 team_workers = [
     WorkerJobs(f"workers-{team.name}", WorkerJobsArgs(
         config=cfg, k8s_provider=cluster.provider, namespace=team_ns.name, image=registry.image_ref,
@@ -80,6 +98,9 @@ gpu_plugins = GpuPlugins("gpu-plugins", GpuPluginsArgs(
     monitoring_namespace=monitoring.namespace_name, depends_on=[monitoring.release]))
 log_shipping = LogShipping("logs", LogShippingArgs(
     config=cfg, cluster_name=cluster_name, eks_cluster_name=cluster.name, depends_on=[cluster.system_nodes]))
+if cfg.data.enabled:  # dataBuckets / dataExport: the ragpool-data role of every training namespace
+    DataAccess("data", DataAccessArgs(config=cfg, cluster_name=cluster.name, k8s_provider=cluster.provider,
+                                      namespaces=[TRAINING_NAMESPACE, *(t.namespace for t in cfg.teams)], depends_on=[training, *teams]))
 ray = None
 if cfg.ray.enabled:
     ray = Ray("ray", RayArgs(
@@ -108,3 +129,8 @@ pulumi.export("rayPools", ray.pools if ray else {})
 pulumi.export("servedLanes", {TRAINING_NAMESPACE: workers.served_lanes,
                               **{t.namespace: w.served_lanes for t, w in zip(cfg.teams, team_workers)}})
 pulumi.export("poolGpus", pool_gpus(cfg))
+# RAGPOOL_DATA_BUCKETS and RAGPOOL_DATA_EXPORT for `ragpool data import` and `ragpool export` (README).
+pulumi.export("dataBuckets", format_buckets([b.name for b in cfg.data.buckets]))
+pulumi.export("dataExport", cfg.data.export_url)
+# The run API's Service in the main training namespace (`ragpool login`; reached through the API server's proxy).
+pulumi.export("runApiService", run_api.service_name)

@@ -20,7 +20,9 @@ COMMAND_MODULES = (
     "infra.config_check",
     "infra.leftovers",
     "training.scheduler.cli",
+    "training.api.cli",
     "training.reports.cli",
+    "training.datasets.cli",
     "dashboards.cli",
     "policy.offline",
 )

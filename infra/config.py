@@ -16,6 +16,8 @@ import re
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Mapping
 
+from contract.api import ApiTeams, TeamsError, parse_api_teams
+from contract.datasets import S3_URL_RULE, is_bucket_name, parse_s3_url
 from contract.messages import shown
 
 PROJECT = "ragpool"
@@ -43,6 +45,7 @@ _LABEL_KEY = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z
 _LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 _RESERVED_LABEL_DOMAINS = ("kubernetes.io", "k8s.io", "karpenter.sh", "karpenter.k8s.aws", "ragpool.io")
 _IMAGE_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+_IMAGE_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _REGION = re.compile(r"[a-z]{2}(-gov)?-[a-z]+-\d")
 TEAM_NAMESPACE_PREFIX = "ragpool-team-"
 """A trainingTeams team's namespace is this plus its name (TeamConfig.namespace; policy/checks.py
@@ -142,6 +145,7 @@ SCHEMA: tuple[ConfigKey, ...] = (
     ConfigKey("efsBackupRetentionDays", "integer", "Days AWS Backup keeps daily recovery points of the shared EFS file system.", 14),
     ConfigKey("buildImage", "boolean", "Build and push the training image from training/Dockerfile during `pulumi up` (needs Docker).", False),
     ConfigKey("imageTag", "string", "Tag of the training image in ECR (tags are immutable: bump it for every build; `latest` is refused).", "0.1.0"),
+    ConfigKey("imageDigest", "string", "Digest (sha256:<64 hex>) of the training image under imageTag: set, every pod pulls <repository>:<imageTag>@<digest> (the deploy workflow sets it to the image it built); empty: by tag.", ""),
     ConfigKey("prometheusRetention", "string", "How long Prometheus keeps samples (a Prometheus duration of at least 30d: the GPU-hour budget rule looks back 30 days).", "31d"),
     ConfigKey("prometheusStorageGiB", "integer", "Size of Prometheus' persistent volume in GiB (gp3).", 50),
     ConfigKey("logRetentionDays", "integer", "Days CloudWatch Logs keeps the cluster's container logs (the Container Insights log groups infra/log_shipping.py creates); one of CloudWatch's retention values: " + ", ".join(map(str, CLOUDWATCH_RETENTION_DAYS)) + ".", 7),
@@ -160,6 +164,30 @@ SCHEMA: tuple[ConfigKey, ...] = (
     ),
     ConfigKey("rayHeadCpu", "integer", "CPU cores the Ray head pod requests on the system nodes (it runs GCS, the dashboard and the autoscaler; `num-cpus: 0`, so no Ray tasks).", 1),
     ConfigKey("rayHeadMemoryGiB", "integer", "Memory of the Ray head pod in GiB (request = limit).", 4),
+    ConfigKey(
+        "dataBuckets", None,
+        "S3 buckets the training namespaces may import datasets from (`ragpool data import`), each {bucket, "
+        "kmsKeyArn?}: kmsKeyArn is the key of an SSE-KMS bucket, used for decryption only through S3. Set, each "
+        "training namespace gets the service account ragpool-data with a Pod Identity role that may list and read "
+        "these buckets and nothing else. Empty: no data role. (Pulumi cannot type objects, so infra/config.py "
+        "validates this key.)",
+        [],
+    ),
+    ConfigKey(
+        "dataExport", None,
+        "Where `ragpool export` may write a run's models and index: {bucket, prefix, kmsKeyArn?}; the data role may "
+        "put objects only below s3://bucket/prefix/. Empty ({}): no export. (Pulumi cannot type objects, so "
+        "infra/config.py validates this key.)",
+        {},
+    ),
+    ConfigKey(
+        "apiTeams", None,
+        "Who may use the run API (`ragpool login`) and on which runs: {teams: {<team>: [<IAM ARN pattern>...]}, "
+        "admins: [<IAM ARN pattern>...]}; a pattern is an IAM role or user ARN of one account, `*` allowed in the "
+        "name (arn:aws:iam::<account>:role/ml-team-a-*). A caller acts on its team's runs only, an admin on all. "
+        "(Pulumi cannot type objects, so infra/config.py validates this key.)",
+        {},
+    ),
 )
 SCHEMA_BY_NAME = {k.name: k for k in SCHEMA}
 
@@ -237,6 +265,35 @@ class RayConfig:
 
 
 @dataclass(frozen=True)
+class DataBucket:
+    """A bucket datasets may be imported from, and the KMS key of its SSE-KMS encryption ('' for none)."""
+
+    name: str
+    kms_key_arn: str = ""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """dataBuckets and dataExport: what the training namespaces' data role may read and write."""
+
+    buckets: tuple[DataBucket, ...] = ()
+    export_bucket: str = ""
+    export_prefix: str = ""
+    """Ends in '/'; '' when there is no export."""
+    export_kms_key_arn: str = ""
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the stack declares a data role at all."""
+        return bool(self.buckets or self.export_bucket)
+
+    @property
+    def export_url(self) -> str:
+        """``s3://bucket/prefix/`` of the export destination, '' when there is none."""
+        return f"s3://{self.export_bucket}/{self.export_prefix}" if self.export_bucket else ""
+
+
+@dataclass(frozen=True)
 class StackConfig:
     project: str
     stack: str
@@ -261,6 +318,10 @@ class StackConfig:
     log_retention_days: int = SCHEMA_BY_NAME["logRetentionDays"].default
     alert_receiver_secret: str | None = field(default=None, repr=False)
     ray: RayConfig = RayConfig()
+    data: DataConfig = DataConfig()
+    image_digest: str = ""
+    api_teams: ApiTeams = ApiTeams(teams={}, admins=())
+    """The run API's teams and admins (``apiTeams``; contract/api.py)."""
 
     @property
     def is_prod(self) -> bool:
@@ -632,7 +693,7 @@ def _parse_gpu(r: _Reader, prod: bool, zones: tuple[str, ...]) -> dict[str, Any]
 
 
 def _parse_storage_and_image(r: _Reader) -> dict[str, Any]:
-    """efsBackupRetentionDays, buildImage, imageTag."""
+    """efsBackupRetentionDays, buildImage, imageTag, imageDigest."""
     retention = r.get("efsBackupRetentionDays")
     _check(isinstance(retention, int) and 1 <= retention <= 36500, r, "efsBackupRetentionDays", retention,
            "must be an integer from 1 to 36500 days")
@@ -640,7 +701,10 @@ def _parse_storage_and_image(r: _Reader) -> dict[str, Any]:
     tag = r.get("imageTag")
     _check(isinstance(tag, str) and bool(_IMAGE_TAG.fullmatch(tag)) and tag != "latest", r, "imageTag", tag,
            "must be a valid immutable Docker tag (not `latest`), e.g. 0.1.0 or a git SHA")
-    return {"efs_backup_retention_days": retention, "build_image": build, "image_tag": tag}
+    digest = r.get("imageDigest")
+    _check(isinstance(digest, str) and (digest == "" or bool(_IMAGE_DIGEST.fullmatch(digest))), r, "imageDigest", digest,
+           "must be empty or an image digest sha256:<64 lowercase hex> (`aws ecr describe-images` imageDigest)")
+    return {"efs_backup_retention_days": retention, "build_image": build, "image_tag": tag, "image_digest": digest}
 
 
 def _parse_monitoring(r: _Reader) -> dict[str, Any]:
@@ -713,6 +777,64 @@ def _parse_ray(r: _Reader, pools: tuple[GpuPoolConfig, ...]) -> dict[str, Any]:
                              head_cpu=head_cpu, head_memory_gib=head_mem)}
 
 
+_KMS_KEY_ARN = re.compile(r"arn:aws(-cn|-us-gov)?:kms:[a-z]{2}(-gov)?-[a-z]+-\d:\d{12}:key/"
+                          r"(mrk-[0-9a-f]{32}|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})")
+_KMS_RULE = "must be a KMS key ARN: arn:aws:kms:<region>:<12-digit account>:key/<key id> (not an alias)"
+
+
+def _parse_data(r: _Reader) -> dict[str, Any]:
+    """dataBuckets and dataExport."""
+    buckets_raw, export_raw = r.get("dataBuckets"), r.get("dataExport")
+    buckets: list[DataBucket] = []
+    if not isinstance(buckets_raw, list):
+        r.problem("dataBuckets", buckets_raw, "must be a list of {bucket, kmsKeyArn?} objects, e.g. [{bucket: my-corpora}]")
+        buckets_raw = []
+    for i, b in enumerate(buckets_raw):
+        at = f"dataBuckets[{i}]"
+        if not isinstance(b, dict) or "bucket" not in b or set(b) - {"bucket", "kmsKeyArn"}:
+            r.problem(at, b, "must be an object with bucket and optionally kmsKeyArn")
+            continue
+        name, key = b["bucket"], b.get("kmsKeyArn", "")
+        ok = _check(is_bucket_name(name), r, f"{at}.bucket", name,
+                    "must be an S3 bucket name: 3-63 lowercase letters, digits, '.' or '-'")
+        ok &= _check(name not in [x.name for x in buckets], r, f"{at}.bucket", name, "is listed twice")
+        ok &= _check(key == "" or (isinstance(key, str) and bool(_KMS_KEY_ARN.fullmatch(key))), r, f"{at}.kmsKeyArn",
+                     key, _KMS_RULE)
+        if ok:
+            buckets.append(DataBucket(name, key))
+    export = {"export_bucket": "", "export_prefix": "", "export_kms_key_arn": ""}
+    if not isinstance(export_raw, dict) or set(export_raw) - {"bucket", "prefix", "kmsKeyArn"}:
+        r.problem("dataExport", export_raw, "must be an object {bucket, prefix, kmsKeyArn?} or empty ({})")
+    elif export_raw:
+        bucket, prefix, key = export_raw.get("bucket"), export_raw.get("prefix"), export_raw.get("kmsKeyArn", "")
+        ok = _check(is_bucket_name(bucket), r, "dataExport.bucket", bucket,
+                    "must be an S3 bucket name: 3-63 lowercase letters, digits, '.' or '-'")
+        loc = None
+        if ok and isinstance(prefix, str):
+            try:
+                loc = parse_s3_url(f"s3://{bucket}/{prefix}", need_prefix=True)
+            except ValueError as exc:
+                r.problem("dataExport.prefix", prefix, f"{exc} ({S3_URL_RULE})")
+        elif not isinstance(prefix, str):
+            r.problem("dataExport.prefix", prefix, "must be a key prefix such as exports/ (exports go below it only)")
+        ok = _check(key == "" or (isinstance(key, str) and bool(_KMS_KEY_ARN.fullmatch(key))), r,
+                    "dataExport.kmsKeyArn", key, _KMS_RULE)
+        if loc is not None and ok:
+            export = {"export_bucket": loc.bucket, "export_prefix": loc.prefix, "export_kms_key_arn": key}
+    return {"data": DataConfig(buckets=tuple(buckets), **export)}
+
+
+def _parse_api_teams(r: _Reader) -> dict[str, Any]:
+    """apiTeams (contract/api.py parses it, for the stack and for the run API alike)."""
+    raw = r.get("apiTeams")
+    try:
+        return {"api_teams": parse_api_teams(raw if raw is not None else {})}
+    except TeamsError as exc:
+        for key, message in exc.problems:
+            r.problems.append(f"{PROJECT}:{key}: {message} (fix: pulumi config set --path '{key}' VALUE)")
+        return {}
+
+
 def parse(raw: Mapping[str, Any], *, stack: str, region: str | None, project: str = PROJECT,
           source: str | None = None) -> StackConfig:
     """Validate raw ``ragpool:`` values (keys without the namespace) into a StackConfig.
@@ -735,6 +857,8 @@ def parse(raw: Mapping[str, Any], *, stack: str, region: str | None, project: st
         **_parse_queue(r),
         **_parse_alerts(r),
         **_parse_ray(r, gpu["gpu_pools"]),
+        **_parse_data(r),
+        **_parse_api_teams(r),
     }
     if r.problems:
         raise StackConfigError(r.problems, source or f"stack {stack}")

@@ -30,6 +30,7 @@ from policy.pod_templates import containers as _containers
 from policy.pod_templates import get as _get
 from policy.pod_templates import is_list as _is_list
 from policy.secret_access import check_secret_volumes_readable
+from policy.efa import check_efa_pool_requests_devices
 from contract.names import POOL_LABEL
 from contract.names import GPU_RESOURCE
 
@@ -878,7 +879,8 @@ def check_lanes_have_one_scaled_job(resources: Sequence[Resource], ctx: Context)
 
         scaled = [r for r in resources if r.type == SCALED_JOB_TYPE and here(r)]
         quota = next((_number(_get(r.inputs, "spec", "hard", f"requests.{GPU_RESOURCE}")) for r in resources
-                      if r.type == RESOURCE_QUOTA_TYPE and here(r)), None)
+                      if r.type == RESOURCE_QUOTA_TYPE and here(r)
+                      and _get(r.inputs, "spec", "hard", f"requests.{GPU_RESOURCE}") is not None), None)
         expected = set() if default_pool else {Lane()}  # no worker takes unpinned runs: say so below
         for pool, limit in pools.items():
             if pool not in gpus:
@@ -922,6 +924,39 @@ def check_lanes_have_one_scaled_job(resources: Sequence[Resource], ctx: Context)
                 yield None, (f"lane {lane.name!r} in namespace {ns!r} can hold a run but has {found} ScaledJobs: "
                              "exactly one must start its workers, or its runs wait forever (none) or get two "
                              "Jobs each (two); declare one per worker kind (infra/keda.py worker_kinds)")
+
+
+# KEDA's defaults for a ScaledJob field left unset (kedacore/keda v2.20.2 apis/keda/v1alpha1/scaledjob_types.go;
+# pkg/scaling/executor/scale_jobs.go cleanUp keeps that many finished Jobs of each kind).
+KEDA_DEFAULT_JOBS_HISTORY = 100
+KEDA_DEFAULT_MAX_REPLICAS = 100
+
+
+def check_jobs_quota_covers_scaled_jobs(resources: Sequence[Resource], ctx: Context
+                                        ) -> Iterator[tuple[Resource | None, str]]:
+    """In every namespace with ScaledJobs, each ResourceQuota's ``count/jobs.batch`` holds what they can keep at
+    once: per ScaledJob, ``successfulJobsHistoryLimit`` + ``failedJobsHistoryLimit`` finished Jobs (KEDA deletes
+    older ones) and up to ``maxReplicaCount`` unfinished ones. At the quota the API server refuses the next Job
+    KEDA creates, and the lane's runs wait with no worker and no error but KEDA's log."""
+    need: dict[Any, int] = {}
+    for r in resources:
+        if r.type != SCALED_JOB_TYPE:
+            continue
+        spec = _get(r.inputs, "spec")
+        counts = [_number(_get(spec, "successfulJobsHistoryLimit")), _number(_get(spec, "failedJobsHistoryLimit")),
+                  _number(_get(spec, "maxReplicaCount"))]
+        defaults = (KEDA_DEFAULT_JOBS_HISTORY, KEDA_DEFAULT_JOBS_HISTORY, KEDA_DEFAULT_MAX_REPLICAS)
+        ns = _get(r.inputs, "metadata", "namespace")
+        need[ns] = need.get(ns, 0) + sum(int(c if c is not None else d) for c, d in zip(counts, defaults))
+    for r in resources:
+        if r.type != RESOURCE_QUOTA_TYPE:
+            continue
+        ns = _get(r.inputs, "metadata", "namespace")
+        hard = _number(_get(r.inputs, "spec", "hard", "count/jobs.batch"))
+        if hard is not None and ns in need and hard < need[ns]:
+            yield r, (f"ResourceQuota {ns}/{_metadata_name(r)}: count/jobs.batch {hard:g} is below the {need[ns]} "
+                      "Jobs the namespace's ScaledJobs can hold (history limits + maxReplicaCount each); KEDA's next "
+                      "Job would be refused. Size it with infra/keda.py jobs_quota")
 
 
 # ------------------------------------------------------------------ the rule list
@@ -991,6 +1026,16 @@ RULES: tuple[Rule, ...] = (
          "triggered by exactly its ready lists, summed.", MANDATORY,
          "Declare the namespace's worker kinds with infra/worker_jobs.py (infra/keda.py worker_kinds, scaled_job_spec).",
          check_lanes_have_one_scaled_job, scope="stack", config_schema=_NAMESPACES_SCHEMA),
+    Rule("jobs-quota-covers-scaledjobs",
+         "In every namespace with ScaledJobs, count/jobs.batch holds their kept and running Jobs.", MANDATORY,
+         "Derive the quota from the namespace's worker kinds (infra/keda.py jobs_quota, infra/worker_jobs.py).",
+         check_jobs_quota_covers_scaled_jobs, scope="stack"),
+    Rule("efa-pool-requests-devices",
+         "Every GPU worker template of a pool with EFA requests (limits = requests) its share of the node's EFA "
+         "devices; no other GPU template requests any.", MANDATORY,
+         "Build GPU worker Jobs with infra/worker_jobs.py (infra/efa_devices.py pool_efa_devices).",
+         lambda resources, ctx: check_efa_pool_requests_devices(resources, ctx, nodepool_types=NODEPOOL_TYPES),
+         scope="stack"),
     Rule("secret-volumes-readable",
          "Every container of every pod template can read the Secret files it mounts (as its uid, gid and fsGroup).",
          MANDATORY, "Set the pod's securityContext.fsGroup to the container's group (infra/pod_security.py "

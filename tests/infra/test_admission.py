@@ -44,6 +44,8 @@ from infra.stack import load_stack
 from infra.pod_security import restricted_problems
 from policy.pod_templates import POD_SPEC_PATHS
 from tests.conftest import STACKS
+from tests.infra.conftest import DATA_ON_DEV
+from tests.support.data_import import with_import_jobs
 from tests.support.helm import HELM, helm_merge
 from tests.support.kuberay import RAYCLUSTER
 
@@ -405,3 +407,14 @@ def test_the_pod_security_checker():
     assert pod_security_problems(bare, "privileged") == []
     with pytest.raises(ValueError, match="baseline"):
         pod_security_problems(good, "baseline")
+
+
+def test_the_dataset_import_job_passes_restricted_after_the_webhooks(data_plan):
+    """The Job ``ragpool data import`` creates (infra/data_access.py ``import_job``), in the main and a team
+    namespace, both at level restricted."""
+    namespaces = ["ragpool-training", "ragpool-team-search"]
+    plan = with_import_jobs(data_plan, namespaces, [b["bucket"] for b in DATA_ON_DEV["ragpool:dataBuckets"]])
+    jobs = [t for t in admitted(plan, _region("dev")) if t.source.startswith("data-import-")]
+    assert sorted(t.namespace for t in jobs) == sorted(namespaces) and all(t.spec for t in jobs)
+    assert all(namespace_levels(plan)[ns] == "restricted" for ns in namespaces)
+    assert admission_failures(plan, _region("dev")) == []

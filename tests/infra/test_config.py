@@ -38,7 +38,7 @@ def test_every_key_has_type_description_and_default_or_is_required():
     for key in SCHEMA:
         assert key.description.strip(), key.name
         # Pulumi cannot type objects (lists of them, maps): those are validated by infra/config.py.
-        assert key.type in ("string", "integer", "boolean", "array") or key.name in ("gpuPools", "trainingTeams", "rayMaxWorkers"), key.name
+        assert key.type in ("string", "integer", "boolean", "array") or key.name in ("gpuPools", "trainingTeams", "rayMaxWorkers", "dataBuckets", "dataExport", "apiTeams"), key.name
         assert key.default is not None or key.required or key.secret, f"{key.name} has neither default nor required"
 
 
@@ -107,6 +107,8 @@ BAD = [
     ("public endpoint without allow-list", {"publicAccessCidrs": []}, "publicAccessCidrs", "[]"),
     ("bad admin ARN", {"adminRoleArns": ["arn:aws:iam::12:user/x"]}, "adminRoleArns", "arn:aws:iam::12:user/x"),
     ("mutable image tag", {"imageTag": "latest"}, "imageTag", "latest"),
+    ("image digest not a digest", {"imageDigest": "sha256:abc"}, "imageDigest", "sha256:abc"),
+    ("image digest with its tag", {"imageDigest": "0.1.0@sha256:" + "a" * 64}, "imageDigest", "0.1.0@sha256"),
     ("deploy role missing", {"deployRoleArn": None}, "deployRoleArn", "is required but not set"),
     ("deploy role not a role", {"deployRoleArn": "arn:aws:iam::444455556666:user/ci"}, "deployRoleArn",
      "arn:aws:iam::444455556666:user/ci"),
@@ -336,3 +338,48 @@ def test_pool_fields_left_out_take_the_dataclass_defaults():
         if f.name not in ("name", "instance_types", "capacity_type", "gpu_limit", "zones"):
             assert getattr(pool, f.name) == f.default, f.name
     assert pool.zones == ("us-west-2a", "us-west-2b")  # no zones: every availability zone
+
+
+# ------------------------------------------------------------------ dataBuckets, dataExport
+
+_KEY = "arn:aws:kms:us-west-2:444455556666:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+
+
+def test_data_keys_default_to_no_data_role_and_parse_when_set():
+    assert not _parse(BASE).data.enabled
+    data = _parse({**BASE, "dataBuckets": json.dumps([{"bucket": "corpora", "kmsKeyArn": _KEY}, {"bucket": "open.data"}]),
+                   "dataExport": {"bucket": "exports", "prefix": "ragpool"}}).data
+    assert [(b.name, b.kms_key_arn) for b in data.buckets] == [("corpora", _KEY), ("open.data", "")]
+    assert data.export_url == "s3://exports/ragpool/" and data.enabled
+
+
+@pytest.mark.parametrize(("values", "named"), [
+    ({"dataBuckets": [{"bucket": "Corpora_1"}]}, "ragpool:dataBuckets[0].bucket = \"Corpora_1\""),
+    ({"dataBuckets": [{"bucket": "a-b"}, {"bucket": "a-b"}]}, "ragpool:dataBuckets[1].bucket = \"a-b\": is listed twice"),
+    ({"dataBuckets": [{"bucket": "a-b", "kmsKeyArn": "alias/x"}]}, "ragpool:dataBuckets[0].kmsKeyArn = \"alias/x\""),
+    ({"dataBuckets": [{"name": "a-b"}]}, "ragpool:dataBuckets[0] = "),
+    ({"dataBuckets": "a-b"}, "ragpool:dataBuckets = \"a-b\""),
+    ({"dataExport": {"bucket": "exports", "prefix": ""}}, "ragpool:dataExport.prefix = \"\""),
+    ({"dataExport": {"bucket": "exports", "prefix": "a/../b"}}, "ragpool:dataExport.prefix"),
+    ({"dataExport": {"bucket": "x", "prefix": "p/"}}, "ragpool:dataExport.bucket = \"x\""),
+    ({"dataExport": {"bucket": "exports", "prefix": "p/", "acl": "public"}}, "ragpool:dataExport = "),
+])
+def test_bad_data_keys_are_named(values, named):
+    with pytest.raises(StackConfigError) as caught:
+        _parse({**BASE, **values})
+    assert named in str(caught.value), str(caught.value)
+
+
+# ------------------------------------------------------------------ apiTeams (the run API)
+
+def test_api_teams_parse_and_bad_patterns_are_named():
+    teams = {"teams": {"team-a": ["arn:aws:iam::123456789012:role/ml-a-*"]},
+             "admins": ["arn:aws:iam::123456789012:role/pool-admin"]}
+    cfg = _parse({**BASE, "apiTeams": teams}).api_teams
+    assert cfg.team_of("arn:aws:iam::123456789012:role/ml-a-eu") == "team-a" and cfg.to_json() == teams
+    assert _parse(BASE).api_teams.teams == {}
+    with pytest.raises(StackConfigError) as err:
+        _parse({**BASE, "apiTeams": {"teams": {"team-a": ["arn:aws:iam::*:role/x"], "Bad_Team": ["x"]}, "admin": []}})
+    text = str(err.value)
+    for key in ("apiTeams.teams.team-a[0]", "apiTeams.teams", "apiTeams.admin"):
+        assert f"ragpool:{key}" in text, text

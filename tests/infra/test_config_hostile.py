@@ -150,7 +150,9 @@ def bad_value(kind: str, exemplar: str | None) -> st.SearchStrategy:
             st.one_of(not_an_int, st.integers(max_value=-1), st.integers(min_value=most + 1)).map(
                 lambda v: {POOL["name"]: v}),
         )
-    # gpuPools / trainingTeams: lists of objects
+    if kind == "object":  # dataExport, apiTeams: one object
+        return st.one_of(st.integers(), st.text(max_size=3), st.lists(st.integers(), min_size=1, max_size=2))
+    # gpuPools / trainingTeams / dataBuckets: lists of objects
     return st.one_of(not_a_list, st.just([]) if kind == "pools" else st.nothing(),
                      st.lists(st.one_of(st.integers(), st.text(max_size=3), st.none()), min_size=1, max_size=2))
 
@@ -162,6 +164,10 @@ def _top_kind(key) -> str:
         return "teams"
     if key.name == "rayMaxWorkers":
         return "workers"
+    if key.name == "dataBuckets":
+        return "teams"  # a list of objects
+    if key.name in ("dataExport", "apiTeams"):
+        return "object"
     if key.type is None:
         raise AssertionError(f"{key.name}: an untyped key needs its own bad values here")
     return key.type

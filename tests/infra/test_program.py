@@ -260,6 +260,15 @@ def test_dev_and_prod_differ_exactly_as_configured(committed_plans):
         "aws:ec2/securityGroup:SecurityGroup": 1,
         "kubernetes:apps/v1:StatefulSet": -1, "kubernetes:core/v1:Service": -1,
         "kubernetes:apps/v1:Deployment": 1,  # redis_exporter for ElastiCache (dev: a sidecar)
+    } | {
+        # prod's gpu-ondemand pool has EFA (infra/efa.py): its security group (one more) with a self ingress and
+        # egress rule (one more ingress), a cluster placement group and the device plugin; dev has no EFA pool.
+        "aws:ec2/securityGroup:SecurityGroup": 2,
+        "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule": 2,
+        "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule": 1,
+        "aws:ec2/placementGroup:PlacementGroup": 1,
+        "ragpool:infra:Efa": 1,
+        "kubernetes:helm.sh/v3:Release": 1,
     }
 
 
@@ -385,7 +394,7 @@ def test_redis_queue_dev_in_cluster_prod_elasticache(committed_plans):
 def test_training_namespace_isolation(committed_plans):
     for stack, gpus in (("dev", 8), ("prod", 48)):
         doc = committed_plans[stack]
-        quota = one(doc, "kubernetes:core/v1:ResourceQuota")["inputs"]["spec"]["hard"]
+        quota = one(doc, "kubernetes:core/v1:ResourceQuota", "training-quota")["inputs"]["spec"]["hard"]
         assert quota["requests.nvidia.com/gpu"] == str(gpus)
         policies = {r["inputs"]["metadata"]["name"]: r["inputs"]["spec"] for r in
                     of_type(doc, "kubernetes:networking.k8s.io/v1:NetworkPolicy")

@@ -31,10 +31,13 @@ import pytest
 
 from infra.keda import KEDA_NAMESPACE, OPERATOR_POD_LABELS, operator_metrics_port
 from infra.keeper import KEEPER_NAME
+from infra.run_api import RUN_API_NAME
 from infra.training_namespace import MAX_RANKS_PER_POD
 from tests.conftest import STACKS
+from tests.infra.conftest import DATA_ON_DEV
+from tests.support.data_import import with_import_jobs
 from tests.support.kuberay import RAYCLUSTER, pod_labels
-from contract.ports import QUEUE_METRICS_PORT, RANK_METRICS_PORT, RDZV_PORT, REDIS_PORT
+from contract.ports import QUEUE_METRICS_PORT, RANK_METRICS_PORT, RDZV_PORT, REDIS_PORT, RUN_API_PORT
 
 NETPOL = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
 NAMESPACE = "kubernetes:core/v1:Namespace"
@@ -160,7 +163,7 @@ def _pods_of(plan: dict, addresses) -> list[Endpoint]:
             template = inputs["spec"]["jobTemplate"]["spec"]["template"]
         elif r["type"] == "kubernetes:keda.sh/v1alpha1:ScaledJob":
             template = inputs["spec"]["jobTargetRef"]["template"]
-        elif r["type"] in ("kubernetes:apps/v1:Deployment", "kubernetes:apps/v1:StatefulSet"):
+        elif r["type"] in ("kubernetes:apps/v1:Deployment", "kubernetes:apps/v1:StatefulSet", "kubernetes:batch/v1:Job"):
             template = inputs["spec"]["template"]
         else:
             continue
@@ -180,6 +183,7 @@ class World:
     stranger: Endpoint
     private_host: Endpoint  # ElastiCache / EFS mount target address in a private subnet
     internet: Endpoint
+    vpc: Any = None  # the VPC's CIDR (an ip_network)
 
     def pod(self, prefix: str) -> list[Endpoint]:
         found = [p for p in self.pods if p.name.startswith(prefix)]
@@ -203,7 +207,9 @@ def world(plan: dict) -> World:
         prometheus=Endpoint("prometheus", next(addresses), "monitoring", {"app.kubernetes.io/name": "prometheus"}),
         stranger=Endpoint("stranger", next(addresses), "default", {"app": "stranger"}, {"http": (8080, "TCP")}),
         private_host=Endpoint("private-subnet-service", str(list(private[-1].hosts())[-5])),
-        internet=Endpoint("internet", INTERNET))
+        internet=Endpoint("internet", INTERNET),
+        vpc=ipaddress.ip_network(next(r["inputs"]["cidrBlock"] for r in plan["resources"]
+                                      if r["type"] == "aws:ec2/vpc:Vpc")))
 
 
 # ------------------------------------------------------------------ NetworkPolicy flows
@@ -263,6 +269,12 @@ def _expected_ingress(w: World, src: Endpoint, dst: Endpoint, port: int) -> bool
         return ((client or keda) and port == REDIS_PORT) or (from_monitoring and port == 9121)
     if dst.labels.get("app.kubernetes.io/name") == KEEPER_NAME:
         return from_monitoring and port == QUEUE_METRICS_PORT
+    if dst.labels.get("app.kubernetes.io/name") == RUN_API_NAME:
+        # The API server's service proxy comes from its ENIs in the cluster's subnets, which pods share (VPC
+        # CNI): the API port admits every VPC address (the run API authenticates each request itself); the
+        # training namespaces' own pods never go there (their egress lists what they need).
+        return (port == RUN_API_PORT and ipaddress.ip_address(src.ip) in w.vpc
+                and not (src.namespace or "").startswith("ragpool-") and src.name != "keda-operator")
     if dst.labels.get("app.kubernetes.io/name") == "ragpool-redis-exporter":
         return from_monitoring and port == 9121
     return False
@@ -295,7 +307,7 @@ def test_training_pods_cannot_reach_what_they_do_not_need(committed_plans, stack
         assert not w.cluster.allows(pod, w.stranger, 8080), pod.name
         assert not w.cluster.allows(pod, w.dns, 80), pod.name            # DNS pods: port 53 (and HTTPS) only
     for pod in (p for p in w.pods if p.namespace.startswith("ragpool-") and
-                p.labels.get("app.kubernetes.io/component") != "worker"):
+                p.labels.get("app.kubernetes.io/component") not in ("worker", "run-api")):
         assert not w.cluster.allows(pod, w.internet, 443), pod.name      # the queue talks to nobody outside
 
 
@@ -490,3 +502,59 @@ def test_ray_train_workers_reach_each_other_on_an_ephemeral_port(committed_plans
         for other_ns, other in ray.items():
             if other_ns != ns:
                 assert not w.cluster.allows(other["workers"][0], workers[0], RAY_TRAIN_EPHEMERAL_PORT)
+
+
+# ------------------------------------------------------------------ the dataset import Job (infra/data_access.py)
+
+POD_IDENTITY_AGENT = "169.254.170.23"  # infra/data_access.py POD_IDENTITY_AGENT_CIDR: the node's agent, port 80
+
+
+def test_the_import_job_reaches_s3_its_credentials_and_efs_and_nothing_reaches_it(data_plan):
+    """An import Job in each training namespace: HTTPS out (S3, through the VPC's gateway endpoint), the Pod
+    Identity agent (the role's credentials), EFS and DNS; not the queue, not the workers, no plain HTTP out;
+    nobody connects to it. Without its policy the namespace's default-deny cuts it off S3."""
+    namespaces = ["ragpool-training", "ragpool-team-search"]
+    buckets = [b["bucket"] for b in DATA_ON_DEV["ragpool:dataBuckets"]]
+    plan = with_import_jobs(data_plan, namespaces, buckets)
+    w = world(plan)
+    agent = Endpoint("pod-identity-agent", POD_IDENTITY_AGENT)
+    imports = w.pod("data-import-")
+    assert sorted(p.namespace for p in imports) == sorted(namespaces)
+    redis = w.pod("redis-statefulset")[0]
+    for pod in imports:
+        assert w.cluster.allows(pod, w.internet, 443), pod.name
+        assert w.cluster.allows(pod, agent, 80), pod.name
+        assert w.cluster.allows(pod, w.private_host, 2049), pod.name
+        assert w.cluster.allows(pod, w.dns, 53, "UDP"), pod.name
+        assert not w.cluster.allows(pod, w.internet, 80), pod.name
+        assert not w.cluster.allows(pod, redis, REDIS_PORT), pod.name
+        assert not w.cluster.allows(pod, w.stranger, 8080), pod.name
+        for worker in _workers(w):
+            assert not w.cluster.allows(pod, worker, RDZV_PORT), (pod.name, worker.name)
+        for src in [*w.pods, w.stranger, w.prometheus, w.dns, w.internet]:
+            if src != pod:
+                for port in (80, 443, 8080, RDZV_PORT, NCCL_PORT):
+                    assert not w.cluster.allows(src, pod, port), (src.name, pod.name, port)
+    plan["resources"] = [r for r in plan["resources"] if not (
+        r["type"] == NETPOL and r["inputs"]["metadata"]["name"] == "data-import-egress")]
+    cut = world(plan)
+    for pod in cut.pod("data-import-"):
+        assert not cut.cluster.allows(pod, cut.internet, 443) and not cut.cluster.allows(pod, agent, 80), pod.name
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_run_api_reaches_the_queue_efs_and_sts_and_is_reached_on_its_port(committed_plans, stack):
+    """laptop -> (API server's service proxy, from the VPC) -> run API -> Redis; Redis stays closed to the
+    outside and to pods that are not its clients."""
+    w = world(committed_plans[stack])
+    [api] = w.pod("run-api-deployment")
+    redis = w.pod("redis-statefulset")[0] if stack == "dev" else w.private_host
+    assert w.cluster.allows(api, redis, REDIS_PORT) and w.cluster.allows(api, w.dns, 53, "UDP")
+    assert w.cluster.allows(api, w.private_host, 2049)            # EFS, the shared root (mounted read-only)
+    assert w.cluster.allows(api, w.internet, 443)                 # STS
+    assert not w.cluster.allows(api, w.internet, 80) and not w.cluster.allows(api, w.stranger, 8080)
+    proxy = Endpoint("api-server-eni", w.private_host.ip)         # the control plane's ENI in a private subnet
+    assert w.cluster.allows(proxy, api, RUN_API_PORT)
+    assert not w.cluster.allows(proxy, api, REDIS_PORT) and not w.cluster.allows(w.internet, api, RUN_API_PORT)
+    if stack == "dev":
+        assert not w.cluster.allows(w.stranger, redis, REDIS_PORT) and not w.cluster.allows(proxy, redis, REDIS_PORT)
