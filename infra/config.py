@@ -48,7 +48,7 @@ _IMAGE_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 _IMAGE_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _REGION = re.compile(r"[a-z]{2}(-gov)?-[a-z]+-\d")
 TEAM_NAMESPACE_PREFIX = "ragpool-team-"
-"""A trainingTeams team's namespace is this plus its name (TeamConfig.namespace; policy/checks.py
+"""A trainingTeams team's namespace is this plus its name (TeamConfig.namespace; policy/checks/workloads.py
 counts such namespaces as training namespaces)."""
 
 

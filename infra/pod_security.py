@@ -4,7 +4,7 @@ Kubernetes Pod Security Standards, "restricted" profile (kubernetes.io/docs/conc
 pod-security-standards): non-root, no privilege escalation, every capability dropped, the
 RuntimeDefault seccomp profile; ragpool adds a read-only root filesystem. The components
 (infra/queue_redis.py, infra/monitoring.py, infra/worker_jobs.py) build their contexts here and
-policy/checks.py checks training workloads against the same fields. No Pulumi import, so the
+policy/checks/workloads.py checks training workloads against the same fields. No Pulumi import, so the
 policy pack can import it.
 """
 

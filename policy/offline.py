@@ -4,7 +4,7 @@
     python -m policy.offline --plan plan-prod.json     # check a saved `ragpool plan --format json`
     ragpool plan --stack prod --format json | python -m policy.offline --plan -
 
-The checks are the functions in ``policy/checks.py`` that the CrossGuard pack runs under
+The checks are the functions in ``policy/checks/`` that the CrossGuard pack runs under
 ``pulumi preview --policy-pack policy``, so a stack that passes here passes there (up to
 values only the cloud knows). ``--config`` takes the same JSON file as
 ``pulumi preview --policy-pack-config``: ``{"all": "advisory", "<policy>": "disabled" |

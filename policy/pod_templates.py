@@ -1,6 +1,6 @@
 """Where each workload kind keeps its pod templates, and the value helpers every policy reads inputs with.
 
-One home for both, so a rule over "every pod template" (policy/checks.py, policy/secret_access.py) sees
+One home for both, so a rule over "every pod template" (policy/checks/, policy/secret_access.py) sees
 the same templates: the workload kinds of core and apps/batch, KEDA's ScaledJob (its ``jobTargetRef``
 is a Job spec: kedacore/keda v2.20.2 apis/keda/v1alpha1/scaledjob_types.go) and KubeRay's RayCluster,
 RayJob and RayService (the head group and every worker group of the cluster spec; ray-project/kuberay

@@ -1,5 +1,5 @@
 """checkov's Kubernetes policies over every Kubernetes object of both plans (round-4 audit, item 7): an external,
-maintained policy suite beside policy/checks.py. Every failed check is either fixed or suppressed with its reason
+maintained policy suite beside policy/checks/. Every failed check is either fixed or suppressed with its reason
 (policy/checkov.yaml for a check skipped everywhere, a ``checkov.io/skip<N>`` annotation for one object), and a
 suppression that no longer suppresses anything fails too.
 
