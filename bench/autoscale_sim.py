@@ -27,7 +27,8 @@ What stands in for the cluster (:class:`Cluster`):
   ``podFailurePolicy`` (FailJob / Ignore / Count on exit codes; a lost node is a
   ``DisruptionTarget``), ``backoffLimit`` with the kubelet's 10 s doubling pod back-off,
   ``activeDeadlineSeconds``; a Job whose every index succeeded is Complete.
-- The run itself: the worker's test hook ``RAGPOOL_WORKER_TEST_COMMAND`` runs
+- The run itself: the workers' child builder is the tests' (``RAGPOOL_WORKER_CHILD_BUILDER``,
+  tests/support/worker_child.py, importable from the repository root on their ``PYTHONPATH``), which runs
   :data:`WORKLOAD` in place of torchrun: ``max_steps`` steps of ``step_s``, a checkpoint file
   after each step, resumed from on the next attempt, each finished execution appended to
   ``runs/<id>/sim-done-<node>`` (so a run done twice is seen); an attempt for which
@@ -782,6 +783,7 @@ class Simulation:
 
     def __enter__(self) -> "Simulation":
         from infra.queue_redis import REQUIRED_REPLICAS_KEY, URL_KEY
+        from tests.support.worker_child import worker_env
 
         shutil.rmtree(self.work_dir, ignore_errors=True)
         (self.shared_root / "runs").mkdir(parents=True)
@@ -794,7 +796,7 @@ class Simulation:
                 config_maps={self.stack.redis_config: {URL_KEY: self.server.url, REQUIRED_REPLICAS_KEY: "0"}},
                 shared_root=self.shared_root, work_dir=self.work_dir, settings=self.settings,
                 gpu_capacity=self.stack.gpu_capacity, gpu_quotas=self.stack.gpu_quotas,
-                extra_env={"RAGPOOL_WORKER_TEST_COMMAND": json.dumps(["sh", "-c", WORKLOAD]),
+                extra_env={**worker_env(command=["sh", "-c", WORKLOAD]),
                            "SIM_STEP_S": f"{self.settings.step_s:g}"}, node_delay=self.node_delay)
             if self.stack.keeper is not None:
                 self.keeper = self.cluster.run_deployment(

@@ -46,6 +46,10 @@ NODE_NAME_ENV = "RAGPOOL_NODE_NAME"
 """The node a worker runs on (the downward API's ``spec.nodeName``), for the pre-flight failure metric."""
 GANG_DEADLINE_ENV = "RAGPOOL_GANG_DEADLINE_SECONDS"
 """``WorkerConfig.gang_deadline_seconds``."""
+CHILD_BUILDER_ENV = "RAGPOOL_WORKER_CHILD_BUILDER"
+"""``module:function`` that turns a claimed run into the worker's child (argv and environment,
+``training.scheduler.worker.child.ChildBuilder``); unset in the cluster: ``child.run_command``. Tests and the
+autoscaling simulation name ``tests.support.worker_child:build`` (a shell command or a script for torchrun)."""
 
 # ------------------------------------------------------------------ the run API (training/api/)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from tests.support import waits
+from tests.support import waits, worker_child
 from tests.support.redis_fixtures import make_spec, requires_sentinel
 from contract.paths import child_env
 
@@ -31,7 +31,7 @@ from training.scheduler.run_queue import Key, State, TaskQueue, open_queue, read
 def start_worker(env: dict[str, str], shared: Path, command: list[str], *, lease: float, idle: float,
                  namespace: str) -> subprocess.Popen:
     env = {"RAGPOOL_QUEUE_NAMESPACE": namespace, "RAGPOOL_SHARED_ROOT": str(shared),
-           "RAGPOOL_WORKER_TEST_COMMAND": json.dumps(command), **env}
+           **worker_child.worker_env(command=command), **env}
     args = [sys.executable, "-m", "training.worker", "--lease-seconds", str(lease), "--idle-exit-seconds", str(idle),
             "--poll-seconds", "0.2", "--backoff-base-seconds", "0.1", "--backoff-max-seconds", "0.5",
             "--stop-grace-seconds", "10"]

@@ -6,8 +6,8 @@
 ``--metrics-port`` or ``RAGPOOL_QUEUE_METRICS_PORT`` sets it.) This package is the worker: its
 settings and flags (settings.py), the claim loop (loop.py), the gang of a multi-node run (gang.py), the
 child's supervision, heartbeat and output (supervision.py), the retry through a Redis outage (outage.py),
-the child it starts (child.py), what it records when the child ends (outcome.py) and the pre-flight
-health gate (preflight.py).
+the child it starts and its builder (child.py), what it records when the child ends (outcome.py) and the
+pre-flight health gate (preflight.py).
 
 For each task it claims it validates the stored spec once, against this worker's shared root and
 environment, writes the run's training config to ``<shared>/runs/<run_id>/run.yaml`` (every rank
@@ -69,10 +69,13 @@ it), else ``RAGPOOL_EXECUTORS`` (which runs it claims: ``torchrun``, the default
 ``ray``, from the unpinned lanes; a ray run is followed as a Ray job,
 ``python -m training.ray.job``, on the Ray cluster at ``RAY_ADDRESS``).
 
-Test hooks (used only by tests; never set them in a Job): ``RAGPOOL_WORKER_TEST_COMMAND``
-(a JSON list that replaces the whole torchrun command; ``{config}``, ``{run_id}``,
-``{attempt}``, ``{node_index}`` are substituted) and ``RAGPOOL_WORKER_TEST_ENTRYPOINT``
-(a script path torchrun runs instead of ``-m training.pipeline``).
+The child builder, the worker's one injection point (never set in a Job): the function that turns a
+claimed run into the child's argv and environment (``child.ChildBuilder``) is the ``module:function``
+that ``RAGPOOL_WORKER_CHILD_BUILDER`` names, default ``child.run_command`` (the torchrun above, or a
+ray run's job); a value that is not ``module:function`` of an importable callable stops the worker at
+start with exit 2 (BAD_INPUT). The tests and the autoscaling simulation name
+``tests.support.worker_child:build``, which runs a shell command instead of torchrun or a script under
+torchrun, from variables of its own (that module says which).
 """
 
 import logging

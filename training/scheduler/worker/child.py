@@ -18,15 +18,25 @@ A ray run's child (the stages run on the namespace's Ray cluster; the worker onl
 
     python -m training.ray.job --config <shared>/runs/<run_id>/run.yaml
 
+The worker builds its child with the :class:`ChildBuilder` that ``RAGPOOL_WORKER_CHILD_BUILDER``
+names (``module:function``, :func:`builder_from_env`), default :func:`run_command`: the one injection point
+of the worker, through which the tests and the autoscaling simulation run a shell command or a script of
+their own (tests/support/worker_child.py). Jobs leave it unset.
+
 Torch-free (``detect_nproc`` imports torch only when the spec leaves the process count open).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
+import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Protocol
 
+from contract.env import CHILD_BUILDER_ENV
 from contract.paths import child_env, run_dir
 from contract.ports import RDZV_PORT
 from training.scheduler.spec import RunSpec
@@ -90,35 +100,65 @@ def write_run_config(spec: RunSpec, shared_root: str) -> Path:
     return path
 
 
-def run_command(spec: RunSpec, config: Path, attempt: int, *, shared_root: str, node_index: int = 0,
-                rdzv_host: str = "127.0.0.1", rdzv_port: int = RDZV_PORT, entrypoint: str | None = None,
-                test_command: list[str] | None = None) -> tuple[list[str], dict[str, str]]:
-    """The child of one attempt of ``spec`` on pod ``node_index``: its argv and environment.
+class ChildBuilder(Protocol):
+    """How the worker turns one attempt of a claimed run into its child: ``(argv, env)`` of the process it
+    starts on pod ``node_index`` (:func:`run_command` in production; see :func:`builder_from_env`)."""
 
-    The environment is this process's plus ``RAGPOOL_RUN_ID``, ``RAGPOOL_RUN_CONFIG``,
+    def __call__(self, spec: RunSpec, config: Path, attempt: int, *, shared_root: str, node_index: int = 0,
+                 rdzv_host: str = "127.0.0.1", rdzv_port: int = RDZV_PORT) -> tuple[list[str], dict[str, str]]: ...
+
+
+def run_env(spec: RunSpec, config: Path, attempt: int, *, shared_root: str, node_index: int = 0) -> dict[str, str]:
+    """The child's environment: this process's plus ``RAGPOOL_RUN_ID``, ``RAGPOOL_RUN_CONFIG``,
     ``RAGPOOL_ATTEMPT``, ``RAGPOOL_SHARED_ROOT``, ``RAGPOOL_NODE_INDEX`` (and the package on
-    ``PYTHONPATH``: the child imports the same training package as the worker). ``entrypoint``
-    (a script torchrun runs instead of ``-m training.pipeline``) and ``test_command`` (the whole
-    argv; ``{config}``, ``{run_id}``, ``{attempt}``, ``{node_index}`` substituted) are the worker's
-    test hooks."""
-    env = child_env(RAGPOOL_RUN_ID=spec.run_id, RAGPOOL_RUN_CONFIG=str(config), RAGPOOL_ATTEMPT=str(attempt),
-                    RAGPOOL_SHARED_ROOT=shared_root, RAGPOOL_NODE_INDEX=str(node_index))
-    if test_command:
-        subst = {"{config}": str(config), "{run_id}": spec.run_id, "{attempt}": str(attempt),
-                 "{node_index}": str(node_index)}
-        cmd = []
-        for part in test_command:
-            for token, value in subst.items():
-                part = part.replace(token, value)
-            cmd.append(part)
-        return cmd, env
+    ``PYTHONPATH``: the child imports the same training package as the worker)."""
+    return child_env(RAGPOOL_RUN_ID=spec.run_id, RAGPOOL_RUN_CONFIG=str(config), RAGPOOL_ATTEMPT=str(attempt),
+                     RAGPOOL_SHARED_ROOT=shared_root, RAGPOOL_NODE_INDEX=str(node_index))
+
+
+def torchrun_command(spec: RunSpec, entry: list[str], attempt: int, *, node_index: int = 0,
+                     rdzv_host: str = "127.0.0.1", rdzv_port: int = RDZV_PORT) -> list[str]:
+    """torchrun of ``entry`` for one attempt of ``spec`` on pod ``node_index``: ``--standalone`` on one node,
+    else the run's c10d rendezvous on the index-0 pod (``<run_id>-a<attempt>``)."""
+    if spec.nodes == 1:
+        return torchrun_argv(entry, nproc=detect_nproc(spec))
+    return torchrun_argv(entry, nproc=detect_nproc(spec), nnodes=spec.nodes,
+                         rdzv_endpoint=f"{rdzv_host}:{rdzv_port}", rdzv_id=f"{spec.run_id}-a{attempt}",
+                         is_host=node_index == 0)
+
+
+def run_command(spec: RunSpec, config: Path, attempt: int, *, shared_root: str, node_index: int = 0,
+                rdzv_host: str = "127.0.0.1", rdzv_port: int = RDZV_PORT) -> tuple[list[str], dict[str, str]]:
+    """The production :class:`ChildBuilder`: the child of one attempt of ``spec`` on pod ``node_index``,
+    torchrun of ``training.pipeline`` (a ray run: ``training.ray.job``) with :func:`run_env`."""
+    env = run_env(spec, config, attempt, shared_root=shared_root, node_index=node_index)
     if spec.executor == "ray":
         # The stages run on the namespace's Ray cluster; this pod only follows the Ray job
         # (heartbeats, cancel and lease loss work as for torchrun: SIGTERM stops the job).
         return ray_job_argv(config), env
-    entry = [entrypoint, "--config", str(config)] if entrypoint else stage_entry("pipeline", config)
-    if spec.nodes == 1:
-        return torchrun_argv(entry, nproc=detect_nproc(spec)), env
-    return torchrun_argv(entry, nproc=detect_nproc(spec), nnodes=spec.nodes,
-                         rdzv_endpoint=f"{rdzv_host}:{rdzv_port}", rdzv_id=f"{spec.run_id}-a{attempt}",
-                         is_host=node_index == 0), env
+    return torchrun_command(spec, stage_entry("pipeline", config), attempt, node_index=node_index,
+                            rdzv_host=rdzv_host, rdzv_port=rdzv_port), env
+
+
+_BUILDER_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
+
+
+def builder_from_env(environ: Mapping[str, str] | None = None) -> ChildBuilder:
+    """The :class:`ChildBuilder` that ``RAGPOOL_WORKER_CHILD_BUILDER`` names (``module:function``, the module
+    importable from the worker's ``PYTHONPATH``); unset or empty: :func:`run_command`. ValueError (the
+    worker exits BAD_INPUT) for a value that is not ``module:function`` or names nothing callable."""
+    value = (os.environ if environ is None else environ).get(CHILD_BUILDER_ENV) or ""
+    if not value:
+        return run_command
+    fix = "set it to module:function (e.g. tests.support.worker_child:build) or unset it for the production builder"
+    if not _BUILDER_PATH.fullmatch(value):
+        raise ValueError(f"{CHILD_BUILDER_ENV}={value!r} is not module:function; {fix}")
+    module_name, _, name = value.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # not found, or failed on import: either way no builder
+        raise ValueError(f"{CHILD_BUILDER_ENV}={value!r}: cannot import {module_name} ({exc}); {fix}") from exc
+    builder = getattr(module, name, None)
+    if not callable(builder):
+        raise ValueError(f"{CHILD_BUILDER_ENV}={value!r}: {module_name} has no function {name}; {fix}")
+    return builder

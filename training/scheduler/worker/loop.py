@@ -19,7 +19,7 @@ from contract import exit_codes
 from training.scheduler.run_queue import Claim, WorkerState
 from training.scheduler.spec import RunSpec
 from training.scheduler.worker import log
-from training.scheduler.worker.child import run_command, write_run_config
+from training.scheduler.worker.child import write_run_config
 from training.scheduler.worker.gang import GangMember
 from training.scheduler.worker.outage import STOPPED, OutageRetry, is_redis_error
 from training.scheduler.worker.outcome import Action, ChildExit, Decision, Outcome, decide, outcome_of
@@ -114,11 +114,10 @@ class Worker(ChildSupervisor, GangMember, OutageRetry):
         return self.retriable_code if interrupted else 0
 
     def _command(self, spec: RunSpec, config_path: Path, attempt: int) -> tuple[list[str], dict[str, str]]:
-        """This pod's child for one attempt (training/scheduler/worker/child.py builds it)."""
+        """This pod's child for one attempt: the configured builder's (default ``child.run_command``)."""
         cfg = self.config
-        return run_command(spec, config_path, attempt, shared_root=cfg.shared_root, node_index=cfg.node_index,
-                           rdzv_host=cfg.rdzv_host, rdzv_port=cfg.rdzv_port, entrypoint=cfg.test_entrypoint,
-                           test_command=cfg.test_command)
+        return cfg.child_builder(spec, config_path, attempt, shared_root=cfg.shared_root, node_index=cfg.node_index,
+                                 rdzv_host=cfg.rdzv_host, rdzv_port=cfg.rdzv_port)
 
     def run_task(self, claim: Claim) -> Outcome:
         """Run one claimed task to an outcome; returns what was recorded."""

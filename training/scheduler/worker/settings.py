@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import socket
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from contract.lanes import EXECUTORS, Lane, format_lanes, lanes_from_env
 from contract.paths import shared_root_from_env
 from contract.ports import RDZV_PORT
 from training.scheduler.run_queue import namespace_from_env
+from training.scheduler.worker.child import ChildBuilder, builder_from_env
 
 
 def executors_from_env() -> tuple[str, ...]:
@@ -84,10 +84,9 @@ class WorkerConfig:
         default_factory=lambda: float(os.environ.get(GANG_DEADLINE_ENV) or DEFAULT_GANG_DEADLINE_S))
     """Multi-node: how long all pods of the gang get to join before it is given up (the run handed
     back without spending an attempt, every pod exits; env RAGPOOL_GANG_DEADLINE_SECONDS)."""
-    test_command: list[str] | None = field(default_factory=lambda: _json_list_env("RAGPOOL_WORKER_TEST_COMMAND"))
-    """TEST ONLY: replaces the whole torchrun command."""
-    test_entrypoint: str | None = field(default_factory=lambda: os.environ.get("RAGPOOL_WORKER_TEST_ENTRYPOINT") or None)
-    """TEST ONLY: a script torchrun runs instead of ``-m training.pipeline``."""
+    child_builder: ChildBuilder = field(default_factory=builder_from_env)
+    """How a claimed run becomes the child's argv and environment: the ``module:function`` that
+    ``RAGPOOL_WORKER_CHILD_BUILDER`` names, default ``child.run_command`` (torchrun of the pipeline)."""
 
     def __post_init__(self) -> None:
         if self.lease_seconds <= 0:
@@ -116,16 +115,6 @@ class WorkerConfig:
         if self.nnodes > 1 and "ray" in self.executors:
             raise ValueError(f"{EXECUTORS_ENV} includes ray but RAGPOOL_NNODES={self.nnodes}: a ray run is one "
                              "Ray job submitted by a single-pod worker; multi-node Jobs run torchrun only")
-
-
-def _json_list_env(name: str) -> list[str] | None:
-    raw = os.environ.get(name)
-    if not raw:
-        return None
-    value = json.loads(raw)
-    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
-        raise ValueError(f"{name} must be a JSON list of strings")
-    return value
 
 
 # Worker settings a command line may set: flag -> WorkerConfig field (defaults and help come

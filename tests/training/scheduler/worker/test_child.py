@@ -1,5 +1,6 @@
 """The one builder of the worker's child (training/scheduler/worker/child.py): torchrun on one pod and on a
-gang's pods, a ray run's Ray job, the test hooks, and the run config it reads."""
+gang's pods, a ray run's Ray job, the builder ``RAGPOOL_WORKER_CHILD_BUILDER`` names instead, and the run config
+it reads."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import pytest
 import yaml
 
 from training.config import load_run_config
+from contract.env import CHILD_BUILDER_ENV
 from contract.paths import PACKAGE_ROOT
-from training.scheduler.worker.child import ray_job_argv, run_command, stage_entry, torchrun_argv, write_run_config
+from training.scheduler.worker.child import (builder_from_env, ray_job_argv, run_command, stage_entry, torchrun_argv,
+                                            write_run_config)
 from training.scheduler.spec import parse_spec
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
@@ -65,13 +68,21 @@ def test_a_ray_run_follows_its_ray_job(tmp_path) -> None:
     assert argv == ray_job_argv(config) == [sys.executable, "-m", "training.ray.job", "--config", str(config)]
 
 
-def test_the_test_hooks_replace_the_entry_or_the_whole_command(tmp_path) -> None:
-    config = tmp_path / "run.yaml"
-    argv, _ = run_command(spec(gpus_per_node=1), config, 1, shared_root=str(tmp_path), entrypoint="/t/entry.py")
-    assert argv[-3:] == ["/t/entry.py", "--config", str(config)] and argv[:3] == TORCHRUN
-    argv, _ = run_command(spec(), config, 4, shared_root=str(tmp_path), node_index=1,
-                          test_command=["sh", "-c", "echo {run_id} {attempt} {node_index} {config}"])
-    assert argv == ["sh", "-c", f"echo r1 4 1 {config}"]
+def test_the_builder_is_run_command_unless_the_variable_names_another() -> None:
+    assert builder_from_env({}) is run_command and builder_from_env({CHILD_BUILDER_ENV: ""}) is run_command
+    assert builder_from_env({CHILD_BUILDER_ENV: "training.scheduler.worker.child:ray_job_argv"}) is ray_job_argv
+
+
+@pytest.mark.parametrize("value, says", [
+    ("training.scheduler.worker.child.run_command", "is not module:function"),
+    ("training.scheduler.worker.child:run_command\n", "is not module:function"),
+    ("no_such_package.mod:build", "cannot import no_such_package.mod"),
+    ("training.scheduler.worker.child:no_such_builder", "has no function no_such_builder"),
+    ("training.scheduler.worker.child:RUN_CONFIG_NAME", "has no function RUN_CONFIG_NAME"),
+])
+def test_a_bad_builder_is_refused_naming_the_variable(value: str, says: str) -> None:
+    with pytest.raises(ValueError, match=f"{CHILD_BUILDER_ENV}=.*{says}.*module:function"):
+        builder_from_env({CHILD_BUILDER_ENV: value})
 
 
 def test_the_run_config_is_the_specs_training_config_under_the_workers_root(tmp_path) -> None:

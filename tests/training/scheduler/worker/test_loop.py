@@ -1,7 +1,7 @@
 """The worker as a real process against a real redis-server.
 
-Most tests replace torchrun by a tiny shell command through the test-only hook
-``RAGPOOL_WORKER_TEST_COMMAND``; ``test_worker_launches_torchrun_*`` runs the real
+Most tests replace torchrun by a tiny shell command through the worker's child builder
+(tests/support/worker_child.py); ``test_worker_launches_torchrun_*`` runs the real
 torchrun with a tiny script, and ``test_worker_runs_real_pipeline_end_to_end`` the
 real ``training.pipeline``.
 """
@@ -19,7 +19,9 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.support import worker_child
 from tests.support.redis_fixtures import make_spec
+from contract.env import CHILD_BUILDER_ENV
 from contract.paths import child_env
 from tests.support.waits import wait_for
 
@@ -32,7 +34,7 @@ def start_worker(redis_server, namespace, shared: Path, command: list[str] | Non
     env_vars = {"REDIS_URL": redis_server.url, "RAGPOOL_QUEUE_NAMESPACE": namespace,
                 "RAGPOOL_SHARED_ROOT": str(shared), **env}
     if command is not None:
-        env_vars["RAGPOOL_WORKER_TEST_COMMAND"] = json.dumps(command)
+        env_vars.update(worker_child.worker_env(command=command))
     args = [sys.executable, "-m", "training.worker", "--lease-seconds", str(lease), "--idle-exit-seconds", str(idle),
             "--poll-seconds", "0.1", "--backoff-base-seconds", "0.1", "--backoff-max-seconds", "0.5",
             "--stop-grace-seconds", "10", *extra_args]
@@ -180,6 +182,9 @@ def test_worker_rejects_bad_settings_without_claiming(redis_server, namespace, m
     assert code == 2 and "REDIS_URL" in out
     code, out = finish(start_worker(redis_server, namespace, tmp_path, sh("true"), RAGPOOL_NNODES="2"))
     assert code == 2 and "RAGPOOL_WORKER_GROUP" in out
+    code, out = finish(start_worker(redis_server, namespace, tmp_path, None,
+                                    **{CHILD_BUILDER_ENV: "tests.support.no_such_module:build"}))
+    assert code == 2 and CHILD_BUILDER_ENV in out and "no_such_module" in out and "Traceback" not in out, out
     assert q.get("untouched").state == "queued"
 
 
@@ -240,7 +245,7 @@ def submit_tiny_ddp(make_queue, shared: Path, run_id: str, **spec):
     script.write_text(TINY_DDP_SCRIPT)
     q = make_queue()
     q.submit(make_spec(run_id, **spec))
-    return q, {"RAGPOOL_WORKER_TEST_ENTRYPOINT": str(script)}
+    return q, worker_child.worker_env(entrypoint=script)
 
 
 @pytest.mark.slow
@@ -545,7 +550,7 @@ def test_the_worker_validates_a_claimed_spec_once_and_the_child_gets_that_config
     q = _FakeQueue()
     seen = tmp_path / "seen.yaml"
     worker = Worker(q, WorkerConfig(worker_id="w", shared_root=str(tmp_path),
-                                    test_command=["cp", "{config}", str(seen)]))
+                                    child_builder=worker_child.builder(command=["cp", "{config}", str(seen)])))
     claim = Claim(task_id=spec.run_id, token="t", spec_json=spec.to_json(), attempt=1, max_attempts=3,
                   enqueued_at=0.0, claimed_at=0.0, timeout_s=60.0)
     assert worker.run_task(claim) is Outcome.SUCCEEDED, q.records
