@@ -455,6 +455,10 @@ class TuneConfig:
     """Trials at once; 0 = as many as the cluster's GPUs (CPU workers on a CPU cluster) allow."""
     eval_questions: int = 0
     """Eval-split questions scored per milestone (0 = all)."""
+    eval_passages: int = 20000
+    """Passages a milestone's score searches: the scored questions' positives and a seeded sample of the
+    others, the whole corpus when it is no larger (each milestone encodes them; a trial never holds a large
+    corpus)."""
 
     def __post_init__(self) -> None:
         _require(1 <= self.num_samples <= 1000, "num_samples", self.num_samples, "must be in [1, 1000]")
@@ -468,6 +472,7 @@ class TuneConfig:
         _require(self.reduction_factor >= 2, "reduction_factor", self.reduction_factor, "must be >= 2")
         _require(self.max_concurrent >= 0, "max_concurrent", self.max_concurrent, "must be >= 0 (0 = by GPUs)")
         _require(self.eval_questions >= 0, "eval_questions", self.eval_questions, "must be >= 0 (0 = all)")
+        _require(self.eval_passages >= 1, "eval_passages", self.eval_passages, "must be >= 1")
 
 
 @dataclass

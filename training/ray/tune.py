@@ -83,8 +83,23 @@ def milestone_every(cfg: RunConfig) -> int:
 # --------------------------------------------------------------------------- on the Ray Train workers
 
 
+def candidates(corpus: Any, examples: list[Any], limit: int, seed: int) -> list[int]:
+    """The corpus rows a milestone's score searches: every row when the corpus has at most ``limit``, else the
+    examples' positives and a seeded sample of the other rows, ``limit`` in all (sorted)."""
+    import random
+
+    if corpus.rows <= limit:
+        return list(range(corpus.rows))
+    positives = {r for ex in examples for i in ex.positive_ids if (r := corpus.row_of(i)) is not None}
+    rng, chosen = random.Random(seed), set(positives)
+    while len(chosen) < max(limit, len(positives)):
+        chosen.add(rng.randrange(corpus.rows))
+    return sorted(chosen)
+
+
 def score(cfg: RunConfig, env: Any, model: Any, tokenizer: Any, data: Any) -> dict[str, float]:
-    """recall@k and MRR of ``model`` on the eval split (rank 0 computes; every rank gets the result)."""
+    """recall@k and MRR of ``model`` on the eval split (rank 0 computes; every rank gets the result), over
+    :func:`candidates` of the corpus (``ray.tune.eval_passages``), read by row."""
     import torch
 
     from training.components import distributed as D
@@ -96,13 +111,14 @@ def score(cfg: RunConfig, env: Any, model: Any, tokenizer: Any, data: Any) -> di
         n = cfg.ray.tune.eval_questions
         examples = data.eval[:n] if n else data.eval
         ks = cfg.evaluate.recall_at
+        rows = candidates(data.corpus, examples, cfg.ray.tune.eval_passages, cfg.seed)
         with torch.no_grad():
-            p = encode_texts(model, tokenizer, [x.text for x in data.corpus], cfg.retriever.max_length,
+            p = encode_texts(model, tokenizer, data.corpus.texts(rows), cfg.retriever.max_length,
                              cfg.index.batch_size, env.device)
             q = encode_texts(model, tokenizer, [x.question for x in examples], cfg.retriever.max_length,
                              cfg.index.batch_size, env.device)
         index = build_faiss(p.numpy(), "flat", 1, 1, 1, 1)
-        retrieved = search(index, q, [x.id for x in data.corpus], max(ks))
+        retrieved = search(index, q, [data.corpus.id_of(r) for r in rows], max(ks))
         metrics = retrieval_metrics(retrieved, [x.positive_ids for x in examples], ks)
     return D.broadcast_object(env, metrics)
 
@@ -114,15 +130,14 @@ def trial_worker(config: dict[str, Any]) -> None:
     from training import retriever
     from training.components import distributed as D
     from training.components import logs
-    from training.components.corpus import MemoryCorpus
-    from training.components.data import load_datasets
+    from training.components.run_data import load_run_data
     from training.components.loop import seed_everything, train
     from training.components.models import load_encoder
 
     cfg = load_run_config(config["cfg"])
     stage_dir = Path(config["stage_dir"])
     env = D.init_distributed(cfg.device)
-    data = load_datasets(cfg.shared_root, cfg.data.corpus, cfg.data.qa_train, cfg.data.qa_eval)
+    data = load_run_data(cfg, env)
     seed_everything(cfg.seed)
     model, tokenizer = load_encoder(cfg.retriever.model)
     every = milestone_every(cfg)
@@ -135,7 +150,7 @@ def trial_worker(config: dict[str, Any]) -> None:
 
     # Records carry the run id and rank; no run_dir: a trial never writes the run's own retriever log.
     with logs.scoped_context(cfg.run_id, env.rank):
-        task = retriever.make_task(cfg, env, MemoryCorpus(data.corpus), data.train, model, tokenizer)
+        task = retriever.make_task(cfg, env, data.corpus, data.train, model, tokenizer)
         result = train(task, cfg, env, stage_dir, hooks=[report])
     if result.exit_code != OK:
         raise RuntimeError(f"trial training exited with {result.exit_code}")

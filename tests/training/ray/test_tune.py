@@ -75,3 +75,18 @@ def test_pool_sizes_round_trip_and_old_items_still_parse():
     assert parse_pools(text) == {"a": 1, "b": 8} and parse_pool_nodes(text) == {"b": 2}
     assert parse_pools("gpu-spot=1,gpu-ondemand=8") == {"gpu-spot": 1, "gpu-ondemand": 8}
     assert parse_pool_nodes("gpu-spot=1,gpu-ondemand=8") == {}
+
+
+def test_a_milestone_scores_over_the_positives_and_a_sample_of_a_large_corpus(tmp_path) -> None:
+    from training.components.corpus import prepare
+    from training.components.data import QAExample
+    from training.ray.tune import candidates
+
+    src = tmp_path / "c.jsonl"
+    src.write_text("".join(f'{{"id": "p{i}", "text": "t{i}"}}\n' for i in range(1000)))
+    corpus = prepare(src, tmp_path / "prepared")
+    examples = [QAExample("q", "a", ("p7",)), QAExample("q", "a", ("p993", "p500"))]
+    assert candidates(corpus, examples, 1000, seed=0) == list(range(1000))  # small: the whole corpus, in order
+    rows = candidates(corpus, examples, 50, seed=0)
+    assert len(rows) == 50 and {7, 993, 500} <= set(rows) and rows == sorted(rows)
+    assert rows == candidates(corpus, examples, 50, seed=0) != candidates(corpus, examples, 50, seed=1)
