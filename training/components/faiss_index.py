@@ -125,6 +125,18 @@ def train(out_dir: Path, parts_dir: Path, all_parts: list[E.Part], ic: Any, seed
     return int(x.shape[0])
 
 
+def reset_if_stale(out_dir: Path, built_with: dict[str, Any]) -> None:
+    """Drop a trained index and part indexes left by an interrupted build with other settings or another
+    encoder (``built_with``), so a resumed build reuses only its own; records ``built_with`` for the next."""
+    meta = out_dir / PARTS_DIR / "built_with.json"
+    if meta.is_file() and json.loads(meta.read_text()) == built_with:
+        return
+    shutil.rmtree(out_dir / PARTS_DIR, ignore_errors=True)
+    (out_dir / TRAINED_FILE).unlink(missing_ok=True)
+    meta.parent.mkdir(parents=True, exist_ok=True)
+    write_meta(meta, built_with)
+
+
 def part_index_path(out_dir: Path, n: int) -> Path:
     return out_dir / PARTS_DIR / f"part-{n:05d}.faiss"
 

@@ -125,6 +125,8 @@ def build_index(cfg: RunConfig, env: D.DistEnv, corpus: Corpus, encoder_path: st
     emb_dir = out_dir / E.PARTS_DIR
     summary: dict[str, Any] = {}
     if ic.kind in FI.SHARDED_KINDS:
+        if env.is_main:
+            FI.reset_if_stale(out_dir, sharded_build_key(ic, encoder_path, corpus.rows))
         if env.is_main and not (out_dir / FI.TRAINED_FILE).is_file():
             summary["train_sample"] = FI.train(out_dir, emb_dir, all_parts, ic, cfg.seed)
         D.barrier(env)
@@ -139,6 +141,12 @@ def build_index(cfg: RunConfig, env: D.DistEnv, corpus: Corpus, encoder_path: st
         summary["index_bytes"] = FI.index_bytes(out_dir)
     return {**index_marker(ic, encoder_path, cfg.retriever.max_length, corpus.rows, dim, encode_s),
             "parts": len(all_parts), **counts, **summary}
+
+
+def sharded_build_key(ic: IndexConfig, encoder_path: str, rows: int) -> dict[str, Any]:
+    """What an IVF-PQ build's trained index and part indexes depend on (:func:`faiss_index.reset_if_stale`)."""
+    return {"encoder": encoder_path, "rows": rows, "nlist": ic.nlist, "pq_m": ic.pq_m, "pq_bits": ic.pq_bits,
+            "opq": ic.opq, "part_rows": ic.part_rows}
 
 
 def index_marker(ic: IndexConfig, encoder_path: str, max_length: int, rows: int, dim: int,
@@ -160,7 +168,16 @@ def auxiliary_index(cfg: RunConfig, env: D.DistEnv, corpus: Corpus, encoder_path
     """An index a stage builds for itself (evaluate's pretrained baseline, the retriever's mining index)
     through the index stage's path, once: its marker (``_COMPLETE`` in ``out_dir``) when it is there, else
     built, marked and its parts removed. A collective."""
-    if not D.broadcast_object(env, is_complete(out_dir)):
+    def fresh() -> bool:  # built, and with this encoder and kind (settings may change between attempts)
+        if not is_complete(out_dir):
+            return False
+        marker = read_marker(out_dir)
+        return (marker.get("encoder"), marker.get("kind"), marker.get("passages")) == (encoder_path, ic.kind,
+                                                                                       corpus.rows)
+
+    if not D.broadcast_object(env, fresh() if env.is_main else None):
+        if env.is_main:
+            (out_dir / COMPLETE_MARKER).unlink(missing_ok=True)  # another encoder's: its parts do not count
         summary = build_index(cfg, env, corpus, encoder_path, out_dir, ic)
         if env.is_main:
             write_json_atomic(out_dir / COMPLETE_MARKER, {"completed_at": time.time(), **summary})

@@ -170,14 +170,18 @@ def encode_part_task(tree: dict[str, Any], encoder_path: str, n: int, gpus: floa
     return 0
 
 
-def train_index_task(tree: dict[str, Any], *encoded: int) -> int:
+def train_index_task(tree: dict[str, Any], encoder_path: str, *encoded: int) -> int:
     """Index task (ivfpq): the empty index trained on a sample of the parts, once (kept across retries)."""
     from training.components import embeddings as E
     from training.components import faiss_index as FI
 
+    from training.components.search import sharded_build_key
+
     cfg = load_run_config(tree)
     out = cfg.stage_dir("index")
-    all_parts = E.parts(_corpus_rows(cfg), cfg.index.part_rows)
+    rows = _corpus_rows(cfg)
+    all_parts = E.parts(rows, cfg.index.part_rows)
+    FI.reset_if_stale(out, sharded_build_key(cfg.index, encoder_path, rows))
     if not (out / FI.TRAINED_FILE).is_file():
         return FI.train(out, out / E.PARTS_DIR, all_parts, cfg.index, cfg.seed)
     return 0
@@ -339,7 +343,7 @@ def run_index(cfg: RunConfig, placement: StagePlacement) -> dict[str, Any]:
         train_sample = 0
         check_index_settings(cfg.index, rows, E.dimension(cfg.stage_dir("index") / E.PARTS_DIR))
         if cfg.index.kind in FI.SHARDED_KINDS:
-            trained = where(0, ray.remote(train_index_task)).remote(tree, *encoded)
+            trained = where(0, ray.remote(train_index_task)).remote(tree, encoder_path, *encoded)
             added = [where(p.n % placement.workers, ray.remote(add_part_task)).remote(tree, p.n, trained)
                      for p in all_parts]
             train_sample = ray.get(trained)

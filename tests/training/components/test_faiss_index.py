@@ -123,3 +123,16 @@ def test_settings_that_cannot_work_are_named_by_key() -> None:
     assert any(e.startswith("index.pq_m=8: must divide the encoder's dimension 30") for e in errors)
     assert any(e.startswith("index.pq_bits=8: 256 centroids") for e in errors)
     assert FI.check_settings("flat", 10, 30, 200, 8, 8) == []
+
+
+def test_a_build_interrupted_with_other_settings_leaves_nothing_a_resumed_build_reuses(corpus, tmp_path: Path):
+    emb = tmp_path / "emb"
+    parts = _encode_all(corpus, emb, 128)
+    out = tmp_path / "index"
+    FI.reset_if_stale(out, {"encoder": "a", "nlist": 8})
+    FI.train(out, emb, parts, _settings(), seed=0)
+    FI.add_part(out, emb, parts[0])
+    FI.reset_if_stale(out, {"encoder": "a", "nlist": 8})  # the same build resumed: its files stay
+    assert (out / FI.TRAINED_FILE).is_file() and FI.part_index_path(out, 0).is_file()
+    FI.reset_if_stale(out, {"encoder": "b", "nlist": 8})  # another encoder: trained and added again
+    assert not (out / FI.TRAINED_FILE).exists() and not FI.part_index_path(out, 0).exists()
