@@ -33,3 +33,6 @@ HEALTH_CHECK_FAILED = 69
 #: Preempted (SIGTERM / spot notice): a checkpoint was written at the last step
 #: boundary; rerunning the same command resumes from it. 75 = EX_TEMPFAIL (sysexits.h).
 RETRIABLE = 75
+#: ``ragpool``: the reader of its output went away (``ragpool logs RUN | head``); it stopped quietly.
+#: 141 = 128 + SIGPIPE, what a shell reports for a tool killed by a closed pipe.
+BROKEN_PIPE = 141

@@ -5,7 +5,8 @@ command line is built, and each module keeps heavy imports (torch, pulumi) insid
 its handlers so ``ragpool --help`` stays fast.
 
 Exit codes scripts can rely on: 0 ok, 1 operation failed, 2 bad input or config,
-3 not found. Individual commands document anything more specific.
+3 not found, 141 its output pipe closed (quietly, like SIGPIPE). Individual commands document anything more
+specific.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+
+from contract.exit_codes import BROKEN_PIPE
 
 # Modules that contribute subcommands: each defines ``register(subparsers)``.
 COMMAND_MODULES = (
@@ -33,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ragpool",
         description="GPU training pool on EKS for RAG models: offline plans, runs, dashboards.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         try:
@@ -47,10 +51,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    """The installed package's version (its metadata), or "unknown" when run from a bare source tree."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ragpool")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    return int(args.handler(args) or 0)
+    try:
+        code = int(args.handler(args) or 0)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # The reader went away (``ragpool logs RUN | head``): stop quietly, as a Unix tool killed by SIGPIPE
+        # does; point stdout at /dev/null so the interpreter's last flush cannot raise again.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return BROKEN_PIPE
 
 
 if __name__ == "__main__":

@@ -8,8 +8,10 @@ Where the logs come from (``--source``, default ``auto``): through the run API w
 the pool sees it, ``--follow`` ending when the run has finished), else the run directory under the shared
 root (``--shared-root``, env ``RAGPOOL_SHARED_ROOT``, default /mnt/shared) when it exists,
 else CloudWatch Logs of the cluster (``--cluster`` / env ``RAGPOOL_CLUSTER_NAME``, region
-from ``--region`` / the AWS environment). Exit codes: 0 shown, 2 bad arguments, 3 unknown
-run id, 4 CloudWatch unreachable.
+from ``--region`` / the AWS environment). When the queue is known (a context, or ``REDIS_URL``), a run
+without lines yet is said to be queued on stderr (exit 0), ``--follow`` waits for it to start and ends once
+the run has ended (``--follow-seconds`` bounds it). Exit codes: 0 shown, 2 bad arguments, 3 unknown run id,
+4 CloudWatch or the queue unreachable.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ def register(subparsers) -> None:
     p.add_argument("--stage", help="only this stage")
     p.add_argument("--rank", type=int, help="only this rank")
     p.add_argument("--since", help="only lines newer than this (30s, 10m, 2h, 1d or a Unix time)")
-    p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines (Ctrl-C stops)")
+    p.add_argument("--follow", "-f", action="store_true",
+                   help="keep printing new lines until the run ends (a queued run: once it starts; Ctrl-C stops)")
     p.add_argument("--json", action="store_true", help="print the JSON records as they were logged")
     p.add_argument("--source", choices=("auto", "local", "cloudwatch"), default="auto")
     p.add_argument("--shared-root", default=None, help="shared root (default $RAGPOOL_SHARED_ROOT or /mnt/shared)")
@@ -77,11 +80,17 @@ def _remote_logs(client, args) -> int:
 
     offset = 0
     deadline = time.monotonic() + args.follow_seconds if args.follow_seconds else None
+    said = False
     while True:
         page = client.logs(args.run_id, offset=offset, stage=args.stage, rank=args.rank)
         if not page.ok:
             print(f"ragpool logs: {page.message}", file=sys.stderr)
             return page.code
+        if not said and not page.data.get("exists", True):  # no run directory yet: queued, or just claimed
+            status = client.status(args.run_id)
+            if status.ok and status.data["state"] not in TERMINAL_STATES:
+                print(_waiting_note(args.run_id, status.data["state"], args.follow), file=sys.stderr, flush=True)
+                said = True
         for line in page.data["lines"]:
             parsed = next(parse_lines([line["text"]]), None)
             if parsed is not None:
@@ -97,8 +106,69 @@ def _remote_logs(client, args) -> int:
         time.sleep(FOLLOW_POLL_S)
 
 
+def _queue_configured() -> bool:
+    """Whether the direct path knows the queue (``REDIS_URL``/``REDIS_SENTINELS`` set): then ``logs`` can say
+    that a run without lines yet is queued, and ``--follow`` ends when the run ends."""
+    from training.scheduler.redis_conn import configured
+
+    return configured()
+
+
+def _where(args) -> str:
+    where = f"under {(args.shared_root or shared_root_from_env())}/runs"
+    return where + (f" or in CloudWatch Logs of cluster {args.cluster}" if args.cluster else "")
+
+
+def _print_new(source, flt, args) -> None:
+    from training.reports.logs import format_line
+
+    for line in source.read_new():
+        if flt.keep(line):
+            print(line.text if args.json or not line.structured else format_line(line), flush=True)
+
+
+def _waiting_note(run_id: str, state: str, follow: bool) -> str:
+    then = "waiting for it to start" if follow else f"`ragpool logs -f {run_id}` waits for it to start"
+    return f"ragpool logs: run {run_id} is {state} and has no logs yet; {then}"
+
+
+def _follow_with_state(args, flt, read, source) -> int:
+    """``logs`` knowing the run's state (``read(run_id)``, the queue's): a run without lines yet is reported
+    as queued (exit 0) or, with ``--follow``, waited for; ``--follow`` ends once the run has ended and its last
+    lines are printed, or after ``--follow-seconds``. A run the queue does not know is followed as before when
+    it has lines, else exit 3."""
+    from training.scheduler.verbs import exit_of_end
+
+    deadline = time.monotonic() + args.follow_seconds if args.follow_seconds else None
+    said = False
+    while True:
+        outcome = read(args.run_id)
+        if outcome.ok:
+            state = outcome.data["state"]
+        elif outcome.code == exit_codes.NOT_FOUND and source is not None:
+            state = None  # logs without a queue entry (another namespace, an old run): follow them as they are
+        else:
+            print(f"ragpool logs: {outcome.message} in the queue, no logs {_where(args)}", file=sys.stderr)
+            return outcome.code
+        if source is None:
+            found = _source(args)
+            source = found if found is not None and found.exists() else None
+        ended = state is not None and exit_of_end(state) is not None
+        if source is not None:
+            _print_new(source, flt, args)
+        elif ended:
+            print(f"ragpool logs: run {args.run_id} is {state} and left no logs {_where(args)}", file=sys.stderr)
+            return exit_codes.OK
+        elif not said:
+            print(_waiting_note(args.run_id, state, args.follow), file=sys.stderr, flush=True)
+            said = True
+        if not args.follow or ended or (deadline is not None and time.monotonic() >= deadline):
+            return exit_codes.OK
+        time.sleep(FOLLOW_POLL_S)
+
+
 def cmd_logs(args) -> int:
-    from training.reports.logs import LogFilter, LogsError, format_line, parse_since
+    from training.reports.logs import LogFilter, LogsError, parse_since
 
     bad = _bad_run_id("logs", args.run_id)
     if bad is not None:
@@ -124,17 +194,18 @@ def cmd_logs(args) -> int:
         return exit_codes.BAD_INPUT
     try:
         source = _source(args)
-        if source is None or not source.exists():
-            where = f"under {(args.shared_root or shared_root_from_env())}/runs"
-            if args.cluster:
-                where += f" or in CloudWatch Logs of cluster {args.cluster}"
-            print(f"ragpool logs: no run {args.run_id!r} {where}", file=sys.stderr)
+        if source is not None and not source.exists():
+            source = None
+        if _queue_configured() and (source is None or args.follow):
+            from training.scheduler.cli import with_status
+
+            return with_status("logs", lambda read: _follow_with_state(args, flt, read, source))
+        if source is None:
+            print(f"ragpool logs: no run {args.run_id!r} {_where(args)}", file=sys.stderr)
             return exit_codes.NOT_FOUND
         deadline = time.monotonic() + args.follow_seconds if args.follow_seconds else None
         while True:
-            for line in source.read_new():
-                if flt.keep(line):
-                    print(line.text if args.json or not line.structured else format_line(line), flush=True)
+            _print_new(source, flt, args)
             if not args.follow or (deadline is not None and time.monotonic() >= deadline):
                 return exit_codes.OK
             time.sleep(FOLLOW_POLL_S)

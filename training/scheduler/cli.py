@@ -1,10 +1,10 @@
 """``ragpool`` run commands: submit, status, list, cancel, retry, worker.
 
-    ragpool submit run.yaml            # validate, enqueue (idempotent per run_id)
+    ragpool submit run.yaml [--wait [--wait-seconds S]]   # validate, enqueue (idempotent per run_id); wait for its end
     ragpool status [RUN_ID] [--json] [--cluster]   # one run (and what it waits on), or the queue
     ragpool list [--state S] [--limit N] [--json]
     ragpool cancel RUN_ID              # waiting: cancelled now; running: stopped at the next heartbeat
-    ragpool retry RUN_ID               # dead-letter -> queue, attempts reset
+    ragpool retry RUN_ID               # dead-letter or cancelled -> queue, attempts reset, resumes from checkpoints
     ragpool show RUN_ID [--json]       # the stored spec
     ragpool tune run.yaml [--start]    # Ray Tune search (ASHA) over the retriever; table + best config
     ragpool worker [...]               # same as python -m training.worker
@@ -12,16 +12,19 @@
 Where the runs are: with a context (``ragpool login``, training/api/contexts.py) and no ``REDIS_URL``,
 through the run API (training/api/), as the caller's IAM identity; else Redis directly, from ``REDIS_URL``
 and ``REDIS_PASSWORD`` / ``REDIS_PASSWORD_FILE`` (never a flag), the key namespace from
-``RAGPOOL_QUEUE_NAMESPACE`` (default ``ragpool``). Both paths run the same verbs
+``RAGPOOL_QUEUE_NAMESPACE`` (default ``ragpool``); with neither a context nor ``REDIS_URL``, exit 2 naming
+both fixes (never a silent 127.0.0.1). Both paths run the same verbs
 (training/scheduler/verbs.py). Through the API, a refused token is exit 2 (fix the credentials) and
 another team's run exit 1.
 
 Exit codes scripts can rely on:
 
-- 0: done (``submit`` of a run id already queued with the same spec is also 0)
+- 0: done (``submit`` of a run id already queued with the same spec is also 0); ``submit --wait``: the run
+  succeeded
 - 1: refused: ``submit`` of an existing run id with a different spec, ``cancel`` of a
-  finished run, ``retry`` of a run that is not in the dead-letter list
-- 2: bad input: invalid run spec (nothing enqueued) or bad connection settings
+  finished run, ``retry`` of a run neither dead nor cancelled; ``submit --wait``: the run ended dead or cancelled
+- 2: bad input: invalid run spec (nothing enqueued), ``submit`` of a cancelled run's id (``retry`` restarts
+  it), or bad connection settings (no context and no ``REDIS_URL``)
 - 3: not found: unknown run id
 - 4: Redis unavailable: unreachable, connection dropped mid-command, timed out, still
   loading, read-only or without its primary after a failover, credentials refused, or a
@@ -29,6 +32,8 @@ Exit codes scripts can rely on:
   ``REDIS_REPLICA_WAIT_MS`` (retry later). A ``submit`` that exits 4 after sending says the
   submission "could not be confirmed": it may or may not be queued, and submitting the same
   spec again is safe (one run id is one run).
+- 75: ``submit --wait``: stopped waiting (``--wait-seconds S`` passed, or Ctrl-C) before the run ended (it goes
+  on; wait again)
 
 Exit 0 of ``submit`` means acknowledged: on the primary and, when ``REDIS_REQUIRED_REPLICAS``
 is n > 0, confirmed by n replicas (``WAIT``), so a failover keeps it.
@@ -42,6 +47,7 @@ import sys
 import time
 
 from contract import exit_codes
+from contract.env import REDIS_URL_ENV
 from training.scheduler import verbs
 from training.scheduler.verbs import Unconfirmed  # noqa: F401 (re-exported: the CLI's error of a lost write)
 
@@ -50,6 +56,10 @@ def register(subparsers) -> None:
     """Add the run subcommands to the ``ragpool`` parser."""
     p = subparsers.add_parser("submit", help="validate a run spec (YAML/JSON) and enqueue it")
     p.add_argument("file", help="run spec file (.yaml/.yml/.json)")
+    p.add_argument("--wait", action="store_true",
+                   help="then wait until the run ends; exit 0 succeeded, 1 dead or cancelled")
+    p.add_argument("--wait-seconds", type=float, default=None, metavar="S",
+                   help="with --wait: give up after S seconds (exit 75; the run goes on)")
     p.set_defaults(handler=cmd_submit)
 
     p = subparsers.add_parser("status", help="show one run, or the queue and recent runs")
@@ -71,7 +81,7 @@ def register(subparsers) -> None:
     p.add_argument("run_id")
     p.set_defaults(handler=cmd_cancel)
 
-    p = subparsers.add_parser("retry", help="move a dead-letter run back to the queue")
+    p = subparsers.add_parser("retry", help="move a dead-letter or cancelled run back to the queue (it resumes)")
     p.add_argument("run_id")
     p.set_defaults(handler=cmd_retry)
 
@@ -106,9 +116,14 @@ def _with_queue(command: str, fn):
     or may not exist) and how to repeat it."""
     import redis
 
-    from training.scheduler.redis_conn import NotReplicatedError, RedisConfigError, settings_from_env
+    from training.scheduler.redis_conn import RedisConfigError, configured, settings_from_env
     from training.scheduler.run_queue import namespace_from_env, open_queue
 
+    if not configured():  # never a silent 127.0.0.1
+        print(f"ragpool {command}: where is the pool? No context is active and {REDIS_URL_ENV} is not set: run "
+              f"`ragpool login --stack NAME` (or --cluster NAME), or set {REDIS_URL_ENV}=redis://HOST:PORT/0",
+              file=sys.stderr)
+        return exit_codes.BAD_INPUT
     try:
         settings = settings_from_env()
     except RedisConfigError as exc:
@@ -119,26 +134,83 @@ def _with_queue(command: str, fn):
         queue.client.ping()
         return fn(queue)
     except (redis.RedisError, Unconfirmed) as error:
-        exc = error.cause if isinstance(error, Unconfirmed) else error
-        if isinstance(exc, NotReplicatedError):
-            why = (f"{exc.confirmed} of the {exc.required} required replica(s) had it within "
-                   f"{exc.wait_ms} ms (REDIS_REQUIRED_REPLICAS, REDIS_REPLICA_WAIT_MS)")
-        elif isinstance(exc, redis.AuthenticationError):
-            why = f"refused the credentials ({type(exc).__name__})"
-        elif isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
-            why = f"cannot reach Redis ({type(exc).__name__}: {exc})"
-        else:
-            why = f"Redis failed the command ({type(exc).__name__}: {exc})"
-        why = _one_line(why)
-        for secret in (settings.password, settings.sentinel_password):
-            if secret:
-                why = why.replace(secret, "***")
-        if isinstance(error, Unconfirmed):
-            print(f"ragpool {command}: {error.what} could not be confirmed at {settings.endpoint}: {why}; "
-                  f"it may or may not have been recorded: {error.retry_hint}", file=sys.stderr)
-        else:
-            print(f"ragpool {command}: {why} at {settings.endpoint}; try again later", file=sys.stderr)
-        return exit_codes.UNAVAILABLE
+        return _redis_failure(command, settings, error)
+
+
+def _redis_failure(command: str, settings, error: Exception) -> int:
+    """Say why Redis failed ``command`` in one line naming the endpoint, never a password: exit 4."""
+    import redis
+
+    from training.scheduler.redis_conn import NotReplicatedError
+
+    exc = error.cause if isinstance(error, Unconfirmed) else error
+    if isinstance(exc, NotReplicatedError):
+        why = (f"{exc.confirmed} of the {exc.required} required replica(s) had it within "
+               f"{exc.wait_ms} ms (REDIS_REQUIRED_REPLICAS, REDIS_REPLICA_WAIT_MS)")
+    elif isinstance(exc, redis.AuthenticationError):
+        why = f"refused the credentials ({type(exc).__name__})"
+    elif isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+        why = f"cannot reach Redis ({type(exc).__name__}: {exc})"
+    else:
+        why = f"Redis failed the command ({type(exc).__name__}: {exc})"
+    why = _one_line(why)
+    for secret in (settings.password, settings.sentinel_password):
+        if secret:
+            why = why.replace(secret, "***")
+    if isinstance(error, Unconfirmed):
+        print(f"ragpool {command}: {error.what} could not be confirmed at {settings.endpoint}: {why}; "
+              f"it may or may not have been recorded: {error.retry_hint}", file=sys.stderr)
+    else:
+        print(f"ragpool {command}: {why} at {settings.endpoint}; try again later", file=sys.stderr)
+    return exit_codes.UNAVAILABLE
+
+
+FOLLOW_POLL_S = 1.0
+"""How often ``submit --wait`` and ``logs -f`` read the run's state."""
+
+
+def with_status(command: str, fn) -> int:
+    """``fn(read)``, where ``read(run_id)`` is that run's status :class:`~training.scheduler.verbs.Outcome`
+    through the run API when a context is active, else from the queue (``_with_queue``: no pool configured is
+    exit 2, Redis failing exit 4)."""
+    from training.api.contexts import ContextError
+
+    try:
+        client = _remote()
+    except ContextError as exc:
+        print(f"ragpool {command}: {exc}", file=sys.stderr)
+        return exit_codes.BAD_INPUT
+    if client is not None:
+        return fn(client.status)
+    return _with_queue(command, lambda queue: fn(lambda run_id: verbs.status(queue, run_id)))
+
+
+def follow_run(command: str, run_id: str, *, timeout_s: float | None = None, step=None) -> int:
+    """Poll ``run_id``'s state (:func:`with_status`) until it has ended, then return its exit code
+    (``verbs.exit_of_end``: 0 succeeded, 1 dead or cancelled). ``step(state)`` runs at each poll and ends the
+    wait by returning an exit code. Bounded: after ``timeout_s`` it says what it waited for and returns 75
+    (``exit_codes.RETRIABLE``: the run goes on; wait again). An unknown run is 3."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+
+    def loop(read) -> int:
+        while True:
+            outcome = read(run_id)
+            if not outcome.ok:
+                print(f"ragpool {command}: {outcome.message}", file=sys.stderr)
+                return outcome.code
+            state = outcome.data["state"]
+            if step is not None and (code := step(state)) is not None:
+                return code
+            end = verbs.exit_of_end(state)
+            if end is not None:
+                return end
+            if deadline is not None and time.monotonic() >= deadline:
+                print(f"ragpool {command}: stopped waiting for run {run_id} to end after {timeout_s:g}s; it is "
+                      f"{state} (exit {exit_codes.RETRIABLE}: wait again)", file=sys.stderr)
+                return exit_codes.RETRIABLE
+            time.sleep(FOLLOW_POLL_S)
+
+    return with_status(command, loop)
 
 
 def _remote():
@@ -227,11 +299,33 @@ def cmd_submit(args) -> int:
         except SpecError as exc:
             print(f"ragpool submit: {exc}", file=sys.stderr)
             return exit_codes.BAD_INPUT
-        return _outcome("submit", None, lambda c: c.submit(text, source=args.file))
-    spec = _read_spec("submit", args.file)
-    if spec is None or not _fits_stack(spec, args.file):
-        return exit_codes.BAD_INPUT
-    return _outcome("submit", lambda queue: verbs.submit(queue, spec), None)
+        answers: list = []
+        code = _outcome("submit", None, lambda c: answers.append(c.submit(text, source=args.file)) or answers[0])
+        run_id = answers[0].data.get("run_id") if answers and isinstance(answers[0].data, dict) else None
+    else:
+        spec = _read_spec("submit", args.file)
+        if spec is None or not _fits_stack(spec, args.file):
+            return exit_codes.BAD_INPUT
+        code, run_id = _outcome("submit", lambda queue: verbs.submit(queue, spec), None), spec.run_id
+    if code != exit_codes.OK or not args.wait:
+        return code
+    return _wait_for_end("submit", run_id, args.wait_seconds)
+
+
+def _wait_for_end(command: str, run_id: str, timeout_s: float | None) -> int:
+    """``submit --wait``: follow ``run_id`` until it ends, saying each state it enters (stderr)."""
+    seen: list[str] = []
+
+    def step(state: str) -> None:
+        if not seen or seen[-1] != state:
+            seen.append(state)
+            print(f"ragpool {command}: {run_id} is {state}", file=sys.stderr, flush=True)
+
+    try:
+        return follow_run(command, run_id, timeout_s=timeout_s, step=step)
+    except KeyboardInterrupt:
+        print(f"ragpool {command}: stopped waiting for {run_id} (Ctrl-C); the run goes on", file=sys.stderr)
+        return exit_codes.RETRIABLE
 
 
 def _ago(ts: float | None, now: float) -> str:

@@ -204,6 +204,13 @@ def _int_env(env, name: str, default: int, unit: str) -> int:
     return int(raw.strip())
 
 
+def configured(env: dict[str, str] | None = None) -> bool:
+    """Whether the environment names a Redis (``REDIS_URL`` or ``REDIS_SENTINELS``); a command that would
+    otherwise reach the default ``redis://127.0.0.1`` asks this first and says what to set."""
+    env = os.environ if env is None else env
+    return bool(env.get(REDIS_URL_ENV) or env.get("REDIS_SENTINELS"))
+
+
 def settings_from_env(env: dict[str, str] | None = None) -> RedisSettings:
     """Read the variables in the module docstring into :class:`RedisSettings`."""
     env = os.environ if env is None else env

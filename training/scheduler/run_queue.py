@@ -433,8 +433,8 @@ class TaskQueue:
         return self._call("cancel", task_id)
 
     def retry(self, task_id: str) -> str:
-        """Move a dead-letter task back to the queue with fresh attempts: ``requeued``,
-        ``missing``, or its current state when it is not dead (nothing changes then)."""
+        """Move a dead-letter (``requeued``) or cancelled (``resumed``) task back to the queue with fresh
+        attempts; ``missing``, or its current state otherwise (nothing changes then)."""
         return self._call("retry", task_id)
 
     # -- consumers -------------------------------------------------------------------------

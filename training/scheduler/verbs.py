@@ -70,6 +70,10 @@ def submit(queue, spec, *, owner: str = "", team: str = "") -> Outcome:
     if result.created:
         return Outcome(exit_codes.OK, f"submitted {spec.run_id} (priority {spec.priority}, {len(spec.stages)} "
                                       f"stage(s): {', '.join(spec.stages)})", data)
+    if result.state == "cancelled":  # its id is not burned, but a resubmit must not look queued
+        return Outcome(exit_codes.BAD_INPUT, f"run {spec.run_id} was cancelled; `ragpool retry {spec.run_id}` "
+                                             "restarts it from its checkpoint, or choose a new run_id", data,
+                       "bad_input")
     if result.same_spec:
         return Outcome(exit_codes.OK, f"{spec.run_id} was already submitted with this spec (state "
                                       f"{result.state}); nothing changed", data)
@@ -141,10 +145,22 @@ def cancel(queue, run_id: str) -> Outcome:
 
 
 def retry(queue, run_id: str) -> Outcome:
-    """Dead-letter -> queue with fresh attempts; any other state refused."""
+    """Dead-letter or cancelled -> queue with fresh attempts (its stages resume from their checkpoints in the
+    run directory); any other state refused."""
     return _change(queue, "retry", run_id, {
         "requeued": "{run} moved from the dead-letter list back to the queue",
-    }, lambda result: f"{run_id} is {result}, not in the dead-letter list")
+        "resumed": "{run} was cancelled; queued again, its stages resume from their last checkpoints",
+    }, lambda result: f"{run_id} is {result}, neither in the dead-letter list nor cancelled")
+
+
+def exit_of_end(state: str) -> int | None:
+    """The exit code of ``ragpool submit --wait`` for a run in ``state``: 0 succeeded, 1 dead or cancelled,
+    None while it has not ended (``run_queue.TERMINAL_STATES``)."""
+    from training.scheduler.run_queue import TERMINAL_STATES, State
+
+    if state not in TERMINAL_STATES:
+        return None
+    return exit_codes.OK if state == State.SUCCEEDED else exit_codes.FAILED
 
 
 def show(queue, run_id: str) -> Outcome:

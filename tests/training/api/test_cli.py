@@ -193,3 +193,33 @@ def test_tls_with_the_clusters_ca_and_a_tls_mismatch_named(laptop, local_api, tm
         err = capsys.readouterr().err
         assert plain in err and "TLS mismatch" in err
     assert laptop("login", "--endpoint", endpoint, "--ca-file", str(tmp_path / "missing.pem")) == 2
+
+
+def test_submit_wait_and_logs_of_a_queued_run_through_the_api(laptop, local_api, tmp_path, capsys, monkeypatch):
+    import threading
+
+    from training.reports import cli as logs_cli
+    from training.scheduler import cli as runs_cli
+
+    monkeypatch.setattr(runs_cli, "FOLLOW_POLL_S", 0.05)
+    monkeypatch.setattr(logs_cli, "FOLLOW_POLL_S", 0.05)
+    assert laptop("login", "--endpoint", local_api.endpoint) == 0
+    spec = tmp_path / "run.yaml"
+    spec.write_text("run_id: waited\nstages: [retriever]\n")
+    assert laptop("submit", str(spec)) == 0
+    capsys.readouterr()
+    assert laptop("logs", "waited") == 0, "a queued run is not 'no run'"
+    assert "run waited is queued and has no logs yet" in capsys.readouterr().err
+    queue = local_api.queue
+    finisher = threading.Timer(0.3, lambda: queue.fail(queue.claim("w", block_s=5), "boom", retriable=False))
+    finisher.start()
+    try:
+        assert laptop("submit", str(spec), "--wait", "--wait-seconds", "20") == 1, "a dead run's wait is exit 1"
+    finally:
+        finisher.join(timeout=10)
+    assert "waited is dead" in capsys.readouterr().err
+    assert laptop("submit", str(spec)) == 0, "a dead run's id is not burned (retry requeues it)"
+    assert laptop("cancel", "waited") == 1 and laptop("retry", "waited") == 0
+    assert laptop("cancel", "waited") == 0
+    capsys.readouterr()
+    assert laptop("submit", str(spec)) == 2 and "was cancelled" in capsys.readouterr().err

@@ -50,10 +50,16 @@ def test_the_verbs_through_the_api(local_api):
     assert alice.change("cancel", "api-run").ok
     refused = alice.change("cancel", "api-run")
     assert refused.code == 1 and refused.error == "refused" and "already finished" in refused.message
-    assert alice.change("retry", "api-run").code == 1, "retry of a run not in the dead-letter list is refused"
+    burned = alice.submit(GOOD, source="run.yaml")
+    assert burned.code == 2 and "was cancelled" in burned.message and "ragpool retry api-run" in burned.message
+    resumed = alice.change("retry", "api-run")
+    assert resumed.ok and resumed.data["result"] == "resumed", "retry of a cancelled run requeues it"
+    assert local_api.queue.get("api-run").state == "queued"
+    assert alice.change("retry", "api-run").code == 1, "retry of a queued run is refused"
     events = [(e["what"], e["run_id"], e["status"]) for e in local_api.audit()]
     assert events == [("submit", "api-run", 201), ("submit", "api-run", 200), ("submit", "api-run", 409),
-                      ("cancel", "api-run", 200), ("cancel", "api-run", 409), ("retry", "api-run", 409)]
+                      ("cancel", "api-run", 200), ("cancel", "api-run", 409), ("submit", "api-run", 400),
+                      ("retry", "api-run", 200), ("retry", "api-run", 409)]
     stored = local_api.queue.client.xrange(local_api.queue.key("audit"))
     assert [f["what"] for _id, f in stored] == [e[0] for e in events]
     assert all(f["who"] == local_api.users["alice"].arn for _id, f in stored)

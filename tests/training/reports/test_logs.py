@@ -163,3 +163,56 @@ def test_cloudwatch_source_reads_the_runs_streams_through_a_real_moto_server(log
         {"timestamp": t0 + 9_500, "message": _fluent_bit(_rec("index", 0, "later", t0 / 1000 + 9.5), "worker-abc")}])
     assert [ln.message for ln in src.read_new()] == ["later"]
     assert not CloudWatchSource("no-such-run", "ragpool-dev", "us-west-2", client=logs_client).exists()
+
+
+@pytest.fixture
+def queue_logs(redis_server, namespace, make_queue, monkeypatch, tmp_path):
+    """The direct path (REDIS_URL, a shared root in tmp) with fast polls: ``(queue, shared root)``."""
+    from training.reports import cli as logs_cli
+
+    monkeypatch.setenv("REDIS_URL", redis_server.url)
+    monkeypatch.setenv("RAGPOOL_QUEUE_NAMESPACE", namespace)
+    monkeypatch.setenv("RAGPOOL_SHARED_ROOT", str(tmp_path / "shared"))
+    monkeypatch.setattr(logs_cli, "FOLLOW_POLL_S", 0.05)
+    return make_queue(), tmp_path / "shared"
+
+
+def test_logs_of_a_queued_run_says_so_and_follow_waits_for_it_then_ends_with_it(queue_logs, capsys) -> None:
+    import threading
+
+    from tests.support.redis_fixtures import make_spec
+
+    queue, shared = queue_logs
+    queue.submit(make_spec(RUN_ID))
+    assert ragpool(["logs", RUN_ID]) == 0, "a queued run is not 'no run'"
+    captured = capsys.readouterr()
+    assert captured.out == "" and f"run {RUN_ID} is queued and has no logs yet" in captured.err
+    assert ragpool(["logs", "nope"]) == exit_codes.NOT_FOUND
+
+    def start_log_and_finish() -> None:
+        claim = queue.claim("w", block_s=5)
+        _worker_log(shared, [_rec("retriever", 0, "started", time.time())])
+        time.sleep(0.2)
+        queue.ack(claim)
+
+    runner = threading.Timer(0.3, start_log_and_finish)
+    runner.start()
+    try:
+        assert ragpool(["logs", RUN_ID, "--follow", "--follow-seconds", "20"]) == 0
+    finally:
+        runner.join(timeout=10)
+    captured = capsys.readouterr()
+    assert "waiting for it to start" in captured.err and "started" in captured.out
+    assert queue.get(RUN_ID).state == "succeeded", "follow ended because the run ended, not on its deadline"
+
+
+def test_a_closed_pipe_ends_quietly(tmp_path) -> None:
+    _worker_log(tmp_path, [_rec("retriever", 0, f"line {i}", time.time()) for i in range(20000)])
+    env = {k: v for k, v in stage_env().items() if k != "REDIS_URL"}
+    proc = subprocess.Popen([sys.executable, "-m", "infra.cli", "logs", RUN_ID, "--shared-root", str(tmp_path)],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert b"line 0" in proc.stdout.readline()
+    proc.stdout.close()  # what `| head -1` does
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=30) == exit_codes.BROKEN_PIPE and "Traceback" not in err, err

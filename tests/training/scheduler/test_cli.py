@@ -291,3 +291,66 @@ def test_an_unknown_run_id_is_echoed_bounded(cli, capsys):
         assert cli(command, "x" * 100_000 + "\n") == 3
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and len(err) < 200, err
+
+
+def test_a_cancelled_run_id_is_refused_on_resubmit_and_retry_resumes_it(cli, make_queue, tmp_path, capsys):
+    spec = write(tmp_path, "run.yaml", GOOD)
+    assert cli("submit", spec) == 0 and cli("cancel", "cli-run") == 0
+    capsys.readouterr()
+    assert cli("submit", spec) == 2, "a cancelled run id is not silently 'already submitted'"
+    err = capsys.readouterr().err
+    assert "was cancelled" in err and "ragpool retry cli-run" in err
+    assert cli("retry", "cli-run") == 0
+    assert "resume" in capsys.readouterr().out
+    q = make_queue()
+    assert q.get("cli-run").state == "queued" and q.stats().depth["high"] == 1 and q.dead_letter() == []
+    assert cli("retry", "cli-run") == 1, "a queued run is neither dead nor cancelled"
+    capsys.readouterr()
+    assert cli("show", "cli-run") == 0
+    assert json.loads(capsys.readouterr().out)["hyperparameters"]["retriever"]["max_steps"] == 5, "the stored spec"
+
+
+def test_submit_wait_ends_with_the_runs_exit_status(cli, make_queue, tmp_path, capsys, monkeypatch):
+    import threading
+
+    monkeypatch.setattr(runs_cli, "FOLLOW_POLL_S", 0.05)
+    q = make_queue()
+    spec = write(tmp_path, "run.yaml", GOOD)
+    finisher = threading.Timer(0.3, lambda: q.ack(q.claim("w", block_s=5)))  # it ends while submit waits
+    finisher.start()
+    try:
+        assert cli("submit", spec, "--wait", "--wait-seconds", "20") == 0
+    finally:
+        finisher.join(timeout=10)
+    err = capsys.readouterr().err
+    assert "cli-run is queued" in err and "cli-run is succeeded" in err
+
+    dying = write(tmp_path, "dying.yaml", "run_id: dying\nstages: [retriever]\nmax_attempts: 1\n")
+    assert cli("submit", dying) == 0
+    q.fail(q.claim("w"), "Traceback: boom")
+    assert cli("submit", dying, "--wait", "--wait-seconds", "20") == 1, "a dead run is exit 1"
+    capsys.readouterr()
+    stuck = write(tmp_path, "stuck.yaml", "run_id: stuck\nstages: [retriever]\n")
+    assert cli("submit", stuck, "--wait", "--wait-seconds", "0.2") == 75, "the wait is bounded"
+    assert "stopped waiting for run stuck to end after 0.2s; it is queued" in capsys.readouterr().err
+
+
+def test_no_redis_url_and_no_context_is_exit_2_naming_the_fix(cli, monkeypatch, tmp_path, capsys):
+    from contract.env import CONFIG_ENV, CONTEXT_ENV
+
+    monkeypatch.delenv("REDIS_URL")
+    monkeypatch.delenv(CONTEXT_ENV, raising=False)
+    monkeypatch.setenv(CONFIG_ENV, str(tmp_path / "no-contexts.yaml"))
+    assert cli("status") == 2
+    err = capsys.readouterr().err
+    assert "REDIS_URL" in err and "ragpool login" in err and "127.0.0.1" not in err
+
+
+def test_version_prints_the_package_version(capsys):
+    from importlib.metadata import version
+
+    from infra.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"ragpool {version('ragpool')}"

@@ -27,6 +27,8 @@ ON_ITS_OWN = {
     "RETRIABLE": {e: (Action.RELEASE, True, Release.GRACEFUL, False) for e in EXECUTORS},
     # The worker's own exit, never a child's: a child that returns it fails like any other code.
     "GANG_TIMEOUT": {e: (Action.FAIL, True, Release.GRACEFUL, False) for e in EXECUTORS},
+    # ragpool's own exit when its output pipe closed, never a stage's: a child that returns it fails.
+    "BROKEN_PIPE": {e: (Action.FAIL, True, Release.GRACEFUL, False) for e in EXECUTORS},
 }
 
 
