@@ -289,7 +289,7 @@ def submit(redis_server, monkeypatch, tmp_path):
         path.write_bytes(text)
         err, out = io.StringIO(), io.StringIO()
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
-            code = runs_cli.cmd_submit(argparse.Namespace(file=str(path)))
+            code = runs_cli.cmd_submit(argparse.Namespace(file=str(path), wait=False, wait_seconds=None))
         path.unlink()
         return code, err.getvalue()
 
