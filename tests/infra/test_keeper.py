@@ -6,12 +6,11 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 
 from contract.env import NAMESPACES_ENV
 from contract.paths import child_env
 from contract.ports import free_port
+from tests.support.probes import probe_codes
 from tests.support.waits import wait_for
 from infra.keeper import KEEPER_NAME
 from tests.conftest import TEAMS_ON_PROD
@@ -53,15 +52,8 @@ def test_the_keepers_probes_ask_what_the_keeper_serves(committed_plans, redis_se
                             env=child_env(REDIS_URL=redis_server.url, **{NAMESPACES_ENV: namespace}),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-    def status(path: str) -> int:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
-                return resp.status
-        except urllib.error.HTTPError as err:
-            return err.code
-
     try:
-        codes = lambda: {kind: status(probe["path"]) for kind, probe in probes.items()}  # noqa: E731
+        codes = lambda: probe_codes(port, probes)  # noqa: E731
         wait_for(lambda: codes() == {"livenessProbe": 200, "readinessProbe": 200}, 30,
                  "the keeper's probe endpoints to answer 200", seen=codes, retry_on=(OSError,), poll_s=0.2)
         proc.send_signal(signal.SIGTERM)

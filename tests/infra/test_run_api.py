@@ -7,8 +7,6 @@ import json
 import signal
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 
 import pytest
 
@@ -19,6 +17,7 @@ from contract.ports import RUN_API_PORT, free_port
 from infra.run_api import RUN_API_NAME, TEAMS_CONFIG, TEAMS_KEY
 from tests.conftest import STACKS
 from tests.infra.harness import inputs_of
+from tests.support.probes import probe_codes
 from tests.support.waits import wait_for
 
 
@@ -68,15 +67,8 @@ def test_the_plans_command_serves_its_probes(committed_plans, redis_server, name
                                              API_TEAMS_FILE_ENV: str(teams)}),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
-    def status(path: str) -> int:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
-                return resp.status
-        except urllib.error.HTTPError as err:
-            return err.code
-
     try:
-        codes = lambda: {kind: status(probe["path"]) for kind, probe in probes.items()}  # noqa: E731
+        codes = lambda: probe_codes(port, probes)  # noqa: E731
         wait_for(lambda: codes() == {"livenessProbe": 200, "readinessProbe": 200}, 30,
                  "the run API's probe endpoints to answer 200", seen=codes, retry_on=(OSError,), poll_s=0.2,
                  alive=lambda: None if proc.poll() is None else f"exited {proc.returncode}: {proc.stderr.read()[-500:]}")
