@@ -77,6 +77,7 @@ def _remote_logs(client, args) -> int:
     ``--follow``, polled until the run has finished and no new line came."""
     from training.reports.logs import format_line, parse_lines
     from training.scheduler.run_queue import TERMINAL_STATES
+    from training.scheduler.verbs import exit_of_end
 
     offset = 0
     deadline = time.monotonic() + args.follow_seconds if args.follow_seconds else None
@@ -102,7 +103,7 @@ def _remote_logs(client, args) -> int:
             return exit_codes.OK
         status = client.status(args.run_id)
         if status.ok and status.data["state"] in TERMINAL_STATES:
-            return exit_codes.OK
+            return exit_of_end(status.data["state"])  # --follow ends with the run, with its exit status
         time.sleep(FOLLOW_POLL_S)
 
 
@@ -158,11 +159,13 @@ def _follow_with_state(args, flt, read, source) -> int:
             _print_new(source, flt, args)
         elif ended:
             print(f"ragpool logs: run {args.run_id} is {state} and left no logs {_where(args)}", file=sys.stderr)
-            return exit_codes.OK
+            return exit_of_end(state) if args.follow else exit_codes.OK
         elif not said:
             print(_waiting_note(args.run_id, state, args.follow), file=sys.stderr, flush=True)
             said = True
-        if not args.follow or ended or (deadline is not None and time.monotonic() >= deadline):
+        if args.follow and ended:
+            return exit_of_end(state)  # --follow ends with the run, with its exit status
+        if not args.follow or (deadline is not None and time.monotonic() >= deadline):
             return exit_codes.OK
         time.sleep(FOLLOW_POLL_S)
 

@@ -154,7 +154,7 @@ def retry(queue, run_id: str) -> Outcome:
 
 
 def exit_of_end(state: str) -> int | None:
-    """The exit code of ``ragpool submit --wait`` for a run in ``state``: 0 succeeded, 1 dead or cancelled,
+    """The exit code of ``ragpool submit --wait`` and ``ragpool logs --follow`` for a run in ``state``: 0 succeeded, 1 dead or cancelled,
     None while it has not ended (``run_queue.TERMINAL_STATES``)."""
     from training.scheduler.run_queue import TERMINAL_STATES, State
 

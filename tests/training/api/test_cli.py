@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from contract import exit_codes
+
 import argparse
 import json
 
@@ -155,7 +157,7 @@ def test_logs_through_the_api_and_follow_ends_with_the_run(laptop, local_api, tm
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 3 and "step=2 loss 2" in out[2]
     local_api.client("alice").change("cancel", "logged")
-    assert laptop("logs", "logged", "--follow", "--json") == 0, "a finished run's follow ends"
+    assert laptop("logs", "logged", "--follow", "--json") == exit_codes.FAILED, "follow ends with the cancelled run's status"
     assert len(capsys.readouterr().out.splitlines()) == 3
     assert laptop("logs", "nope") == 3
 
