@@ -40,11 +40,12 @@ def test_liveness_is_the_loop_coming_round_and_readiness_a_successful_tick(redis
     assert keeper.alive(start) and not keeper.ready(start)  # started, no tick yet
     keeper.tick()
     assert keeper.ready() and keeper.alive()
-    later = keeper.last_success + STALL_S
+    # Just past STALL_S (at exactly t + STALL_S, float rounding can leave (t + S) - t a hair below S).
+    later = keeper.last_success + STALL_S + 1e-3
     assert not keeper.ready(later)  # no successful tick for STALL_S: Redis away, the queue not kept
     keeper.last_round = later - 1  # ... while the loop still came round: alive, never restarted for an outage
     assert keeper.alive(later)
-    assert not keeper.alive(keeper.last_round + STALL_S)  # a loop that stopped coming round is hung
+    assert not keeper.alive(keeper.last_round + STALL_S + 1e-3)  # a loop that stopped coming round is hung
 
 
 def _scrape(port: int) -> str:
