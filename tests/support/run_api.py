@@ -40,12 +40,15 @@ class LocalApi:
         return [json.loads(x) for x in self.audit_lines.getvalue().splitlines() if x.strip()]
 
 
+USERS = ("alice", "bob", "root", "carol")
+
+
 @pytest.fixture(scope="session")
 def local_sts():
-    """One local STS per test process (moto's IAM users live in the process: created once)."""
+    """One local STS per test process. Its IAM users are made per test (``local_api``): moto keeps them in the
+    process, and a test that uses ``moto.mock_aws`` resets every backend when it ends."""
     with sts_server() as sts:
-        users = {name: sts.user(name) for name in ("alice", "bob", "root", "carol")}
-        yield sts, users
+        yield sts
 
 
 @pytest.fixture
@@ -55,7 +58,8 @@ def local_api(local_sts, redis_server, namespace, tmp_path):
     from training.localdev.run_api import run_api_server
     from training.scheduler.run_queue import TaskQueue
 
-    sts, users = local_sts
+    sts = local_sts
+    users = {name: sts.user(name) for name in USERS}
     (tmp_path / "shared").mkdir()
     settings = ApiSettings(cluster_id=CLUSTER_ID, sts_endpoint=sts.endpoint, teams=parse_api_teams(TEAMS),
                            shared_root=str(tmp_path / "shared"), region="us-west-2")

@@ -55,9 +55,17 @@ class StsServer:
         return boto3.client("iam", region_name=REGION, endpoint_url=self.endpoint, **BOOT_CREDENTIALS)
 
     def user(self, name: str) -> User:
-        """A new IAM user with an access key (its secret is real to this server)."""
+        """The IAM user ``name`` (created if absent) with a new access key; its older keys are deleted.
+
+        Idempotent, so a caller asks for its users right before it uses them: anything else in this process
+        that resets moto's backends (``moto.mock_aws`` on exit does) also removes users made earlier."""
         iam = self.iam()
-        arn = iam.create_user(UserName=name)["User"]["Arn"]
+        try:
+            arn = iam.create_user(UserName=name)["User"]["Arn"]
+        except iam.exceptions.EntityAlreadyExistsException:
+            arn = iam.get_user(UserName=name)["User"]["Arn"]
+            for old in iam.list_access_keys(UserName=name)["AccessKeyMetadata"]:
+                iam.delete_access_key(UserName=name, AccessKeyId=old["AccessKeyId"])
         key = iam.create_access_key(UserName=name)["AccessKey"]
         return User(name, arn, key["AccessKeyId"], key["SecretAccessKey"])
 

@@ -52,6 +52,21 @@ def test_a_good_token_names_its_user(local_api):
     assert local_api.client("root").whoami().data["admin"] is True
 
 
+@pytest.fixture
+def moto_reset_after_the_sts_started(local_sts):
+    """What another test of this process does: ``moto.mock_aws`` resets every backend when it ends."""
+    from moto import mock_aws
+
+    with mock_aws():
+        pass
+
+
+def test_users_are_made_again_after_a_moto_reset(moto_reset_after_the_sts_started, local_api):
+    assert local_api.client("alice").whoami().ok
+    again = local_api.client("alice").whoami()
+    assert again.ok and again.data["team"] == "team-a"
+
+
 def forged_tokens(local_api) -> dict[str, str]:
     alice, bob = local_api.users["alice"], local_api.users["bob"]
     sts = local_api.sts_endpoint
