@@ -8,9 +8,11 @@ the project virtualenv, so ``infra.*`` imports resolve) and, offline, by
 import pulumi
 
 from infra.config import StackConfigError, from_pulumi
+from infra.efa_devices import check_efa_pools
 
 try:
     cfg = from_pulumi()
+    cfg = check_efa_pools(cfg, f"stack {cfg.stack}")
 except StackConfigError as exc:
     # RunError: Pulumi prints the message alone, without a Python traceback.
     raise pulumi.RunError(str(exc)) from None

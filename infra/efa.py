@@ -24,10 +24,12 @@ them to the kubelet. So ragpool:
 
 A pool is an EFA pool when every instance type of it has EFA interfaces and a worker pod's GPUs get a
 whole share of them on each (``efa * gpusPerWorker / gpus``): two 4-GPU workers on an 8-GPU node with one
-EFA interface cannot both have one, so such a pool stays on TCP. With several instance types the pod asks
-the smallest share (Karpenter may launch any of them): a p4d.24xlarge (4) and p5.48xlarge (32) pool asks 4,
-and its p5 nodes use 4 of their 32 interfaces: split such a pool for full bandwidth (docs/DEPLOYING.md). Policy
-``efa-pool-requests-devices`` (policy/efa.py) holds every GPU pod template of a plan to the share.
+EFA interface cannot both have one, so such a pool stays on TCP. A pool's pods request one count for every
+instance type Karpenter may launch for them, so the types must agree on it: a p4d.24xlarge (4) and p5.48xlarge
+(32) pool would have used 4 of a p5's 32 interfaces, and is refused (``infra.efa_devices.efa_pool_problems``,
+key ``gpuPools[i].instanceTypes``; split it, as prod's ``gpu-ondemand`` and ``gpu-ondemand-p5``). Policy
+``efa-pool-requests-devices`` (policy/efa.py) holds every GPU pod template of a plan to the share of every
+instance type of its NodePool.
 Pools without EFA are unchanged: a stack without an EFA pool declares nothing of this module.
 """
 

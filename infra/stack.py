@@ -19,6 +19,7 @@ import yaml
 
 from contract.messages import shown
 from infra.config import PROJECT, StackConfig, StackConfigError, parse
+from infra.efa_devices import check_efa_pools
 from infra.langhost.mock_exec import PLACEHOLDER_SECRET
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -242,5 +243,7 @@ def load_stack(stack: str, root: Path = REPO_ROOT, overrides: dict[str, Any] | N
 
 
 def validate_stack(settings: StackSettings) -> StackConfig:
-    """Validate the stack overrides (defaults filled by the schema); StackConfigError on problems."""
-    return parse(settings.raw, stack=settings.stack, region=settings.region, source=settings.stack_file.name)
+    """Validate the stack overrides (defaults filled by the schema), then the pools' EFA counts
+    (infra/efa_devices.py check_efa_pools); StackConfigError on problems."""
+    source = settings.stack_file.name
+    return check_efa_pools(parse(settings.raw, stack=settings.stack, region=settings.region, source=source), source)

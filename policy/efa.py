@@ -6,7 +6,10 @@ node for requests ``vpc.amazonaws.com/efa`` (aws/karpenter-provider-aws v1.14.1
 pkg/providers/amifamily/resolver.go efaCount), and then as many as the instance type has; a pod that asks for
 fewer leaves the rest idle, one that asks for none trains over TCP on a node bought for EFA. The expected count
 is infra/efa_devices.py ``efa_devices`` of the NodePool's instance types (infra/reference/efa_interfaces.yaml)
-and the template's GPUs: the same rule the program applies, read back from the plan. Nothing here imports Pulumi.
+and the template's GPUs: the same rule the program applies, read back from the plan. The request must match
+every instance type the NodePool may launch: a pool whose types give a worker different counts (p4d.24xlarge 4,
+p5.48xlarge 32; ``mixed_efa_shares``, which the config refuses too) fails whatever its pods ask. Nothing here
+imports Pulumi.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from contract.names import EFA_RESOURCE, GPU_RESOURCE, POOL_LABEL
-from infra.efa_devices import efa_devices
+from infra.efa_devices import efa_devices, efa_shares, mixed_efa_shares
 from policy.pod_templates import as_list, containers, get, pod_templates
 
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
@@ -57,9 +60,17 @@ def check_efa_pool_requests_devices(resources: Sequence[Any], ctx: Any, *, nodep
             want = efa_devices(pools[pool], gpus)
             got_request, got_limit = get(requests, EFA_RESOURCE), get(limits, EFA_RESOURCE)
             name = f"{get(r.inputs, 'metadata', 'namespace')}/{get(r.inputs, 'metadata', 'name')} {where}"
+            types = ", ".join(pools[pool])
+            if mixed_efa_shares(pools[pool], gpus):
+                shares = ", ".join(f"{t} {n}" for t, n in efa_shares(pools[pool], gpus).items())
+                yield r, (f"{name} container {get(container, 'name')!r} (pool {pool!r}; {gpus} GPUs) requests "
+                          f"{EFA_RESOURCE} {got_request!r}, but its NodePool may launch instance types that give a "
+                          f"worker different EFA device counts ({shares}; infra/reference/efa_interfaces.yaml): one "
+                          "request cannot match them all, the larger nodes' interfaces sit idle; split the pool, one "
+                          "per EFA count (infra/efa_devices.py efa_pool_problems)")
+                continue
             expected = str(want) if want else None
             if (got_request, got_limit) != (expected, expected):
-                types = ", ".join(pools[pool])
                 yield r, (f"{name} container {get(container, 'name')!r} (pool {pool!r}: {types}; {gpus} GPUs) requests "
                           f"{EFA_RESOURCE} {got_request!r} (limit {got_limit!r}) but its pool gives a worker "
                           f"{want or 'no'} EFA device(s) (infra/reference/efa_interfaces.yaml): "

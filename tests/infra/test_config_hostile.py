@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 from infra.cli import build_parser
 from infra.config import _DNS_LABEL, _IMAGE_TAG, SCHEMA, shown_key
+from infra.efa_devices import mixed_efa_shares
 from infra.stack import MAX_STACK_FILE_BYTES, REPO_ROOT
 
 STACK = "hostile"
@@ -354,9 +355,11 @@ def valid_variation(draw) -> bytes:
     pool["gpuLimit"] = draw(st.integers(4, 4096))
     pool["weight"] = draw(st.integers(0, 100))
     pool["expireAfter"] = draw(st.sampled_from(["Never", "1h", "720h", "1h30m", "90s"]))
+    # Types whose EFA counts per worker differ (p5.48xlarge 4, p6-b200.48xlarge 1 for one GPU) make a refused pool.
     pool["instanceTypes"] = draw(st.lists(st.sampled_from(["g5.xlarge", "g6e.12xlarge", "p5.48xlarge",
                                                             "p6-b200.48xlarge", "gr6.4xlarge"]),
-                                          min_size=1, max_size=3, unique=True))
+                                          min_size=1, max_size=3, unique=True).filter(
+        lambda types: not mixed_efa_shares(types, pool.get("gpusPerWorker", 1))))
     config["ragpool:imageTag"] = draw(st.from_regex(_IMAGE_TAG, fullmatch=True).filter(lambda t: t != "latest"))
     config["ragpool:owner"] = draw(st.from_regex(r"[a-z0-9 .:/=+@-]{1,40}", fullmatch=True))
     config["ragpool:systemNodeMinCount"] = draw(st.integers(1, 4))

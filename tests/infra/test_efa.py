@@ -4,21 +4,26 @@ Before: prod's p4d.24xlarge/p5.48xlarge pool ran its n2-n4 gangs with no EFA req
 EFA interface (aws/karpenter-provider-aws v1.14.1 pkg/providers/amifamily/resolver.go: efaCount is non-zero only
 when the NodeClaim requests vpc.amazonaws.com/efa), no device plugin advertised any, and NCCL ran over TCP.
 Per pool of each committed stack: what its worker templates request and set, what its EC2NodeClass selects, and
-that pools without EFA (all of dev, prod's spot pool) are unchanged.
+that pools without EFA (all of dev, prod's spot pool) are unchanged. A pool whose instance types would give a
+worker different EFA counts (p4d.24xlarge 4, p5.48xlarge 32: its p5 gangs ran on 4 of 32 interfaces) is refused,
+so prod runs one pool per type.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+import yaml
 
 from contract.names import EFA_RESOURCE, GPU_RESOURCE, POOL_LABEL
 from infra.charts import EFA_DEVICE_PLUGIN
 from infra.common import GPU_TAINT
-from infra.config import GpuPoolConfig
+from infra.config import GpuPoolConfig, StackConfigError
 from infra.efa_devices import FI_EFA_USE_DEVICE_RDMA_ENV, FI_PROVIDER_ENV, efa_interfaces, pool_efa_devices
-from infra.stack import load_stack, validate_stack
+from infra.stack import REPO_ROOT, load_stack, validate_stack
 from tests.support.helm import chart_values
 from tests.support.kuberay import RAYCLUSTER
 
@@ -33,9 +38,10 @@ EGRESS = "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"
 PLACEMENT_GROUP = "aws:ec2/placementGroup:PlacementGroup"
 CLUSTER_SG = {"dev": "sg-ragpool-dev-cluster", "prod": "sg-ragpool-prod-cluster"}
 # stack -> pool -> EFA devices per worker pod: p4d.24xlarge has 4 EFA interfaces, p5.48xlarge 32 (Karpenter
-# v1.14.1's instance-type reference, infra/reference/efa_interfaces.yaml); a pool asks the smaller. The spot pool's
+# v1.14.1's instance-type reference, infra/reference/efa_interfaces.yaml), one pool each. The spot pool's
 # g5.48xlarge has one interface for 8 GPUs: two 4-GPU workers cannot each have one, so it stays on TCP.
-EXPECTED = {"dev": {"gpu-spot": 0}, "prod": {"gpu-ondemand": 4, "gpu-spot": 0}}
+EXPECTED = {"dev": {"gpu-spot": 0}, "prod": {"gpu-ondemand": 4, "gpu-ondemand-p5": 32, "gpu-spot": 0}}
+MIXED = ["p4d.24xlarge", "p5.48xlarge"]
 
 
 def worker_templates(plan: dict, pool: str) -> list[tuple[str, dict]]:
@@ -77,7 +83,6 @@ def test_the_reference_has_the_aws_counts_and_every_committed_instance_type():
 @pytest.mark.parametrize(("types", "gpus", "devices"), [
     (("p4d.24xlarge",), 8, 4),
     (("p5.48xlarge",), 8, 32),
-    (("p4d.24xlarge", "p5.48xlarge"), 8, 4),          # Karpenter may launch either: the smaller share
     (("p5.48xlarge",), 4, 16),                         # half the GPUs, half the interfaces
     (("g5.12xlarge", "g6e.12xlarge"), 4, 1),
     (("g5.12xlarge", "g6e.12xlarge", "g5.48xlarge"), 4, 0),  # 1 interface for two 4-GPU workers
@@ -147,7 +152,7 @@ def test_the_device_plugin_runs_on_the_efa_pools_gpu_nodes_only(committed_plans)
     assert (release["chart"], release["version"]) == (EFA_DEVICE_PLUGIN.name, EFA_DEVICE_PLUGIN.version)
     values = chart_values(plan, "aws-efa-k8s-device-plugin")
     # The chart's DaemonSet affinity is one In term per supportedInstanceLabels key over its values.
-    assert values["supportedInstanceLabels"] == {"keys": [POOL_LABEL], "values": ["gpu-ondemand"]}
+    assert values["supportedInstanceLabels"] == {"keys": [POOL_LABEL], "values": ["gpu-ondemand", "gpu-ondemand-p5"]}
     assert {"key": GPU_TAINT["key"], "operator": "Exists", "effect": GPU_TAINT["effect"]} in values["tolerations"]
 
 
@@ -157,21 +162,61 @@ def test_dev_declares_nothing_of_efa(committed_plans):
     assert EFA_RESOURCE not in str(plan) and FI_PROVIDER_ENV not in str(plan)
 
 
-@lru_cache(maxsize=1)
-def _p5_plan() -> dict:
-    import copy
+def test_prods_p5_gangs_request_all_32_interfaces_and_its_p4d_gangs_4(committed_plans):
+    """Before the split one pool held both types and asked 4 everywhere: a p5 gang ran on 4 of 32 interfaces."""
+    plan = committed_plans["prod"]
+    for pool, devices in (("gpu-ondemand", "4"), ("gpu-ondemand-p5", "32")):
+        [node_pool] = [r["inputs"] for r in of_type(plan, "kubernetes:karpenter.sh/v1:NodePool")
+                       if r["inputs"]["metadata"]["name"] == pool]
+        [types] = [q["values"] for q in node_pool["spec"]["template"]["spec"]["requirements"]
+                   if q["key"] == "node.kubernetes.io/instance-type"]
+        assert types == [{"4": "p4d.24xlarge", "32": "p5.48xlarge"}[devices]]
+        gangs = [name for name, pod in worker_templates(plan, pool) if name.endswith("-n2")]
+        assert len(gangs) == 2, pool  # the ScaledJob and its CronJob: a 2-node gang on each type
+        for name, pod in worker_templates(plan, pool):
+            assert pod["containers"][0]["resources"]["limits"][EFA_RESOURCE] == devices, name
 
-    from infra.plan import plan
 
-    pools = copy.deepcopy(load_stack("prod").raw["gpuPools"])
-    pools[0]["instanceTypes"] = ["p5.48xlarge"]
-    return plan("prod", overrides={"ragpool:gpuPools": pools})
+def _mixed_root(tmp_path: Path) -> Path:
+    """A project whose prod stack puts p4d.24xlarge and p5.48xlarge in one pool, as prod did."""
+    (tmp_path / "Pulumi.yaml").write_text((REPO_ROOT / "Pulumi.yaml").read_text())
+    doc = yaml.safe_load((REPO_ROOT / "Pulumi.prod.yaml").read_text())
+    pools = doc["config"]["ragpool:gpuPools"]
+    pools[:] = [p for p in pools if p["name"] != "gpu-ondemand-p5"]
+    pools[0] |= {"instanceTypes": MIXED, "gpuLimit": 32}
+    (tmp_path / "Pulumi.prod.yaml").write_text(yaml.safe_dump(doc))
+    return tmp_path
 
 
-def test_a_p5_pool_requests_all_32_interfaces():
-    plan = _p5_plan()
-    for name, pod in worker_templates(plan, "gpu-ondemand"):
-        assert pod["containers"][0]["resources"]["limits"][EFA_RESOURCE] == "32", name
+def test_a_pool_whose_types_give_different_efa_counts_is_refused(tmp_path):
+    root = _mixed_root(tmp_path)
+    res = subprocess.run([sys.executable, "-m", "infra.cli", "config", "check", "--stack", "prod", "--root", str(root)],
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    [line] = [ln for ln in res.stderr.splitlines() if ln.startswith("  Pulumi.prod.yaml: ")]
+    assert 'ragpool:gpuPools[0].instanceTypes = ["p4d.24xlarge", "p5.48xlarge"]' in line
+    assert "p4d.24xlarge 4, p5.48xlarge 32" in line
+    assert "fix: split the pool, one per EFA count: [p4d.24xlarge] and [p5.48xlarge]" in line
+    # The same types with 4-GPU workers (2 and 16 devices) are refused too; one type alone, types that agree, or
+    # types of which one gives no whole share (the pool stays on TCP, like prod's spot pool) pass.
+    pools = load_stack("prod", root).raw["gpuPools"]
+    pools[0]["gpusPerWorker"] = 4
+    with pytest.raises(StackConfigError, match=r"p4d\.24xlarge 2, p5\.48xlarge 16"):
+        validate_stack(load_stack("prod", root, {"ragpool:gpuPools": pools}))
+    for types in (["p5.48xlarge"], ["p5.48xlarge", "p5e.48xlarge"], ["g5.12xlarge", "g6e.12xlarge", "g5.48xlarge"]):
+        pools[0]["instanceTypes"] = types
+        cfg = validate_stack(load_stack("prod", root, {"ragpool:gpuPools": pools}))
+        assert cfg.gpu_pools[0].instance_types == tuple(types)
+
+
+def test_pulumi_up_refuses_a_mixed_pool_too(tmp_path):
+    """The program checks it itself (infra/__main__.py), for a real `pulumi up` that never ran `config check`."""
+    from infra.plan import run_program_as_host
+
+    settings = load_stack("prod", _mixed_root(tmp_path))
+    with pytest.raises(StackConfigError) as err:
+        run_program_as_host(settings)
+    assert 'invalid stack prod: ragpool:gpuPools[0].instanceTypes = ["p4d.24xlarge", "p5.48xlarge"]' in str(err.value)
 
 
 def device_plugin_pod(values: dict) -> dict:
@@ -195,7 +240,7 @@ def test_the_device_plugin_lands_on_every_efa_pool_node_and_no_other(committed_p
     pod = device_plugin_pod(chart_values(plan, "aws-efa-k8s-device-plugin"))
     placed = {(n.pool, n.labels["node.kubernetes.io/instance-type"]): schedulable(pod, n.labels, n.taints, daemonset=True)
               for n in gpu_nodes(plan)}
-    assert placed == {("gpu-ondemand", "p4d.24xlarge"): True, ("gpu-ondemand", "p5.48xlarge"): True,
+    assert placed == {("gpu-ondemand", "p4d.24xlarge"): True, ("gpu-ondemand-p5", "p5.48xlarge"): True,
                       ("gpu-spot", "g5.12xlarge"): False, ("gpu-spot", "g6e.12xlarge"): False,
                       ("gpu-spot", "g5.48xlarge"): False}
     # The chart's own default (its instance-type list) would also have put it on the spot pool's nodes.

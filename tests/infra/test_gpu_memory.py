@@ -25,9 +25,10 @@ from tests.infra.harness import kubernetes_objects
 # less the 2048 MiB DaemonSet margin, times the pod's share of the node's GPUs, rounded down to GiB):
 #   dev  gpu-spot      1 GPU:  g5.xlarge/g6.xlarge (14162 - 2048) = 11.8 GiB        -> 11 (was 12 Gi: over the node)
 #   prod gpu-ondemand  8 GPUs: p4d.24xlarge (1082712 - 2048) = 1055.3 GiB           -> 1055 (was 96 Gi)
+#   prod gpu-ondemand-p5 8 GPUs: p5.48xlarge (1938410 - 2048) = 1890.98 GiB         -> 1890
 #   prod gpu-spot      4 GPUs: g5.12xlarge (173400 - 2048) = 167.3 GiB; g6e.12xlarge 349.7;
 #                              g5.48xlarge (723299 - 2048) x 4/8 = 352.2             -> 167 (was 48 Gi)
-EXPECTED_GIB = {"dev": {"gpu-spot": 11}, "prod": {"gpu-ondemand": 1055, "gpu-spot": 167}}
+EXPECTED_GIB = {"dev": {"gpu-spot": 11}, "prod": {"gpu-ondemand": 1055, "gpu-ondemand-p5": 1890, "gpu-spot": 167}}
 
 
 def pool_pod_specs(node: Any) -> Iterator[dict[str, Any]]:

@@ -71,7 +71,7 @@ def test_config_check_reports_every_problem_with_file_key_value_fix(tmp_path):
 def test_config_check_ok_for_committed_stacks():
     res = run("config", "check", "--stack", "dev", "--stack", "prod")
     assert res.returncode == 0, res.stderr
-    assert "Pulumi.prod.yaml: ok (prod, 3 AZs, 2 GPU pool(s))" in res.stdout
+    assert "Pulumi.prod.yaml: ok (prod, 3 AZs, 3 GPU pool(s))" in res.stdout
 
 
 def test_plan_diff_reads_like_a_review(committed_plans, tmp_path):
@@ -80,7 +80,7 @@ def test_plan_diff_reads_like_a_review(committed_plans, tmp_path):
     import re
 
     assert re.fullmatch(r"Plan diff ragpool-dev -> ragpool-prod: \d+ to add, \d+ to change, \d+ to remove", first)
-    assert "+ kubernetes:karpenter.sh/v1:NodePool (1): gpu-gpu-ondemand" in text
+    assert "+ kubernetes:karpenter.sh/v1:NodePool (2): gpu-gpu-ondemand, gpu-gpu-ondemand-p5" in text
     assert "~ vpcConfig.endpointPublicAccess: true => false" in text
     assert "~ [protect]: False => True" in text
     assert "~ tags.environment: \"dev\" => \"prod\"" in text and "resources)" in text

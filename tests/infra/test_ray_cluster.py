@@ -91,10 +91,10 @@ def test_one_worker_group_per_gpu_pool_sized_from_the_pool(committed_plans, team
                 quota = int(inputs_of(doc, "kubernetes:core/v1:ResourceQuota", ns)[0]["spec"]["hard"]["requests.nvidia.com/gpu"])
                 assert group["maxReplicas"] * int(gpus) <= min(pool_limit, quota)
     prod = {g["groupName"]: g["maxReplicas"] for g in clusters(committed_plans["prod"])["ragpool-training"]["spec"]["workerGroupSpecs"]}
-    assert prod == {"gpu-ondemand": 32 // 8, "gpu-spot": 16 // 4}
+    assert prod == {"gpu-ondemand": 32 // 8, "gpu-spot": 16 // 4, "gpu-ondemand-p5": 16 // 8}
     search = {g["groupName"]: g["maxReplicas"]
               for g in clusters(team_plan)["ragpool-team-search"]["spec"]["workerGroupSpecs"]}
-    assert search == {"gpu-ondemand": 0, "gpu-spot": 1}  # gpuQuota 4: no 8-GPU worker, one 4-GPU worker
+    assert search == {"gpu-ondemand": 0, "gpu-spot": 1, "gpu-ondemand-p5": 0}  # gpuQuota 4: no 8-GPU worker, one 4-GPU worker
 
 
 def test_pool_resource_is_never_read_as_gpus_by_kuberay():

@@ -45,7 +45,7 @@ def test_each_ray_worker_declares_exactly_what_its_cluster_can_place(team_plan):
     declared, placeable = template_pools(team_plan), cluster_pools(team_plan)
     assert set(declared) == {"ragpool-training", "ragpool-team-search", "ragpool-team-small"}
     assert declared == placeable
-    assert declared["ragpool-training"] == {"gpu-ondemand": 8, "gpu-spot": 4}
+    assert declared["ragpool-training"] == {"gpu-ondemand": 8, "gpu-spot": 4, "gpu-ondemand-p5": 8}
     # A 4-GPU quota cannot hold one 8-GPU worker; a 2-GPU quota holds no worker of either pool.
     assert declared["ragpool-team-search"] == {"gpu-spot": 4} and declared["ragpool-team-small"] == {}
 

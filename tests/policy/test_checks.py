@@ -408,7 +408,8 @@ def test_node_class_and_launch_template_tag_specs_are_checked(plan_of):
 
 def test_prod_gpu_ami_at_latest_is_advisory(committed_plans):
     violations = run(committed_plans["prod"], "gpu-ami-pinned-in-prod")
-    assert {v.resource_name for v in violations} == {"gpu-gpu-ondemand-class", "gpu-gpu-spot-class"}
+    assert {v.resource_name for v in violations} == {"gpu-gpu-ondemand-class", "gpu-gpu-ondemand-p5-class",
+                                                     "gpu-gpu-spot-class"}
     assert all(v.enforcement == ADVISORY and "'al2023@latest' in prod" in v.message for v in violations)
 
 

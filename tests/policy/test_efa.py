@@ -3,20 +3,26 @@ of the node's EFA devices, limits = requests; no template of another pool reques
 
 Fails on the code before EFA: prod's gpu-ondemand (p4d.24xlarge, p5.48xlarge) templates requested no
 vpc.amazonaws.com/efa, so Karpenter attached no interface and the gangs trained over TCP (shown below by removing
-the request from one template)."""
+the request from one template). A NodePool that may launch types giving a worker different counts (p4d.24xlarge 4,
+p5.48xlarge 32, as prod's pool did before its split) fails whatever its templates request."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from contract.names import EFA_RESOURCE, POOL_LABEL
 from policy.checks import RULES_BY_NAME
 from policy.offline import evaluate
+from tests.support.kuberay import RAYCLUSTER
 
 pytestmark = pytest.mark.infra
 
 RULE = "efa-pool-requests-devices"
 SCALED_JOB = "kubernetes:keda.sh/v1alpha1:ScaledJob"
+NODEPOOL = "kubernetes:karpenter.sh/v1:NodePool"
+CRONJOB = "kubernetes:batch/v1:CronJob"
 
 
 def run(doc: dict) -> list:
@@ -73,3 +79,43 @@ def test_prod_with_three_teams_passes():
     assert {"ragpool-training", "ragpool-team-search", "ragpool-team-answers"} <= teams
     assert run(doc) == []
 
+
+
+def instance_types(doc: dict, pool: str) -> list[str]:
+    """The (mutable) instance-type requirement values of ``pool``'s NodePool."""
+    [node_pool] = [r for r in doc["resources"] if r["type"] == NODEPOOL and r["inputs"]["metadata"]["name"] == pool]
+    [req] = [q for q in node_pool["inputs"]["spec"]["template"]["spec"]["requirements"]
+             if q["key"] == "node.kubernetes.io/instance-type"]
+    return req["values"]
+
+
+def test_prod_passes_with_p5_workers_asking_32_and_p4d_workers_4(plan_of):
+    doc = plan_of("prod")
+    assert instance_types(doc, "gpu-ondemand") == ["p4d.24xlarge"] and instance_types(doc, "gpu-ondemand-p5") == ["p5.48xlarge"]
+    for pool, devices in (("gpu-ondemand", "4"), ("gpu-ondemand-p5", "32")):
+        assert {worker(r)["resources"]["limits"][EFA_RESOURCE] for r in scaled_jobs(doc, pool)} == {devices}
+    assert run(doc) == []
+
+
+def test_a_nodepool_whose_types_give_different_counts_fails_every_template_of_it(plan_of):
+    """A hand-made plan as prod was: p4d and p5 in one NodePool, workers asking 4. Every GPU template of the pool
+    fails (4 leaves 28 of a p5's interfaces idle; 32 could not be had on a p4d); the other pools pass."""
+    doc = plan_of("prod")
+    instance_types(doc, "gpu-ondemand").append("p5.48xlarge")
+    violations = run(doc)
+    pinned = {r["name"] for r in doc["resources"] if r["type"] in (SCALED_JOB, CRONJOB, RAYCLUSTER)
+              and json.dumps({POOL_LABEL: "gpu-ondemand"})[1:-1] in json.dumps(r["inputs"])}
+    assert len(pinned) == 9  # the 1- to 4-node ScaledJobs and CronJobs, the RayCluster
+    assert {v.resource_name for v in violations} == pinned
+    assert all("p4d.24xlarge 4, p5.48xlarge 32" in v.message and "split the pool" in v.message for v in violations)
+
+
+def test_workers_asking_fewer_than_every_type_of_their_nodepool_fail(plan_of):
+    """The p5 NodePool's pods asking 4, as the mixed pool's did: Karpenter attaches 32 and 28 sit idle."""
+    doc = plan_of("prod")
+    gangs = scaled_jobs(doc, "gpu-ondemand-p5")
+    for gang in gangs:
+        worker(gang)["resources"]["requests"][EFA_RESOURCE] = worker(gang)["resources"]["limits"][EFA_RESOURCE] = "4"
+    violations = run(doc)
+    assert {v.resource_name for v in violations} == {g["name"] for g in gangs}
+    assert all("gives a worker 32 EFA device(s)" in v.message for v in violations)

@@ -28,7 +28,7 @@ THREE_TEAMS = [{"name": "search", "gpuQuota": 8}, {"name": "answers", "gpuQuota"
 @lru_cache(maxsize=1)
 def three_teams() -> dict:
     """Prod with three teams, its spot pool run one GPU per worker: 16 lanes of it (a gang of up to 16 pods),
-    so the main namespace has 20 ScaledJobs."""
+    so the main namespace has 23 ScaledJobs (with the p4d pool's 4, the p5 pool's 2 and the Ray worker)."""
     from infra.stack import load_stack
 
     pools = copy.deepcopy(load_stack("prod").raw["gpuPools"])

@@ -25,7 +25,7 @@ def test_cli_passes_committed_plan_and_shows_advisories(tmp_path, committed_plan
     assert main(["--plan", write(tmp_path, "prod.json", committed_plans["prod"])]) == 0
     out = capsys.readouterr().out
     assert "[advisory] gpu-ami-pinned-in-prod" in out
-    assert out.strip().endswith("0 mandatory, 2 advisory violation(s)")
+    assert out.strip().endswith("0 mandatory, 3 advisory violation(s)")  # one per GPU pool's EC2NodeClass
 
 
 def test_cli_fails_on_mandatory_violation_with_json_report(tmp_path, plan_of, capsys):
