@@ -10,6 +10,14 @@ GPU_RESOURCE = "nvidia.com/gpu"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
 """The extended resource the AWS EFA device plugin advertises, and the request that makes Karpenter attach a
 node's EFA interfaces (aws/karpenter-provider-aws v1.14.1 pkg/apis/v1/labels.go ResourceEFA; infra/efa.py)."""
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+"""The label that puts a Job under Kueue: the LocalQueue of its namespace that admits it (kubernetes-sigs/kueue
+v0.19.2 pkg/controller/constants/constants.go QueueLabel). The worker Jobs KEDA creates carry it
+(infra/worker_jobs.py); infra/kueue_objects.py declares the queue; policy/checks/kueue.py checks both."""
+KEDA_EXCLUDED_LABELS = "scaledjob.keda.sh/job-excluded-labels"
+"""The ScaledJob annotation listing its labels KEDA does not copy onto the Jobs it creates (comma-separated keys;
+kedacore/keda v2.20.2 apis/keda/v1alpha1/scaledjob_types.go ScaledJobExcludedLabelsAnnotation, used by
+pkg/scaling/executor/scale_jobs.go generateJobs)."""
 APPLICATION_LOG_GROUP = "/aws/containerinsights/{cluster}/application"
 """Where the CloudWatch observability add-on's Fluent Bit sends container logs (``ragpool logs`` reads it)."""
 RAY_VERSION = "2.58.0"
@@ -23,3 +31,10 @@ tolerates it, so the pool's next worker Job lands on another node (Karpenter bri
 infra/node_fence.py grants exactly that write, dashboards/rules/training.yaml alerts on it."""
 NODE_FENCE_TAINT_EFFECT = "NoSchedule"
 """The fence taint's effect: new pods stay off the node; nothing running there is evicted."""
+ELASTIC_RDZV_BACKEND = "ragpool-redis"
+"""torchrun's ``--rdzv-backend`` of an elastic run: the rendezvous on the queue's Redis that
+``training.elastic.launch`` registers with torch (``training/elastic/rendezvous.py``)."""
+
+TEAM_NAMESPACE_PREFIX = "ragpool-team-"
+"""A trainingTeams team's namespace is this plus its name (infra/config.py TeamConfig.namespace; policy/checks/
+workloads.py counts such namespaces as training namespaces; dashboards/teams.py names a team by it)."""

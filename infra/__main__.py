@@ -25,6 +25,8 @@ from infra.gpu_memory import pool_gpus  # noqa: E402
 from infra.gpu_plugins import GpuPlugins, GpuPluginsArgs  # noqa: E402
 from infra.gpu_pools import GpuPools, GpuPoolsArgs  # noqa: E402
 from infra.keda import Keda, KedaArgs, KedaQueue  # noqa: E402
+from infra.kueue import Kueue, KueueArgs  # noqa: E402
+from infra.kueue_objects import reachable_gpus  # noqa: E402
 from infra.log_shipping import LogShipping, LogShippingArgs  # noqa: E402
 from infra.monitoring import Monitoring, MonitoringArgs  # noqa: E402
 from infra.network import Network, NetworkArgs  # noqa: E402
@@ -58,9 +60,12 @@ storage = SharedStorage("storage", StorageArgs(
     node_security_group_id=cluster.cluster_security_group_id, k8s_provider=cluster.provider,
     namespace=training.name, depends_on=[cluster.system_nodes]))
 registry = Registry("registry", RegistryArgs(config=cfg))
+# A team's GPU cap (its ResourceQuota, its ScaledJobs' maxReplicaCount) is what Kueue lets it reach by borrowing,
+# not its nominal quota: Kueue admits within the nominal (docs/DESIGN.md, "KEDA and Kueue").
 teams = [TrainingNamespace(f"team-{t.name}", TrainingNamespaceArgs(
     config=cfg, k8s_provider=cluster.provider, depends_on=[cluster.system_nodes, storage], namespace=t.namespace,
-    gpu_quota=t.gpu_quota, cluster_scoped=False, shared_claim=storage.claim_name)) for t in cfg.teams]
+    gpu_quota=reachable_gpus(cfg, t.namespace), cluster_scoped=False, shared_claim=storage.claim_name))
+    for t in cfg.teams]
 NodeFence("node-fence", NodeFenceArgs(
     k8s_provider=cluster.provider, namespaces=[TRAINING_NAMESPACE, *(t.namespace for t in cfg.teams)],
     depends_on=[training, *teams]))
@@ -70,6 +75,10 @@ monitoring = Monitoring("monitoring", MonitoringArgs(
 keda = Keda("keda", KedaArgs(
     config=cfg, k8s_provider=cluster.provider, training_namespace=training.name,
     monitoring_namespace=monitoring.namespace_name, depends_on=[training, monitoring.release]))
+# Kueue admits the worker Jobs against each training namespace's ClusterQueue (infra/kueue.py).
+kueue = Kueue("kueue", KueueArgs(
+    config=cfg, k8s_provider=cluster.provider, monitoring_namespace=monitoring.namespace_name,
+    depends_on=[training, *teams, monitoring.release]))
 redis = Redis("redis", RedisArgs(
     config=cfg, k8s_provider=cluster.provider, namespace=training.name, vpc_id=network.vpc_id,
     private_subnet_ids=network.private_subnet_ids, node_security_group_id=cluster.cluster_security_group_id,
@@ -93,7 +102,7 @@ team_workers = [
         config=cfg, k8s_provider=cluster.provider, namespace=team_ns.name, image=registry.image_ref,
         redis_secret=redis.secret_name, shared_claim=storage.claim_name, depends_on=[redis, team_ns, keda],
         queue_namespace=team.name, ray=ray_endpoint(cfg, team.namespace, team.gpu_quota) if cfg.ray.enabled else None,
-        gpu_quota=team.gpu_quota, keda=keda_queue))
+        gpu_quota=reachable_gpus(cfg, team.namespace), keda=keda_queue))
     for team, team_ns in zip(cfg.teams, teams)]
 gpu_plugins = GpuPlugins("gpu-plugins", GpuPluginsArgs(
     k8s_provider=cluster.provider, gpu_pool_names=[p.name for p in cfg.gpu_pools],

@@ -40,6 +40,12 @@ KEDA = Chart("keda", "2.20.2", "https://kedacore.github.io/charts")
 # 43b3d666f81a40b7f7ac88ee04a64954abaaa061b1e5f54dc7ce4beb3374e32a; repository URL from the chart's README
 # `helm repo add eks ...`). Installed only by stacks with an EFA pool (infra/efa.py).
 EFA_DEVICE_PLUGIN = Chart("aws-efa-k8s-device-plugin", "v0.5.30", "https://aws.github.io/eks-charts")
+# kubernetes-sigs/kueue tag v0.19.2 (commit 8eab68778fc1b52affe165fdf5af29d1e9b4f3cb, charts/kueue/Chart.yaml version
+# 0.19.2, appVersion v0.19.2); published as an OCI chart, location from that tag's charts/kueue/README.md
+# (`helm install kueue oci://registry.k8s.io/kueue/charts/kueue --version="0.19.2"`). infra/kueue.py installs it.
+KUEUE = Chart("oci://registry.k8s.io/kueue/charts/kueue", "0.19.2", None)
+KUEUE_TAG = "v0.19.2"
+KUEUE_COMMIT = "8eab68778fc1b52affe165fdf5af29d1e9b4f3cb"
 # The Ray the training image carries (RayCluster.spec.rayVersion, the generated Ray dashboards):
 # contract.names.RAY_VERSION, tied to pyproject's pin by tests/infra/test_ray_cluster.py.
 
@@ -80,6 +86,7 @@ BY_SCHEMA_NAME = {
     "kuberay-operator": KUBERAY_OPERATOR,
     "keda": KEDA,
     "aws-efa-k8s-device-plugin": EFA_DEVICE_PLUGIN,
+    "kueue": KUEUE,
 }
 # Subcharts whose values are checked against their own defaults (versions fixed by the parent).
 SUBCHART_VERSIONS = {

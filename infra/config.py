@@ -19,6 +19,7 @@ from typing import Any, Mapping
 from contract.api import ApiTeams, TeamsError, parse_api_teams
 from contract.datasets import S3_URL_RULE, is_bucket_name, parse_s3_url
 from contract.messages import shown
+from contract.names import TEAM_NAMESPACE_PREFIX
 
 PROJECT = "ragpool"
 
@@ -47,9 +48,6 @@ _RESERVED_LABEL_DOMAINS = ("kubernetes.io", "k8s.io", "karpenter.sh", "karpenter
 _IMAGE_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 _IMAGE_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _REGION = re.compile(r"[a-z]{2}(-gov)?-[a-z]+-\d")
-TEAM_NAMESPACE_PREFIX = "ragpool-team-"
-"""A trainingTeams team's namespace is this plus its name (TeamConfig.namespace; policy/checks/workloads.py
-counts such namespaces as training namespaces)."""
 
 
 def is_gpu_instance_type(instance_type: Any) -> bool:
@@ -137,9 +135,13 @@ SCHEMA: tuple[ConfigKey, ...] = (
     ),
     ConfigKey(
         "trainingTeams", None,
-        f"Teams that get their own training namespace {TEAM_NAMESPACE_PREFIX}<name>: {{name, gpuQuota}}. Each has its own "
-        "GPU quota, shared-storage directory (its own EFS access point), queue (RAGPOOL_QUEUE_NAMESPACE=<name>) "
-        "and worker Job templates. The main namespace ragpool-training always exists.",
+        f"Teams that get their own training namespace {TEAM_NAMESPACE_PREFIX}<name>: {{name, gpuQuota, borrowingLimit?, "
+        "lendingLimit?, fairShareWeight?}. Each has its own GPU quota, shared-storage directory (its own EFS access "
+        "point), queue (RAGPOOL_QUEUE_NAMESPACE=<name>) and worker Job templates. Kueue (infra/kueue.py) admits its "
+        "Jobs: gpuQuota is its ClusterQueue's nominal GPUs (the teams' total at most the pools' gpuLimit total; the "
+        "main namespace ragpool-training, which always exists, gets the rest); borrowingLimit: most GPUs it may borrow "
+        "per pool from the cohort's idle quota (default: no limit); lendingLimit: most of its idle GPUs per pool "
+        "others may borrow (default: all); fairShareWeight: its share when several teams borrow (default 1).",
         [],
     ),
     ConfigKey("efsBackupRetentionDays", "integer", "Days AWS Backup keeps daily recovery points of the shared EFS file system.", 14),
@@ -212,6 +214,12 @@ class GpuPoolConfig:
 class TeamConfig:
     name: str
     gpu_quota: int
+    borrowing_limit: int | None = None
+    """GPUs the team's ClusterQueue may borrow beyond gpu_quota from the cohort (``borrowingLimit``); None: no limit."""
+    lending_limit: int | None = None
+    """Of its gpu_quota, the GPUs others may borrow while idle (``lendingLimit``); None: all of them."""
+    fair_share_weight: int = 1
+    """The ClusterQueue's ``fairSharing.weight`` (``fairShareWeight``)."""
 
     @property
     def namespace(self) -> str:
@@ -534,6 +542,10 @@ def _parse_pool(r: _Reader, at: str, p: Mapping[Any, Any], zones: tuple[str, ...
         return None
 
 
+_TEAM_FIELDS = ("name", "gpuQuota", "borrowingLimit", "lendingLimit", "fairShareWeight")
+FAIR_SHARE_WEIGHT_MAX = 1000
+
+
 def _parse_teams(r: _Reader, teams: Any, gpu_total: int) -> tuple[TeamConfig, ...]:
     key = "trainingTeams"
     if not isinstance(teams, list):
@@ -542,17 +554,32 @@ def _parse_teams(r: _Reader, teams: Any, gpu_total: int) -> tuple[TeamConfig, ..
     out, seen = [], set()
     for i, t in enumerate(teams):
         at = f"{key}[{i}]"
-        if not isinstance(t, dict) or set(t) - {"name", "gpuQuota"}:
-            r.problem(at, t, "must be an object with exactly name and gpuQuota")
+        if not isinstance(t, dict) or set(t) - set(_TEAM_FIELDS):
+            r.problem(at, t, "must be an object with name and gpuQuota, and optionally borrowingLimit, lendingLimit "
+                             "and fairShareWeight")
             continue
         name, quota = t.get("name"), t.get("gpuQuota")
         ok = _check(isinstance(name, str) and bool(re.fullmatch(r"[a-z]([-a-z0-9]{0,18}[a-z0-9])?", name)) and
                     name not in seen, r, f"{at}.name", name, "must be a unique lowercase DNS label of at most 20 characters")
-        ok &= _check(isinstance(quota, int) and not isinstance(quota, bool) and 1 <= quota <= max(gpu_total, 1), r,
+        ok &= _check(_is_int(quota, 1, max(gpu_total, 1)), r,
                      f"{at}.gpuQuota", quota, f"must be an integer from 1 to the pools' total GPU limit ({gpu_total})")
+        borrow, lend = t.get("borrowingLimit"), t.get("lendingLimit")
+        ok &= _check(borrow is None or _is_int(borrow, 0, gpu_total), r, f"{at}.borrowingLimit", borrow,
+                     f"must be an integer from 0 to the pools' total GPU limit ({gpu_total}), or left out (no limit)")
+        ok &= _check(lend is None or (_is_int(lend, 0, gpu_total) and (not _is_int(quota, 1, gpu_total) or lend <= quota)),
+                     r, f"{at}.lendingLimit", lend,
+                     f"must be an integer from 0 to the team's gpuQuota ({quota}), or left out (lends all its idle GPUs)")
+        weight = t.get("fairShareWeight", TeamConfig.fair_share_weight)
+        ok &= _check(_is_int(weight, 1, FAIR_SHARE_WEIGHT_MAX), r, f"{at}.fairShareWeight", weight,
+                     f"must be an integer from 1 to {FAIR_SHARE_WEIGHT_MAX} (default 1)")
         if ok:
             seen.add(name)
-            out.append(TeamConfig(name=name, gpu_quota=quota))
+            out.append(TeamConfig(name=name, gpu_quota=quota, borrowing_limit=borrow, lending_limit=lend,
+                                  fair_share_weight=weight))
+    total = sum(t.gpu_quota for t in out)
+    _check(total <= gpu_total, r, key, [t.name for t in out],
+           f"the teams' gpuQuota total ({total}) must not exceed the pools' total GPU limit ({gpu_total}): "
+           "Kueue's nominal quotas share those GPUs; lower a gpuQuota or raise a pool's gpuLimit")
     return tuple(out)
 
 

@@ -42,6 +42,7 @@ from infra.queue_redis import CONNECTION_SECRET
 from infra.training_namespace import baseline_policies
 from contract.defaults import DEFAULT_LEASE_S, KEEPER_INTERVAL_S
 from contract.lanes import MAX_NODES, Lane, format_lane_set, worker_lanes
+from contract.names import KEDA_EXCLUDED_LABELS  # noqa: F401  (re-exported: infra/worker_jobs.py imports it from here)
 from contract.ports import REDIS_PORT
 
 KEDA_NAMESPACE = "keda"
@@ -55,9 +56,6 @@ CRD_DIR = Path(__file__).resolve().parent / KEDA_CRD_DIR
 # keda/templates/manager/deployment.yaml: `app: {{ .Values.operator.name }}`, default keda-operator).
 OPERATOR_POD_LABELS = {"app": "keda-operator"}
 TRIGGER_AUTHENTICATION = "ragpool-redis"
-# Labels of a ScaledJob that KEDA does not copy onto the Jobs it creates (pkg/scaling/executor/scale_jobs.go
-# generateJobs; comma-separated label keys).
-KEDA_EXCLUDED_LABELS = "scaledjob.keda.sh/job-excluded-labels"
 # How often KEDA reads each ScaledJob's lists (KEDA's default is 30 s): a run waits at most this
 # long for its Job. One EVAL per ready list per interval.
 POLLING_INTERVAL_SECONDS = 10

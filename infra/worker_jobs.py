@@ -40,6 +40,7 @@ from infra.keda import (
     worker_kinds,
 )
 from infra.keeper import KEEPER_NAME, keeper_deployment_spec, keeper_network_policy
+from infra.kueue_objects import LOCAL_QUEUE
 from infra.node_fence import token_volume
 from infra.peers import RAY_CLIENT_LABEL, REDIS_CLIENT_LABEL
 from infra.queue_redis import redis_client_env, redis_secret_volume
@@ -52,7 +53,7 @@ from contract.defaults import DEFAULT_LEASE_S
 from contract.env import (EXECUTORS_ENV, EXPECTED_GPUS_ENV, NAMESPACE_ENV, NODE_NAME_ENV, RDZV_HOST_ENV, RDZV_PORT_ENV,
                           WORKER_GROUP_ENV, WORKER_ID_ENV)
 from contract.lanes import Executor
-from contract.names import EFA_RESOURCE, GPU_RESOURCE
+from contract.names import EFA_RESOURCE, GPU_RESOURCE, KUEUE_QUEUE_LABEL
 from contract.paths import SHARED_ROOT_ENV
 from contract.ray_auth import SECRET_ENV, TOKEN_SECRET_KEY, client_env
 from contract.ray_pools import POOLS_ENV
@@ -273,12 +274,16 @@ def worker_job_spec(labels: dict[str, str], pod_spec: dict[str, Any], nodes: int
 
 
 def worker_cronjob(job_spec: dict[str, Any]) -> dict[str, Any]:
-    """The suspended CronJob around a worker Job: its template for ``kubectl create job --from``."""
+    """The suspended CronJob around a worker Job: its template for ``kubectl create job --from``, which copies the
+    template's labels onto the Job: the queue label too, so a Job started by hand waits for Kueue's admission
+    like KEDA's (docs/DESIGN.md, "KEDA and Kueue")."""
     return {
         "schedule": "@yearly",
         "suspend": True,  # a template: Jobs are created from it on demand, never on schedule
         "concurrencyPolicy": "Allow",
-        "jobTemplate": {"metadata": {"labels": job_spec["template"]["metadata"]["labels"]}, "spec": job_spec},
+        "jobTemplate": {"metadata": {"labels": {**job_spec["template"]["metadata"]["labels"],
+                                                KUEUE_QUEUE_LABEL: LOCAL_QUEUE}},
+                        "spec": job_spec},
     }
 
 
@@ -346,12 +351,13 @@ class WorkerJobs(RagpoolComponent):
                 spec=job.apply(worker_cronjob), opts=child(self, depends_on=args.depends_on))
             self.templates.append(kind.name)
             if args.keda is not None:
-                # KEDA copies these labels onto every Job it creates (scale_jobs.go generateJobs).
+                # KEDA copies these labels onto every Job it creates (scale_jobs.go generateJobs), the queue label
+                # too: Kueue reads it from the Job's own labels (docs/DESIGN.md, "KEDA and Kueue").
                 k8s.apiextensions.CustomResource(
                     f"{resource}-scaledjob", api_version="keda.sh/v1alpha1", kind="ScaledJob",
                     metadata={"name": kind.name, "namespace": args.namespace,
                               "labels": {**k8s_labels("worker", kind.name), **({POOL_LABEL: kind.pool.name} if kind.pool else {}),
-                                         **lane_labels(kind.lanes)},
+                                         **lane_labels(kind.lanes), KUEUE_QUEUE_LABEL: LOCAL_QUEUE},
                               # ... except managed-by: KEDA manages those Jobs, not Pulumi (the annotation's
                               # name: apis/keda/v1alpha1/scaledjob_types.go ScaledJobExcludedLabelsAnnotation).
                               "annotations": {KEDA_EXCLUDED_LABELS: "app.kubernetes.io/managed-by"}},

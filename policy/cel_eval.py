@@ -54,6 +54,10 @@ CRD_FILES = {
     ("monitoring.coreos.com", "PrometheusRule"): "monitoring.coreos.com/original/monitoring.coreos.com_prometheusrules.yaml",
     ("monitoring.coreos.com", "ServiceMonitor"): "monitoring.coreos.com/original/monitoring.coreos.com_servicemonitors.yaml",
     ("monitoring.coreos.com", "PodMonitor"): "monitoring.coreos.com/original/monitoring.coreos.com_podmonitors.yaml",
+    # The Kueue kinds infra/kueue_objects.py declares (the chart installs them; vendor/upstream/README.md).
+    **{("kueue.x-k8s.io", kind): f"kueue.x-k8s.io/original/kueue.x-k8s.io_{plural}.yaml" for kind, plural in (
+        ("ResourceFlavor", "resourceflavors"), ("Cohort", "cohorts"), ("ClusterQueue", "clusterqueues"),
+        ("LocalQueue", "localqueues"), ("WorkloadPriorityClass", "workloadpriorityclasses"))},
 }
 MACROS = {"has", "all", "exists", "exists_one", "map", "filter"}
 

@@ -67,7 +67,13 @@ SOURCES: dict[str, Source] = {
     # aws/eks-charts tags no chart release: the commit that last changed the chart (its Chart.yaml version
     # v0.5.30, the version the repository's gh-pages index.yaml publishes).
     "EC": Source("aws/eks-charts", "master (untagged)", "bfe91c4b9257c80f754ad4b3d6a9a3c239b2b8ec"),
+    # The chart (charts/kueue) and the CRDs it renders (charts/kueue/templates/crd/: the same schemas as
+    # config/components/crd/bases/, which is what is copied) come from the one repository and tag.
+    "KU": Source("kubernetes-sigs/kueue", "v0.19.2", "8eab68778fc1b52affe165fdf5af29d1e9b4f3cb"),
 }
+
+# The Kueue kinds infra/kueue_objects.py declares (the chart installs every Kueue CRD itself).
+KUEUE_CRD_KINDS = ("resourceflavors", "cohorts", "clusterqueues", "localqueues", "workloadpriorityclasses")
 
 _NFD_TGZ = "deployments/helm/nvidia-device-plugin/charts/node-feature-discovery-0.19.0.tgz"
 
@@ -94,12 +100,15 @@ FILES: list[tuple[str, str, str]] = [
           ("KR", "helm-chart/kuberay-operator", "kuberay-operator", "1.7.0"),
           ("EFS", "charts/aws-efs-csi-driver", "aws-efs-csi-driver", "4.4.1"),
           ("KC", "keda", "keda", "2.20.2"),
-          ("EC", "stable/aws-efa-k8s-device-plugin", "aws-efa-k8s-device-plugin", "v0.5.30"))
+          ("EC", "stable/aws-efa-k8s-device-plugin", "aws-efa-k8s-device-plugin", "v0.5.30"),
+          ("KU", "charts/kueue", "kueue", "0.19.2"))
       for name in ("values.yaml", "Chart.yaml")],
     *[("DP", f"{_NFD_TGZ}!node-feature-discovery/{name}", f"helm/node-feature-discovery/0.19.0/{name}")
       for name in ("values.yaml", "Chart.yaml", "values.schema.json")],
     ("DE", "etc/default-counters.csv", "dcgm/default-counters.csv"),
     ("DE", "etc/dcp-metrics-included.csv", "dcgm/dcp-metrics-included.csv"),
+    *[("KU", f"config/components/crd/bases/kueue.x-k8s.io_{kinds}.yaml",
+       f"crds/kueue.x-k8s.io/original/kueue.x-k8s.io_{kinds}.yaml") for kinds in KUEUE_CRD_KINDS],
 ]
 
 # Strict JSON schemas: CRD YAML (relative to the repo root) -> folder under VENDOR_DIR for
@@ -117,6 +126,8 @@ CRD_SCHEMAS: list[tuple[str, str]] = [
       for kinds in ("scaledjobs", "scaledobjects", "triggerauthentications", "clustertriggerauthentications")],
     *[(f"infra/crds/keda/eventing.keda.sh_{kinds}.yaml", "crds/eventing.keda.sh")
       for kinds in ("cloudeventsources", "clustercloudeventsources")],
+    *[(f"vendor/upstream/crds/kueue.x-k8s.io/original/kueue.x-k8s.io_{kinds}.yaml", "crds/kueue.x-k8s.io")
+      for kinds in KUEUE_CRD_KINDS],
 ]
 
 # libyaml's loader when PyYAML has it (the same documents, ~10x faster on these multi-MB CRDs): for the upstream

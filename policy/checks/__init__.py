@@ -18,7 +18,8 @@ Where each part lives (the submodules import ``policy.checks.model`` and each ot
 - one module per family of checks: ``aws.py`` (AWS storage and cluster), ``imds.py`` (EC2 metadata service),
   ``karpenter.py`` (Karpenter GPU pools), ``workloads.py`` (workloads and namespaces), ``monitoring.py``
   (monitoring exposure), ``cluster_access.py`` (cluster access and node agents), ``efs_access.py`` (EFS access),
-  ``ray_auth.py`` (Ray token auth), ``keda.py`` (a ScaledJob per lane, job quotas); the rules over every pod
+  ``ray_auth.py`` (Ray token auth), ``keda.py`` (a ScaledJob per lane, job quotas), ``kueue.py`` (Kueue
+  quotas within the pools, every ScaledJob's Jobs queued); the rules over every pod
   template live beside the package: ``policy/secret_access.py``, ``policy/efa.py``;
 - here: the rule list ``RULES`` (its order is the report's order) and ``stack_from_urn``.
 """
@@ -39,6 +40,8 @@ from policy.checks.karpenter import (check_gpu_ami_pinned_in_prod, check_gpu_nod
 from policy.checks.keda import (KEDA_DEFAULT_JOBS_HISTORY, KEDA_DEFAULT_MAX_REPLICAS, RAYCLUSTER_TYPES,
                                 RESOURCE_QUOTA_TYPE, check_jobs_quota_covers_scaled_jobs,
                                 check_lanes_have_one_scaled_job)
+from policy.checks.kueue import (CLUSTER_QUEUE_TYPES, LOCAL_QUEUE_TYPES, RESOURCE_FLAVOR_TYPES,
+                                 check_kueue_quota_within_pools, check_scaled_jobs_kueue_managed)
 from policy.checks.model import (ADVISORY, DEFAULT_TRAINING_NAMESPACES, EC2NODECLASS_TYPES, ENFORCEMENT_LEVELS,
                                  ENVIRONMENTS, HELM_RELEASE_TYPE, MANDATORY, NAMESPACE_TYPE, NETWORK_POLICY_TYPE,
                                  NODEPOOL_TYPES, NON_TAGGABLE_AWS_TYPES, REQUIRED_TAGS, SERVICE_TYPE, STATEFUL_TYPES,
@@ -58,10 +61,11 @@ __all__ = [
     "NON_TAGGABLE_AWS_TYPES", "PERSISTENT_VOLUME_TYPE", "RAYCLUSTER_TYPES", "REQUIRED_TAGS", "RESOURCE_QUOTA_TYPE",
     "RULES", "RULES_BY_NAME", "SERVICE_TYPE", "STATEFUL_TYPES", "STORAGE_CLASS_TYPE",
     "Context", "Resource", "ResourceCheck", "Rule", "StackCheck",
-    "check_api_cluster_has_admin", "check_efs_encrypted", "check_efs_policy_allows_mounts",
+    "check_api_cluster_has_admin", "check_efs_encrypted", "check_engineer_tier_namespaced", "check_efs_policy_allows_mounts",
     "check_eks_endpoint_access", "check_eks_secrets_encrypted", "check_gpu_ami_pinned_in_prod",
     "check_gpu_nodepool_limits", "check_gpu_nodepool_tainted", "check_imdsv2_required",
-    "check_jobs_quota_covers_scaled_jobs", "check_k8s_provider_waits_for_access", "check_lanes_have_one_scaled_job",
+    "check_jobs_quota_covers_scaled_jobs", "check_k8s_provider_waits_for_access", "check_kueue_quota_within_pools",
+    "check_scaled_jobs_kueue_managed", "CLUSTER_QUEUE_TYPES", "LOCAL_QUEUE_TYPES", "RESOURCE_FLAVOR_TYPES", "check_lanes_have_one_scaled_job",
     "check_monitoring_not_public", "check_node_monitoring_agent_tolerates_gpu", "check_prod_stateful_protected",
     "check_ray_token_auth", "check_redis_auth_tls_in_prod", "check_required_tags", "check_training_containers",
     "check_training_default_deny", "efs_policy_allows", "is_gpu_nodepool", "is_training_namespace",

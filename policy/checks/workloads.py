@@ -7,7 +7,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from contract.names import GPU_RESOURCE
-from infra.config import TEAM_NAMESPACE_PREFIX
+from contract.names import TEAM_NAMESPACE_PREFIX
 from infra.pod_security import restricted_problems  # Pulumi-free: the one home of the restricted context
 from policy.checks.model import (DEFAULT_TRAINING_NAMESPACES, NAMESPACE_TYPE, NETWORK_POLICY_TYPE, Context,
                                  Resource)

@@ -229,6 +229,8 @@ def off_gpu_workloads(plan: dict) -> list[Workload]:
         Workload("nfd-master", _scheduling(nfd["master"]), False),
         Workload("nfd-gc", _scheduling(nfd["gc"]), False),
     ]
+    # Kueue's controller manager (its chart's controllerManager.nodeSelector / tolerations; infra/values/kueue.yaml).
+    out.append(Workload("kueue", _scheduling(chart_values(plan, "kueue")["controllerManager"]), False))
     if "kuberay-operator" in BY_SCHEMA_NAME and any(
             r["type"] == HELM and r["inputs"]["chart"] == BY_SCHEMA_NAME["kuberay-operator"].name for r in plan["resources"]):
         out.append(Workload("kuberay-operator", _scheduling(chart_values(plan, "kuberay-operator")), False))

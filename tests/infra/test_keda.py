@@ -36,7 +36,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 INFRA_DIR = REPO_ROOT / "infra"
 SCALED_JOB = "kubernetes:keda.sh/v1alpha1:ScaledJob"
 CRONJOB = "kubernetes:batch/v1:CronJob"
-TEAMS = [{"name": "search", "gpuQuota": 3}]
+# borrowingLimit 0: the team reaches its nominal quota only, so its ScaledJobs stop there (a team that borrows:
+# tests/infra/test_kueue.py).
+TEAMS = [{"name": "search", "gpuQuota": 3, "borrowingLimit": 0}]
 
 
 @pytest.fixture(scope="module")
@@ -301,16 +303,19 @@ def test_bounds_follow_the_pools_gpu_limit_and_gpus_per_worker(committed_plans):
     assert dev == {"ragpool-worker-gpu-spot": 8, **{f"ragpool-worker-gpu-spot-n{n}": 8 // n for n in range(2, 9)},
                    "ragpool-worker-ray": 8}
     prod = {n: j["spec"]["maxReplicaCount"] for n, j in scaled_jobs(committed_plans["prod"]).items()}
-    # prod: gpu-ondemand 32 GPUs / 8 per worker, gpu-spot 16 / 4: 4 workers each.
+    # prod: gpu-ondemand 32 GPUs / 8 per worker, gpu-spot 16 / 4: 4 workers each; gpu-ondemand-p5 16 / 8: 2.
+    # The Ray worker: as many Jobs as all the pools' workers.
     assert prod == {"ragpool-worker-gpu-ondemand": 4, "ragpool-worker-gpu-ondemand-n2": 2,
                     "ragpool-worker-gpu-ondemand-n3": 1, "ragpool-worker-gpu-ondemand-n4": 1,
+                    "ragpool-worker-gpu-ondemand-p5": 2, "ragpool-worker-gpu-ondemand-p5-n2": 1,
                     "ragpool-worker-gpu-spot": 4, "ragpool-worker-gpu-spot-n2": 2, "ragpool-worker-gpu-spot-n3": 1,
-                    "ragpool-worker-gpu-spot-n4": 1, "ragpool-worker-ray": 8}
+                    "ragpool-worker-gpu-spot-n4": 1, "ragpool-worker-ray": 4 + 2 + 4}
     # The first pool is the default: it alone takes the unpinned lanes.
     lanes = {n: parse_lanes(worker_env(j["spec"]["jobTargetRef"])[LANES_ENV])
              for n, j in scaled_jobs(committed_plans["prod"]).items()}
     assert lanes["ragpool-worker-gpu-ondemand"] == (Lane(pool="gpu-ondemand"), Lane())
     assert lanes["ragpool-worker-gpu-spot"] == (Lane(pool="gpu-spot"),)
+    assert lanes["ragpool-worker-gpu-ondemand-p5-n2"] == (Lane(nodes=2, pool="gpu-ondemand-p5"),)
     assert lanes["ragpool-worker-gpu-ondemand-n3"] == (Lane(nodes=3, pool="gpu-ondemand"), Lane(nodes=3))
 
 

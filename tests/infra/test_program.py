@@ -119,7 +119,8 @@ def test_system_node_group_is_on_demand_repairing_and_imdsv2(committed_plans):
 
 
 def test_gpu_node_pools_are_tainted_labelled_and_never_disrupt_training(committed_plans):
-    expected = {"dev": {"gpu-spot": "spot"}, "prod": {"gpu-ondemand": "on-demand", "gpu-spot": "spot"}}
+    expected = {"dev": {"gpu-spot": "spot"},
+                "prod": {"gpu-ondemand": "on-demand", "gpu-ondemand-p5": "on-demand", "gpu-spot": "spot"}}
     for stack, pools in expected.items():
         doc = committed_plans[stack]
         node_pools = {r["inputs"]["metadata"]["name"]: r["inputs"]["spec"] for r in
@@ -251,9 +252,13 @@ def test_dev_and_prod_differ_exactly_as_configured(committed_plans):
         "aws:ec2/natGateway:NatGateway": 2, "aws:ec2/eip:Eip": 2,  # NAT per AZ
         "aws:efs/mountTarget:MountTarget": 1,
         "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule": 1,  # private API endpoint from apiAccessCidrs
-        "kubernetes:karpenter.sh/v1:NodePool": 1, "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass": 1,
-        # Worker kinds (a CronJob and a ScaledJob each): dev's gpu-spot holds 8 one-GPU workers (n1..n8),
-        # prod's pools 4 eight-GPU and 4 four-GPU workers (n1..n4 each), plus the Ray worker: 9 each.
+        # prod's pools: gpu-ondemand (p4d), gpu-ondemand-p5 (one pool per EFA count) and gpu-spot
+        "kubernetes:karpenter.sh/v1:NodePool": 2, "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass": 2,
+        "kubernetes:kueue.x-k8s.io/v1beta2:ResourceFlavor": 2,  # Kueue: a ResourceFlavor per pool
+        # Worker kinds (a CronJob and a ScaledJob each): dev's gpu-spot holds 8 one-GPU workers (n1..n8), plus
+        # the Ray worker: 9; prod's p4d pool 4 eight-GPU workers (n1..n4), its p5 pool 2 (n1, n2) and its spot
+        # pool 4 four-GPU workers (n1..n4), plus the Ray worker: 11.
+        "kubernetes:batch/v1:CronJob": 2, "kubernetes:keda.sh/v1alpha1:ScaledJob": 2,
         "kubernetes:networking.k8s.io/v1:NetworkPolicy": -1,  # dev's Valkey admits KEDA's operator
         # the queue: ElastiCache in prod instead of the in-cluster StatefulSet
         "aws:elasticache/replicationGroup:ReplicationGroup": 1, "aws:elasticache/subnetGroup:SubnetGroup": 1,
@@ -261,12 +266,13 @@ def test_dev_and_prod_differ_exactly_as_configured(committed_plans):
         "kubernetes:apps/v1:StatefulSet": -1, "kubernetes:core/v1:Service": -1,
         "kubernetes:apps/v1:Deployment": 1,  # redis_exporter for ElastiCache (dev: a sidecar)
     } | {
-        # prod's gpu-ondemand pool has EFA (infra/efa.py): its security group (one more) with a self ingress and
-        # egress rule (one more ingress), a cluster placement group and the device plugin; dev has no EFA pool.
+        # prod's gpu-ondemand and gpu-ondemand-p5 pools have EFA (infra/efa.py): their security group (one more)
+        # with a self ingress and egress rule (one more ingress), a cluster placement group each and the device
+        # plugin; dev has no EFA pool.
         "aws:ec2/securityGroup:SecurityGroup": 2,
         "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule": 2,
         "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule": 1,
-        "aws:ec2/placementGroup:PlacementGroup": 1,
+        "aws:ec2/placementGroup:PlacementGroup": 2,
         "ragpool:infra:Efa": 1,
         "kubernetes:helm.sh/v3:Release": 1,
     }
@@ -338,7 +344,9 @@ def test_monitoring_stack_rules_and_secrets(committed_plans):
         assert f"vector({budget})" in str(rules["ragpool-budget"])
         dashboards = [r["inputs"] for r in of_type(doc, "kubernetes:core/v1:ConfigMap")
                       if r["inputs"]["metadata"]["labels"].get("grafana_dashboard") == "1"]
-        assert len(dashboards) == 5 + 2  # ragpool's five, Ray's default and train (infra/ray_cluster.py)
+        from dashboards.boards import ALL as BOARDS
+
+        assert len(dashboards) == len(BOARDS) + 2  # ragpool's, Ray's default and train (infra/ray_cluster.py)
         pod_monitor = one(doc, "kubernetes:monitoring.coreos.com/v1:PodMonitor", "monitoring-training-pods")["inputs"]["spec"]
         ports = [e["port"] for e in pod_monitor["podMetricsEndpoints"]]
         assert ports[0] == "queue-metrics" and "rank-7" in ports and "redis-metrics" in ports
@@ -360,7 +368,8 @@ def test_gpu_plugins_only_on_gpu_pools_with_our_counters(committed_plans):
     for release in ("gpu-plugins-device-plugin", "gpu-plugins-dcgm-exporter"):
         values = one(doc, "kubernetes:helm.sh/v3:Release", release)["inputs"]["values"]
         terms = values["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-        assert terms["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["gpu-ondemand", "gpu-spot"]
+        assert terms["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["gpu-ondemand", "gpu-ondemand-p5",
+                                                                                  "gpu-spot"]
         assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in values["tolerations"]
     counters = one(doc, "kubernetes:core/v1:ConfigMap", "gpu-plugins-dcgm-counters")["inputs"]
     assert counters["data"]["metrics"] == DCGM_COUNTERS_FILE.read_text()
@@ -392,7 +401,7 @@ def test_redis_queue_dev_in_cluster_prod_elasticache(committed_plans):
 
 
 def test_training_namespace_isolation(committed_plans):
-    for stack, gpus in (("dev", 8), ("prod", 48)):
+    for stack, gpus in (("dev", 8), ("prod", 32 + 16 + 16)):
         doc = committed_plans[stack]
         quota = one(doc, "kubernetes:core/v1:ResourceQuota", "training-quota")["inputs"]["spec"]["hard"]
         assert quota["requests.nvidia.com/gpu"] == str(gpus)
@@ -416,7 +425,7 @@ def test_worker_job_template_per_pool(committed_plans):
              if r["inputs"]["metadata"]["name"] != "ragpool-worker-ray"}  # the CPU Ray worker: test_ray_cluster.py
     # Multi-node kinds (-n<N>): tests/infra/test_keda.py.
     templates = {name: spec for name, spec in every.items() if not re.search(r"-n[0-9]+$", name)}
-    assert set(templates) == {"ragpool-worker-gpu-ondemand", "ragpool-worker-gpu-spot"}
+    assert set(templates) == {"ragpool-worker-gpu-ondemand", "ragpool-worker-gpu-ondemand-p5", "ragpool-worker-gpu-spot"}
     for name, cron in templates.items():
         assert cron["suspend"] is True
         job = cron["jobTemplate"]["spec"]
@@ -428,7 +437,7 @@ def test_worker_job_template_per_pool(committed_plans):
         c = pod["containers"][0]
         assert c["command"] == ["python", "-m", "training.worker"]
         assert c["image"].endswith("ragpool-prod/training:0.1.0")
-        gpus = {"gpu-ondemand": "8", "gpu-spot": "4"}[pool]
+        gpus = {"gpu-ondemand": "8", "gpu-ondemand-p5": "8", "gpu-spot": "4"}[pool]
         assert c["resources"]["limits"]["nvidia.com/gpu"] == gpus == c["resources"]["requests"]["nvidia.com/gpu"]
         sc = c["securityContext"]
         assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"] and sc["capabilities"]["drop"] == ["ALL"]
@@ -464,7 +473,7 @@ def test_cloudwatch_exporter_feeds_the_efs_rules(committed_plans):
     assert exported == {m.name for m in EXTERNAL_METRICS if m.source == "yace"}
     policy = one(doc, "aws:iam/rolePolicy:RolePolicy", "monitoring-cloudwatch-exporter")["inputs"]["policy"]
     assert "cloudwatch:GetMetricData" in policy and '"ec2:' not in policy  # read-only
-    assert one(doc, "kubernetes:monitoring.coreos.com/v1:ServiceMonitor")["inputs"]["spec"]["endpoints"][0]["port"] == "metrics"
+    assert one(doc, "kubernetes:monitoring.coreos.com/v1:ServiceMonitor", "monitoring-cloudwatch-exporter")["inputs"]["spec"]["endpoints"][0]["port"] == "metrics"
 
 
 def test_pods_run_as_the_training_images_user(committed_plans):

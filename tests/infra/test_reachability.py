@@ -31,6 +31,8 @@ import pytest
 
 from infra.keda import KEDA_NAMESPACE, OPERATOR_POD_LABELS, operator_metrics_port
 from infra.keeper import KEEPER_NAME
+from infra.kueue_objects import (KUEUE_NAMESPACE, MANAGER_POD_LABELS, METRICS_PORT as KUEUE_METRICS_PORT,
+                                 VISIBILITY_PORT, WEBHOOK_PORT)
 from infra.run_api import RUN_API_NAME
 from infra.training_namespace import MAX_RANKS_PER_POD
 from tests.conftest import STACKS
@@ -200,6 +202,11 @@ def world(plan: dict) -> World:
     # keda/templates/manager/deployment.yaml; its metrics port: infra/values/keda.yaml).
     pods.append(Endpoint("keda-operator", next(addresses), KEDA_NAMESPACE, dict(OPERATOR_POD_LABELS),
                          {"metrics": (operator_metrics_port(), "TCP"), "metricsservice": (9666, "TCP")}))
+    # Kueue's controller manager, rendered by its chart (labels and ports: kubernetes-sigs/kueue v0.19.2
+    # charts/kueue/templates/manager/manager.yaml; infra/kueue_objects.py).
+    pods.append(Endpoint("kueue-manager", next(addresses), KUEUE_NAMESPACE, dict(MANAGER_POD_LABELS),
+                         {"metrics": (KUEUE_METRICS_PORT, "TCP"), "webhook-server": (WEBHOOK_PORT, "TCP"),
+                          "visibility": (VISIBILITY_PORT, "TCP")}))
     return World(
         cluster=Cluster(plan), pods=pods,
         dns=Endpoint("coredns", next(addresses), "kube-system", {"k8s-app": "kube-dns"},
@@ -274,7 +281,8 @@ def _expected_ingress(w: World, src: Endpoint, dst: Endpoint, port: int) -> bool
         # CNI): the API port admits every VPC address (the run API authenticates each request itself); the
         # training namespaces' own pods never go there (their egress lists what they need).
         return (port == RUN_API_PORT and ipaddress.ip_address(src.ip) in w.vpc
-                and not (src.namespace or "").startswith("ragpool-") and src.name != "keda-operator")
+                and not (src.namespace or "").startswith("ragpool-")
+                and src.name not in ("keda-operator", "kueue-manager"))  # their egress: the API server only
     if dst.labels.get("app.kubernetes.io/name") == "ragpool-redis-exporter":
         return from_monitoring and port == 9121
     return False
@@ -336,6 +344,28 @@ def test_keda_and_the_keeper_reach_the_queue_and_nothing_else(committed_plans, s
         assert not w.cluster.allows(worker, operator, 9666), worker.name
     if stack == "dev":
         assert not w.cluster.allows(operator, redis, 9121)  # the exporter port stays monitoring's
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_kueue_is_reached_by_the_api_server_and_prometheus_and_reaches_only_the_api_server(committed_plans, stack):
+    """The API server (its ENIs in the VPC) calls Kueue's webhooks and visibility API, Prometheus scrapes its metrics;
+    Kueue itself talks to the API server (HTTPS) and DNS only: not the queue, not the workers, not EFS."""
+    w = world(committed_plans[stack])
+    [manager] = w.pod("kueue-manager")
+    assert w.cluster.allows(w.prometheus, manager, KUEUE_METRICS_PORT)
+    for port in (WEBHOOK_PORT, VISIBILITY_PORT):
+        assert w.cluster.allows(w.private_host, manager, port), port  # an address in the VPC, as the API server's ENIs
+        assert not w.cluster.allows(w.internet, manager, port), port
+    assert not w.cluster.allows(w.internet, manager, KUEUE_METRICS_PORT)
+    assert not w.cluster.allows(w.stranger, manager, KUEUE_METRICS_PORT)
+    assert not w.cluster.allows(w.stranger, manager, 8081)  # health probes are the kubelet's (host network)
+    assert w.cluster.allows(manager, w.dns, 53, "UDP") and w.cluster.allows(manager, w.internet, 443)
+    redis = w.pod("redis-statefulset")[0] if stack == "dev" else w.private_host
+    assert not w.cluster.allows(manager, redis, REDIS_PORT)
+    assert not w.cluster.allows(manager, w.private_host, 2049)
+    assert not w.cluster.allows(manager, w.internet, 80)
+    for worker in _workers(w):
+        assert not w.cluster.allows(manager, worker, RDZV_PORT), worker.name
 
 
 def test_the_matrix_sees_keda_cut_off_from_the_queue(committed_plans):

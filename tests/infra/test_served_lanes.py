@@ -23,7 +23,8 @@ from training.scheduler.fit import lane_problems
 from contract.lanes import SERVED_LANES_ENV, Lane, lane_of_ready_list, parse_lane_set
 from training.scheduler.spec import parse_spec
 
-TEAMS = [{"name": "search", "gpuQuota": 4}, {"name": "small", "gpuQuota": 2}]
+# borrowingLimit 0: each team's lanes are what its nominal quota fits (borrowing widens them: test_kueue.py).
+TEAMS = [{"name": "search", "gpuQuota": 4, "borrowingLimit": 0}, {"name": "small", "gpuQuota": 2, "borrowingLimit": 0}]
 CASES = {"dev": None, "prod": None, "prod-teams": {"ragpool:trainingTeams": TEAMS}}
 
 
@@ -97,9 +98,10 @@ def test_pool_gpus(runs):
     # g5, g6: 24 GiB (not GPUSxGiB: x is nodes elsewhere); the worker pod's memory (tests/infra/test_gpu_memory.py)
     assert runs["dev"][1]["poolGpus"] == "gpu-spot=1:24GiB:mem11GiB"
     assert parse_pool_gpus(runs["dev"][1]["poolGpus"]) == {"gpu-spot": PoolGpus(1, 24.0, 11.0)}
-    # prod: gpu-ondemand is p4d (40) and p5 (80): the smaller counts; g6e has no AWS figure recorded, so the
+    # prod: gpu-ondemand is p4d (40), gpu-ondemand-p5 p5 (80); g6e has no AWS figure recorded, so the
     # spot pool skips the GPU memory check (its pod memory is known: the host check is made).
     assert parse_pool_gpus(runs["prod"][1]["poolGpus"]) == {"gpu-ondemand": PoolGpus(8, 40.0, 1055.0),
+                                                           "gpu-ondemand-p5": PoolGpus(8, 80.0, 1890.0),
                                                            "gpu-spot": PoolGpus(4, None, 167.0)}
 
 
