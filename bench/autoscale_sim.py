@@ -23,6 +23,10 @@ What stands in for the cluster (:class:`Cluster`):
   volume's ``mountPath`` is rewritten to a local directory (the PVC: the simulation's shared
   root; a secret volume: its keys written as files; an emptyDir: a fresh directory), and a
   value equal to a declared ``containerPort`` becomes a free local port of that pod.
+- Kueue, with ``Simulation(kueue=True)`` (:mod:`bench.kueue_gate` over the plan's ClusterQueues, Cohort
+  and LocalQueues: Kueue v0.19.2's scheduler transcribed in :mod:`bench.kueue_admission`): a ScaledJob's
+  Job is created suspended; once admitted all its pods are created at once; an evicted Job is suspended
+  again and its pods deleted (SIGTERM, SIGKILL after the grace), its quota free once they are gone.
 - The Job controller (:class:`Job`): Indexed Jobs of ``parallelism`` pods, restartPolicy Never,
   ``podFailurePolicy`` (FailJob / Ignore / Count on exit codes; a lost node is a
   ``DisruptionTarget``), ``backoffLimit`` with the kubelet's 10 s doubling pod back-off,
@@ -61,7 +65,7 @@ import traceback
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from bench import keda_scaledjob as keda
 from bench.recovery import lose_node, wait_until
@@ -72,8 +76,14 @@ from contract.names import POOL_LABEL
 from contract.env import REDIS_URL_ENV
 from contract.names import GPU_RESOURCE
 
+if TYPE_CHECKING:
+    from bench.kueue_gate import Eviction, KueueGate
+
 NODE_WAIT_S = 1.0
 """A Job whose first pod started later than this after the Job was created waited for a node."""
+KUEUE_CYCLES_PER_TICK = 50
+"""Most Kueue scheduling cycles per tick of the fake controller (each admits at most one Workload per
+ClusterQueue; Kueue runs the next cycle at once after a successful one)."""
 POD_BACKOFF_S = 10.0
 """The Job controller's pod back-off after a counted failure (doubles per failure, k8s default)."""
 
@@ -223,6 +233,8 @@ class Job:
     """``Complete`` or ``Failed`` once finished."""
     finished_at: float | None = None
     retry_at: dict[int, float] = field(default_factory=dict)
+    suspended: bool = False
+    """``spec.suspend``: under Kueue (:mod:`bench.kueue_gate`) until admitted, and again once evicted."""
 
     @property
     def namespace(self) -> str:
@@ -286,7 +298,7 @@ class Cluster:
                  shared_root: Path, work_dir: Path, settings: Settings, gpu_capacity: dict[str, int] | None = None,
                  gpu_quotas: dict[str, int] | None = None, extra_env: dict[str, str] | None = None,
                  node_delay: Callable[[Pod], float] | None = None,
-                 config_maps: dict[str, dict[str, str]] | None = None) -> None:
+                 config_maps: dict[str, dict[str, str]] | None = None, kueue: "KueueGate | None" = None) -> None:
         self.scaled_jobs = [ScaledJob(m) for m in scaled_jobs]
         self.redis = redis_client
         self.secrets = secrets
@@ -313,6 +325,8 @@ class Cluster:
         self.max_gpus: dict[str, int] = {}
         self.errors: list[str] = []
         self._nodes = 0
+        self.kueue = kueue
+        """Kueue in front of the Job controller (None: Jobs start at once, as without Kueue)."""
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -330,6 +344,8 @@ class Cluster:
                 with self.lock:
                     now = time.time()
                     self.reconcile_jobs(now)
+                    if self.kueue is not None:
+                        self.kueue_cycle(now)
                     self.reap_deleted(now)
                     for sj in self.scaled_jobs:
                         if now >= sj.next_poll_at:
@@ -416,9 +432,52 @@ class Cluster:
         if sj in self.scaled_jobs:
             self.created.append(job)
         self.events.append(Event(now, "job-created", sj.name, job.name))
+        if self.kueue is not None and sj in self.scaled_jobs:
+            job.suspended = True  # Kueue's webhook: created suspended, its Workload queued
+            self.kueue.job_created(job, now)
+            return job
         for index in range(int(spec.get("parallelism", 1))):
             self._new_pod(job, index, now)
         return job
+
+    def kueue_cycle(self, now: float) -> None:
+        """One Kueue scheduling cycle: unsuspend the admitted Jobs (every pod at once), suspend the
+        evicted ones (their pods deleted: SIGTERM, SIGKILL after the grace); an evicted Job with no
+        active pod left gives its quota back."""
+        jobs = {j.name: j for j in self.created}
+        admitted, evictions = [], []
+        for _ in range(KUEUE_CYCLES_PER_TICK):
+            # Kueue's loop starts its next cycle at once after one that admitted or evicted (wait.KeepGoing).
+            more, evicting = self.kueue.schedule(now)
+            admitted += more
+            evictions += evicting
+            if not more and not evicting:
+                break
+        for name in admitted:
+            job = jobs[name]
+            job.suspended = False
+            self.events.append(Event(now, "job-admitted", job.scaled_job.name, job.name))
+            for index in range(int(job.spec.get("parallelism", 1))):
+                if index not in job.succeeded:
+                    self._new_pod(job, index, now)
+        for ev in evictions:
+            job = jobs[ev.job]
+            job.suspended = True
+            job.retry_at.clear()
+            for pod in job.active_pods():
+                ev.pods.append(pod.name)
+                if pod.phase == "Pending":
+                    pod.phase, pod.ended_at = "Failed", now
+                elif pod.deleting_since is None:
+                    pod.deleting_since = now
+                    pod.proc.send_signal(signal.SIGTERM)
+            self.events.append(Event(now, "job-evicted", job.scaled_job.name, job.name,
+                                     {"reason": ev.reason, "by": ev.by, "pods": list(ev.pods)}))
+            if self.kueue.on_evict is not None:
+                self.kueue.on_evict(ev)
+        for job in jobs.values():
+            if job.suspended and not job.finished and not job.active_pods():
+                self.kueue.pods_gone(job)
 
     def _new_pod(self, job: Job, index: int, now: float) -> Pod | None:
         template = job.spec["template"]
@@ -468,7 +527,7 @@ class Cluster:
 
     def _reconcile_job(self, job: Job, now: float) -> None:
         deadline = job.spec.get("activeDeadlineSeconds")
-        if deadline is not None and now - job.created_at > float(deadline):
+        if deadline is not None and not job.suspended and now - job.created_at > float(deadline):
             self._finish(job, "Failed", now, "DeadlineExceeded")
             return
         for pod in list(job.pods):
@@ -490,7 +549,7 @@ class Cluster:
                 else:
                     self._probe(pod, now)
         for index, at in list(job.retry_at.items()):
-            if now >= at:
+            if now >= at and not job.suspended:
                 del job.retry_at[index]
                 self._new_pod(job, index, now)
 
@@ -538,6 +597,8 @@ class Cluster:
                 pod.proc.send_signal(signal.SIGTERM)
         self.events.append(Event(now, "job-finished", job.scaled_job.name, job.name,
                                  {"condition": condition, "reason": reason}))
+        if self.kueue is not None:
+            self.kueue.job_finished(job)
 
     def reap_deleted(self, now: float) -> None:
         """Pods of finished Jobs that were sent SIGTERM: SIGKILL after the grace, then forget them."""
@@ -757,6 +818,9 @@ class Stack:
     redis_config: str
     """The ConfigMap the workers' ``REDIS_URL`` and required replicas come from (the password is a file of the
     connection Secret, infra/queue_redis.py ``CONNECTION_SECRET``)."""
+    kueue_objects: list[dict] = field(default_factory=list)
+    """The plan's Kueue objects (ClusterQueues, Cohorts, LocalQueues, WorkloadPriorityClasses): what
+    :class:`bench.kueue_gate.KueueGate` admits by when the simulation runs with ``kueue=True``."""
 
     def queue_namespaces(self) -> list[str]:
         return sorted({queue_namespace(m) for m in self.scaled_jobs})
@@ -767,7 +831,11 @@ class Simulation:
     :class:`Cluster` running the stack's ScaledJobs. A context manager."""
 
     def __init__(self, work_dir: Path, stack: Stack, settings: Settings = Settings(),
-                 node_delay: Callable[[Pod], float] | None = None) -> None:
+                 node_delay: Callable[[Pod], float] | None = None, *, kueue: bool = False,
+                 fair_sharing: bool = False, on_evict: Callable[["Eviction"], None] | None = None) -> None:
+        """``kueue``: Jobs go through Kueue (:mod:`bench.kueue_gate`: the stack's Kueue objects, its fair
+        sharing when ``fair_sharing``); ``on_evict`` is called with each eviction as it is issued."""
+        self.kueue, self.fair_sharing, self.on_evict = kueue, fair_sharing, on_evict
         self.work_dir = work_dir
         self.node_delay = node_delay
         self.settings = settings
@@ -791,10 +859,17 @@ class Simulation:
         self.server = LocalRedisServer(data_dir=self.work_dir / "redis", password=password).start()
         self.client = self.server.client()
         try:
+            gate = None
+            if self.kueue:
+                from bench.kueue_gate import KueueGate
+
+                if not self.stack.kueue_objects:
+                    raise ValueError("kueue=True but the plan declares no Kueue objects")
+                gate = KueueGate(self.stack.kueue_objects, fair_sharing=self.fair_sharing, on_evict=self.on_evict)
             self.cluster = Cluster(
                 self.manifests, redis_client=self.client, secrets=self._secrets(password),
                 config_maps={self.stack.redis_config: {URL_KEY: self.server.url, REQUIRED_REPLICAS_KEY: "0"}},
-                shared_root=self.shared_root, work_dir=self.work_dir, settings=self.settings,
+                shared_root=self.shared_root, work_dir=self.work_dir, settings=self.settings, kueue=gate,
                 gpu_capacity=self.stack.gpu_capacity, gpu_quotas=self.stack.gpu_quotas,
                 extra_env={**worker_env(command=["sh", "-c", WORKLOAD]),
                            "SIM_STEP_S": f"{self.settings.step_s:g}"}, node_delay=self.node_delay)
@@ -1006,6 +1081,8 @@ def _percentile(values: list[float], q: float) -> float:
 
 SCALED_JOB_TYPE = "kubernetes:keda.sh/v1alpha1:ScaledJob"
 """The Pulumi type of a ScaledJob in ``ragpool plan``'s output."""
+KUEUE_TYPE_PREFIX = "kubernetes:kueue.x-k8s.io/v1beta2:"
+"""The Pulumi types of Kueue's objects in ``ragpool plan``'s output."""
 
 
 def stack_from_plan(plan: dict, namespace: str | None = None) -> Stack:
@@ -1027,8 +1104,9 @@ def stack_from_plan(plan: dict, namespace: str | None = None) -> Stack:
               for q in objects(":core/v1:ResourceQuota") if f"requests.{GPU_RESOURCE}" in q["spec"].get("hard", {})}
     container = scaled_jobs[0]["spec"]["jobTargetRef"]["template"]["spec"]["containers"][0]
     [config] = [e["valueFrom"]["configMapKeyRef"]["name"] for e in container["env"] if e["name"] == REDIS_URL_ENV]
+    kueue_objects = [r["inputs"] for r in plan["resources"] if r["type"].startswith(KUEUE_TYPE_PREFIX)]
     return Stack(scaled_jobs=scaled_jobs, keeper=keepers[0] if keepers else None, gpu_capacity=capacity,
-                 gpu_quotas=quotas, redis_config=config)
+                 gpu_quotas=quotas, redis_config=config, kueue_objects=kueue_objects)
 
 
 def scaled_jobs_from_plan(plan: dict, namespace: str | None = None) -> list[dict]:

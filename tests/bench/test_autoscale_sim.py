@@ -33,7 +33,8 @@ SETTLE_S = 240.0
 def plan():
     from infra.plan import plan as make_plan
 
-    return make_plan("dev", overrides={"trainingTeams": [{"name": TEAM, "gpuQuota": TEAM_QUOTA}]})
+    # borrowingLimit 0: the team reaches its nominal quota only (Kueue borrowing: bench/fair_share.py).
+    return make_plan("dev", overrides={"trainingTeams": [{"name": TEAM, "gpuQuota": TEAM_QUOTA, "borrowingLimit": 0}]})
 
 
 def the_scaled_job(stack, *, nodes: int) -> dict:
