@@ -63,3 +63,15 @@ CONFIG_ENV = "RAGPOOL_CONFIG"
 """The laptop's context file (``ragpool login``; default ``~/.config/ragpool/contexts.yaml``)."""
 CONTEXT_ENV = "RAGPOOL_CONTEXT"
 """The context a command uses instead of the file's current one."""
+
+# ------------------------------------------------------------------ elastic torchrun runs (training/elastic/)
+
+ELASTIC_NODES_ENV = "RAGPOOL_ELASTIC_NODES"
+"""``MIN:MAX`` nodes of an elastic torchrun run: the launcher (``training.elastic.launch``) sets it for its ranks,
+whose training loop keeps the global batch at every world size (``training.elastic.sizes``)."""
+
+# ------------------------------------------------------------------ the stack's Prometheus (ragpool usage)
+
+PROMETHEUS_URL_ENV = "RAGPOOL_PROMETHEUS_URL"
+"""The stack's Prometheus HTTP API base URL (``http://127.0.0.1:9090`` through ``kubectl port-forward``) that
+``ragpool usage`` queries (``--prometheus`` overrides it)."""

@@ -39,6 +39,17 @@ Sources and what each needs from the deployment (see ``dashboards/README.md``):
   value is the list's length), ``keda_build_info`` and ``keda_scaled_job_errors_total{namespace, scaledJob}`` (counted
   for every failed read in pkg/scaling/scale_handler.go getScaledJobMetrics; the per-scaler
   ``keda_scaler_detail_errors_total`` is not, for ScaledJobs, at that tag).
+* ``kueue``: the Kueue controller (kubernetes-sigs/kueue v0.19.2 pkg/metrics/metrics.go; a Prometheus
+  subsystem ``kueue``, so every name starts ``kueue_``): ``kueue_build_info`` (set to 1 at start),
+  ``kueue_pending_workloads{cluster_queue, status}``, and the ClusterQueue resource gauges
+  ``kueue_cluster_queue_nominal_quota`` / ``kueue_cluster_queue_resource_reservation`` ``{cohort,
+  cluster_queue, flavor, resource}`` (``resource`` is the raw resource name, ``nvidia.com/gpu``), which
+  pkg/cache/scheduler/clusterqueue.go ``reportResourceMetrics`` reports only with the Kueue config's
+  ``metrics.enableClusterQueueResources: true``. Every series carries ``replica_role`` (leader,
+  follower or standalone). The queries are in dashboards/teams.py.
+* ``opencost``: OpenCost's exporter (opencost/opencost pkg/costmodel/metrics.go, commit 4ed1bcfe):
+  ``node_total_hourly_cost{instance, node, instance_type, region, provider_id}``, the node's price per
+  hour; scraped with ``honor_labels`` as OpenCost documents, so ``node`` is the node's name.
 * ``prometheus``: Prometheus' own ``up`` of each scrape target. A PodMonitor's target carries ``endpoint`` (the
   port name), ``namespace``, ``pod``, ``container`` (prometheus-operator pkg/prometheus/promcfg.go
   ``generatePodMonitorConfig``) and the relabelings of its endpoint (``ray_io_cluster`` on the Ray PodMonitors).
@@ -66,7 +77,8 @@ from typing import Literal
 from contract.names import POOL_LABEL
 from contract.lanes import LANE_LABEL_PREFIX, Lane
 
-Source = Literal["kube-state-metrics", "redis_exporter", "yace", "kuberay-operator", "ray", "keda", "prometheus"]
+Source = Literal["kube-state-metrics", "redis_exporter", "yace", "kuberay-operator", "ray", "keda", "prometheus",
+                 "kueue", "opencost"]
 
 
 @dataclass(frozen=True)
@@ -137,6 +149,17 @@ EXTERNAL_METRICS: tuple[ExternalMetric, ...] = (
                    "scrape health of the Ray head's autoscaler sidecar (endpoint as-metrics): RagpoolRayAutoscalerDown"),
     ExternalMetric("autoscaler_pending_nodes", "ray", ("namespace", "ray_io_cluster", "NodeType"),
                    "workers the Ray autoscaler is launching, per worker group"),
+    ExternalMetric("kueue_build_info", "kueue", (), "1 while a Kueue controller runs: RagpoolKueueDown"),
+    ExternalMetric("kueue_pending_workloads", "kueue", ("cluster_queue", "status", "replica_role"),
+                   "workloads waiting per ClusterQueue (a team): RagpoolTeamStarvedWhileCohortIdle, Teams dashboard"),
+    ExternalMetric("kueue_cluster_queue_nominal_quota", "kueue",
+                   ("cohort", "cluster_queue", "flavor", "resource", "replica_role"),
+                   "a team's nominal GPU quota per flavor (`ragpool usage`, Teams dashboard, cohort idle quota)"),
+    ExternalMetric("kueue_cluster_queue_resource_reservation", "kueue",
+                   ("cohort", "cluster_queue", "flavor", "resource", "replica_role"),
+                   "GPUs reserved for a team's admitted workloads per flavor: above nominal = borrowed"),
+    ExternalMetric("node_total_hourly_cost", "opencost", ("node",),
+                   "a node's price per hour, shared over its GPUs: a team's dollars (`ragpool usage`, Teams dashboard)"),
     ExternalMetric("redis_up", "redis_exporter", ("instance",), "1 when the exporter reached Redis"),
     ExternalMetric("redis_instance_info", "redis_exporter", ("instance", "role"), "role=master|slave per instance"),
     ExternalMetric("redis_connected_clients", "redis_exporter", ("instance",), "clients (workers) connected"),

@@ -27,7 +27,9 @@ COMMAND_MODULES = (
     "training.reports.cli",
     "training.datasets.cli",
     "dashboards.cli",
+    "dashboards.usage",
     "policy.offline",
+    "infra.cli_tree",
 )
 
 

@@ -22,6 +22,7 @@ EXPECTED_UIDS = {
     "queue": "ragpool-queue",
     "capacity-cost": "ragpool-capacity-cost",
     "autoscaling": "ragpool-autoscaling",
+    "teams": "ragpool-teams",
 }
 
 
@@ -93,6 +94,9 @@ def test_the_four_dashboards_cover_the_issue(rendered):
     assert {"Depth by priority", "Oldest waiting task", "Completions by outcome",
             "Retries and dead letters"} <= titles["queue.json"]
     assert {"GPU nodes by pool and capacity type", "GPUs by pool and capacity type"} <= titles["capacity-cost.json"]
+    assert {"GPUs allocated by team and capacity type", "GPUs used by team (DCGM)", "Reserved vs nominal GPUs by team",
+            "GPUs borrowed by team", "GPU cost per hour by team",
+            "GPU-hours and dollars over the time range by team"} <= titles["teams.json"]
 
 
 def test_every_dashboard_query_parses(promtool, tmp_path):

@@ -95,7 +95,13 @@ class Release(StrEnum):
     """Why a run is handed back (:meth:`TaskQueue.release`; ``lua/release.lua`` reads the values)."""
 
     GRACEFUL = ""
-    """Preemption, drain, SIGTERM: free up to ``FREE_RELEASES`` times, then each spends an attempt."""
+    """The child exited with the retriable code on its own: free up to ``FREE_RELEASES`` times, then each
+    spends an attempt (a run that always exits retriable must not loop forever)."""
+    PREEMPTED = "preempted"
+    """The worker was told to stop (SIGTERM to its pod: Kueue evicting its Job to reclaim quota, a spot
+    reclaim, a node drain) and its run checkpointed: never spends an attempt however often it happens
+    (being preempted is not the run's fault; it resumes from its checkpoint); counted on the task as
+    ``preemptions`` and in ``released_total``."""
     GANG_TIMEOUT = "gang"
     """A multi-node gang that never formed: never spends an attempt (waiting for capacity is not
     the run's fault); counted as ``gang_timeouts:<ready list>`` (``ragpool_gang_timeouts_total``)."""
@@ -141,8 +147,9 @@ DURATION_BUCKETS: tuple[float, ...] = (
 MAX_ERROR_CHARS = 4000
 """Longest error text kept in a task hash."""
 FREE_RELEASES = 20
-"""Releases (graceful hand-backs: preemption, drain) a task gets for free; past this each
-release spends an attempt, so a run that always exits retriable ends in the dead-letter list."""
+"""Releases (the child's own retriable exits, ``Release.GRACEFUL``) a task gets for free; past this each
+release spends an attempt, so a run that always exits retriable ends in the dead-letter list. A worker's
+SIGTERM hand-back (``Release.PREEMPTED``) is never counted against it."""
 
 
 def namespace_from_env() -> str:

@@ -184,6 +184,27 @@ def test_an_unreachable_cluster_never_dead_letters_a_queued_run(make_queue):
     assert "released_total" not in q.stats().counters
 
 
+def test_a_run_preempted_any_number_of_times_is_never_dead_lettered(make_queue):
+    """Kueue evicting a worker's Job (its pod gets SIGTERM) hands the run back as preempted: no attempt
+    spent, past FREE_RELEASES too, and the run's own retriable exits keep their separate budget."""
+    from training.scheduler.run_queue import FREE_RELEASES, Release
+
+    q = make_queue()
+    q.submit(make_spec("borrower", max_attempts=1))
+    for _ in range(FREE_RELEASES + 5):
+        claim = q.claim("w")
+        assert claim is not None and claim.attempt == 1
+        assert q.release(claim, "interrupted by worker shutdown (SIGTERM)", kind=Release.PREEMPTED) == "released"
+    info = q.get("borrower")
+    assert info.state == "queued" and info.attempts == 0
+    assert q.client.hget(q.key("task:") + "borrower", "preemptions") == str(FREE_RELEASES + 5)
+    assert q.client.hget(q.key("task:") + "borrower", "releases") is None
+    assert q.stats().counters["released_total"] == FREE_RELEASES + 5
+    assert "borrower" not in q.dead_letter()
+    claim = q.claim("w")
+    assert q.ack(claim) and q.get("borrower").state == "succeeded"
+
+
 def test_cancel_in_every_state(make_queue):
     q = make_queue(backoff_base_s=30, backoff_max_s=60)
     assert q.cancel("nope") == "missing"

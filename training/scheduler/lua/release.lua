@@ -1,6 +1,7 @@
 -- release(id, token, reason, free_releases[, kind]) -> 'released' | 'cancelled' | 'dead' | 'stale'
--- kind (run_queue.Release): '' a graceful hand-back; 'gang' a gang that never formed; 'unavailable'
--- the executor's cluster could not be reached (Ray down, token refused).
+-- kind (run_queue.Release): '' the child's own retriable exit; 'preempted' the worker's SIGTERM hand-back;
+-- 'gang' a gang that never formed; 'unavailable' the executor's cluster could not be reached (Ray down,
+-- token refused).
 local id, token, reason = ARGV[2], ARGV[3], ARGV[4]
 local tk = K.task .. id
 if not owns(tk, token) then return 'stale' end
@@ -20,6 +21,17 @@ if kind == 'gang' or kind == 'unavailable' then
     redis.call('HINCRBY', tk, 'unavailable_releases', 1)
     bump(K.stats, 'unavailable_releases_total', 1)
   end
+  redis.call('HINCRBY', tk, 'attempts', -1)
+  redis.call('HSET', tk, 'last_error', reason)
+  requeue(id, tk)
+  return 'released'
+end
+if kind == 'preempted' then
+  -- The worker was told to stop (Kueue evicted its Job, a spot reclaim, a drain) and the run
+  -- checkpointed: never spends an attempt and never counts towards free_releases, so a run
+  -- preempted any number of times is never dead-lettered for it.
+  redis.call('HINCRBY', tk, 'preemptions', 1)
+  bump(K.stats, 'released_total', 1)
   redis.call('HINCRBY', tk, 'attempts', -1)
   redis.call('HSET', tk, 'last_error', reason)
   requeue(id, tk)

@@ -21,10 +21,10 @@ While the run goes it heartbeats the lease from a thread; on success it acks, on
 it records the error (retry with backoff, dead-letter after ``max_attempts``; exit code 2
 = bad config fails fast). A pending ``ragpool cancel`` stops the run at the next heartbeat.
 
-SIGTERM (spot notice, eviction, scale-down): stop claiming, forward SIGTERM to torchrun
+SIGTERM (spot notice, Kueue eviction, scale-down): stop claiming, forward SIGTERM to torchrun
 (which forwards it to the ranks so they checkpoint and exit with the retriable code),
-wait up to ``--stop-grace-seconds``, then release the lease without spending an attempt
-so another worker resumes from the checkpoint. torchrun itself exits 1 after a signal
+wait up to ``--stop-grace-seconds``, then release the lease as preempted: no attempt spent however
+often it happens (``Release.PREEMPTED``), so another worker resumes from the checkpoint. torchrun itself exits 1 after a signal
 whatever the ranks return, so any non-zero exit after *our* SIGTERM counts as
 interrupted, not failed. A child that exits with the retriable code on its own is also
 released. The worker exits 0 after ``--idle-exit-seconds`` with an empty queue (or

@@ -15,8 +15,9 @@ The rules, first match wins:
 - lease lost (the heartbeat found it gone): record nothing;
 - a pending ``ragpool cancel``: confirm the cancel;
 - exit 0: ack (also when it finished while being stopped);
-- this worker's SIGTERM: hand the run back, no attempt spent (torchrun exits 1 after a signal
-  whatever the ranks return, so any non-zero exit after *our* SIGTERM counts as interrupted);
+- this worker's SIGTERM (Kueue evicting the Job, spot reclaim, drain): hand the run back as preempted,
+  no attempt spent however often (torchrun exits 1 after a signal whatever the ranks return, so any
+  non-zero exit after *our* SIGTERM counts as interrupted);
 - past the run's ``timeout_seconds``: a failed attempt (retried);
 - ``RETRIABLE`` (75: preempted, checkpointed): hand it back;
 - ``UNAVAILABLE`` (4) from a ray run's child (``python -m training.ray.job``: the Ray cluster is
@@ -128,7 +129,7 @@ def decide(ended: ChildExit, *, executor: str, timeout_s: float) -> Decision:
         return Decision(Action.ACK)
     if stopped == StopReason.SHUTDOWN:
         return Decision(Action.RELEASE, f"interrupted by worker shutdown (SIGTERM); child exited {code}",
-                        interrupted=True)
+                        release=Release.PREEMPTED, interrupted=True)
     if stopped == StopReason.TIMEOUT:
         return Decision(Action.FAIL, f"timed out after {timeout_s:.0f}s\n{tail}")
     if code == exit_codes.RETRIABLE:

@@ -144,6 +144,27 @@ def test_sigterm_forwards_to_run_and_releases_the_lease(redis_server, namespace,
 
 
 @pytest.mark.slow
+def test_an_evicted_worker_hands_back_a_much_preempted_run_unspent(redis_server, namespace, make_queue, tmp_path):
+    """Kueue evicts a borrowing worker's Job (SIGTERM to its pod) for a run that already used up every
+    free release: the worker hands it back as preempted, the only attempt unspent, never dead-lettered."""
+    from training.scheduler.run_queue import FREE_RELEASES
+
+    q = make_queue()
+    q.submit(make_spec("evicted", max_attempts=1))
+    q.client.hset(q.key("task:") + "evicted", "releases", FREE_RELEASES + 3)
+    cmd = sh(f'trap "exit {RETRIABLE}" TERM; echo started; while true; do sleep 0.05; done')
+    worker = start_worker(redis_server, namespace, tmp_path, cmd, idle=30)
+    wait_for(lambda: (q.get("evicted") or None) and q.get("evicted").state == "running", 20, "claim of run evicted")
+    worker.send_signal(signal.SIGTERM)
+    code, out = finish(worker, timeout=30)
+    assert code == RETRIABLE, out
+    info = q.get("evicted")
+    assert info.state == "queued" and info.attempts == 0 and "SIGTERM" in info.last_error, info
+    assert q.client.hget(q.key("task:") + "evicted", "preemptions") == "1"
+    assert "evicted" not in q.dead_letter()
+
+
+@pytest.mark.slow
 def test_cancel_stops_a_running_task(redis_server, namespace, make_queue, tmp_path):
     q = make_queue()
     q.submit(make_spec("to-cancel"))

@@ -68,7 +68,8 @@ def test_a_child_the_worker_stopped(code: int | None, executor: str) -> None:
     # This worker's SIGTERM: torchrun exits 1 after a signal whatever the ranks do, so any exit is
     # an interruption, handed back without spending an attempt.
     assert of(StopReason.SHUTDOWN) == Decision(
-        Action.RELEASE, f"interrupted by worker shutdown (SIGTERM); child exited {code}", interrupted=True)
+        Action.RELEASE, f"interrupted by worker shutdown (SIGTERM); child exited {code}",
+        release=Release.PREEMPTED, interrupted=True)
     # Past timeout_seconds: a failed attempt (retried), whatever the exit code.
     assert of(StopReason.TIMEOUT) == Decision(Action.FAIL, "timed out after 90s\ntail\n")
 
