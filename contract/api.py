@@ -151,3 +151,74 @@ def parse_api_teams(raw: object, key: str = "apiTeams") -> ApiTeams:
     if problems:
         raise TeamsError(problems)
     return ApiTeams(teams=teams, admins=admins)
+
+
+# ------------------------------------------------------------------ the laptop path (`ragpool login --cluster/--stack`)
+
+ENGINEER_GROUP = "ragpool:ml-engineers"
+"""The Kubernetes group of the ML-engineer tier: every exact IAM ARN of the stack's ``apiTeams`` gets an EKS
+access entry in it (infra/cluster.py) and no EKS access policy; a namespaced Role in the main training namespace
+lets it reach the run API through the API server's service proxy and read the login ConfigMap, nothing else
+(infra/run_api.py; policy ``engineer-tier-namespaced``)."""
+LOGIN_CONFIGMAP = "ragpool-login"
+"""The ConfigMap in the main training namespace (``contract.names.TRAINING_NAMESPACE``) that holds what
+``ragpool login --cluster`` needs (:class:`LoginFacts`); the stack output ``runApiLogin`` holds the same."""
+RUN_API_PORT_NAME = "http"
+"""The run API Service's port name: the proxy path and the RBAC resource name say ``<service>:<port name>``."""
+
+
+def sts_endpoint(region: str) -> str:
+    """The STS regional endpoint of ``region``: tokens are presigned for it (the run API verifies against it,
+    and EKS accepts it)."""
+    return f"https://sts.{region}.amazonaws.com"
+
+
+def proxy_resource_name(service: str) -> str:
+    """The resource name Kubernetes authorizes a service-proxy request by: the path segment before ``/proxy``,
+    ``<service>:<port name>`` here (k8s.io/apiserver pkg/endpoints/request/requestinfo.go: ``Name`` is the
+    segment after the resource, ``Subresource`` ``proxy``; GET is verb ``get``, POST ``create``)."""
+    return f"{service}:{RUN_API_PORT_NAME}"
+
+
+def proxy_path(namespace: str, service: str) -> str:
+    """The run API's base path through the Kubernetes API server's service proxy."""
+    return f"/api/v1/namespaces/{namespace}/services/{proxy_resource_name(service)}/proxy"
+
+
+@dataclass(frozen=True)
+class LoginFacts:
+    """What a laptop needs to reach the run API of one cluster (the login ConfigMap's data, the stack output
+    ``runApiLogin``): all strings, so the same mapping is a ConfigMap's data and a JSON object."""
+
+    cluster_id: str
+    """The EKS cluster's name: the cluster id tokens sign (``x-k8s-aws-id``)."""
+    region: str
+    """The cluster's region (SigV4 scope of the tokens)."""
+    sts_endpoint: str
+    """The STS endpoint the run API verifies tokens against."""
+    proxy_path: str
+    """The run API's path on the Kubernetes API server (:func:`proxy_path`)."""
+
+    KEYS = ("clusterId", "region", "stsEndpoint", "proxyPath")
+
+    def to_data(self) -> dict[str, str]:
+        return dict(zip(self.KEYS, (self.cluster_id, self.region, self.sts_endpoint, self.proxy_path)))
+
+    @classmethod
+    def from_data(cls, raw: object, where: str) -> "LoginFacts":
+        """Parse ``raw`` (from ``where``: a ConfigMap or a stack output); ValueError naming the key and the fix."""
+        if not isinstance(raw, dict):
+            raise ValueError(f"{where}: {shown(raw)} is not a mapping of {', '.join(cls.KEYS)}; is the stack "
+                             "up to date (pulumi up)?")
+        values = []
+        for key in cls.KEYS:
+            value = raw.get(key)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"{where}.{key}: {shown(value)} is missing or not a string; is the stack up to "
+                                 "date (pulumi up)?")
+            values.append(value)
+        facts = cls(*values)
+        if not facts.proxy_path.startswith("/api/v1/namespaces/") or not facts.proxy_path.endswith("/proxy"):
+            raise ValueError(f"{where}.proxyPath: {shown(facts.proxy_path)} is not a service proxy path "
+                             "(/api/v1/namespaces/<ns>/services/<name>:<port>/proxy)")
+        return facts

@@ -2,6 +2,9 @@
 
 DEFAULT_NAMESPACE = "ragpool"
 """The queue's key prefix (without the colon) when none is configured (``contract.env.NAMESPACE_ENV``)."""
+TRAINING_NAMESPACE = "ragpool-training"
+"""The main training namespace: the dev queue (Valkey), the keeper, the main Ray cluster, the run API and its
+login ConfigMap (``ragpool login --cluster`` reads it there) live there."""
 POOL_LABEL = "ragpool.io/pool"
 """The label naming a node's pool: Ray node label (Ray reserves the ``ray.io/`` prefix for itself),
 Kubernetes node label, nodeSelector and Karpenter NodePool label in infra/."""

@@ -145,3 +145,7 @@ pulumi.export("dataBuckets", format_buckets([b.name for b in cfg.data.buckets]))
 pulumi.export("dataExport", cfg.data.export_url)
 # The run API's Service in the main training namespace (`ragpool login`; reached through the API server's proxy).
 pulumi.export("runApiService", run_api.service_name)
+# What `ragpool login --stack NAME` needs (the login ConfigMap holds the same facts): the cluster id, region, STS
+# endpoint and the run API's proxy path; with clusterEndpoint and the cluster's CA (public: a certificate).
+pulumi.export("runApiLogin", run_api.login)
+pulumi.export("clusterCertificateAuthority", cluster.cluster.certificate_authority.data)

@@ -8,6 +8,7 @@ EKS Pod Identity, so there is no OIDC provider to manage.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from dataclasses import dataclass
 
@@ -15,11 +16,13 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
+from contract.api import ENGINEER_GROUP
 from infra.component import RagpoolComponent
 from infra import iam
 from infra.common import GPU_TOLERATION, SYSTEM_NODE_SELECTOR, aws_tags, child, stateful
 from infra.config import StackConfig
 from infra.node_fence import FENCE_NAME
+from infra.run_api import ENGINEER_ROLE
 
 CONTROL_PLANE_LOGS = ("api", "audit", "authenticator", "controllerManager", "scheduler")
 # Managed add-ons. Versions are left to EKS (the default for the cluster version),
@@ -84,6 +87,9 @@ def preview_rules(role_name: str, binding_name: str) -> list[dict]:
          "resourceNames": [role_name, FENCE_NAME], "verbs": ["get", "patch"]},
         {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterrolebindings"],
          "resourceNames": [binding_name, FENCE_NAME], "verbs": ["get", "patch"]},
+        # The ML-engineer tier's Role and RoleBinding (infra/run_api.py), by name: the same escalation rule applies.
+        {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"],
+         "resourceNames": [ENGINEER_ROLE], "verbs": ["get", "patch"]},
     ]
 
 # Add-on configuration values (`aws eks describe-addon-configuration` schema of each add-on).
@@ -103,6 +109,21 @@ ADDON_CONFIGURATION: dict[str, dict] = {
 def addon_configuration(addon: str) -> dict:
     """The configuration values ragpool gives a managed add-on ({} for its defaults)."""
     return copy.deepcopy(ADDON_CONFIGURATION.get(addon, {}))
+
+
+def engineer_principals(cfg: StackConfig) -> tuple[str, ...]:
+    """The ML-engineer tier: every exact IAM ARN in ``apiTeams`` (its teams' and its admins'), each of which gets an
+    access entry in ``contract.api.ENGINEER_GROUP`` and no EKS access policy. A ``*`` pattern gets none (an access
+    entry names one principal): such people need their exact ARN listed too. The cluster admins and the preview
+    role are left out: EKS allows one access entry per principal, and theirs already reach the proxy."""
+    patterns = {p for arns in cfg.api_teams.teams.values() for p in arns} | set(cfg.api_teams.admins)
+    taken = {*cfg.cluster.cluster_admin_arns, cfg.cluster.preview_role_arn}
+    return tuple(sorted(p for p in patterns if "*" not in p and p not in taken))
+
+
+def engineer_entry_name(arn: str) -> str:
+    """A stable logical-name suffix of one engineer's access entry (the list may change; an index would not be)."""
+    return hashlib.sha256(arn.encode()).hexdigest()[:12]
 
 
 def cluster_access_policy_arn(policy: str) -> str:
@@ -161,6 +182,7 @@ class Cluster(RagpoolComponent):
         self.provider = k8s.Provider(f"{name}-k8s", kubeconfig=self.kubeconfig, enable_server_side_apply=True,
                                      opts=child(self, depends_on=[*self.admin_associations, *self.api_access_rules]))
         self.preview_access = self._preview_access(name, args) if cfg.cluster.cluster_preview else []
+        self.engineer_access = self._engineer_access(name, args)
         self.name = self.cluster.name
         self.endpoint = self.cluster.endpoint
         self.register_outputs({"name": self.name, "endpoint": self.endpoint, "kubeconfig": self.kubeconfig})
@@ -258,6 +280,16 @@ class Cluster(RagpoolComponent):
             subjects=[{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": PREVIEW_GROUP}],
             opts=child(self, provider=self.provider, depends_on=[role]))
         return [entry, role, binding]
+
+    def _engineer_access(self, name: str, args: ClusterArgs) -> list[aws.eks.AccessEntry]:
+        """An access entry in ENGINEER_GROUP per :func:`engineer_principals`, no access policy: what the group
+        may do is the namespaced Role of infra/run_api.py (the run API's service proxy, the login ConfigMap)."""
+        cfg = args.config
+        return [aws.eks.AccessEntry(
+            f"{name}-engineer-{engineer_entry_name(arn)}", cluster_name=self.cluster.name, principal_arn=arn,
+            type="STANDARD", kubernetes_groups=[ENGINEER_GROUP],
+            tags=aws_tags(cfg, f"{args.cluster_name}-engineer-{engineer_entry_name(arn)}"), opts=child(self))
+            for arn in engineer_principals(cfg)]
 
     # ------------------------------------------------------------------ nodes
 

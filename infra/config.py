@@ -187,6 +187,8 @@ SCHEMA: tuple[ConfigKey, ...] = (
         "Who may use the run API (`ragpool login`) and on which runs: {teams: {<team>: [<IAM ARN pattern>...]}, "
         "admins: [<IAM ARN pattern>...]}; a pattern is an IAM role or user ARN of one account, `*` allowed in the "
         "name (arn:aws:iam::<account>:role/ml-team-a-*). A caller acts on its team's runs only, an admin on all. "
+        "Each exact ARN (no `*`) also gets an EKS access entry in the ML-engineer group ragpool:ml-engineers, which "
+        "may reach the run API and nothing else; list by exact ARN whoever must `ragpool login`. "
         "(Pulumi cannot type objects, so infra/config.py validates this key.)",
         {},
     ),

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from contract.names import TRAINING_NAMESPACE  # noqa: F401  (its home; infra imports it from here)
 from infra.config import StackConfig
 
-TRAINING_NAMESPACE = "ragpool-training"
-"""The main training namespace: the dev queue (Valkey), the keeper and the main Ray cluster live there."""
 TRAINING_NAMESPACE_LABEL = {"ragpool.io/training": "true"}
 """Every training namespace (the main one and the teams') carries it: the queue admits its clients by it."""
 REDIS_SERVICE = "ragpool-redis"

@@ -8,6 +8,12 @@ environment (pools, served lanes, pool GPUs, Ray pools: submit's fit check and `
 as a mounted ConfigMap. A ClusterIP Service in front; people reach it through the Kubernetes API server's service
 proxy (docs/DESIGN.md, "The run API"), so its NetworkPolicy admits the VPC's addresses (the API server's ENIs)
 on the API port and lets it out to the queue, EFS and STS (HTTPS) only.
+
+The ML-engineer tier's side of that path: the login ConfigMap (``contract.api.LOGIN_CONFIGMAP``: cluster id,
+region, STS endpoint, proxy path; ``ragpool login --cluster`` reads it) and a Role + RoleBinding in this namespace
+giving the group ``contract.api.ENGINEER_GROUP`` (whose access entries infra/cluster.py makes) ``get``/``create``
+on ``services/proxy`` of this Service's ``<name>:http`` only and ``get`` on that ConfigMap only: no other object,
+no list, nothing cluster-scoped.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
+from contract.api import ENGINEER_GROUP, LOGIN_CONFIGMAP, RUN_API_PORT_NAME, LoginFacts, proxy_path, proxy_resource_name
+from contract.api import sts_endpoint as region_sts_endpoint
 from contract.env import API_CLUSTER_ID_ENV, API_STS_ENDPOINT_ENV, API_TEAMS_FILE_ENV
 from contract.lanes import POOLS_ENV, SERVED_LANES_ENV
 from contract.pool_gpus import POOL_GPUS_ENV
@@ -36,6 +44,10 @@ RUN_API_NAME = "ragpool-run-api"
 TEAMS_CONFIG = "ragpool-run-api-teams"
 TEAMS_DIR = "/etc/ragpool/run-api"
 TEAMS_KEY = "teams.json"
+ENGINEER_ROLE = "ragpool-ml-engineer"
+"""The ML-engineer tier's Role and RoleBinding in the main training namespace."""
+PROXY_VERBS = ("get", "create")
+"""What the run API's routes need through the proxy: GET is ``get``, POST ``create`` (requestinfo.go)."""
 EFS_PORT = 2049
 HTTPS_PORT = 443
 
@@ -47,7 +59,7 @@ def replicas(cfg: StackConfig) -> int:
 
 def sts_endpoint(cfg: StackConfig) -> str:
     """The STS regional endpoint of the stack's region: tokens must be presigned for it."""
-    return f"https://sts.{cfg.region}.amazonaws.com"
+    return region_sts_endpoint(cfg.region)
 
 
 def teams_config(cfg: StackConfig) -> dict[str, str]:
@@ -78,10 +90,10 @@ def run_api_deployment_spec(cfg: StackConfig, image: str, redis_secret: str, sha
             "command": ["python", "-m", "training.api.server"],
             "args": ["--port", str(RUN_API_PORT)],
             "env": env,
-            "ports": [{"name": "http", "containerPort": RUN_API_PORT}],
-            "livenessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 20,
+            "ports": [{"name": RUN_API_PORT_NAME, "containerPort": RUN_API_PORT}],
+            "livenessProbe": {"httpGet": {"path": "/healthz", "port": RUN_API_PORT_NAME}, "periodSeconds": 20,
                               "timeoutSeconds": 5, "failureThreshold": 3},
-            "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 10,
+            "readinessProbe": {"httpGet": {"path": "/readyz", "port": RUN_API_PORT_NAME}, "periodSeconds": 10,
                                "timeoutSeconds": 5},
             "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},
             "securityContext": container_security_context(),
@@ -106,7 +118,21 @@ def run_api_deployment_spec(cfg: StackConfig, image: str, redis_secret: str, sha
 
 def run_api_service_spec() -> dict[str, Any]:
     return {"type": "ClusterIP", "selector": {"app.kubernetes.io/name": RUN_API_NAME},
-            "ports": [{"name": "http", "port": RUN_API_PORT, "targetPort": "http", "protocol": "TCP"}]}
+            "ports": [{"name": RUN_API_PORT_NAME, "port": RUN_API_PORT, "targetPort": RUN_API_PORT_NAME,
+                       "protocol": "TCP"}]}
+
+
+def login_facts(cfg: StackConfig, cluster_id: str, namespace: str) -> LoginFacts:
+    """What ``ragpool login`` needs: the login ConfigMap's data and the stack output ``runApiLogin``."""
+    return LoginFacts(cluster_id=cluster_id, region=cfg.region, sts_endpoint=sts_endpoint(cfg),
+                      proxy_path=proxy_path(namespace, RUN_API_NAME))
+
+
+def engineer_rules() -> list[dict[str, Any]]:
+    """The ML-engineer Role: the run API through the API server's service proxy, and the login ConfigMap; by name."""
+    return [{"apiGroups": [""], "resources": ["services/proxy"], "resourceNames": [proxy_resource_name(RUN_API_NAME)],
+             "verbs": list(PROXY_VERBS)},
+            {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [LOGIN_CONFIGMAP], "verbs": ["get"]}]
 
 
 def run_api_network_policy(cfg: StackConfig) -> dict[str, Any]:
@@ -157,5 +183,17 @@ class RunApi(RagpoolComponent):
                                       opts=child(self, depends_on=args.depends_on))
         k8s.networking.v1.NetworkPolicy(f"{name}-netpol", metadata=meta, spec=run_api_network_policy(cfg),
                                         opts=child(self, depends_on=args.depends_on))
+        self.login = pulumi.Output.all(args.cluster_id, args.namespace).apply(
+            lambda a: login_facts(cfg, a[0], a[1]).to_data())
+        k8s.core.v1.ConfigMap(f"{name}-login", metadata={**meta, "name": LOGIN_CONFIGMAP}, data=self.login,
+                              opts=child(self, depends_on=args.depends_on))
+        engineer_meta = {**meta, "name": ENGINEER_ROLE}
+        role = k8s.rbac.v1.Role(f"{name}-engineer", metadata=engineer_meta, rules=engineer_rules(),
+                                opts=child(self, depends_on=args.depends_on))
+        k8s.rbac.v1.RoleBinding(
+            f"{name}-engineer", metadata=engineer_meta,
+            role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": ENGINEER_ROLE},
+            subjects=[{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": ENGINEER_GROUP}],
+            opts=child(self, depends_on=[*args.depends_on, role]))
         self.service_name = service.metadata.apply(lambda m: m["name"])
-        self.register_outputs({"serviceName": self.service_name})
+        self.register_outputs({"serviceName": self.service_name, "login": self.login})

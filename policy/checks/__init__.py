@@ -30,7 +30,8 @@ from policy.checks.aws import (check_efs_encrypted, check_eks_endpoint_access, c
                                check_prod_stateful_protected, check_redis_auth_tls_in_prod, check_required_tags)
 from policy.checks.cluster_access import (ACCESS_ENTRY_TYPE, ACCESS_POLICY_ASSOCIATION_TYPE, ADDON_TYPE,
                                           EKS_CLUSTER_TYPE, K8S_PROVIDER_TYPE, NODE_MONITORING_AGENT,
-                                          check_api_cluster_has_admin, check_k8s_provider_waits_for_access,
+                                          check_api_cluster_has_admin, check_engineer_tier_namespaced,
+                                          check_k8s_provider_waits_for_access,
                                           check_node_monitoring_agent_tolerates_gpu)
 from policy.checks.efs_access import (EFS_MOUNT_ACTIONS, EFS_POLICY_TYPE, PERSISTENT_VOLUME_TYPE, STORAGE_CLASS_TYPE,
                                       check_efs_policy_allows_mounts, efs_policy_allows)
@@ -125,6 +126,11 @@ RULES: tuple[Rule, ...] = (
          "An EKS cluster that authenticates with access entries only has a cluster-admin access entry.", MANDATORY,
          "Set ragpool:deployRoleArn; infra/cluster.py gives it an access entry with AmazonEKSClusterAdminPolicy.",
          check_api_cluster_has_admin, scope="stack"),
+    Rule("engineer-tier-namespaced",
+         "The ML-engineer tier (access entries in ragpool:ml-engineers) has no EKS access policy and no "
+         "cluster-scoped binding; its Role grants the run API's service proxy and the login ConfigMap by name only.",
+         MANDATORY, "Grant the tier nothing but infra/run_api.py engineer_rules; cluster admins go in adminRoleArns.",
+         check_engineer_tier_namespaced, scope="stack"),
     Rule("k8s-provider-waits-for-access",
          "The Kubernetes provider depends on the access policy association that authorizes it.", MANDATORY,
          "Create the provider with depends_on=[the cluster-admin AccessPolicyAssociation].",

@@ -1,5 +1,6 @@
 """Cluster access and node agents: an access-entry-only EKS cluster has a cluster admin, the Kubernetes provider
-waits for its access, the node monitoring agent tolerates the GPU taints."""
+waits for its access, the ML-engineer tier stays namespaced (no EKS access policy, no cluster-scoped binding, a
+Role of named proxy/ConfigMap rights only), the node monitoring agent tolerates the GPU taints."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from contract.api import ENGINEER_GROUP
 from policy.checks.karpenter import is_gpu_nodepool
 from policy.checks.model import Context, Resource
 from policy.checks.values import _first, _is_true
@@ -111,3 +113,95 @@ def check_node_monitoring_agent_tolerates_gpu(resources: Sequence[Resource], ctx
                           "on GPU nodes, the agent reports AcceleratedHardwareReady=False and node repair "
                           "replaces healthy nodes; add {\"key\": \"nvidia.com/gpu\", \"operator\": \"Exists\", "
                           "\"effect\": \"NoSchedule\"} (infra/cluster.py ADDON_CONFIGURATION)")
+
+
+# ------------------------------------------------------------------ the ML-engineer tier (issue 39)
+
+ROLE_TYPE = "kubernetes:rbac.authorization.k8s.io/v1:Role"
+ROLE_BINDING_TYPE = "kubernetes:rbac.authorization.k8s.io/v1:RoleBinding"
+CLUSTER_ROLE_BINDING_TYPE = "kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding"
+ENGINEER_ALLOWED: dict[str, frozenset[str]] = {
+    "services/proxy": frozenset({"get", "create"}),
+    "configmaps": frozenset({"get"}),
+}
+"""Core-group resources the ML-engineer tier may be granted, and the verbs: the run API through the service
+proxy, the login ConfigMap; always by name (infra/run_api.py ``engineer_rules``)."""
+
+
+def _has_engineer_group(subjects: Any) -> bool:
+    return any(isinstance(s, Mapping) and s.get("kind") == "Group" and s.get("name") == ENGINEER_GROUP
+               for s in _as_list(subjects))
+
+
+def _engineer_rule_problem(rule: Any) -> str | None:
+    """Why one Role rule grants the ML-engineer tier more than ENGINEER_ALLOWED (None: it does not)."""
+    if not isinstance(rule, Mapping):
+        return f"rule {rule!r} is not a mapping"
+    groups, resources = _as_list(rule.get("apiGroups")), _as_list(rule.get("resources"))
+    verbs, names = _as_list(rule.get("verbs")), _as_list(rule.get("resourceNames"))
+    if rule.get("nonResourceURLs"):
+        return f"rule grants nonResourceURLs {rule.get('nonResourceURLs')!r}"
+    if groups != [""]:
+        return f"rule's apiGroups {groups!r} are not just the core group ''"
+    if not resources or not names:
+        return f"rule on {resources!r} lists no resourceNames (it would cover every object of the namespace)"
+    for resource in resources:
+        allowed = ENGINEER_ALLOWED.get(resource)
+        if allowed is None:
+            return f"rule grants {resource!r}, which is not one of {sorted(ENGINEER_ALLOWED)}"
+        extra = sorted(set(map(str, verbs)) - allowed)
+        if extra or not verbs:
+            return f"rule grants verbs {extra or verbs!r} on {resource!r} (allowed: {sorted(allowed)})"
+    if any("*" in str(n) for n in names):
+        return f"rule's resourceNames {names!r} contain a wildcard"
+    return None
+
+
+def check_engineer_tier_namespaced(resources: Sequence[Resource], ctx: Context
+                                   ) -> Iterator[tuple[Resource | None, str]]:
+    """The ML-engineer tier (access entries in ``contract.api.ENGINEER_GROUP``) never gets an EKS access policy
+    (cluster-admin or any other), another Kubernetes group, a cluster-scoped binding, or a Role beyond
+    ENGINEER_ALLOWED by name."""
+    fix = ("the ML-engineer tier gets its rights only from the namespaced Role of infra/run_api.py "
+           "(services/proxy of the run API, get on the login ConfigMap)")
+    engineers = set()
+    for entry in resources:
+        if entry.type != ACCESS_ENTRY_TYPE:
+            continue
+        groups = [str(g) for g in _as_list(_get(entry.inputs, "kubernetesGroups"))]
+        if ENGINEER_GROUP not in groups:
+            continue
+        engineers.add((_get(entry.inputs, "clusterName"), _get(entry.inputs, "principalArn")))
+        if groups != [ENGINEER_GROUP]:
+            yield entry, (f"access entry of {_get(entry.inputs, 'principalArn')!r} is in {ENGINEER_GROUP!r} and also "
+                          f"in {[g for g in groups if g != ENGINEER_GROUP]!r}: {fix}")
+    for association in resources:
+        if association.type == ACCESS_POLICY_ASSOCIATION_TYPE and (
+                _get(association.inputs, "clusterName"), _get(association.inputs, "principalArn")) in engineers:
+            yield association, (f"{_get(association.inputs, 'principalArn')!r} is in the ML-engineer group "
+                                f"{ENGINEER_GROUP!r} but is associated with the EKS access policy "
+                                f"{_get(association.inputs, 'policyArn')!r}: {fix}; remove the association (a "
+                                "cluster admin belongs in adminRoleArns instead)")
+    roles = {(_get(r.inputs, "metadata", "namespace"), _get(r.inputs, "metadata", "name")): r
+             for r in resources if r.type == ROLE_TYPE}
+    for binding in resources:
+        if binding.type == CLUSTER_ROLE_BINDING_TYPE and _has_engineer_group(_get(binding.inputs, "subjects")):
+            yield binding, (f"ClusterRoleBinding {_get(binding.inputs, 'metadata', 'name')!r} binds {ENGINEER_GROUP!r}:"
+                            f" cluster-wide rights; {fix}")
+        if binding.type != ROLE_BINDING_TYPE or not _has_engineer_group(_get(binding.inputs, "subjects")):
+            continue
+        namespace = _get(binding.inputs, "metadata", "namespace")
+        ref = _get(binding.inputs, "roleRef") or {}
+        where = f"RoleBinding {namespace}/{_get(binding.inputs, 'metadata', 'name')}"
+        if _get(ref, "kind") != "Role":
+            yield binding, f"{where} binds {ENGINEER_GROUP!r} to {_get(ref, 'kind')} {_get(ref, 'name')!r}: {fix}"
+            continue
+        role = roles.get((namespace, _get(ref, "name")))
+        if role is None:
+            yield binding, (f"{where} binds {ENGINEER_GROUP!r} to Role {_get(ref, 'name')!r}, which the program does "
+                            f"not declare in {namespace!r}: {fix}")
+            continue
+        for rule in _as_list(_get(role.inputs, "rules")):
+            problem = _engineer_rule_problem(rule)
+            if problem:
+                yield role, f"Role {namespace}/{_get(ref, 'name')} (bound to {ENGINEER_GROUP!r} by {where}): {problem}; {fix}"

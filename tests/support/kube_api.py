@@ -1,4 +1,8 @@
-"""A fake Kubernetes API server for one Node, over HTTPS on 127.0.0.1 (the worker's node fence talks to it).
+"""Fake Kubernetes API servers over HTTPS on 127.0.0.1: :class:`FakeKubeApi` for one Node (the worker's node fence
+talks to it) and :class:`FakeEksApi` for the laptop path (``ragpool login --cluster``: IAM tokens, access entries,
+RBAC, a ConfigMap and the service proxy).
+
+``FakeKubeApi``
 
 It serves ``GET /api/v1/nodes/<name>`` and ``PATCH`` with a JSON patch (``application/json-patch+json``:
 the ``test`` and ``add`` operations, as the API server applies them: a failed ``test`` answers 422),
@@ -151,3 +155,163 @@ def gpu_node(name: str, pool: str, *, taints: list[dict] | None = None) -> dict:
     if taints is not None:
         node["spec"]["taints"] = taints
     return node
+
+
+# ------------------------------------------------------------------ an EKS API server for `ragpool login --cluster`
+
+PROXY_DROPPED_HEADERS = frozenset({"authorization", "host", "connection", "content-length", "transfer-encoding"})
+"""What the API server's service proxy does not forward: ``Authorization`` (it consumes the caller's credentials:
+kubernetes/kubernetes#38775) and the hop-by-hop headers."""
+VERB_OF_METHOD = {"GET": "get", "HEAD": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+"""k8s.io/apiserver pkg/endpoints/request/requestinfo.go: a named resource's verb is its HTTP method's."""
+
+
+def rbac_allows(rules: list[dict], resource: str, verb: str, name: str | None) -> bool:
+    """Kubernetes RBAC for a core-group request (``resource`` with its subresource: ``services/proxy``)."""
+    return any(("" in r.get("apiGroups", []) or "*" in r.get("apiGroups", []))
+               and (resource in r.get("resources", []) or "*" in r.get("resources", []))
+               and (verb in r.get("verbs", []) or "*" in r.get("verbs", []))
+               and (not r.get("resourceNames") or name in r["resourceNames"]) for r in rules)
+
+
+@dataclass
+class FakeEksApi:
+    """An EKS API server over HTTPS on 127.0.0.1, for the laptop path: it authenticates aws-iam-authenticator tokens
+    (``Authorization: Bearer k8s-aws-v1...``) with ``verifier`` (training/api/identity.py against a real, local STS),
+    maps the caller's ARN to Kubernetes groups as access entries do (no entry: 401), authorizes
+    ``/api/v1/namespaces/<ns>/<resource>/<name>[/<subresource>]`` with the Role rules bound to those groups in that
+    namespace (RBAC as the API server applies it; requestinfo.go's verb and name), and serves ConfigMaps and the
+    service proxy (``services/<name>:<port>/proxy/...`` forwarded to a local upstream without ``Authorization``)."""
+
+    directory: Path
+    """Where its CA and certificate go."""
+    verifier: Any
+    """A ``training.api.identity.Verifier`` for the cluster's name."""
+    access_entries: dict[str, tuple[str, ...]]
+    """Principal ARN -> Kubernetes groups (EKS access entries)."""
+    roles: dict[tuple[str, str], list[dict]]
+    """(namespace, group) -> the rules of the Role bound to the group there."""
+    configmaps: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
+    """(namespace, name) -> data."""
+    services: dict[tuple[str, str], str] = field(default_factory=dict)
+    """(namespace, ``<service>:<port>``) -> the upstream's base URL (http://127.0.0.1:<port>)."""
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    """Each request: method, path, user, verb, resource, name, status, and what the upstream was sent."""
+
+    def __post_init__(self) -> None:
+        self.tls = make_tls_files(self.directory / "eks-tls")
+
+    @property
+    def ca_pem(self) -> bytes:
+        return self.tls.ca_cert.read_bytes()
+
+    def _status(self, code: int, reason: str, message: str = "") -> tuple[int, dict[str, str], bytes]:
+        body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "message": message,
+                "code": code}
+        return code, {"Content-Type": "application/json"}, json.dumps(body).encode()
+
+    def handle(self, method: str, target: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, str], bytes]:
+        from training.api.identity import StsUnavailable, TokenError
+
+        record: dict[str, Any] = {"method": method, "path": target}
+        self.requests.append(record)
+        path, _, query = target.partition("?")
+        auth = headers.get("authorization", "")
+        try:
+            if not auth.lower().startswith("bearer "):
+                raise TokenError("no bearer token")
+            arn = self.verifier.verify(auth[7:].strip()).canonical_arn
+        except (TokenError, StsUnavailable) as exc:
+            record["status"] = 401
+            return self._status(401, "Unauthorized", str(exc))
+        groups = self.access_entries.get(arn)
+        record["user"] = arn
+        if groups is None:  # EKS: an identity without an access entry is not authenticated
+            record["status"] = 401
+            return self._status(401, "Unauthorized", "Unauthorized")
+        parts = path.strip("/").split("/")
+        if len(parts) < 6 or parts[:3] != ["api", "v1", "namespaces"]:
+            record["status"] = 403
+            return self._status(403, "Forbidden", f'User "{arn}" cannot {method} path "{path}"')
+        namespace, resource, name = parts[3], parts[4], parts[5]
+        sub = parts[6] if len(parts) > 6 else ""
+        verb = VERB_OF_METHOD.get(method, "")
+        rbac_resource = f"{resource}/{sub}" if sub else resource
+        record.update(verb=verb, resource=rbac_resource, name=name)
+        if not any(rbac_allows(self.roles.get((namespace, g), []), rbac_resource, verb, name) for g in groups):
+            record["status"] = 403
+            return self._status(403, "Forbidden", f'{resource} "{name}" is forbidden: User "{arn}" cannot {verb} '
+                                                  f'resource "{rbac_resource}" in API group "" in the namespace '
+                                                  f'"{namespace}"')
+        if resource == "configmaps" and not sub and method == "GET":
+            data = self.configmaps.get((namespace, name))
+            if data is None:
+                record["status"] = 404
+                return self._status(404, "NotFound", f'configmaps "{name}" not found')
+            record["status"] = 200
+            return 200, {"Content-Type": "application/json"}, json.dumps({
+                "kind": "ConfigMap", "apiVersion": "v1", "metadata": {"name": name, "namespace": namespace},
+                "data": data}).encode()
+        if resource == "services" and sub == "proxy" and (namespace, name) in self.services:
+            return self._proxy(record, self.services[(namespace, name)], "/" + "/".join(parts[7:]), query, method,
+                               headers, body)
+        record["status"] = 404
+        return self._status(404, "NotFound", f'{resource} "{name}" not found')
+
+    def _proxy(self, record: dict, upstream: str, rest: str, query: str, method: str, headers: dict[str, str],
+               body: bytes) -> tuple[int, dict[str, str], bytes]:
+        import http.client
+        from urllib.parse import urlsplit
+
+        where = urlsplit(upstream)
+        sent = {k: v for k, v in headers.items() if k.lower() not in PROXY_DROPPED_HEADERS}
+        record["upstream_headers"] = sent
+        conn = http.client.HTTPConnection(where.hostname, where.port, timeout=30)
+        try:
+            conn.request(method, rest + (f"?{query}" if query else ""), body=body or None, headers=sent)
+            response = conn.getresponse()
+            data = response.read()
+            record["status"] = response.status
+            return response.status, {"Content-Type": response.getheader("Content-Type", "application/json")}, data
+        finally:
+            conn.close()
+
+    def __enter__(self) -> "FakeEksApi":
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _serve(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                code, answer_headers, data = api.handle(self.command, self.path, headers, body)
+                self.send_response(code)
+                for key, value in answer_headers.items():
+                    self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _serve
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(self.tls.server_cert, self.tls.server_key)
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(timeout=5)
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.server.server_address[1]}"

@@ -1,15 +1,21 @@
 """``ragpool login`` and ``ragpool context``: reach a cluster's run API from a laptop.
 
+    ragpool login --cluster NAME [--region R] [--context NAME] [--profile AWS_PROFILE]
+    ragpool login --stack NAME [--outputs-file JSON] [--context NAME] [--profile AWS_PROFILE]
     ragpool login --endpoint URL [--cluster-id NAME] [--context NAME] [--profile AWS_PROFILE] [--ca-file PEM]
     ragpool context list
     ragpool context use NAME
 
-``login`` asks the API where tokens are signed for (``/v1/info``: cluster id, STS endpoint, region), signs
-one with your AWS credentials, checks who you are (``/v1/whoami``: your ARN, team, admin), then stores the
-context (training/api/contexts.py) and makes it current. From then on ``ragpool submit|status|list|cancel|
-retry|show`` go through the API (unless ``REDIS_URL`` is set). Exit codes: 0 done, 1 your identity has no
-team here, 2 bad input or refused credentials (with the fix), 4 the API unreachable (the endpoint named,
-within 10 s).
+``--cluster``: ``eks:DescribeCluster`` gives the API server's endpoint and CA (stored beside the context file),
+then the login ConfigMap (``contract.api.LOGIN_CONFIGMAP`` in the main training namespace, read with the same
+token EKS accepts) gives the run API's proxy path, cluster id, STS endpoint and region. ``--stack``: the same
+facts from the stack's outputs (``pulumi stack output --json --stack NAME``, or ``--outputs-file`` holding that
+JSON, for CI). ``--endpoint``: the API itself says where tokens are signed for (``/v1/info``). Then login
+checks who you are (``/v1/whoami``: your ARN, team, admin), stores the context (training/api/contexts.py) and
+makes it current. From then on ``ragpool submit|status|list|cancel|retry|show|logs`` go through the API (unless
+``REDIS_URL`` is set). Exit codes: 0 done, 1 your identity has no team or no access here, 2 bad input or refused
+credentials (with the fix), 3 no such cluster or the stack writes no login facts, 4 unreachable (named, within
+10 s).
 """
 
 from __future__ import annotations
@@ -23,7 +29,17 @@ from contract import exit_codes
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("login", help="store a context for a cluster's run API (and check who you are)")
-    p.add_argument("--endpoint", required=True, help="the run API's URL (see the stack output runApiEndpoint)")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--cluster", metavar="NAME", help="the EKS cluster's name (eks:DescribeCluster, then the "
+                                                         "login ConfigMap it holds)")
+    where.add_argument("--stack", metavar="NAME", help="the Pulumi stack (its outputs clusterEndpoint, "
+                                                       "clusterCertificateAuthority, runApiLogin)")
+    where.add_argument("--endpoint", help="the run API's URL itself (a local API, an internal load balancer)")
+    p.add_argument("--region", help="with --cluster: the cluster's region (default: your AWS profile's)")
+    p.add_argument("--sts-endpoint", help="with --cluster: the STS endpoint the first token is presigned for "
+                                          "(default https://sts.<region>.amazonaws.com)")
+    p.add_argument("--outputs-file", help="with --stack: a file holding `pulumi stack output --json` (CI; no pulumi "
+                                          "needed)")
     p.add_argument("--cluster-id", help="the cluster you expect (refused when the API serves another)")
     p.add_argument("--context", help="the context's name (default: the cluster id)")
     p.add_argument("--profile", help="AWS profile to sign with (default: the default credential chain)")
@@ -47,10 +63,9 @@ def _fail(command: str, message: str, code: int) -> int:
 
 def cmd_login(args, *, credentials=None) -> int:
     from training.api.client import ApiClient
-    from training.api.contexts import Context, ContextError, check_endpoint, check_name, load, save
+    from training.api.contexts import Context, ContextError, check_endpoint, check_name, load
 
     try:
-        endpoint = check_endpoint(args.endpoint, "--endpoint")
         if args.context:
             check_name(args.context)
         state = load()
@@ -59,6 +74,27 @@ def cmd_login(args, *, credentials=None) -> int:
     ca_file = os.path.abspath(os.path.expanduser(args.ca_file)) if args.ca_file else None
     if ca_file and not os.path.isfile(ca_file):
         return _fail("login", f"--ca-file: {args.ca_file!r} is not a readable file", exit_codes.BAD_INPUT)
+    if getattr(args, "cluster", None) or getattr(args, "stack", None):
+        from training.api.login import LoginError, from_cluster, from_stack
+
+        try:
+            if args.cluster:
+                context = from_cluster(args.cluster, region=args.region, profile=args.profile,
+                                       sts_url=args.sts_endpoint, context=args.context, ca_file=ca_file,
+                                       credentials=credentials)
+            else:
+                context = from_stack(args.stack, outputs_file=args.outputs_file, profile=args.profile,
+                                     context=args.context, ca_file=ca_file)
+        except LoginError as exc:
+            return _fail("login", exc.message, exc.code)
+        if args.cluster_id and args.cluster_id != context.cluster_id:
+            return _fail("login", f"--cluster-id: that is cluster {context.cluster_id!r}, not {args.cluster_id!r}",
+                         exit_codes.BAD_INPUT)
+        return _store(args, state, context, credentials)
+    try:
+        endpoint = check_endpoint(args.endpoint, "--endpoint")
+    except ContextError as exc:
+        return _fail("login", str(exc), exit_codes.BAD_INPUT)
     probe = ApiClient(Context(endpoint, "", "", "", ca_file=ca_file))
     info = probe.info()
     if not info.ok:
@@ -70,12 +106,18 @@ def cmd_login(args, *, credentials=None) -> int:
     if args.cluster_id and args.cluster_id != cluster_id:
         return _fail("login", f"--cluster-id: {endpoint} serves cluster {cluster_id!r}, not {args.cluster_id!r}; "
                               "check the endpoint", exit_codes.BAD_INPUT)
-    context = Context(endpoint, cluster_id, sts, region, args.profile, ca_file)
-    client = ApiClient(context, credentials=credentials)
-    who = client.whoami()
+    return _store(args, state, Context(endpoint, cluster_id, sts, region, args.profile, ca_file), credentials)
+
+
+def _store(args, state: dict, context, credentials) -> int:
+    """Check who the caller is through ``context`` (``/v1/whoami``), then save it as the current context."""
+    from training.api.client import ApiClient
+    from training.api.contexts import ContextError, check_name, save
+
+    who = ApiClient(context, credentials=credentials).whoami()
     if not who.ok:
         return _fail("login", who.message, who.code)
-    name = args.context or cluster_id
+    name = args.context or context.cluster_id
     try:
         check_name(name)
     except ContextError as exc:
@@ -83,7 +125,7 @@ def cmd_login(args, *, credentials=None) -> int:
     state["contexts"][name] = context
     state["current"] = name
     path = save(state)
-    print(f"logged in to {name} ({endpoint}) as {who.message}; context saved in {path}")
+    print(f"logged in to {name} ({context.endpoint}) as {who.message}; context saved in {path}")
     return exit_codes.OK
 
 
