@@ -11,3 +11,6 @@ KEEPER_INTERVAL_S = 5.0
 DEFAULT_GANG_DEADLINE_S = 900.0
 """How long a gang waits for all its pods (``RAGPOOL_GANG_DEADLINE_SECONDS``): longer than a GPU node takes to
 come up."""
+ELASTIC_MAX_RESTARTS = 10
+"""An elastic run's budget of lost nodes in one attempt (torchrun ``--max-restarts`` of ``training.elastic.launch``):
+torch spends one per failed worker group, none when a node joins; spent, the attempt fails and the queue retries."""

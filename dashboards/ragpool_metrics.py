@@ -47,6 +47,8 @@ CONTRACT: tuple[ContractMetric, ...] = (
     ContractMetric("ragpool_checkpoint_duration_seconds", "histogram", _TRAIN, "training",
                    "wall time to write one checkpoint"),
     ContractMetric("ragpool_gpu_memory_allocated_bytes", "gauge", _TRAIN, "training", "CUDA memory allocated (CUDA only)"),
+    ContractMetric("ragpool_train_world_size", "gauge", _TRAIN, "training",
+                   "ranks the stage trains on (an elastic run's world size, changing at each resize)"),
     ContractMetric("ragpool_queue_depth", "gauge", ("priority",), "queue", "tasks waiting"),
     ContractMetric("ragpool_queue_oldest_age_seconds", "gauge", ("priority",), "queue", "age of the oldest waiting task"),
     ContractMetric("ragpool_queue_running", "gauge", (), "queue", "tasks under a lease"),

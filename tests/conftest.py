@@ -109,6 +109,7 @@ TRAINING_MODULES = (
     "tests/training/test_fsdp.py", "tests/training/test_generator.py", "tests/training/test_index.py",
     "tests/training/test_pipeline.py",
     "tests/training/test_resume.py",
+    "tests/training/elastic/test_launch.py",
 )
 """The modules besides ``RAY_MODULES`` whose tests run training processes (marker ``torch_multiproc``; a module
 with the marker missing here is refused at collection)."""

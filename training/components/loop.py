@@ -182,14 +182,12 @@ class Trainer:
                  hooks: Sequence[StepHook] | None = None) -> None:
         self.task, self.cfg, self.env, self.stage_dir = task, cfg, env, stage_dir
         self.log = get_logger(task.stage, env.is_main)
-        self.per_rank_micro, rem = divmod(task.global_batch_size, env.world_size * task.grad_accum)
-        if rem or self.per_rank_micro == 0:
-            raise ValueError(f"{task.stage}.global_batch_size={task.global_batch_size}: must be a positive "
-                             f"multiple of world_size*grad_accum={env.world_size}*{task.grad_accum}")
+        self.per_rank_micro, self.grad_accum = _batch_split(task, env)
         self.hooks: list[StepHook] = hooks_from_env() if hooks is None else list(hooks)
         metrics = process_metrics()
         metrics.serve(cfg.metrics.port, cfg.metrics.addr, env.local_rank)
         self.metrics = metrics.for_stage(cfg.run_id, task.stage, env.rank)
+        self.metrics.world(env.world_size)
         self.par = task.parallelism
         # Sharding comes before the optimizer: AdamW must hold (and size its state by) the shards.
         # A model built on the meta device is sharded first and only then allocated and loaded.
@@ -288,6 +286,11 @@ class Trainer:
         self.scheduler.load_state_dict(states["scheduler"])
         trainer = states["trainer"]
         self.step = self.resumed_from = int(trainer["step"])
+        saved_world = int(trainer.get("world_size", env.world_size))
+        if saved_world != env.world_size:
+            self.log.warning("world size changed: %d -> %d ranks at step %d (global batch %d kept: %d "
+                             "micro-steps of %d per rank)", saved_world, env.world_size, self.step,
+                             self.task.global_batch_size, self.grad_accum, self.per_rank_micro)
         rngs = trainer["rng"]
         set_rng_state(rngs[env.rank] if env.rank < len(rngs) else rngs[0])
         self.log.info("resumed from %s at step %d (data position %s)", path, self.step, trainer["data_position"])
@@ -298,7 +301,7 @@ class Trainer:
         t0 = time.monotonic()
         n = self.per_rank_micro
         idx = self.order.rank_batch_indices(self.step, env.rank, env.world_size)
-        micro = [task.make_batch(idx[i * n:(i + 1) * n]) for i in range(task.grad_accum)]
+        micro = [task.make_batch(idx[i * n:(i + 1) * n]) for i in range(self.grad_accum)]
         counts = torch.tensor([float(sum(task.count(b) for b in micro))], dtype=torch.float64, device=env.device)
         if env.distributed:
             torch.distributed.all_reduce(counts)
@@ -332,7 +335,7 @@ class Trainer:
             torch.distributed.all_reduce(summary)
         global_loss = float(summary[0].item()) / env.world_size
         self.losses.append(global_loss)
-        self.metrics.step(global_loss, time.monotonic() - t0, n * task.grad_accum, n_tokens)
+        self.metrics.step(global_loss, time.monotonic() - t0, n * self.grad_accum, n_tokens)
         self.progress.update(self.step, loss=global_loss, lr=self.scheduler.get_last_lr()[0])
         return summary[1].item() > 0
 
@@ -376,6 +379,30 @@ class Trainer:
 
     def _result(self, exit_code: int) -> TrainResult:
         return TrainResult(exit_code, self.step, self.losses, self.resumed_from)
+
+
+def _batch_split(task: TrainTask, env: D.DistEnv) -> tuple[int, int]:
+    """(examples per rank and micro-step, micro-steps per optimizer step) at this world size. A fixed-size run:
+    the stage's ``grad_accum``. An elastic one (the launcher's :data:`contract.env.ELASTIC_NODES_ENV`): the
+    micro-batch of the largest world, accumulated as often as this world needs to keep the global batch
+    (:mod:`training.elastic.sizes`)."""
+    from training.elastic.sizes import ElasticError, NodeRange, accumulation, micro_batch
+
+    key = f"{task.stage}.global_batch_size"
+    nodes = None
+    try:
+        nodes = NodeRange.from_env(os.environ)
+        if nodes is not None:
+            micro = micro_batch(task.global_batch_size, task.grad_accum, nodes.max * env.local_world_size)
+            return micro, accumulation(task.global_batch_size, env.world_size, micro)
+    except ElasticError as err:
+        raise ConfigError(f"{key}: {err} (nodes {nodes.to_env() if nodes else '?'}, "
+                          f"{env.local_world_size} rank(s) per node)", key) from None
+    micro, rem = divmod(task.global_batch_size, env.world_size * task.grad_accum)
+    if rem or micro == 0:
+        raise ValueError(f"{key}={task.global_batch_size}: must be a positive "
+                         f"multiple of world_size*grad_accum={env.world_size}*{task.grad_accum}")
+    return micro, task.grad_accum
 
 
 def train(task: TrainTask, cfg: RunConfig, env: D.DistEnv, stage_dir: Path,

@@ -21,7 +21,8 @@ Example (YAML; JSON works too)::
       generator: {optim.lr: 1.0e-4}
       run: {seed: 7, checkpoint.every_steps: 100}   # run-wide keys (not run_id/shared_root/stages/data
                                                     # and not a stage's section)
-    nodes: 1                         # > 1 runs as an Indexed Job with torchrun c10d rendezvous
+    nodes: 1                         # > 1 runs as an Indexed Job with torchrun c10d rendezvous;
+                                     # {min: 2, max: 4}: elastic (training/elastic/), trains on 2 to 4
     pool: gpu-spot                   # optional: the GPU pool to run on (default: the stack's first)
     gpus_per_node: null              # processes per node; null = all GPUs of the pod (1 on CPU)
     priority: normal                 # high | normal | low
@@ -127,7 +128,9 @@ class RunSpec:
     """Per-section scalar hyper-parameters (:data:`SECTIONS`); keys may be dotted (``optim.lr``);
     model/tokenizer paths among them are stored relative to the shared root."""
     nodes: int = 1
-    """Number of pods (torchrun ``--nnodes``)."""
+    """Number of pods (torchrun ``--nnodes``); of an elastic run the most (its gang and lane)."""
+    min_nodes: int | None = None
+    """An elastic run (``nodes: {min, max}``): the fewest pods it trains on (``--nnodes MIN:MAX``); None = fixed."""
     gpus_per_node: int | None = None
     """Processes per pod (torchrun ``--nproc-per-node``); None = the pod's GPU count, 1 on CPU."""
     priority: str = "normal"
@@ -150,7 +153,7 @@ class RunSpec:
             "data": dict(self.data),
             "models": dict(self.models),
             "hyperparameters": {k: dict(v) for k, v in self.hyperparameters.items()},
-            "nodes": self.nodes,
+            "nodes": self.nodes if self.min_nodes is None else {"min": self.min_nodes, "max": self.nodes},
             "gpus_per_node": self.gpus_per_node,
             "priority": self.priority,
             "max_attempts": self.max_attempts,
@@ -200,7 +203,9 @@ class RunSpec:
         """A spec :meth:`to_json` wrote after another process validated it (a gang's index 0 publishes
         the run it claimed): rebuilt as it was, checked nothing again."""
         payload = json.loads(text)
-        return cls(**{**payload, "stages": tuple(payload["stages"])})
+        nodes = payload.get("nodes", 1)
+        ranged = {"nodes": nodes["max"], "min_nodes": nodes["min"]} if isinstance(nodes, dict) else {}
+        return cls(**{**payload, "stages": tuple(payload["stages"]), **ranged})
 
 
 def _key(value: Any) -> str:
@@ -366,7 +371,7 @@ def parse_spec(raw: Any, *, source: str = "run spec", shared_root: str | None = 
         section, key = MODEL_FIELDS[name]
         if key in hyper.get(section, {}):
             problems.append((f"models.{name}", f"also set as hyperparameters.{section}.{key}; set it in one place"))
-    nodes = _int_field(raw, "nodes", _default("nodes"), 1, MAX_NODES, problems)
+    nodes, min_nodes = _nodes_field(raw, problems)
     gpus = raw.get("gpus_per_node")
     if gpus is not None:
         gpus = _int_field(raw, "gpus_per_node", 1, 1, 16, problems)
@@ -381,14 +386,14 @@ def parse_spec(raw: Any, *, source: str = "run spec", shared_root: str | None = 
         problems.append(("executor", f"must be one of {', '.join(EXECUTORS)}, got {shown(executor)}"))
         executor = _default("executor")
     elif executor == "ray" and nodes > 1:
-        problems.append(("nodes", f"must be 1 for executor: ray, got {nodes}: the Ray cluster sizes a ray run "
-                                  "(hyperparameters.run ray.<stage>.workers), not pods"))
+        problems.append(("nodes", f"must be 1 for executor: ray, got {shown(raw.get('nodes'))}: the Ray cluster "
+                                  "sizes a ray run (hyperparameters.run ray.<stage>.workers), not pods"))
     pool = _pool_field(raw, executor, problems)
 
     if problems:
         raise SpecError(problems, source)
     spec = RunSpec(run_id=run_id, stages=stages, data=data, models=models, hyperparameters=hyper,
-                   nodes=nodes, gpus_per_node=gpus, priority=priority, max_attempts=max_attempts,
+                   nodes=nodes, min_nodes=min_nodes, gpus_per_node=gpus, priority=priority, max_attempts=max_attempts,
                    timeout_seconds=timeout, executor=executor, pool=pool)
     size = len(spec.to_json().encode())
     if size > MAX_SPEC_BYTES:
@@ -397,7 +402,7 @@ def parse_spec(raw: Any, *, source: str = "run spec", shared_root: str | None = 
         cfg = load_run_config(spec.to_training_config(shared_root))
     except ConfigError as exc:
         raise SpecError([(_spec_field(spec, exc.key), str(exc))], source) from None
-    problems = parallelism_problems(spec, shared_root, cfg)
+    problems = parallelism_problems(spec, shared_root, cfg) + elastic_problems(spec, cfg)
     if problems:
         raise SpecError(problems, source)
     if spec.executor == "ray":
@@ -405,6 +410,53 @@ def parse_spec(raw: Any, *, source: str = "run spec", shared_root: str | None = 
         if problems:
             raise SpecError(problems, source)
     return spec
+
+
+def _nodes_field(raw: Mapping, problems: list) -> tuple[int, int | None]:
+    """``nodes``: an integer (a fixed-size run), or ``{min, max}`` (an elastic one, 1 <= min <= max <=
+    MAX_NODES; min == max is the fixed size). Returns (max, min or None)."""
+    value = raw.get("nodes", _default("nodes"))
+    if not isinstance(value, Mapping):
+        return _int_field(raw, "nodes", _default("nodes"), 1, MAX_NODES, problems), None
+    unknown = [k for k in value if k not in ("min", "max")]
+    if unknown:
+        problems.append(("nodes", f"unknown key(s) {shown(unknown)}: give nodes: {{min: M, max: N}} or an integer"))
+        return _default("nodes"), None
+    missing = [k for k in ("min", "max") if k not in value]
+    if missing:
+        problems.append(("nodes", f"a range needs min and max; missing {', '.join(missing)}"))
+        return _default("nodes"), None
+    bad = len(problems)
+    lo = _int_field(value, "min", 0, 1, MAX_NODES, problems)
+    hi = _int_field(value, "max", 0, 1, MAX_NODES, problems)
+    problems[bad:] = [(f"nodes.{key}", message) for key, message in problems[bad:]]
+    if len(problems) > bad:
+        return _default("nodes"), None
+    if lo > hi:
+        problems.append(("nodes.min", f"must be <= nodes.max ({hi}), got {lo}"))
+        return _default("nodes"), None
+    return hi, (lo if lo < hi else None)
+
+
+def elastic_problems(spec: RunSpec, cfg: RunConfig) -> list[tuple[str, str]]:
+    """An elastic run keeps each training stage's global batch at every world size of its range
+    (``training.elastic.sizes``: the micro-batch of the largest world, more accumulation at fewer nodes). The
+    ranks per node are ``gpus_per_node`` (1 when left to the pod: the ranks check it again at start)."""
+    if spec.min_nodes is None:
+        return []
+    from training.elastic.sizes import NodeRange, batch_problem
+
+    worlds = NodeRange(spec.min_nodes, spec.nodes).worlds(spec.gpus_per_node or 1)
+    out = []
+    for stage in spec.stages:
+        section = getattr(cfg, stage, None)
+        if getattr(section, "global_batch_size", None) is None:
+            continue
+        problem = batch_problem(section.global_batch_size, section.grad_accum, worlds)
+        if problem is not None:
+            out.append((_spec_field(spec, f"{stage}.{problem[0]}"),
+                        f"nodes {spec.min_nodes}..{spec.nodes}: {problem[1]}"))
+    return out
 
 
 def _pool_field(raw: Mapping, executor: str, problems: list) -> str | None:
@@ -480,6 +532,10 @@ def parallelism_problems(spec: RunSpec, shared_root: str, cfg: RunConfig | None 
         elif spec.nodes < 2:
             out.append((key, f"hsdp shards within a node and replicates across nodes, but nodes: {spec.nodes} "
                              "gives one node: use fsdp, or nodes >= 2"))
+        elif (spec.min_nodes or spec.nodes) < 2:
+            # The mesh is (nodes, gpus per node) at every size of the range: one node has no replica dimension.
+            out.append(("nodes.min", f"hsdp needs >= 2 nodes at every size of the range, but nodes.min is "
+                                     f"{spec.min_nodes}: set nodes.min >= 2, or use fsdp ({key})"))
     return out
 
 

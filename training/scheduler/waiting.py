@@ -72,7 +72,9 @@ def cluster_from_env() -> bool:
 def explain(queue, info, *, cluster: bool = False, kube_namespace: str | None = None) -> Waiting:
     """What ``info`` (a ``TaskInfo`` of ``queue``) waits on."""
     spec = json.loads(info.spec_json or "{}")
-    lane = lane_of(spec.get("executor", "torchrun"), spec.get("nodes", 1), spec.get("pool"))
+    nodes = spec.get("nodes", 1)
+    nodes = nodes["max"] if isinstance(nodes, dict) else nodes  # an elastic run waits in the lane of its most
+    lane = lane_of(spec.get("executor", "torchrun"), nodes, spec.get("pool"))
     workers: dict[str, int] = {}
     for worker in queue.worker_states().values():
         if lane in worker.lanes:

@@ -146,3 +146,18 @@ def test_a_fault_stage_confines_the_fault_to_that_stage(monkeypatch: pytest.Monk
     monkeypatch.delenv(faults.FAULT_STAGE_ENV)
     hook(trainer("retriever"))
     assert hanged == ["generator", "retriever"]
+
+
+def test_an_elastic_run_accumulates_to_keep_the_global_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launcher's node range: the micro-batch of the largest world (2 nodes x 1 rank x grad_accum 2 -> 1), and
+    as many micro-steps as this world (1 rank) needs for the global batch of 4; what cannot be kept is exit 2."""
+    from contract.env import ELASTIC_NODES_ENV
+    from training.config import ConfigError
+
+    assert loop._batch_split(_task(), ENV) == (2, 2)  # fixed size: the config's grad_accum
+    monkeypatch.setenv(ELASTIC_NODES_ENV, "1:2")
+    assert loop._batch_split(_task(), ENV) == (1, 4)
+    monkeypatch.setenv(ELASTIC_NODES_ENV, "1:3")  # 4 examples over 3 ranks x 2 micro-steps: no whole micro-batch
+    with pytest.raises(ConfigError) as err:
+        loop._batch_split(_task(), ENV)
+    assert err.value.key == "retriever.global_batch_size" and "1:3" in str(err.value)

@@ -101,3 +101,11 @@ def test_queue_side_worker_states_and_a_running_run(cli, make_queue, capsys, tmp
     assert w["on"] == WaitingOn.RUNNING and "w-1" in w["detail"]
     assert q.fail(claim, "transient") == "retry"
     assert waiting(cli, capsys, "r")["on"] == WaitingOn.RETRY_BACKOFF
+
+
+def test_an_elastic_run_waits_in_the_lane_of_its_most_nodes(cli, make_queue, capsys, tmp_path, monkeypatch):
+    make_queue().submit(make_spec("elastic", nodes={"min": 2, "max": 3},
+                                  hyperparameters={"retriever": {"global_batch_size": 12, "grad_accum": 2}}))
+    no_kubectl(tmp_path, monkeypatch)
+    w = waiting(cli, capsys, "elastic")
+    assert w["on"] == WaitingOn.NO_WORKER and w["lane"] == "torchrun.n3"

@@ -14,6 +14,12 @@ and of a multi-node run (pod ``i`` of ``N``; index 0 hosts the c10d store)::
         --rdzv-endpoint <host>:<port> --rdzv-id <run>-a<attempt> --rdzv-conf is_host=<i == 0> \\
         -m training.pipeline --config ...
 
+and of an elastic run (``nodes: {min, max}``; every pod the same command, the rendezvous on the queue's Redis,
+training/elastic/)::
+
+    python -m training.elastic.launch --nnodes MIN:MAX --nproc-per-node G --max-restarts K \
+        --rdzv-id <run>-a<attempt> -m training.pipeline --config ...
+
 A ray run's child (the stages run on the namespace's Ray cluster; the worker only follows the Ray job)::
 
     python -m training.ray.job --config <shared>/runs/<run_id>/run.yaml
@@ -36,6 +42,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
+from contract.defaults import ELASTIC_MAX_RESTARTS
 from contract.env import CHILD_BUILDER_ENV
 from contract.paths import child_env, run_dir
 from contract.ports import RDZV_PORT
@@ -62,6 +69,14 @@ def torchrun_argv(entry: list[str], *, nproc: int, nnodes: int = 1, rdzv_endpoin
         cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv_endpoint, "--rdzv-id", rdzv_id,
                 "--rdzv-conf", f"is_host={'true' if is_host else 'false'}"]
     return cmd + list(entry)
+
+
+def elastic_argv(entry: list[str], *, nproc: int, min_nodes: int, max_nodes: int, rdzv_id: str,
+                 max_restarts: int = ELASTIC_MAX_RESTARTS) -> list[str]:
+    """``python -m training.elastic.launch`` running ``entry`` on ``min_nodes`` to ``max_nodes`` nodes: the
+    rendezvous ``rdzv_id`` on the queue's Redis, ``max_restarts`` lost nodes before the attempt fails."""
+    return [sys.executable, "-m", "training.elastic.launch", "--nnodes", f"{min_nodes}:{max_nodes}",
+            "--nproc-per-node", str(nproc), "--max-restarts", str(max_restarts), "--rdzv-id", rdzv_id, *entry]
 
 
 def stage_entry(module: str, config: str | os.PathLike[str], *args: str) -> list[str]:
@@ -122,6 +137,9 @@ def torchrun_command(spec: RunSpec, entry: list[str], attempt: int, *, node_inde
     else the run's c10d rendezvous on the index-0 pod (``<run_id>-a<attempt>``)."""
     if spec.nodes == 1:
         return torchrun_argv(entry, nproc=detect_nproc(spec))
+    if spec.min_nodes is not None:
+        return elastic_argv(entry, nproc=detect_nproc(spec), min_nodes=spec.min_nodes, max_nodes=spec.nodes,
+                            rdzv_id=f"{spec.run_id}-a{attempt}")
     return torchrun_argv(entry, nproc=detect_nproc(spec), nnodes=spec.nodes,
                          rdzv_endpoint=f"{rdzv_host}:{rdzv_port}", rdzv_id=f"{spec.run_id}-a{attempt}",
                          is_host=node_index == 0)

@@ -120,11 +120,14 @@ class GangMember:
             self.stopping.wait(GANG_POLL_S)
         return False
 
-    def _gather(self, claim: Claim, info: dict) -> Outcome | None:
-        """Index 0: publish the run as gathering and wait until every other index joined (then
-        publish go and return None), heartbeating the lease meanwhile. Otherwise record and return
-        the outcome: GANG_TIMEOUT (handed back, no attempt spent), INTERRUPTED, CANCELLED or LOST."""
+    def _gather(self, claim: Claim, info: dict, min_nodes: int | None = None) -> Outcome | None:
+        """Index 0: publish the run as gathering and wait until every other index joined (an elastic run,
+        ``min_nodes``: until that many pods are in; the later ones see go and join torch's rendezvous, and so
+        does a pod the Job replaces) (then publish go and return None), heartbeating the lease meanwhile.
+        Otherwise record and return the outcome: GANG_TIMEOUT (handed back, no attempt spent), INTERRUPTED,
+        CANCELLED or LOST."""
         cfg, q = self.config, self.queue
+        need = (min_nodes or cfg.nnodes) - 1
         ttl = int(cfg.lease_seconds * 2) + 1
         key = (claim.task_id, claim.attempt)
         wanted = {gang_member(key, i) for i in range(1, cfg.nnodes)}
@@ -137,7 +140,7 @@ class GangMember:
         try:
             while True:
                 try:
-                    if wanted <= q.group_members(cfg.group):
+                    if len(wanted & q.group_members(cfg.group)) >= need:
                         q.join_group(cfg.group, gang_member(key, GANG_GO_MEMBER), ttl)
                         q.publish_group(cfg.group, claim, {**info, "state": Gang.GO}, ttl_s=ttl)
                         return None

@@ -139,7 +139,8 @@ class Worker(ChildSupervisor, GangMember, OutageRetry):
             return self._keep_trying(claim, lambda again: Outcome(q.fail(claim, error)))
         cmd, env = self._command(spec, config_path, claim.attempt)
         if cfg.nnodes > 1:
-            gathered = self._gather(claim, {"spec_json": claim.spec_json, "config": str(config_path)})
+            gathered = self._gather(claim, {"spec_json": claim.spec_json, "config": str(config_path)},
+                                    min_nodes=spec.min_nodes)
             if gathered is not None:
                 return gathered
         try:

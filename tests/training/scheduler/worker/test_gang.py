@@ -106,6 +106,30 @@ def test_a_full_gang_runs_on_every_index_after_all_joined(redis_server, namespac
     assert info.state == "succeeded" and info.attempts == 1 and q.lane_stats()[Lane(nodes=2)].gang_timeouts == 0
 
 
+@pytest.mark.slow
+def test_an_elastic_gang_goes_with_its_min_and_a_late_pod_joins_the_run(redis_server, namespace, make_queue,
+                                                                         tmp_path):
+    """``nodes: {min: 2, max: 3}``: index 0 and one follower start the run without waiting for index 2 (torch's
+    elastic rendezvous admits it later); index 2, arriving while the run goes, runs its share of it too."""
+    q = make_queue()
+    q.submit(make_spec("elastic", nodes={"min": 2, "max": 3},
+                       hyperparameters={"retriever": {"global_batch_size": 12, "grad_accum": 2}}))
+    out_dir = tmp_path / "nodes"
+    out_dir.mkdir()
+    # Each pod's share lasts until index 2 has started its own (at most 20 s): the run is still going when it comes.
+    cmd = sh(f"touch {out_dir}/{{run_id}}-{{node_index}}; "
+             f"for i in $(seq 200); do [ -e {out_dir}/elastic-2 ] && break; sleep 0.1; done")
+    leader = start_worker(redis_server, namespace, tmp_path, cmd, idle=1, **_gang(3, "job-el", 0))
+    follower = start_worker(redis_server, namespace, tmp_path, cmd, idle=3, **_gang(3, "job-el", 1))
+    wait_for(lambda: len(list(out_dir.iterdir())) == 2, 30, "indices 0 and 1 to start the run without index 2",
+             seen=lambda: sorted(p.name for p in out_dir.iterdir()))
+    late = start_worker(redis_server, namespace, tmp_path, cmd, idle=3, **_gang(3, "job-el", 2))
+    assert finish(leader)[0] == 0 and finish(follower)[0] == 0 and finish(late)[0] == 0
+    assert sorted(p.name for p in out_dir.iterdir()) == ["elastic-0", "elastic-1", "elastic-2"]
+    info = q.get("elastic")
+    assert info.state == "succeeded" and info.attempts == 1 and q.lane_stats()[Lane(nodes=3)].gang_timeouts == 0
+
+
 def _ready(port: int) -> int | None:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{READY_PATH}", timeout=2) as resp:

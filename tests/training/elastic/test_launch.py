@@ -1,0 +1,54 @@
+"""An elastic torchrun run on the queue's Redis, real processes on CPU/gloo (bench/elastic.py's harness): 3 agents x
+1 rank, min 2. One agent and its rank are SIGKILLed mid-run -> the other two go on at world 2 from the newest
+checkpoint; a new agent joins -> world 3 again (the running ranks stop at a step boundary on torch's SIGTERM,
+checkpoint, resume at 3); an agent gets the spot notice (SIGTERM) -> every rank stops at the step boundary with a
+checkpoint and two go on; the run ends at ``max_steps`` with the model a fixed-size run of the same samples gives."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import elastic
+
+pytestmark = [pytest.mark.slow, pytest.mark.torch_multiproc]
+
+KILL_AT = 6
+EVERY = 4
+
+
+def test_a_lost_node_shrinks_the_run_and_a_new_one_grows_it(tmp_path, redis_server, namespace) -> None:
+    run = elastic.ElasticRun(tmp_path, redis_server.url, namespace, max_steps=24, checkpoint_every=EVERY)
+    try:
+        seen = elastic.scenario(run, KILL_AT, timeout_s=90)
+    finally:
+        run.close()
+    assert seen["exit_codes"] == [0, 0], run.logs()
+    steps = seen["steps"]
+    got = elastic.figures(steps, seen["killed"], seen["joined"], seen["noticed"], KILL_AT, EVERY)
+    # 3 ranks, then 2 (each accumulating 3 micro-batches of 2 instead of 2: the global batch of 12 kept), 3, 2.
+    assert got["worlds"] == [3, 2, 3, 2] and got["final_step"] == 24, steps
+    assert {s["accum"] for s in steps if s["world"] == 2} == {3} and {s["accum"] for s in steps if s["world"] == 3} == {2}
+    # The SIGKILL after step 6 cost the 2 steps since step 4's checkpoint; the join and the spot notice none.
+    assert (got["lost_steps_sigkill"], got["lost_steps_join"], got["lost_steps_sigterm"]) == (2, 0, 0), steps
+    assert got["loss_continuity"], steps
+    text = "".join(run.log(i).read_text() for i in range(len(run.agents)))  # rank 0 may be on any agent
+    assert "world size changed: 3 -> 2 ranks at step 4" in text, run.logs()
+    assert "world size changed: 2 -> 3 ranks at step 15" in text, run.logs()
+    assert "world size changed: 3 -> 2 ranks at step 19" in text, run.logs()
+    # The same samples in the same order on one process give the same model (float tolerance).
+    assert elastic.params_match(run.out / elastic.elastic_task.FINAL_FILE,
+                                elastic.reference(tmp_path, 24, EVERY, timeout_s=120))
+
+
+def test_the_launcher_adds_its_rendezvous_and_refuses_another(capsys) -> None:
+    from contract.exit_codes import BAD_INPUT
+    from contract.names import ELASTIC_RDZV_BACKEND
+    from training.elastic import launch
+
+    entry = ["--nnodes", "2:3", "-m", "training.pipeline"]
+    assert launch.elastic_argv(entry) == ["--rdzv-backend", ELASTIC_RDZV_BACKEND, "--rdzv-endpoint", "redis", *entry]
+    assert launch.main(["--rdzv-backend", "c10d", *entry]) == BAD_INPUT
+    assert launch.main(["--nnodes", "3:2", "-m", "training.pipeline"]) == BAD_INPUT
+    assert launch.main(["--nnodes", "1:2:3", "-m", "training.pipeline"]) == BAD_INPUT
+    err = capsys.readouterr().err
+    assert "'c10d'" in err and "MIN <= MAX" in err and "MIN:MAX" in err
