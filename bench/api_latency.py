@@ -42,7 +42,9 @@ from training.scheduler.run_queue import TaskQueue  # noqa: E402
 from training.scheduler.spec import parse_spec  # noqa: E402
 
 CLUSTER = "bench"
-SPEC = "run_id: {run}\nstages: [retriever]\n"
+DATA = {name: f"datasets/synthetic/{name}.jsonl" for name in ("corpus", "qa_train", "qa_eval")}
+"""The run's data (submit requires it and checks the files): the demo's synthetic set, written into the shared root."""
+SPEC = "run_id: {run}\nstages: [retriever]\ndata: " + json.dumps(DATA).replace("{", "{{").replace("}", "}}") + "\n"
 
 
 def _pct(samples: list[float], q: float) -> float:
@@ -73,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             user = sts.user("bench-user")
             teams = parse_api_teams({"teams": {"bench": [f"arn:aws:iam::{ACCOUNT}:user/bench-*"]}})
-            (Path(tmp) / "shared").mkdir()
+            from training.demo import synthetic
+
+            synthetic.write(Path(tmp) / "shared" / "datasets" / "synthetic", seed=1, n_entities=12)
             settings = ApiSettings(CLUSTER, sts.endpoint, teams, str(Path(tmp) / "shared"), "us-west-2")
             queue = TaskQueue(redis_server.client(), namespace="bench")
             api = RunApi(settings, queue, audit_stream=open("/dev/null", "w"))
@@ -83,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                                      credentials=user.credentials())
 
                 direct_submit = _timed(lambda i: verbs.submit(queue, parse_spec(
-                    {"run_id": f"d-{i}", "stages": ["retriever"]}, shared_root=settings.shared_root)), args.runs)
+                    {"run_id": f"d-{i}", "stages": ["retriever"], "data": DATA}, shared_root=settings.shared_root)), args.runs)
                 direct_status = _timed(lambda i: verbs.status(queue, f"d-{i}"), args.runs)
                 one = client()
                 started = time.perf_counter()

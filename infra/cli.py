@@ -50,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         module.register(sub)
+    from infra.cli_tree import add_output_options
+
+    add_output_options(parser)  # --output json wherever a command has --json
+    parser.set_defaults(root_parser=parser)  # `ragpool completion` walks the whole tree
     return parser
 
 
@@ -66,6 +70,9 @@ def _version() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from infra.cli_tree import apply_output
+
+    apply_output(args)
     try:
         code = int(args.handler(args) or 0)
         sys.stdout.flush()

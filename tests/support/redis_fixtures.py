@@ -7,6 +7,7 @@ gets its own key namespace on it, or its own server when it needs to crash/resta
 
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
 
@@ -23,6 +24,24 @@ requires_redis = pytest.mark.skipif(find_redis_server() is None,
 requires_sentinel = pytest.mark.skipif(find_redis_server() is None or find_redis_sentinel() is None,
                                        reason="redis-server/redis-sentinel not installed "
                                               "(apt-get install redis-server redis-sentinel; make sysdeps)")
+
+
+SPEC_DATA = {"corpus": "datasets/tiny/corpus.jsonl", "qa_train": "datasets/tiny/qa.jsonl",
+             "qa_eval": "datasets/tiny/qa.jsonl"}
+"""The ``data`` of the test specs that go through ``ragpool submit`` (which requires one, and checks the files where
+the shared root is mounted: :func:`write_spec_data` makes them)."""
+SPEC_DATA_YAML = f"data: {json.dumps(SPEC_DATA)}\n"
+""":data:`SPEC_DATA` as a line of a YAML spec."""
+
+
+def write_spec_data(shared_root: Path) -> Path:
+    """The files of :data:`SPEC_DATA` under ``shared_root`` (one passage, one question); returns ``shared_root``."""
+    for rel, record in ((SPEC_DATA["corpus"], {"id": "p1", "text": "a passage"}),
+                        (SPEC_DATA["qa_train"], {"question": "q?", "answer": "a", "positive_ids": ["p1"]})):
+        path = Path(shared_root) / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record) + "\n")
+    return Path(shared_root)
 
 
 def make_spec(run_id: str, **fields):

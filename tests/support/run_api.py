@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from contract.api import parse_api_teams
+from tests.support.redis_fixtures import write_spec_data
 from training.localdev.sts_server import User, sts_server
 
 CLUSTER_ID = "ragpool-test"
@@ -60,7 +61,7 @@ def local_api(local_sts, redis_server, namespace, tmp_path):
 
     sts = local_sts
     users = {name: sts.user(name) for name in USERS}
-    (tmp_path / "shared").mkdir()
+    write_spec_data(tmp_path / "shared")  # what the specs of the API tests name (submit checks it)
     settings = ApiSettings(cluster_id=CLUSTER_ID, sts_endpoint=sts.endpoint, teams=parse_api_teams(TEAMS),
                            shared_root=str(tmp_path / "shared"), region="us-west-2")
     client = redis_server.client()

@@ -9,8 +9,9 @@ import torch
 from training.config import ConfigError, ParallelismConfig, load_run_config
 from training.scheduler import cli as runs_cli
 from training.scheduler.spec import parse_spec
+from tests.support.redis_fixtures import SPEC_DATA_YAML
 
-BASE = "run_id: par\nstages: [retriever, index, generator]\n"
+BASE = "run_id: par\nstages: [retriever, index, generator]\n" + SPEC_DATA_YAML
 
 
 @pytest.mark.parametrize("extra, key, fragment", [

@@ -337,7 +337,8 @@ class RunApi:
     async def status(self, request: web.Request) -> web.Response:
         caller = await self.caller(request, "status")
         run_id, _info = await self._run_of(request, caller)
-        return self._answer(await self._run(lambda: verbs.status(self.queue, run_id)))
+        return self._answer(await self._run(lambda: verbs.status(self.queue, run_id,
+                                                                  shared_root=self.settings.shared_root)))
 
     async def show(self, request: web.Request) -> web.Response:
         caller = await self.caller(request, "show")

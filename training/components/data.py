@@ -116,27 +116,36 @@ def load_corpus(path: str | os.PathLike[str]) -> list[Passage]:
     return passages
 
 
+def check_qa_record(where: str, rec: dict, errors: list[str]) -> None:
+    """Append to ``errors`` what is wrong with one QA record (a JSON object), each prefixed by ``where``: the
+    record shape every stage reads (the submit checks, training/scheduler/submit_checks.py, use it too)."""
+    for key in ("question", "answer"):
+        v = rec.get(key)
+        if not isinstance(v, str) or not v.strip():
+            errors.append(f"{where}: field {key!r} must be a non-empty string, got {v!r}")
+    pos = rec.get("positive_ids")
+    if not _str_list(pos) or not pos:
+        errors.append(f"{where}: field 'positive_ids' must be a non-empty list of ids, got {pos!r}")
+    neg = rec.get("hard_negative_ids", [])
+    if not _str_list(neg):
+        errors.append(f"{where}: field 'hard_negative_ids' must be a list of ids, got {neg!r}")
+    extra = set(rec) - _QA_FIELDS
+    if extra:
+        errors.append(f"{where}: unknown field(s) {sorted(extra)}")
+
+
+_QA_FIELDS = frozenset({"question", "answer", "positive_ids", "hard_negative_ids"})
+
+
 def load_qa(path: str | os.PathLike[str], corpus_ids: set[str] | None = None) -> list[QAExample]:
     """Read and validate a QA file; with ``corpus_ids``, every referenced id must exist."""
     path = Path(path)
     errors: list[str] = []
     examples: list[QAExample] = []
-    allowed = {"question", "answer", "positive_ids", "hard_negative_ids"}
     for lineno, where, rec in _objects(path, errors):
         bad = len(errors)
-        for key in ("question", "answer"):
-            v = rec.get(key)
-            if not isinstance(v, str) or not v.strip():
-                errors.append(f"{where}: field {key!r} must be a non-empty string, got {v!r}")
-        pos = rec.get("positive_ids")
-        if not _str_list(pos) or not pos:
-            errors.append(f"{where}: field 'positive_ids' must be a non-empty list of ids, got {pos!r}")
-        neg = rec.get("hard_negative_ids", [])
-        if not _str_list(neg):
-            errors.append(f"{where}: field 'hard_negative_ids' must be a list of ids, got {neg!r}")
-        extra = set(rec) - allowed
-        if extra:
-            errors.append(f"{where}: unknown field(s) {sorted(extra)}")
+        check_qa_record(where, rec, errors)
+        pos, neg = rec.get("positive_ids"), rec.get("hard_negative_ids", [])
         if corpus_ids is not None and len(errors) == bad:
             missing = [i for i in list(pos) + list(neg) if i not in corpus_ids]
             if missing:

@@ -48,7 +48,8 @@ from typing import Any
 
 from contract import exit_codes
 from contract.datasets import (
-    DATA_BUCKETS_ENV, DATA_EXPORT_ENV, EXPORT_MANIFEST_FILE, IMPORT_STATE_DIR, MANIFEST_FILE, STATUS_FILE,
+    DATA_BUCKETS_ENV, DATA_EXPORT_ENV, EXPORT_MANIFEST_FILE, IMPORT_READY_STATE, IMPORT_STATE_DIR, MANIFEST_FILE,
+    STATUS_FILE,
     S3Location, dataset_path, declared_buckets, declared_export, parse_s3_url,
 )
 from contract.messages import shown
@@ -409,7 +410,7 @@ def import_prefix(client: Any, source: S3Location, dest: Path, *, workers: int =
         raise TransferError(f"{label}: verification failed, the dataset is not ready (rerun the import to fetch "
                             "these again):\n  " + "\n  ".join(problems))
     result.ready = True
-    progress.report("ready", source=source.url, manifest=f"{IMPORT_STATE_DIR}/{MANIFEST_FILE}")
+    progress.report(IMPORT_READY_STATE, source=source.url, manifest=f"{IMPORT_STATE_DIR}/{MANIFEST_FILE}")
     log(f"{label}: ready, {len(result.fetched)} fetched, {result.skipped} already here, {result.seconds:.1f}s")
     return result
 

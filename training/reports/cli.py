@@ -1,7 +1,7 @@
 """``ragpool logs`` and ``ragpool report``.
 
     ragpool logs RUN_ID [--stage S] [--rank R] [--since 10m] [--follow] [--json]
-    ragpool report RUN_ID                      # writes <run>/report.html and <run>/report/*.png
+    ragpool report RUN_ID [--json]             # writes <run>/report.html and <run>/report/*.png
 
 Where the logs come from (``--source``, default ``auto``): through the run API when a context is active
 (``ragpool login``; no ``REDIS_URL``, ``--shared-root`` or ``--since``: the stored lines of the run directory as
@@ -16,6 +16,7 @@ the run has ended (``--follow-seconds`` bounds it). Exit codes: 0 shown, 2 bad a
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -44,6 +45,7 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser("report", help="write a run's report.html with plots")
     p.add_argument("run_id")
+    p.add_argument("--json", action="store_true", help='print {"run_id", "report"} (the HTML file) as JSON')
     p.add_argument("--shared-root", default=None, help="shared root (default $RAGPOOL_SHARED_ROOT or /mnt/shared)")
     p.set_defaults(handler=cmd_report)
 
@@ -177,14 +179,11 @@ def cmd_logs(args) -> int:
     if bad is not None:
         return bad
     if args.source == "auto" and not args.shared_root and not args.since:
-        from training.api.client import remote_from_env
-        from training.api.contexts import ContextError
+        from training.scheduler.cli import remote_client
 
-        try:
-            client = remote_from_env()
-        except ContextError as exc:
-            print(f"ragpool logs: {exc}", file=sys.stderr)
-            return exit_codes.BAD_INPUT
+        client, code = remote_client("logs")
+        if code is not None:
+            return code
         if client is not None:
             try:
                 return _remote_logs(client, args)
@@ -232,5 +231,5 @@ def cmd_report(args) -> int:
     except ReportError as exc:
         print(f"ragpool report: {exc}", file=sys.stderr)
         return exit_codes.NOT_FOUND
-    print(out)
+    print(json.dumps({"run_id": args.run_id, "report": str(out)}) if args.json else out)
     return exit_codes.OK

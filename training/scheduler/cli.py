@@ -1,10 +1,10 @@
 """``ragpool`` run commands: submit, status, list, cancel, retry, worker.
 
-    ragpool submit run.yaml [--wait [--wait-seconds S]]   # validate, enqueue (idempotent per run_id); wait for its end
-    ragpool status [RUN_ID] [--json] [--cluster]   # one run (and what it waits on), or the queue
+    ragpool submit run.yaml [--wait [--wait-seconds S]] [--json]   # validate, enqueue (idempotent per run_id); wait
+    ragpool status [RUN_ID] [--json] [--cluster]   # one run (what it waits on; stage, step, loss, ETA), or the queue
     ragpool list [--state S] [--limit N] [--json]
-    ragpool cancel RUN_ID              # waiting: cancelled now; running: stopped at the next heartbeat
-    ragpool retry RUN_ID               # dead-letter or cancelled -> queue, attempts reset, resumes from checkpoints
+    ragpool cancel RUN_ID [--json]     # waiting: cancelled now; running: stopped at the next heartbeat
+    ragpool retry RUN_ID [--json]      # dead-letter or cancelled -> queue, attempts reset, resumes from checkpoints
     ragpool show RUN_ID [--json]       # the stored spec
     ragpool tune run.yaml [--start]    # Ray Tune search (ASHA) over the retriever; table + best config
     ragpool worker [...]               # same as python -m training.worker
@@ -16,6 +16,10 @@ and ``REDIS_PASSWORD`` / ``REDIS_PASSWORD_FILE`` (never a flag), the key namespa
 both fixes (never a silent 127.0.0.1). Both paths run the same verbs
 (training/scheduler/verbs.py). Through the API, a refused token is exit 2 (fix the credentials) and
 another team's run exit 1.
+
+``--json`` and ``--output json`` (infra/cli_tree.py) mean the same; a failure stays one line on stderr.
+``submit`` checks what the pool sees before anything is enqueued: the run's data (required) and model directories
+on the shared storage, ``gpus_per_node`` against its pool (training/scheduler/submit_checks.py, fit.py).
 
 Exit codes scripts can rely on:
 
@@ -60,6 +64,7 @@ def register(subparsers) -> None:
                    help="then wait until the run ends; exit 0 succeeded, 1 dead or cancelled")
     p.add_argument("--wait-seconds", type=float, default=None, metavar="S",
                    help="with --wait: give up after S seconds (exit 75; the run goes on)")
+    p.add_argument("--json", action="store_true", help="the answer (run id, created, state, notes) as JSON")
     p.set_defaults(handler=cmd_submit)
 
     p = subparsers.add_parser("status", help="show one run, or the queue and recent runs")
@@ -79,10 +84,12 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser("cancel", help="cancel a waiting or running run")
     p.add_argument("run_id")
+    p.add_argument("--json", action="store_true", help="the answer (run id, result) as JSON")
     p.set_defaults(handler=cmd_cancel)
 
     p = subparsers.add_parser("retry", help="move a dead-letter or cancelled run back to the queue (it resumes)")
     p.add_argument("run_id")
+    p.add_argument("--json", action="store_true", help="the answer (run id, result) as JSON")
     p.set_defaults(handler=cmd_retry)
 
     p = subparsers.add_parser("show", help="print the stored spec of a run (what its worker runs)")
@@ -173,13 +180,9 @@ def with_status(command: str, fn) -> int:
     """``fn(read)``, where ``read(run_id)`` is that run's status :class:`~training.scheduler.verbs.Outcome`
     through the run API when a context is active, else from the queue (``_with_queue``: no pool configured is
     exit 2, Redis failing exit 4)."""
-    from training.api.contexts import ContextError
-
-    try:
-        client = _remote()
-    except ContextError as exc:
-        print(f"ragpool {command}: {exc}", file=sys.stderr)
-        return exit_codes.BAD_INPUT
+    client, code = remote_client(command)
+    if code is not None:
+        return code
     if client is not None:
         return fn(client.status)
     return _with_queue(command, lambda queue: fn(lambda run_id: verbs.status(queue, run_id)))
@@ -221,17 +224,26 @@ def _remote():
     return remote_from_env()
 
 
+def remote_client(command: str):
+    """``(client, None)``: the run API client of the active context, or None for the direct path (:func:`_remote`);
+    ``(None, 2)`` once a broken context file is said on stderr (``ragpool <command>: ...``): every command that may
+    go through the API starts with it."""
+    from training.api.contexts import ContextError
+
+    try:
+        return _remote(), None
+    except ContextError as exc:
+        print(f"ragpool {command}: {exc}", file=sys.stderr)
+        return None, exit_codes.BAD_INPUT
+
+
 def _outcome(command: str, local, remote_call, render=None, *, json_out: bool = False) -> int:
     """Run a verb through the run API (``remote_call(client)``) when a context is active, else on the queue
     (``local(queue)``), both an :class:`~training.scheduler.verbs.Outcome`; show it and return its exit code:
     ``data`` as JSON with ``json_out``, else ``render(data)`` or its message (stdout), a failure on stderr."""
-    from training.api.contexts import ContextError
-
-    try:
-        client = _remote()
-    except ContextError as exc:
-        print(f"ragpool {command}: {exc}", file=sys.stderr)
-        return exit_codes.BAD_INPUT
+    client, code = remote_client(command)
+    if code is not None:
+        return code
     if client is not None:
         outcome = remote_call(client)
     else:
@@ -284,13 +296,9 @@ def _fits_stack(spec, source: str) -> bool:
 
 
 def cmd_submit(args) -> int:
-    from training.api.contexts import ContextError
-
-    try:
-        client = _remote()
-    except ContextError as exc:
-        print(f"ragpool submit: {exc}", file=sys.stderr)
-        return exit_codes.BAD_INPUT
+    client, code = remote_client("submit")
+    if code is not None:
+        return code
     if client is not None:  # the API validates and fits it against what the pool sees
         from training.scheduler.spec import SpecError, read_spec_text
 
@@ -300,13 +308,14 @@ def cmd_submit(args) -> int:
             print(f"ragpool submit: {exc}", file=sys.stderr)
             return exit_codes.BAD_INPUT
         answers: list = []
-        code = _outcome("submit", None, lambda c: answers.append(c.submit(text, source=args.file)) or answers[0])
+        code = _outcome("submit", None, lambda c: answers.append(c.submit(text, source=args.file)) or answers[0],
+                        json_out=args.json)
         run_id = answers[0].data.get("run_id") if answers and isinstance(answers[0].data, dict) else None
     else:
         spec = _read_spec("submit", args.file)
         if spec is None or not _fits_stack(spec, args.file):
             return exit_codes.BAD_INPUT
-        code, run_id = _outcome("submit", lambda queue: verbs.submit(queue, spec), None), spec.run_id
+        code, run_id = _outcome("submit", lambda queue: verbs.submit(queue, spec), None, json_out=args.json), spec.run_id
     if code != exit_codes.OK or not args.wait:
         return code
     return _wait_for_end("submit", run_id, args.wait_seconds)
@@ -362,6 +371,12 @@ def _render_run(run: dict) -> str:
              f"waiting on: {waiting['on']} (lane {waiting['lane']}): {waiting['detail']}"]
     if run["state"] == "failed" and run["next_attempt_at"]:
         lines.append(f"next attempt in {max(0.0, run['next_attempt_at'] - now):.0f}s")
+    from training.scheduler.run_queue import State
+
+    if run.get("progress") is not None or run["state"] == State.RUNNING:
+        from training.reports.progress import describe
+
+        lines.append(describe(run.get("progress")))
     if run.get("owner"):
         lines.append(f"owner: {run['owner']} (team {run['team']})")
     if run["last_error"]:
@@ -381,11 +396,13 @@ def _render_overview(data: dict) -> str:
 
 def cmd_status(args) -> int:
     if args.run_id:
+        from contract.paths import shared_root_from_env
         from training.scheduler.waiting import cluster_from_env
 
         cluster = args.cluster if args.cluster is not None else cluster_from_env()
         return _outcome("status", lambda queue: verbs.status(queue, args.run_id, cluster=cluster,
-                                                             kube_namespace=args.kube_namespace),
+                                                             kube_namespace=args.kube_namespace,
+                                                             shared_root=shared_root_from_env()),
                         lambda c: c.status(args.run_id), _render_run, json_out=args.json)
     return _outcome("status", verbs.overview, lambda c: c.overview(), _render_overview, json_out=args.json)
 
@@ -404,11 +421,13 @@ def cmd_list(args) -> int:
 
 
 def cmd_cancel(args) -> int:
-    return _outcome("cancel", lambda queue: verbs.cancel(queue, args.run_id), lambda c: c.change("cancel", args.run_id))
+    return _outcome("cancel", lambda queue: verbs.cancel(queue, args.run_id), lambda c: c.change("cancel", args.run_id),
+                    json_out=args.json)
 
 
 def cmd_retry(args) -> int:
-    return _outcome("retry", lambda queue: verbs.retry(queue, args.run_id), lambda c: c.change("retry", args.run_id))
+    return _outcome("retry", lambda queue: verbs.retry(queue, args.run_id), lambda c: c.change("retry", args.run_id),
+                    json_out=args.json)
 
 
 def cmd_show(args) -> int:

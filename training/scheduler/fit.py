@@ -193,9 +193,36 @@ def index_problems(spec: RunSpec, shared_root: str) -> tuple[list[tuple[str, str
             for msg in check_settings(ic.kind, rows, dim, ic.nlist, ic.pq_m, ic.pq_bits)], []
 
 
+def gpu_count_problems(spec: RunSpec, environ: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+    """``gpus_per_node`` of a torchrun run against the GPUs of one worker pod of its pool (:data:`POOL_GPUS_ENV`):
+    more processes than GPUs would never start (torchrun ranks each take a GPU). Not checked when the variable
+    is unset or does not list the pool (the memory check notes that)."""
+    env = os.environ if environ is None else environ
+    if spec.executor != "torchrun" or spec.gpus_per_node is None:
+        return []
+    try:
+        pools = declared_pool_gpus(env)
+    except FitError:
+        return []  # memory_problems reports the variable
+    if not pools:
+        return []
+    pool = spec.pool or _default_pool(pools, env)
+    if pool not in pools or spec.gpus_per_node <= pools[pool].gpus:
+        return []
+    return [("gpus_per_node", f"{spec.gpus_per_node} processes per node, but a worker pod of pool {pool!r} has "
+                              f"{pools[pool].gpus} GPU(s) ({POOL_GPUS_ENV}); use at most {pools[pool].gpus}, or "
+                              "leave it unset (all the pod's GPUs), or more nodes")]
+
+
 def fit_problems(spec: RunSpec, shared_root: str,
                  environ: Mapping[str, str] | None = None) -> tuple[list[tuple[str, str]], list[str]]:
-    """``(problems, notes)``: the lane check, then the memory check, then the index settings."""
+    """``(problems, notes)`` of every submit check, on both submit paths (the run API's and the direct CLI's):
+    the data and model directories on the shared storage (training/scheduler/submit_checks.py), the lane check,
+    ``gpus_per_node`` against the pool, then the memory check, then the index settings."""
+    from training.scheduler.submit_checks import storage_problems
+
+    storage, storage_notes = storage_problems(spec, shared_root)
     problems, notes = memory_problems(spec, shared_root, environ)
     index, index_notes = index_problems(spec, shared_root)
-    return lane_problems(spec, environ) + problems + index, notes + index_notes
+    return (storage + lane_problems(spec, environ) + gpu_count_problems(spec, environ) + problems + index,
+            storage_notes + notes + index_notes)

@@ -43,7 +43,9 @@ keys ``training.config.MODEL_PATH_KEYS`` set through hyper-parameters) goes thro
 allowed value that is not a path is the empty string for a model key (the packaged
 default model). Hugging Face hub names are not accepted as such: pods have no
 internet, so a name like ``org/model`` is read as the directory
-``<shared root>/org/model`` (put the model there first). A URL or anything else that
+``<shared root>/org/model`` (put the model there first); where the shared storage is
+visible, submit refuses one that is not there, with that hint
+(training/scheduler/submit_checks.py). A URL or anything else that
 starts with a scheme (``file:///etc/passwd``, ``s3://bucket/x``, ``hf:org/model``) is
 refused at submit (exit 2, naming the key): paths are relative to the shared root.
 

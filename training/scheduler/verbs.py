@@ -81,15 +81,31 @@ def submit(queue, spec, *, owner: str = "", team: str = "") -> Outcome:
                                        "different spec; choose a new run_id", data, "refused")
 
 
-def status(queue, run_id: str, *, cluster: bool = False, kube_namespace: str | None = None) -> Outcome:
-    """One run's state and what it waits on (training/scheduler/waiting.py)."""
+def status(queue, run_id: str, *, cluster: bool = False, kube_namespace: str | None = None,
+           shared_root: str | None = None) -> Outcome:
+    """One run's state, what it waits on (training/scheduler/waiting.py) and, with ``shared_root`` (where its run
+    directory is visible), its ``progress``: stage, step of total, loss, throughput, ETA (training/reports/progress.py;
+    None without ``shared_root`` or before the run wrote anything)."""
     info = queue.get(run_id)
     if info is None:
         return not_found(run_id)
     from training.scheduler.waiting import explain
 
     waiting = explain(queue, info, cluster=cluster, kube_namespace=kube_namespace)
-    return Outcome(exit_codes.OK, "", {**task_dict(info), "waiting": waiting.to_dict()})
+    return Outcome(exit_codes.OK, "", {**task_dict(info), "waiting": waiting.to_dict(),
+                                       "progress": _progress(info, shared_root)})
+
+
+def _progress(info, shared_root: str | None) -> dict | None:
+    if not shared_root:
+        return None
+    from training.reports.progress import run_progress
+
+    try:
+        stages = json.loads(info.spec_json or "{}").get("stages") or []
+        return run_progress(shared_root, info.task_id, [s for s in stages if isinstance(s, str)])
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def overview(queue, *, recent: int = 20, teams: Sequence[str] | None = None) -> Outcome:

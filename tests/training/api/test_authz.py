@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.redis_fixtures import make_spec
+from tests.support.redis_fixtures import SPEC_DATA, SPEC_DATA_YAML, make_spec
 
-NEW = "run_id: {run}\nstages: [retriever]\n"
+NEW = "run_id: {run}\nstages: [retriever]\n" + SPEC_DATA_YAML.replace("{", "{{").replace("}", "}}")
 
 # role -> user (None: no token at all); "member" is alice of team-a, whose runs these are.
 ROLES = {"member": "alice", "other team": "bob", "admin": "root", "no team": "carol", "anonymous": None}
@@ -39,7 +39,7 @@ AUDITED = {"submit", "resubmit", "cancel", "retry"}
 
 
 def _setup(q) -> None:
-    q.submit(make_spec("a-queued"), owner="arn:aws:iam::123456789012:user/alice", team="team-a")
+    q.submit(make_spec("a-queued", data=SPEC_DATA), owner="arn:aws:iam::123456789012:user/alice", team="team-a")
     q.submit(make_spec("a-dead", max_attempts=1), owner="arn:aws:iam::123456789012:user/alice", team="team-a")
     q.fail(q.claim("w", run_id="a-dead"), "boom", retriable=False)
 
@@ -48,7 +48,7 @@ def _call(client, verb: str):
     if verb == "submit":
         return client.submit(NEW.format(run="new-run"), team="team-a" if client.is_admin else None)
     if verb == "resubmit":
-        return client.submit(make_spec("a-queued").to_json())
+        return client.submit(make_spec("a-queued", data=SPEC_DATA).to_json())
     if verb in ("cancel", "retry"):
         return client.change(verb, "a-queued" if verb == "cancel" else "a-dead")
     if verb == "list":

@@ -11,6 +11,7 @@ import json
 import pytest
 
 from contract.env import CONFIG_ENV, CONTEXT_ENV, REDIS_URL_ENV
+from tests.support.redis_fixtures import SPEC_DATA_YAML
 
 
 @pytest.fixture
@@ -42,7 +43,7 @@ def test_login_then_the_run_commands_use_the_api(laptop, local_api, tmp_path, ca
     out = capsys.readouterr().out
     assert "logged in to ragpool-test" in out and local_api.users["alice"].arn in out and "team-a" in out
     spec = tmp_path / "run.yaml"
-    spec.write_text("run_id: laptop-run\nstages: [retriever]\n")
+    spec.write_text("run_id: laptop-run\nstages: [retriever]\n" + SPEC_DATA_YAML)
     assert laptop("submit", str(spec)) == 0
     assert "submitted laptop-run" in capsys.readouterr().out
     assert local_api.queue.get("laptop-run").owner == local_api.users["alice"].arn, "submitted through the API"
@@ -81,7 +82,7 @@ def test_redis_url_overrides_the_context(laptop, local_api, monkeypatch, redis_s
     assert laptop("login", "--endpoint", local_api.endpoint) == 0
     monkeypatch.setenv(REDIS_URL_ENV, redis_server.url)
     monkeypatch.setenv("RAGPOOL_QUEUE_NAMESPACE", "elsewhere-" + namespace)
-    local_api.client("alice").submit("run_id: via-api\nstages: [retriever]\n")
+    local_api.client("alice").submit("run_id: via-api\nstages: [retriever]\n" + SPEC_DATA_YAML)
     capsys.readouterr()
     assert laptop("list") == 0
     assert capsys.readouterr().out.strip() == "no runs", "the direct path, another namespace"
@@ -146,7 +147,7 @@ def test_logs_through_the_api_and_follow_ends_with_the_run(laptop, local_api, tm
     import json as json_
 
     assert laptop("login", "--endpoint", local_api.endpoint) == 0
-    local_api.client("alice").submit("run_id: logged\nstages: [retriever]\n")
+    local_api.client("alice").submit("run_id: logged\nstages: [retriever]\n" + SPEC_DATA_YAML)
     stage = tmp_path / "shared" / "runs" / "logged" / "retriever"
     stage.mkdir(parents=True)
     (stage / "log.jsonl").write_text("".join(json_.dumps({"run_id": "logged", "stage": "retriever", "rank": 0,
@@ -207,7 +208,7 @@ def test_submit_wait_and_logs_of_a_queued_run_through_the_api(laptop, local_api,
     monkeypatch.setattr(logs_cli, "FOLLOW_POLL_S", 0.05)
     assert laptop("login", "--endpoint", local_api.endpoint) == 0
     spec = tmp_path / "run.yaml"
-    spec.write_text("run_id: waited\nstages: [retriever]\n")
+    spec.write_text("run_id: waited\nstages: [retriever]\n" + SPEC_DATA_YAML)
     assert laptop("submit", str(spec)) == 0
     capsys.readouterr()
     assert laptop("logs", "waited") == 0, "a queued run is not 'no run'"

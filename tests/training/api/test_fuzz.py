@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
+from tests.support.redis_fixtures import SPEC_DATA_YAML
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +32,7 @@ def test_schemathesis_finds_no_server_error_and_no_hang(local_api):
 
     schema = schemathesis.openapi.from_dict(openapi())
     token = local_api.client("alice").token()
-    local_api.client("alice").submit("run_id: fuzz-seed\nstages: [retriever]\n")
+    local_api.client("alice").submit("run_id: fuzz-seed\nstages: [retriever]\n" + SPEC_DATA_YAML)
     failures: list[str] = []
     calls = 0
     for result in schema.get_all_operations():

@@ -7,9 +7,9 @@ import json
 from urllib.parse import urlsplit
 
 from contract.api import MAX_BODY_BYTES
-from tests.support.redis_fixtures import make_spec
+from tests.support.redis_fixtures import SPEC_DATA_YAML, make_spec
 
-GOOD = "run_id: api-run\nstages: [retriever]\nhyperparameters:\n  retriever: {max_steps: 5}\npriority: high\n"
+GOOD = "run_id: api-run\nstages: [retriever]\nhyperparameters:\n  retriever: {max_steps: 5}\npriority: high\n" + SPEC_DATA_YAML
 
 
 def raw(local_api, method: str, path: str, body: bytes | None = None, headers: dict | None = None,
@@ -80,6 +80,29 @@ def test_retry_of_a_dead_run_and_stored_logs(local_api, tmp_path):
     page = alice.logs("poison", offset=1, limit=2)
     assert [x["text"] for x in page.data["lines"]] == lines[1:3] and page.data["next_offset"] == 3
     assert alice.logs("poison", stage="generator").data["lines"] == []
+
+
+def test_submit_checks_what_the_pool_sees_all_problems_at_once(local_api):
+    """The API's shared root (read-only in its pod) has the data; a hub name, a missing file and no data are not."""
+    alice = local_api.client("alice")
+    text = ("run_id: sees\nstages: [retriever]\nmodels: {retriever: bert-base-uncased}\n"
+            + SPEC_DATA_YAML.replace('qa.jsonl"}', 'gone.jsonl"}'))
+    bad = alice.submit(text)
+    assert bad.code == 2 and bad.error == "bad_input", bad
+    assert [key for key, _ in bad.data["problems"]] == ["data.qa_eval", "models.retriever"], bad.data
+    assert "Hugging Face hub name" in bad.message and "nothing was submitted" in bad.message
+    assert "data.corpus" in alice.submit("run_id: sees\nstages: [retriever]\n").message
+    assert local_api.queue.get("sees") is None
+
+
+def test_status_shows_the_runs_progress_from_the_shared_root(local_api, tmp_path):
+    from tests.training.reports.test_progress import STAGES, write_run
+
+    local_api.queue.submit(make_spec("shown", stages=STAGES), owner="arn:aws:iam::123456789012:user/alice",
+                           team="team-a")
+    write_run(tmp_path / "shared", "shown")  # the API's shared root (tests/support/run_api.py)
+    got = local_api.client("alice").status("shown")
+    assert got.ok and (got.data["progress"]["stage"], got.data["progress"]["step"]) == ("generator", 30), got
 
 
 def test_bad_input_is_400_naming_the_key(local_api):

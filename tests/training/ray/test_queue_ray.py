@@ -226,10 +226,14 @@ def test_a_failed_ray_driver_is_recorded_once_with_the_ray_jobs_error(ray_queue,
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     queue, submit, work = ray_queue
-    # Submit takes the path (inside the shared root); the driver finds no file there at run time.
+    # Submit checks the file (it is there); the driver finds no file there at run time (removed since).
+    gone = shared / "datasets" / "missing" / "corpus.jsonl"
+    gone.parent.mkdir(parents=True, exist_ok=True)
+    gone.write_bytes((shared / "datasets" / "synthetic" / "corpus.jsonl").read_bytes())
     submit("ray-bad-data", {"max_steps": 2}, data={"corpus": "datasets/missing/corpus.jsonl",
                                                   "qa_train": "datasets/synthetic/qa_train.jsonl",
                                                   "qa_eval": "datasets/synthetic/qa_eval.jsonl"})
+    gone.unlink()
     worker = work()
     worker.join(timeout=180)
     assert not worker.is_alive(), _attempt_log(shared, "ray-bad-data")[-3000:]

@@ -10,6 +10,7 @@ import threading
 import pytest
 
 from contract import exit_codes
+from tests.support.redis_fixtures import SPEC_DATA_YAML, write_spec_data
 from training.scheduler import cli as runs_cli
 from contract.ray_pools import POOLS_ENV
 
@@ -26,7 +27,7 @@ hyperparameters:
 def submit(redis_server, namespace, monkeypatch, tmp_path, make_queue, capsys):
     monkeypatch.setenv("REDIS_URL", redis_server.url)
     monkeypatch.setenv("RAGPOOL_QUEUE_NAMESPACE", namespace)
-    monkeypatch.setenv("RAGPOOL_SHARED_ROOT", str(tmp_path / "shared"))
+    monkeypatch.setenv("RAGPOOL_SHARED_ROOT", str(write_spec_data(tmp_path / "shared")))
     monkeypatch.setenv(POOLS_ENV, "gpu-spot=1,cpu=0")
     parser = argparse.ArgumentParser(prog="ragpool")
     runs_cli.register(parser.add_subparsers(dest="command", required=True))
@@ -34,7 +35,7 @@ def submit(redis_server, namespace, monkeypatch, tmp_path, make_queue, capsys):
 
     def run(run_id: str, executor: str = "ray", run: str = "{}"):
         path = tmp_path / f"{run_id}.yaml"
-        path.write_text(BASE.format(run_id=run_id, executor=executor, run=run))
+        path.write_text(BASE.format(run_id=run_id, executor=executor, run=run) + SPEC_DATA_YAML)
         args = parser.parse_args(["submit", str(path)])
         code = args.handler(args)
         return code, capsys.readouterr().err, queue.get(run_id)

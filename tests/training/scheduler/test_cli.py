@@ -6,7 +6,7 @@ import argparse
 import json
 
 import pytest
-from tests.support.redis_fixtures import make_spec
+from tests.support.redis_fixtures import SPEC_DATA_YAML, make_spec, write_spec_data
 from tests.support.waits import wait_for
 
 from training.scheduler import cli as runs_cli
@@ -30,7 +30,7 @@ stages: [retriever, index]
 hyperparameters:
   retriever: {max_steps: 5}
 priority: high
-"""
+""" + SPEC_DATA_YAML
 
 
 def test_submit_status_list_cancel(cli, make_queue, tmp_path, capsys):
@@ -156,7 +156,7 @@ def _cli_at(url: str, monkeypatch, tmp_path, namespace: str, **env):
     """The run commands against the Redis at ``url``: ``run(*argv) -> exit code``."""
     monkeypatch.setenv("REDIS_URL", url)
     monkeypatch.setenv("RAGPOOL_QUEUE_NAMESPACE", namespace)
-    monkeypatch.setenv("RAGPOOL_SHARED_ROOT", str(tmp_path / "shared"))
+    monkeypatch.setenv("RAGPOOL_SHARED_ROOT", str(write_spec_data(tmp_path / "shared")))
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     parser = argparse.ArgumentParser(prog="ragpool")
@@ -325,12 +325,12 @@ def test_submit_wait_ends_with_the_runs_exit_status(cli, make_queue, tmp_path, c
     err = capsys.readouterr().err
     assert "cli-run is queued" in err and "cli-run is succeeded" in err
 
-    dying = write(tmp_path, "dying.yaml", "run_id: dying\nstages: [retriever]\nmax_attempts: 1\n")
+    dying = write(tmp_path, "dying.yaml", "run_id: dying\nstages: [retriever]\nmax_attempts: 1\n" + SPEC_DATA_YAML)
     assert cli("submit", dying) == 0
     q.fail(q.claim("w"), "Traceback: boom")
     assert cli("submit", dying, "--wait", "--wait-seconds", "20") == 1, "a dead run is exit 1"
     capsys.readouterr()
-    stuck = write(tmp_path, "stuck.yaml", "run_id: stuck\nstages: [retriever]\n")
+    stuck = write(tmp_path, "stuck.yaml", "run_id: stuck\nstages: [retriever]\n" + SPEC_DATA_YAML)
     assert cli("submit", stuck, "--wait", "--wait-seconds", "0.2") == 75, "the wait is bounded"
     assert "stopped waiting for run stuck to end after 0.2s; it is queued" in capsys.readouterr().err
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from tests.support import waits, worker_child
-from tests.support.redis_fixtures import make_spec, requires_sentinel
+from tests.support.redis_fixtures import SPEC_DATA_YAML, make_spec, requires_sentinel, write_spec_data
 from contract.paths import child_env
 
 from training.scheduler.redis_conn import NotReplicatedError, connect, is_temporary_error, settings_from_env
@@ -193,11 +193,11 @@ def test_ragpool_submit_is_acknowledged_only_once_a_replica_has_it(own_redis, mo
     monkeypatch.setenv("REDIS_REQUIRED_REPLICAS", "1")
     monkeypatch.setenv("REDIS_REPLICA_WAIT_MS", "1500")
     monkeypatch.setenv("RAGPOOL_QUEUE_NAMESPACE", "cliwait")
-    monkeypatch.setenv("RAGPOOL_SHARED_ROOT", str(tmp_path / "shared"))
+    monkeypatch.setenv("RAGPOOL_SHARED_ROOT", str(write_spec_data(tmp_path / "shared")))
     parser = argparse.ArgumentParser(prog="ragpool")
     runs_cli.register(parser.add_subparsers(dest="command", required=True))
     spec = tmp_path / "run.yaml"
-    spec.write_text("run_id: cli-wait\nstages: [retriever]\n")
+    spec.write_text("run_id: cli-wait\nstages: [retriever]\n" + SPEC_DATA_YAML)
 
     def submit() -> int:
         args = parser.parse_args(["submit", str(spec)])
@@ -340,7 +340,7 @@ class CliSubmission:
 def cli_submit(env: dict[str, str], spec_dir: Path, run_id: str) -> CliSubmission:
     """``ragpool submit`` of a fresh run in its own process (the real console entry point)."""
     spec = spec_dir / f"{run_id}.yaml"
-    spec.write_text(f"run_id: {run_id}\nstages: [retriever]\n")
+    spec.write_text(f"run_id: {run_id}\nstages: [retriever]\n" + SPEC_DATA_YAML)
     started = time.time()
     proc = subprocess.run([sys.executable, "-m", "infra.cli", "submit", str(spec)], env=child_env(**env),
                           capture_output=True, text=True, timeout=120)
@@ -372,7 +372,7 @@ def test_cli_submissions_across_failovers_exit_0_only_once_kept(sentinel_group, 
     group = sentinel_group(replicas=1, down_after_ms=1000, failover_timeout_ms=3000)
     namespace = "clifo"
     env = {**group.env(), "REDIS_REQUIRED_REPLICAS": "1", "REDIS_REPLICA_WAIT_MS": "500",
-           "RAGPOOL_QUEUE_NAMESPACE": namespace, "RAGPOOL_SHARED_ROOT": str(tmp_path / "shared")}
+           "RAGPOOL_QUEUE_NAMESPACE": namespace, "RAGPOOL_SHARED_ROOT": str(write_spec_data(tmp_path / "shared"))}
     settings = settings_from_env(env)
     spec_dir = tmp_path / "specs"
     spec_dir.mkdir()

@@ -11,6 +11,7 @@ import struct
 
 import pytest
 
+from tests.support.redis_fixtures import SPEC_DATA, SPEC_DATA_YAML
 from tests.training.scheduler.test_cli import _cli_at
 from contract import exit_codes
 from training.rank_memory import (GIB, config_parameters, fits, host_bytes_per_pod, host_fits, model_parameters,
@@ -36,7 +37,7 @@ def submit(redis_server, namespace, monkeypatch, tmp_path, capsys):
         for name in (SERVED_LANES_ENV, POOL_GPUS_ENV, POOLS_ENV):
             monkeypatch.delenv(name, raising=False)
         path = tmp_path / "run.yaml"
-        path.write_text(text)
+        path.write_text(text if "data:" in text else text + SPEC_DATA_YAML)  # submit requires data
         cli = _cli_at(redis_server.url, monkeypatch, tmp_path, namespace, **env)
         code = cli("submit", str(path))
         err = capsys.readouterr().err
@@ -167,8 +168,11 @@ def test_unknown_gpu_memory_or_an_unreadable_model_skips_with_a_note(submit, tmp
     assert code == 0 and queued, err
     assert "note: memory check of generator skipped: pool 'gpu-spot' has an instance family whose GPU memory " \
            "is not recorded" in err
-    code, err, queued = submit(generator_run("u2", "models/not-here", "ddp"), **{POOL_GPUS_ENV: "gpu-spot=1:24GiB"})
+    (tmp_path / "shared" / "models" / "no-config").mkdir()  # a directory whose size cannot be read
+    code, err, queued = submit(generator_run("u2", "models/no-config", "ddp"), **{POOL_GPUS_ENV: "gpu-spot=1:24GiB"})
     assert code == 0 and queued and "cannot read the size of" in err, err
+    err = refused(submit(generator_run("u4", "models/not-here", "ddp")), "models.generator")
+    assert "models/not-here does not exist" in err
     code, err, queued = submit(generator_run("u3", "models/llama-7b", "ddp"))
     assert code == 0 and queued and "note" not in err, "unset: not checked (as before)"
 
@@ -263,7 +267,8 @@ def test_index_settings_the_prepared_corpus_cannot_hold_are_refused_at_submit(su
     encoder = shared / "models" / "enc"
     encoder.mkdir(parents=True)
     (encoder / "config.json").write_text(json.dumps({"hidden_size": 32}))
-    spec = ("run_id: {rid}\nstages: [index]\ndata: {{corpus: datasets/big/passages}}\n"
+    qa = f"qa_train: {SPEC_DATA['qa_train']}, qa_eval: {SPEC_DATA['qa_eval']}"
+    spec = ("run_id: {rid}\nstages: [index]\ndata: {{corpus: datasets/big/passages, " + qa + "}}\n"
             "models: {{retriever: models/enc}}\nhyperparameters:\n  index: {{{index}}}\n")
     err = refused(submit(spec.format(rid="pq-bad", index="kind: ivfpq, nlist: 1000, nprobe: 4, pq_m: 5")),
                   "hyperparameters.index.nlist")
@@ -271,7 +276,9 @@ def test_index_settings_the_prepared_corpus_cannot_hold_are_refused_at_submit(su
     assert "  hyperparameters.index.pq_m: must divide the encoder's dimension 32" in err
     code, err, queued = submit(spec.format(rid="pq-ok", index="kind: ivfpq, nlist: 4, nprobe: 4, pq_m: 8"))
     assert code == 0 and queued, err
-    # Not prepared (or not mounted here): accepted, with a note that the stage checks it.
+    # Not prepared: accepted (its shards parse), with a note that the stage checks it.
+    (shared / "datasets" / "raw").mkdir()
+    (shared / "datasets" / "raw" / "s0.jsonl").write_text(json.dumps({"id": "p0", "text": "t"}) + "\n")
     code, err, queued = submit(spec.format(rid="pq-later", index="kind: ivfpq, nlist: 4, nprobe: 4, pq_m: 8")
-                               .replace("datasets/big/passages", "datasets/elsewhere"))
+                               .replace("datasets/big/passages", "datasets/raw"))
     assert code == 0 and queued and "index settings checked when the stage starts" in err

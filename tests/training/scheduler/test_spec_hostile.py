@@ -289,7 +289,7 @@ def submit(redis_server, monkeypatch, tmp_path):
         path.write_bytes(text)
         err, out = io.StringIO(), io.StringIO()
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
-            code = runs_cli.cmd_submit(argparse.Namespace(file=str(path), wait=False, wait_seconds=None))
+            code = runs_cli.cmd_submit(argparse.Namespace(file=str(path), wait=False, wait_seconds=None, json=False))
         path.unlink()
         return code, err.getvalue()
 
@@ -360,8 +360,9 @@ def _valid_specs(draw) -> dict:
                             "nodes": draw(st.integers(1, 64))}
     segment = st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,15}", fullmatch=True).filter(lambda s: s not in ("..",))
     rel = st.lists(segment, min_size=1, max_size=4).map("/".join)
-    if draw(st.booleans()):
-        spec["data"] = {"corpus": draw(st.one_of(rel, rel.map(lambda p: f"{ROOT}/{p}")))}
+    # every run names its data (submit requires it); these files do not exist: the shared root is not mounted
+    path = st.one_of(rel, rel.map(lambda p: f"{ROOT}/{p}"))
+    spec["data"] = {name: draw(path) for name in ("corpus", "qa_train", "qa_eval")}
     hyper: dict[str, dict] = {}
     if "retriever" in stages:
         hyper["retriever"] = {"max_steps": draw(st.integers(1, 10**6)),

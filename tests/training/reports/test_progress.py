@@ -1,0 +1,66 @@
+"""``ragpool status RUN`` shows stage, step of total, loss, throughput and ETA from what the run writes
+(training/reports/progress.py): the stage log of the real logging code, read on the direct path (through the run
+API: tests/training/api/test_server.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from contract.paths import run_dir
+from tests.support.redis_fixtures import make_spec
+from training.components.stage import COMPLETE_MARKER
+from training.reports import progress as progress_mod
+from training.reports.progress import describe, run_progress
+
+STAGES = ["retriever", "index", "generator"]
+
+
+def write_run(shared, run_id: str, steps: int = 30, total: int = 100) -> None:
+    """Retriever and index complete; the generator at ``steps`` of ``total``, logged by the training loop's own
+    logger and progress (training/components/logs.py)."""
+    from training.components.logs import Progress, get_logger, scoped_context
+
+    directory = run_dir(shared, run_id)
+    for stage in STAGES[:2]:
+        (directory / stage).mkdir(parents=True)
+        (directory / stage / COMPLETE_MARKER).write_text(json.dumps({"completed_at": time.time()}))
+    with scoped_context(run_id, 0, directory):
+        log = get_logger("generator", True)
+        bar = Progress(log, total, 10, True)
+        bar.tty = False
+        for step in range(1, steps + 1):
+            bar.update(step, loss=3.0 - step / 100, lr=1e-4)
+            time.sleep(0.002)
+
+
+def test_the_stage_step_loss_rate_and_eta_of_a_running_run(tmp_path, monkeypatch):
+    shared = tmp_path / "shared"
+    assert run_progress(str(shared), "r1", STAGES) is None, "no run directory yet"
+    write_run(shared, "r1")
+    got = run_progress(str(shared), "r1", STAGES)
+    assert (got["stage"], got["stage_number"], got["stages"], got["completed"]) == ("generator", 3, 3, STAGES[:2])
+    assert (got["step"], got["total"]) == (30, 100) and got["loss"] == pytest.approx(2.7)
+    assert got["steps_per_s"] > 0 and got["eta_seconds"] == pytest.approx(70 / got["steps_per_s"])
+    line = describe(got)
+    assert line.startswith("progress: stage generator (3/3): step 30/100, loss 2.7, ") and "ETA " in line
+    # A long log: the tail names no total, the head does (the loop's first progress line).
+    monkeypatch.setattr(progress_mod, "TAIL_BYTES", 600)
+    assert run_progress(str(shared), "r1", STAGES)["total"] == 100
+    (run_dir(shared, "r1") / "generator" / COMPLETE_MARKER).write_text("{}")
+    assert describe(run_progress(str(shared), "r1", STAGES)) == "progress: all 3 stage(s) complete"
+
+
+def test_status_shows_it_on_the_direct_path(tmp_path, monkeypatch, redis_server, namespace, make_queue, capsys):
+    """(Through the run API: tests/training/api/test_server.py.)"""
+    from tests.training.scheduler.test_cli import _cli_at
+
+    make_queue().submit(make_spec("shown", stages=STAGES))
+    cli = _cli_at(redis_server.url, monkeypatch, tmp_path, namespace)  # its shared root: tmp_path/shared
+    write_run(tmp_path / "shared", "shown")
+    assert cli("status", "shown") == 0
+    assert "progress: stage generator (3/3): step 30/100, loss 2.7" in capsys.readouterr().out
+    assert cli("status", "shown", "--json") == 0
+    assert json.loads(capsys.readouterr().out)["progress"]["completed"] == STAGES[:2]
