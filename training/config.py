@@ -405,6 +405,7 @@ RAY_STAGES: tuple[str, ...] = ("prepare", *STAGES)
 """Stages the Ray driver places: data preparation, then the pipeline's stages."""
 RAY_POOL_RULE = "empty (any node) or a pool name: 1-63 lowercase letters, digits or '-', starting and ending alphanumeric"
 TUNE_METRIC_RULE = "mrr or recall@K with K one of evaluate.recall_at"
+TuneSearch = Literal["off", "only", "then_run"]
 _TUNE_METRIC = re.compile(r"mrr|recall@[0-9]{1,6}")
 
 
@@ -459,6 +460,10 @@ class TuneConfig:
     """Passages a milestone's score searches: the scored questions' positives and a seeded sample of the
     others, the whole corpus when it is no larger (each milestone encodes them; a trial never holds a large
     corpus)."""
+    search: TuneSearch = "off"
+    """What a queued ``executor: ray`` run's Ray job runs (``ragpool tune`` through the run API sets it):
+    ``off`` the run (training/ray/driver.py); ``only`` this search; ``then_run`` the search, then the whole run
+    with the best parameters (``ragpool tune --start``)."""
 
     def __post_init__(self) -> None:
         _require(1 <= self.num_samples <= 1000, "num_samples", self.num_samples, "must be in [1, 1000]")

@@ -147,6 +147,20 @@ class ApiClient:
         body = {"spec": text, "source": source, **({"team": team} if team else {})}
         return self.outcome("POST", f"/{API_VERSION}/runs", body)
 
+    def tune(self, text: str, *, source: str = "run spec", start: bool = False, team: str | None = None) -> Outcome:
+        """Queue ``text`` (an ``executor: ray`` spec) as a Tune search (then the run, with ``start``)."""
+        if len(text.encode()) > MAX_BODY_BYTES // 2:
+            return Outcome(exit_codes.BAD_INPUT, f"{source}: larger than the run API takes", {}, "too_large")
+        body = {"spec": text, "source": source, "start": start, **({"team": team} if team else {})}
+        return self.outcome("POST", f"/{API_VERSION}/tune", body)
+
+    def tune_results(self, run_id: str) -> Outcome:
+        return self.outcome("GET", self._run(run_id, "/tune"))
+
+    def report(self, run_id: str) -> Outcome:
+        """The run's report page (``data["html"]``), built by the API from the shared root."""
+        return self.outcome("GET", self._run(run_id, "/report"))
+
     def status(self, run_id: str) -> Outcome:
         return self.outcome("GET", self._run(run_id))
 

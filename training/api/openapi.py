@@ -102,5 +102,33 @@ def openapi() -> dict:
                                                     "parameters": [_RUN_ID],
                                                     "responses": _responses(200, {"type": "object"}, "bad_input",
                                                                             "not_found", "refused", *_AUTH)}},
+            f"{v}/runs/{{run_id}}/report": {"get": {
+                "operationId": "report", "security": secured, "parameters": [_RUN_ID],
+                "responses": _responses(200, {"type": "object", "required": ["run_id", "filename", "html"],
+                                              "properties": {"run_id": {"type": "string"},
+                                                             "filename": {"type": "string"},
+                                                             "html": {"type": "string"}}},
+                                        "bad_input", "not_found", *_AUTH)}},
+            f"{v}/runs/{{run_id}}/tune": {"get": {
+                "operationId": "tuneResults", "security": secured, "parameters": [_RUN_ID],
+                "responses": _responses(200, {"type": "object", "required": ["run_id", "trials", "table", "paths"],
+                                              "properties": {"run_id": {"type": "string"},
+                                                             "metric": {"type": "string", "nullable": True},
+                                                             "trials": {"type": "array", "items": {"type": "object"}},
+                                                             "table": {"type": "string"},
+                                                             "paths": {"type": "object"}}},
+                                        "bad_input", "not_found", *_AUTH)}},
+            f"{v}/tune": {"post": {
+                "operationId": "tune", "security": secured, "requestBody": {"required": True, "content": {
+                    "application/json": {"schema": {"type": "object", "required": ["spec"], "properties": {
+                        "spec": {"type": "string", "maxLength": MAX_BODY_BYTES // 2,
+                                 "description": "an executor: ray run spec's text (YAML or JSON)"},
+                        "source": {"type": "string", "maxLength": 256},
+                        "start": {"type": "boolean", "description": "then the whole run with the best parameters"},
+                        "team": {"type": "string", "description": "admins only: the run's team"}}}}}},
+                "responses": {**_responses(201, {"type": "object"}, "bad_input", "refused", "too_large",
+                                           "unsupported_media_type", *_AUTH),
+                              "200": {"description": "already submitted with this spec",
+                                      "content": {"application/json": {"schema": _answer({"type": "object"})}}}}}},
         },
     }

@@ -11,7 +11,7 @@ submit's fit check and ``/v1/facts``), and identity: ``RAGPOOL_API_CLUSTER_ID``,
 
 Every route but ``/openapi.json``, ``/healthz``, ``/readyz`` and ``/v1/info`` needs ``Authorization: Bearer
 <token>`` or ``X-Ragpool-Token: <token>`` (through the API server's service proxy; training/api/identity.py). A caller acts on its team's runs only (``apiTeams``: IAM ARN patterns
-per team); an admin on every run. Runs record their owner and team; submit, cancel and retry are audited
+per team); an admin on every run. Runs record their owner and team; submit, tune, cancel and retry are audited
 (training/api/audit.py). Each verb is training/scheduler/verbs.py, the CLI's own. Answers are JSON:
 ``{"message", "data"}``, or ``{"error": {"code", "message", "key"?}}`` with the status of
 ``contract.api.ERROR_STATUS``. Bounded: bodies (``MAX_BODY_BYTES``, read within ``BODY_TIMEOUT_S``), each
@@ -212,6 +212,9 @@ class RunApi:
         app.router.add_get(f"{v}/runs/{{run_id}}/logs", self.logs)
         app.router.add_post(f"{v}/runs/{{run_id}}/cancel", self.cancel)
         app.router.add_post(f"{v}/runs/{{run_id}}/retry", self.retry)
+        app.router.add_get(f"{v}/runs/{{run_id}}/report", self.report)
+        app.router.add_get(f"{v}/runs/{{run_id}}/tune", self.tune_results)
+        app.router.add_post(f"{v}/tune", self.tune)
         app.on_cleanup.append(self._close)
         return app
 
@@ -373,8 +376,39 @@ class RunApi:
     async def retry(self, request: web.Request) -> web.Response:
         return await self._change(request, "retry", verbs.retry)
 
-    async def submit(self, request: web.Request) -> web.Response:
-        caller = await self.caller(request, "submit")
+    async def report(self, request: web.Request) -> web.Response:
+        """``ragpool report``: the run's report page (training/reports/report.py, its plots embedded), built from
+        the shared root without writing to it; the CLI saves it where the user asks."""
+        from training.reports.report import REPORT_HTML, ReportError, build
+
+        caller = await self.caller(request, "report")
+        run_id, _info = await self._run_of(request, caller)
+        try:
+            page, _pngs = await self._run(build, self.settings.shared_root, run_id)
+        except ReportError as exc:
+            raise ApiError("not_found", str(exc)) from None
+        return web.json_response({"message": f"report of {run_id}",
+                                  "data": {"run_id": run_id, "filename": REPORT_HTML, "html": page}})
+
+    async def tune_results(self, request: web.Request) -> web.Response:
+        """``ragpool tune --results``: the table, trials and files of the run's finished Tune search."""
+        from training.ray.tune import results
+
+        caller = await self.caller(request, "tune")
+        run_id, info = await self._run_of(request, caller)
+        found = await self._run(results, self.settings.shared_root, run_id)
+        if found is None:
+            raise ApiError("not_found", f"run {run_id} ({info.state}) has no Tune results yet (runs/{run_id}/tune/"
+                                        "trials.json); ragpool logs -f follows its search")
+        return web.json_response({"message": "", "data": found})
+
+    async def tune(self, request: web.Request) -> web.Response:
+        """``ragpool tune``: submit (as :meth:`submit`, audited as ``tune``) an ``executor: ray`` spec whose Ray
+        job runs the search (``ray.tune.search``: ``only``; ``then_run`` with ``"start": true``)."""
+        return await self.submit(request, what="tune")
+
+    async def submit(self, request: web.Request, what: str = "submit") -> web.Response:
+        caller = await self.caller(request, what)
         body = await _json_body(request)
         text, source, team = body.get("spec"), body.get("source", "run spec"), body.get("team")
         if not isinstance(text, str):
@@ -385,18 +419,25 @@ class RunApi:
             raise ApiError("forbidden" if not caller.admin else "bad_input",
                            f"team: {shown(team)}: only an admin names a team, and it must be one of "
                            f"{', '.join(sorted(self.settings.teams.teams)) or '(none)'}", "team")
-        outcome, run_id = await self._run(self._submit, caller, text, source, team)
+        start = body.get("start", False)
+        if what == "tune" and not isinstance(start, bool):
+            raise ApiError("bad_input", "start: must be true or false", "start")
+        search = ("then_run" if start else "only") if what == "tune" else None
+        outcome, run_id = await self._run(self._submit, caller, text, source, team, search)
         answer = self._answer(outcome, created=bool(outcome.ok and outcome.data.get("created")))
-        await self._audit(request, caller, "submit", run_id, answer.status, outcome.error or "ok", outcome.message)
+        await self._audit(request, caller, what, run_id, answer.status, outcome.error or "ok", outcome.message)
         return answer
 
-    def _submit(self, caller: Caller, text: str, source: str, team: str | None) -> tuple[verbs.Outcome, str]:
+    def _submit(self, caller: Caller, text: str, source: str, team: str | None,
+                search: str | None = None) -> tuple[verbs.Outcome, str]:
         from training.scheduler.fit import fit_problems
         from training.scheduler.spec import SpecError, parse_spec_text
 
         root = self.settings.shared_root
         try:
             spec = parse_spec_text(text, source=source, shared_root=root)
+            if search is not None:
+                spec = _tuning(spec, search, source, root)
             problems, notes = fit_problems(spec, root)
             if problems:
                 raise SpecError(problems, source)
@@ -420,6 +461,27 @@ class RunApi:
         if isinstance(outcome.data, dict):
             outcome.data["notes"] = notes
         return outcome, spec.run_id
+
+
+def _tuning(spec, search: str, source: str, root: str):
+    """``spec`` with ``hyperparameters.run`` ``ray.tune.search`` set to ``search`` (validated again, the search
+    space checked as ``ragpool tune`` does); SpecError naming the key."""
+    from training.config import ConfigError, load_run_config
+    from training.ray.tune import check_space
+    from training.scheduler.spec import RUN_SECTION, SpecError, parse_spec
+
+    if spec.executor != "ray":
+        raise SpecError([("executor", "must be ray for ragpool tune: the search runs on the namespace's Ray "
+                                      "cluster (executor: ray)")], source)
+    payload = spec.to_payload()
+    payload["hyperparameters"][RUN_SECTION] = {**payload["hyperparameters"].get(RUN_SECTION, {}),
+                                               "ray.tune.search": search}
+    tuned = parse_spec(payload, source=source, shared_root=root)
+    try:
+        check_space(load_run_config(tuned.to_training_config(root)))
+    except ConfigError as exc:
+        raise SpecError([(getattr(exc, "key", None) or "ray.tune", str(exc))], source) from None
+    return tuned
 
 
 def _int_query(request: web.Request, key: str, default):

@@ -54,9 +54,24 @@ def job_error(message: str | None, logs: str = "") -> str:
     return (ours or lines or ["no message"])[-1].strip()
 
 
-def driver_entrypoint(config: str) -> str:
-    """The Ray job's entrypoint: the driver module on the run config."""
-    return f"python -m training.ray.driver --config {shlex.quote(config)}"
+def driver_entrypoint(config: str, search: str = "off") -> str:
+    """The Ray job's entrypoint on the run config: the driver module, or, for a run queued by ``ragpool tune``
+    (its ``ray.tune.search``), the Tune search (``then_run``: with ``--start``, the run with the best parameters
+    after it)."""
+    if search == "off":
+        return f"python -m training.ray.driver --config {shlex.quote(config)}"
+    return f"python -m training.ray.tune --config {shlex.quote(config)}" + (" --start" if search == "then_run" else "")
+
+
+def search_of(config: str) -> str:
+    """The run config's ``ray.tune.search``; ``off`` when the config cannot be read here (the driver then reports
+    what is wrong with it, as for any run)."""
+    from training.config import ConfigError, load_run_config
+
+    try:
+        return load_run_config(config).ray.tune.search
+    except (ConfigError, OSError, ValueError):
+        return "off"
 
 
 def exit_code_of(status: str, driver_exit_code: int | None) -> int:
@@ -80,10 +95,10 @@ def run_job(client: Any, config: str, submission_id: str, stop: threading.Event,
     except Exception:  # not submitted yet (the SDK raises RuntimeError for an unknown id)
         info = None
     if info is None:
-        client.submit_job(entrypoint=driver_entrypoint(config), submission_id=submission_id,
-                          runtime_env=runtime_env or None,
+        entrypoint = driver_entrypoint(config, search_of(config))
+        client.submit_job(entrypoint=entrypoint, submission_id=submission_id, runtime_env=runtime_env or None,
                           metadata={"ragpool.io/config": config[:200]})
-        print(f"ragpool ray job: submitted {submission_id}: {driver_entrypoint(config)}", file=out, flush=True)
+        print(f"ragpool ray job: submitted {submission_id}: {entrypoint}", file=out, flush=True)
     else:
         print(f"ragpool ray job: attached to {submission_id} ({info.status})", file=out, flush=True)
     shown = 0

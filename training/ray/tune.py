@@ -1,7 +1,12 @@
 """Ray Tune search over the retriever's hyper-parameters, with ASHA early stopping.
 
     python -m training.ray.tune --config RUN.yaml [--start] [--key=value ...]
-    ragpool tune SPEC.yaml [--start]
+    ragpool tune SPEC.yaml [--start] [--wait]       # with a context: queued through the run API
+    ragpool tune --results RUN_ID [--json]
+
+Through the run API (``ragpool login``), ``ragpool tune`` queues the spec (``executor: ray``) with
+``ray.tune.search`` set (``only``, or ``then_run`` with ``--start``): the worker's Ray job runs this module on
+the cluster (the worker's Ray job, training/ray/job.py, starts this module instead of the driver); ``--wait`` follows it and prints its table, as ``--results`` does later.
 
 The space is the run config's ``ray.tune`` section: learning rate (log-uniform range),
 temperature (uniform range), global batch size (choices); ``ray.tune.num_samples`` trials.
@@ -286,11 +291,35 @@ def write_results(cfg: RunConfig, rows: list[dict[str, Any]]) -> dict[str, Path]
     paths = {"trials": out / "trials.json", "table": out / "trials.txt"}
     ok = [r for r in rows if r.get(cfg.ray.tune.metric) is not None]
     if ok:
-        best = with_params(cfg.to_dict(), {k: ok[0][k] for k in PARAMS})
+        # search off: the driver runs the best config itself (a queued search's config has it on)
+        best = deep_merge(with_params(cfg.to_dict(), {k: ok[0][k] for k in PARAMS}), {"ray": {"tune": {"search": "off"}}})
         load_run_config(best)  # the best config is a valid run config
         (out / "best.yaml").write_text(yaml.safe_dump(best, sort_keys=False))
         paths["best"] = out / "best.yaml"
     return paths
+
+
+def printed(table_text: str, paths: dict[str, str]) -> str:
+    """What ``ragpool tune`` prints of a finished search, directly or through the run API: the trials' table
+    (``trials.txt``) and the files it wrote."""
+    return table_text.rstrip() + "\n" + json.dumps(paths)
+
+
+def results(shared_root: str, run_id: str) -> dict[str, Any] | None:
+    """A finished search of ``run_id`` as the run API answers it (``ragpool tune --results``): the table, the
+    trials (best first), the metric and the files' paths; None when it has written no table yet."""
+    from contract.paths import run_dir
+
+    out = run_dir(shared_root, run_id) / TUNE_DIR
+    try:
+        table_text = (out / "trials.txt").read_text(encoding="utf-8", errors="replace")
+        trials = json.loads((out / "trials.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    paths = {"trials": out / "trials.json", "table": out / "trials.txt", "best": out / "best.yaml"}
+    return {"run_id": run_id, "metric": trials.get("metric") if isinstance(trials, dict) else None,
+            "trials": trials.get("trials", []) if isinstance(trials, dict) else [], "table": table_text,
+            "paths": {k: str(v) for k, v in paths.items() if v.is_file()}}
 
 
 def tune_spec(spec: Any, start: bool = False) -> int:
@@ -323,8 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     driver.connect(cfg)
     rows = search(cfg)
     paths = write_results(cfg, rows)
-    print(paths["table"].read_text().rstrip())
-    print(json.dumps({k: str(v) for k, v in paths.items()}))
+    print(printed(paths["table"].read_text(), {k: str(v) for k, v in paths.items()}))
     if "best" not in paths:
         print("ragpool tune: no trial finished a milestone; nothing to start", file=sys.stderr)
         return FAILED

@@ -1,7 +1,7 @@
 """``ragpool logs`` and ``ragpool report``.
 
     ragpool logs RUN_ID [--stage S] [--rank R] [--since 10m] [--follow] [--json]
-    ragpool report RUN_ID [--json]             # writes <run>/report.html and <run>/report/*.png
+    ragpool report RUN_ID [--json] [--out F]   # writes <run>/report.html and <run>/report/*.png
 
 Where the logs come from (``--source``, default ``auto``): through the run API when a context is active
 (``ragpool login``; no ``REDIS_URL``, ``--shared-root`` or ``--since``: the stored lines of the run directory as
@@ -12,6 +12,10 @@ from ``--region`` / the AWS environment). When the queue is known (a context, or
 without lines yet is said to be queued on stderr (exit 0), ``--follow`` waits for it to start and ends once
 the run has ended (``--follow-seconds`` bounds it). Exit codes: 0 shown, 2 bad arguments, 3 unknown run id,
 4 CloudWatch or the queue unreachable.
+
+``report`` with a context (and no ``--shared-root``) asks the run API, which builds the same page from the shared
+root (read-only there) and sends it; it is saved to ``--out`` (default ``./<run_id>-report.html``: one file, the
+plots embedded; the PNGs stay a direct-path extra) and its path printed as the direct path prints its own.
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ def register(subparsers) -> None:
     p.add_argument("run_id")
     p.add_argument("--json", action="store_true", help='print {"run_id", "report"} (the HTML file) as JSON')
     p.add_argument("--shared-root", default=None, help="shared root (default $RAGPOOL_SHARED_ROOT or /mnt/shared)")
+    p.add_argument("--out", default=None, help="through the run API (a context): where the page is saved "
+                                               "(default ./<run_id>-report.html)")
     p.set_defaults(handler=cmd_report)
 
 
@@ -104,7 +110,10 @@ def _remote_logs(client, args) -> int:
         if not args.follow or (deadline is not None and time.monotonic() >= deadline):
             return exit_codes.OK
         status = client.status(args.run_id)
-        if status.ok and status.data["state"] in TERMINAL_STATES:
+        if not status.ok:  # the run or the API went away: say so rather than poll forever
+            print(f"ragpool logs: {status.message}", file=sys.stderr)
+            return status.code
+        if status.data["state"] in TERMINAL_STATES:
             return exit_of_end(status.data["state"])  # --follow ends with the run, with its exit status
         time.sleep(FOLLOW_POLL_S)
 
@@ -226,10 +235,41 @@ def cmd_report(args) -> int:
     bad = _bad_run_id("report", args.run_id)
     if bad is not None:
         return bad
+    if not args.shared_root:
+        from training.scheduler.cli import remote_client
+
+        client, code = remote_client("report")
+        if code is not None:
+            return code
+        if client is not None:
+            return _remote_report(client, args)
     try:
         out = render(args.shared_root or shared_root_from_env(), args.run_id)
     except ReportError as exc:
         print(f"ragpool report: {exc}", file=sys.stderr)
         return exit_codes.NOT_FOUND
+    return _show_report(args, out)
+
+
+def _show_report(args, out) -> int:
+    """What ``report`` prints, whichever path wrote the page: its file, or ``{"run_id", "report"}``."""
     print(json.dumps({"run_id": args.run_id, "report": str(out)}) if args.json else out)
     return exit_codes.OK
+
+
+def _remote_report(client, args) -> int:
+    """``report`` through the run API (a context is active): the API builds the page (plots embedded) from the
+    shared root as the pool sees it; it is saved to ``--out`` (default ``./<run_id>-report.html``)."""
+    from pathlib import Path
+
+    outcome = client.report(args.run_id)
+    if not outcome.ok:
+        print(f"ragpool report: {outcome.message}", file=sys.stderr)
+        return outcome.code
+    out = Path(args.out or f"{args.run_id}-report.html").expanduser().resolve()
+    try:
+        out.write_text(outcome.data["html"], encoding="utf-8")
+    except OSError as exc:
+        print(f"ragpool report: --out: cannot write {str(out)!r} ({exc.strerror})", file=sys.stderr)
+        return exit_codes.BAD_INPUT
+    return _show_report(args, out)

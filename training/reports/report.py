@@ -13,6 +13,7 @@ import base64
 import html
 import io
 import json
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -264,19 +265,23 @@ def _gpu_hours(data: RunData, timings: dict[str, float]) -> str:
     return f"{sum(timings.values()) * world / 3600:.2f} (wall time x {world} GPUs)"
 
 
-def render(shared_root: str | Path, run_id: str) -> Path:
-    """Write ``report.html`` and the PNGs for ``run_id``; return the HTML path."""
+_PLOT_LOCK = threading.Lock()
+"""pyplot's figure registry is process-global: the run API draws reports from several threads one at a time."""
+
+
+def build(shared_root: str | Path, run_id: str) -> tuple[str, dict[str, bytes]]:
+    """The report of ``run_id`` (the page, its plots embedded) and each plot's PNG by name; writes nothing (the
+    run API builds it on a read-only shared root). :func:`render` writes them; both paths show this page."""
     data = load_run(shared_root, run_id)
-    plots_dir = data.run_dir / PLOTS_DIR
-    plots_dir.mkdir(parents=True, exist_ok=True)
-    plt = _pyplot()
-    images: list[tuple[str, str]] = []
-    for stem, fig in figures(data).items():
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=110)
-        plt.close(fig)
-        (plots_dir / f"{stem}.png").write_bytes(buf.getvalue())
-        images.append((stem, base64.b64encode(buf.getvalue()).decode()))
+    pngs: dict[str, bytes] = {}
+    with _PLOT_LOCK:
+        plt = _pyplot()
+        for stem, fig in figures(data).items():
+            buf = io.BytesIO()
+            fig.savefig(buf, format="png", dpi=110)
+            plt.close(fig)
+            pngs[stem] = buf.getvalue()
+    images = [(stem, base64.b64encode(png).decode()) for stem, png in pngs.items()]
     timings = stage_timings(data)
     parts = [f"<h1>ragpool run {html.escape(run_id)}</h1>",
              f"<p>Generated {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())} from {html.escape(str(data.run_dir))}.</p>"]
@@ -299,6 +304,17 @@ def render(shared_root: str | Path, run_id: str) -> Path:
             "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.3em .6em;text-align:right}"
             "td:first-child,th:first-child{text-align:left}img{max-width:100%}</style></head><body>"
             + "\n".join(parts) + "</body></html>\n")
-    out = data.run_dir / REPORT_HTML
+    return page, pngs
+
+
+def render(shared_root: str | Path, run_id: str) -> Path:
+    """Write ``report.html`` and the PNGs for ``run_id`` into its run directory; return the HTML path."""
+    page, pngs = build(shared_root, run_id)
+    run_dir = run_dir_of(shared_root, run_id)
+    plots_dir = run_dir / PLOTS_DIR
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    for stem, png in pngs.items():
+        (plots_dir / f"{stem}.png").write_bytes(png)
+    out = run_dir / REPORT_HTML
     out.write_text(page, encoding="utf-8")
     return out

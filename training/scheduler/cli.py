@@ -7,6 +7,8 @@
     ragpool retry RUN_ID [--json]      # dead-letter or cancelled -> queue, attempts reset, resumes from checkpoints
     ragpool show RUN_ID [--json]       # the stored spec
     ragpool tune run.yaml [--start]    # Ray Tune search (ASHA) over the retriever; table + best config
+    ragpool tune run.yaml [--start] [--wait]   # with a context: queued through the run API (executor: ray)
+    ragpool tune --results RUN_ID      # the table of a finished search
     ragpool worker [...]               # same as python -m training.worker
 
 Where the runs are: with a context (``ragpool login``, training/api/contexts.py) and no ``REDIS_URL``,
@@ -98,8 +100,15 @@ def register(subparsers) -> None:
     p.set_defaults(handler=cmd_show)
 
     p = subparsers.add_parser("tune", help="Ray Tune search over the retriever's hyper-parameters of a run spec")
-    p.add_argument("file", help="run spec file (.yaml/.yml/.json); the space is hyperparameters.run ray.tune.*")
+    p.add_argument("file", nargs="?", help="run spec file (.yaml/.yml/.json); the space is hyperparameters.run "
+                                           "ray.tune.*")
     p.add_argument("--start", action="store_true", help="then run the whole run with the best parameters on Ray")
+    p.add_argument("--wait", action="store_true", help="through the run API: follow the queued search to its end, "
+                                                       "then print its table")
+    p.add_argument("--wait-seconds", type=float, default=None, metavar="S", help="with --wait: give up after S "
+                                                                                 "seconds (exit 75)")
+    p.add_argument("--results", metavar="RUN_ID", help="print the table of RUN_ID's finished search instead")
+    p.add_argument("--json", action="store_true", help="the answer (the submission, or the results) as JSON")
     p.set_defaults(handler=cmd_tune)
 
     from training.scheduler.worker.settings import build_arg_parser
@@ -435,7 +444,57 @@ def cmd_show(args) -> int:
                     lambda data: json.dumps(data["spec"], indent=2, sort_keys=True), json_out=args.json)
 
 
+def _tune_results(run_id: str, json_out: bool) -> int:
+    """``tune --results``: the finished search's table and files (training/ray/tune.py ``printed``), through
+    the run API when a context is active, else from the shared root."""
+    from contract.paths import shared_root_from_env
+    from training.ray.tune import printed, results
+
+    def local(_queue=None) -> verbs.Outcome:
+        found = results(shared_root_from_env(), run_id)
+        if found is None:
+            return verbs.Outcome(exit_codes.NOT_FOUND, f"no Tune results of run {run_id} under "
+                                                       f"{shared_root_from_env()}/runs", {}, "not_found")
+        return verbs.Outcome(exit_codes.OK, "", found)
+
+    client, code = remote_client("tune")
+    if code is not None:
+        return code
+    outcome = client.tune_results(run_id) if client is not None else local()
+    if not outcome.ok:
+        print(f"ragpool tune: {outcome.message}", file=sys.stderr)
+    elif json_out:
+        print(json.dumps(outcome.data, indent=2))
+    else:
+        print(printed(outcome.data["table"], outcome.data["paths"]))
+    return outcome.code
+
+
 def cmd_tune(args) -> int:
+    if (args.file is None) == (args.results is None):
+        print("ragpool tune: give a run spec file, or --results RUN_ID", file=sys.stderr)
+        return exit_codes.BAD_INPUT
+    if args.results is not None:
+        return _tune_results(args.results, args.json)
+    client, code = remote_client("tune")
+    if code is not None:
+        return code
+    if client is not None:  # queued: the worker's Ray job runs the search on the cluster (training/ray/job.py)
+        from training.scheduler.spec import SpecError, read_spec_text
+
+        try:
+            text = read_spec_text(args.file)
+        except SpecError as exc:
+            print(f"ragpool tune: {exc}", file=sys.stderr)
+            return exit_codes.BAD_INPUT
+        answers: list = []
+        code = _outcome("tune", None, lambda c: answers.append(c.tune(text, source=args.file, start=args.start))
+                        or answers[0], json_out=args.json)
+        if code != exit_codes.OK or not args.wait:
+            return code
+        run_id = answers[0].data["run_id"]
+        code = _wait_for_end("tune", run_id, args.wait_seconds)
+        return code if code != exit_codes.OK else _tune_results(run_id, args.json)
     spec = _read_spec("tune", args.file)
     if spec is None:
         return exit_codes.BAD_INPUT

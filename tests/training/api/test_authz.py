@@ -3,8 +3,11 @@ through the API, with the answer it must get; submit, cancel and retry audited w
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from contract.ray_pools import POOLS_ENV as RAY_POOLS_ENV
 from tests.support.redis_fixtures import SPEC_DATA, SPEC_DATA_YAML, make_spec
 
 NEW = "run_id: {run}\nstages: [retriever]\n" + SPEC_DATA_YAML.replace("{", "{{").replace("}", "}}")
@@ -34,8 +37,27 @@ TABLE = {
               "anonymous": "unauthenticated"},
     "audit": {"member": "forbidden", "other team": "forbidden", "admin": "ok", "no team": "forbidden",
               "anonymous": "unauthenticated"},
+    "report": {"member": "ok", "other team": "forbidden", "admin": "ok", "no team": "forbidden",
+               "anonymous": "unauthenticated"},
+    "tune": {"member": "ok", "other team": "ok", "admin": "ok", "no team": "forbidden",
+             "anonymous": "unauthenticated"},
+    "tune results": {"member": "ok", "other team": "forbidden", "admin": "ok", "no team": "forbidden",
+                     "anonymous": "unauthenticated"},
 }
-AUDITED = {"submit", "resubmit", "cancel", "retry"}
+AUDITED = {"submit", "resubmit", "tune", "cancel", "retry"}
+TUNE = ("run_id: {run}\nstages: [retriever, index]\nexecutor: ray\nhyperparameters:\n  run: {{ray.retriever.pool: "
+        "gpu-spot, ray.retriever.gpus: 1}}\n" + SPEC_DATA_YAML.replace("{", "{{").replace("}", "}}"))
+"""An ``executor: ray`` spec ``ragpool tune`` takes (the API's environment declares pool gpu-spot)."""
+
+
+def write_tune_results(shared, run_id: str) -> None:
+    """What a finished search leaves (training/ray/tune.py write_results): the table and the trials."""
+    from contract.paths import run_dir
+
+    out = run_dir(shared, run_id) / "tune"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "trials.txt").write_text("trial  lr  mrr\nt1     0.0001  0.5\n")
+    (out / "trials.json").write_text(json.dumps({"metric": "mrr", "trials": [{"trial": "t1", "lr": 1e-4, "mrr": 0.5}]}))
 
 
 def _setup(q) -> None:
@@ -57,13 +79,24 @@ def _call(client, verb: str):
         return client.overview()
     if verb == "audit":
         return client.audit()
+    if verb == "tune":
+        return client.tune(TUNE.format(run="new-tune"), team="team-a" if client.is_admin else None)
+    if verb == "tune results":
+        return client.tune_results("a-dead")
     return getattr(client, verb)("a-dead")
 
 
 @pytest.mark.parametrize("verb", list(TABLE))
 @pytest.mark.parametrize("role", list(ROLES))
-def test_authorization_table(local_api, role, verb):
+def test_authorization_table(local_api, role, verb, monkeypatch):
     _setup(local_api.queue)
+    monkeypatch.setenv(RAY_POOLS_ENV, "gpu-spot=1,cpu=0")
+    if verb == "report":
+        from tests.training.reports.test_progress import write_run
+
+        write_run(local_api.api.settings.shared_root, "a-dead", steps=3, total=10)
+    if verb == "tune results":
+        write_tune_results(local_api.api.settings.shared_root, "a-dead")
     client = local_api.client(ROLES[role])
     client.is_admin = role == "admin"
     outcome = _call(client, verb)

@@ -226,3 +226,52 @@ def test_submit_wait_and_logs_of_a_queued_run_through_the_api(laptop, local_api,
     assert laptop("cancel", "waited") == 0
     capsys.readouterr()
     assert laptop("submit", str(spec)) == 2 and "was cancelled" in capsys.readouterr().err
+
+
+def test_report_and_tune_from_the_laptop(laptop, local_api, tmp_path, capsys, monkeypatch):
+    """``ragpool report`` saves the API's page where asked and prints what the direct path prints; ``ragpool tune``
+    queues the search (exit 2 naming the key for a torchrun spec) and ``--results`` prints its table."""
+    from contract.ray_pools import POOLS_ENV as RAY_POOLS_ENV
+    from tests.training.api.test_authz import TUNE, write_tune_results
+    from tests.training.reports.test_progress import write_run
+
+    root = local_api.api.settings.shared_root
+    assert laptop("login", "--endpoint", local_api.endpoint) == 0
+    monkeypatch.setenv(RAY_POOLS_ENV, "gpu-spot=1,cpu=0")
+    spec = tmp_path / "tune.yaml"
+    spec.write_text(TUNE.format(run="laptop-tune"))
+    capsys.readouterr()
+    assert laptop("tune", str(spec), "--json") == 0
+    assert json.loads(capsys.readouterr().out)["run_id"] == "laptop-tune"
+    bad = tmp_path / "torchrun.yaml"
+    bad.write_text("run_id: not-ray\nstages: [retriever]\n" + SPEC_DATA_YAML)
+    assert laptop("tune", str(bad)) == 2 and "executor" in capsys.readouterr().err
+    assert laptop("tune", "--results", "laptop-tune") == 3 and "no Tune results" in capsys.readouterr().err
+    write_tune_results(root, "laptop-tune")
+    assert laptop("tune", "--results", "laptop-tune") == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("trial") and json.loads(out[-1])["table"].endswith("tune/trials.txt")
+
+    import threading
+
+    from training.scheduler import cli as runs_cli
+
+    monkeypatch.setattr(runs_cli, "FOLLOW_POLL_S", 0.05)
+    spec.write_text(TUNE.format(run="waited-tune"))
+    write_tune_results(root, "waited-tune")
+    queue = local_api.queue
+    finisher = threading.Timer(0.3, lambda: queue.ack(queue.claim("w", block_s=5, run_id="waited-tune",
+                                                                                executors=("ray",))))
+    finisher.start()
+    try:
+        assert laptop("tune", str(spec), "--wait", "--wait-seconds", "20") == 0, "--wait ends with the run"
+    finally:
+        finisher.join(timeout=10)
+    assert capsys.readouterr().out.splitlines()[-1].startswith('{"trials": '), "then the search's table"
+
+    write_run(root, "laptop-tune", steps=3, total=10)
+    saved = tmp_path / "r.html"
+    assert laptop("report", "laptop-tune", "--out", str(saved), "--json") == 0
+    assert json.loads(capsys.readouterr().out) == {"run_id": "laptop-tune", "report": str(saved)}
+    assert "<h1>ragpool run laptop-tune</h1>" in saved.read_text()
+    assert laptop("report", "nobody") == 3 and "no run" in capsys.readouterr().err

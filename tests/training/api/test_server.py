@@ -105,6 +105,30 @@ def test_status_shows_the_runs_progress_from_the_shared_root(local_api, tmp_path
     assert got.ok and (got.data["progress"]["stage"], got.data["progress"]["step"]) == ("generator", 30), got
 
 
+def test_status_shows_an_elastic_runs_nodes_now_and_its_target(local_api, tmp_path):
+    from tests.training.reports.test_progress import KEEPS_BATCH, STAGES, lost_a_node_at_20, write_run
+
+    local_api.queue.submit(make_spec("elastic", stages=STAGES, nodes={"min": 2, "max": 4}, hyperparameters=KEEPS_BATCH),
+                           owner="arn:aws:iam::123456789012:user/alice", team="team-a")
+    write_run(tmp_path / "shared", "elastic", nodes=lost_a_node_at_20)
+    progress = local_api.client("alice").status("elastic").data["progress"]
+    assert (progress["nodes"], progress["min_nodes"], progress["target_nodes"]) == (3, 2, 4), progress
+
+
+def test_status_of_a_queued_run_says_what_kueue_says_about_its_lane(local_api, tmp_path):
+    """In its pod the API reads the lane's Jobs and Workloads and the ClusterQueue with its own token
+    (training/scheduler/quota_wait.py); here a fake API server."""
+    from tests.training.scheduler.test_quota_wait import lane_kube
+
+    local_api.queue.submit(make_spec("waits"), owner="arn:aws:iam::123456789012:user/alice", team="team-a")
+    with lane_kube(tmp_path) as (_server, target):
+        local_api.api.kube = target
+        got = local_api.client("alice").status("waits")
+    quota = got.data["waiting"]["quota"]
+    assert got.ok and quota["error"] == "" and quota["waiting"] == 1, got
+    assert quota["lines"][-1] == "ClusterQueue team-a has 8 of 8 GPUs in use and may borrow 0 more"
+
+
 def test_bad_input_is_400_naming_the_key(local_api):
     alice = local_api.client("alice")
     bad = alice.submit("run_id: ok\nstages: [train.py]\n")
@@ -175,3 +199,42 @@ def test_the_token_also_works_in_its_own_header(local_api):
     token = local_api.client("alice").token()
     status, body = raw(local_api, "GET", "/v1/whoami", headers={"X-Ragpool-Token": token}, user=None)
     assert status == 200 and body["data"]["team"] == "team-a"
+
+
+def test_report_and_tune_through_the_api(local_api, monkeypatch):
+    """``report`` is the direct path's page, built without writing to the (read-only) shared root; ``tune`` queues
+    an executor: ray spec whose Ray job runs the search (audited as tune); its results are the search's table."""
+    from contract.ray_pools import POOLS_ENV as RAY_POOLS_ENV
+    from tests.training.api.test_authz import TUNE, write_tune_results
+    from tests.training.reports.test_progress import write_run
+    from training.config import load_run_config
+    from training.scheduler.spec import RunSpec
+    from training.scheduler.worker.child import write_run_config
+
+    root = local_api.api.settings.shared_root
+    alice = local_api.client("alice")
+    local_api.queue.submit(make_spec("reported"), owner="arn:aws:iam::123456789012:user/alice", team="team-a")
+    assert alice.report("reported").error == "not_found", "nothing recorded yet"
+    write_run(root, "reported", steps=3, total=10)
+    page = alice.report("reported")
+    assert page.ok and page.data["filename"] == "report.html" and "<h1>ragpool run reported</h1>" in page.data["html"]
+    assert 'src="data:image/png;base64,' in page.data["html"]
+    assert not (Path(root) / "runs" / "reported" / "report.html").exists(), "the API writes nothing there"
+
+    monkeypatch.setenv(RAY_POOLS_ENV, "gpu-spot=1,cpu=0")
+    torchrun = alice.tune(GOOD)
+    assert torchrun.code == 2 and torchrun.data["key"] == "executor", torchrun
+    status, body = raw(local_api, "POST", "/v1/tune", json.dumps({"spec": TUNE.format(run="t"), "start": "yes"}).encode(),
+                       {"Content-Type": "application/json"})
+    assert status == 400 and body["error"]["key"] == "start"
+    queued = alice.tune(TUNE.format(run="tuned"), start=True)
+    assert queued.ok and queued.data["created"], queued
+    spec = RunSpec.from_json(local_api.queue.get("tuned").spec_json)
+    config = write_run_config(spec, str(root))
+    assert load_run_config(str(config)).ray.tune.search == "then_run", "its Ray job's driver searches, then runs"
+    assert local_api.audit()[-1]["what"] == "tune" and local_api.audit()[-1]["result"] == "ok"
+    assert alice.tune_results("tuned").error == "not_found"
+    write_tune_results(root, "tuned")
+    found = alice.tune_results("tuned").data
+    assert found["metric"] == "mrr" and found["trials"][0]["trial"] == "t1" and "t1" in found["table"]
+    assert set(found["paths"]) == {"trials", "table"}, "no best.yaml was written"

@@ -90,3 +90,27 @@ def test_a_milestone_scores_over_the_positives_and_a_sample_of_a_large_corpus(tm
     rows = candidates(corpus, examples, 50, seed=0)
     assert len(rows) == 50 and {7, 993, 500} <= set(rows) and rows == sorted(rows)
     assert rows == candidates(corpus, examples, 50, seed=0) != candidates(corpus, examples, 50, seed=1)
+
+
+def test_a_queued_search_runs_tune_as_its_ray_job_and_its_best_config_runs_the_driver(tmp_path) -> None:
+    """``ragpool tune`` through the run API queues a run with ``ray.tune.search``: its Ray job runs the search
+    instead of the driver (``then_run``: with --start), and the best config it writes has the search off (the
+    driver runs it, never searches again)."""
+    import yaml
+
+    from training.ray import job, tune
+
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({"run_id": "t", "shared_root": str(tmp_path), "stages": ["retriever"],
+                                      "ray": {"tune": {"search": "then_run"}}}))
+    assert job.driver_entrypoint(str(config), job.search_of(str(config))) == \
+        f"python -m training.ray.tune --config {config} --start"
+    assert job.search_of(str(tmp_path / "missing.yaml")) == "off"  # the driver reports a missing config
+    cfg = load_run_config(str(config))
+    rows = [{"trial": "a", "lr": 1e-4, "temperature": 0.05, "global_batch_size": 8, "mrr": 0.5, "steps": 2,
+             "state": "complete"}]
+    paths = tune.write_results(cfg, rows)
+    assert load_run_config(str(paths["best"])).ray.tune.search == "off"
+    assert tune.printed(paths["table"].read_text(), {"best": "x"}).splitlines()[-1] == '{"best": "x"}'
+    with pytest.raises(ConfigError, match="search"):
+        load_run_config({"run_id": "t", "ray": {"tune": {"search": "sometimes"}}})
