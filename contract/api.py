@@ -163,6 +163,9 @@ lets it reach the run API through the API server's service proxy and read the lo
 LOGIN_CONFIGMAP = "ragpool-login"
 """The ConfigMap in the main training namespace (``contract.names.TRAINING_NAMESPACE``) that holds what
 ``ragpool login --cluster`` needs (:class:`LoginFacts`); the stack output ``runApiLogin`` holds the same."""
+RUN_API_NAME = "ragpool-run-api"
+"""The run API's Deployment, Service and service account in the main training namespace (infra/run_api.py); the
+policy ``run-api-reads-only`` checks what that service account is bound to."""
 RUN_API_PORT_NAME = "http"
 """The run API Service's port name: the proxy path and the RBAC resource name say ``<service>:<port name>``."""
 

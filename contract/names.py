@@ -17,6 +17,9 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 """The label that puts a Job under Kueue: the LocalQueue of its namespace that admits it (kubernetes-sigs/kueue
 v0.19.2 pkg/controller/constants/constants.go QueueLabel). The worker Jobs KEDA creates carry it
 (infra/worker_jobs.py); infra/kueue_objects.py declares the queue; policy/checks/kueue.py checks both."""
+KUEUE_API_VERSION = "kueue.x-k8s.io/v1beta2"
+"""Kueue's API group/version ragpool declares and reads (the storage version at the pin, kubernetes-sigs/kueue v0.19.2
+apis/kueue/v1beta2; v1beta1 is served, deprecated): infra/kueue_objects.py, training/scheduler/quota_wait.py."""
 KEDA_EXCLUDED_LABELS = "scaledjob.keda.sh/job-excluded-labels"
 """The ScaledJob annotation listing its labels KEDA does not copy onto the Jobs it creates (comma-separated keys;
 kedacore/keda v2.20.2 apis/keda/v1alpha1/scaledjob_types.go ScaledJobExcludedLabelsAnnotation, used by

@@ -22,7 +22,7 @@ from infra import iam
 from infra.common import GPU_TOLERATION, SYSTEM_NODE_SELECTOR, aws_tags, child, stateful
 from infra.config import StackConfig
 from infra.node_fence import FENCE_NAME
-from infra.run_api import ENGINEER_ROLE
+from infra.run_api import ENGINEER_ROLE, KUEUE_READER
 
 CONTROL_PLANE_LOGS = ("api", "audit", "authenticator", "controllerManager", "scheduler")
 # Managed add-ons. Versions are left to EKS (the default for the cluster version),
@@ -67,6 +67,7 @@ PREVIEW_RESOURCES: dict[str, tuple[str, ...]] = {
     "keda.sh": ("clustertriggerauthentications", "scaledjobs"),
     "monitoring.coreos.com": ("podmonitors", "prometheusrules", "servicemonitors"),
     "ray.io": ("rayclusters",),
+    "kueue.x-k8s.io": ("clusterqueues", "cohorts", "localqueues", "resourceflavors", "workloadpriorityclasses"),
 }
 # Not previewed against the cluster on purpose (see above).
 PREVIEW_EXCLUDED = (("", "secrets"),)
@@ -84,12 +85,13 @@ def preview_rules(role_name: str, binding_name: str) -> list[dict]:
         # dry-run (RBAC escalation prevention: the preview role holds neither patch on nodes nor bind) and
         # previewed client-side; their get (the diff's read of the live object) is not.
         {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"],
-         "resourceNames": [role_name, FENCE_NAME], "verbs": ["get", "patch"]},
+         "resourceNames": [role_name, FENCE_NAME, KUEUE_READER], "verbs": ["get", "patch"]},
         {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterrolebindings"],
-         "resourceNames": [binding_name, FENCE_NAME], "verbs": ["get", "patch"]},
-        # The ML-engineer tier's Role and RoleBinding (infra/run_api.py), by name: the same escalation rule applies.
+         "resourceNames": [binding_name, FENCE_NAME, KUEUE_READER], "verbs": ["get", "patch"]},
+        # The ML-engineer tier's Role and RoleBinding and the run API's Kueue reader (infra/run_api.py), by name:
+        # the same escalation rule applies.
         {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"],
-         "resourceNames": [ENGINEER_ROLE], "verbs": ["get", "patch"]},
+         "resourceNames": [ENGINEER_ROLE, KUEUE_READER], "verbs": ["get", "patch"]},
     ]
 
 # Add-on configuration values (`aws eks describe-addon-configuration` schema of each add-on).

@@ -25,13 +25,13 @@ from typing import Any
 import yaml
 
 from contract.lanes import PRIORITIES
-from contract.names import GPU_RESOURCE, POOL_LABEL
+from contract.names import GPU_RESOURCE, KUEUE_API_VERSION, POOL_LABEL
 from infra.common import GPU_TOLERATION, k8s_labels
 from infra.config import GpuPoolConfig, StackConfig, TeamConfig
 from infra.peers import TRAINING_NAMESPACE, TRAINING_NAMESPACE_LABEL
 from infra.training_namespace import PRIORITY_CLASSES
 
-API_VERSION = "kueue.x-k8s.io/v1beta2"
+API_VERSION = KUEUE_API_VERSION
 """The storage version at the pin (v1beta1 is served, deprecated)."""
 KUEUE_NAMESPACE = "kueue-system"
 """The chart's release namespace (its README installs it there)."""

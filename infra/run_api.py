@@ -14,6 +14,12 @@ region, STS endpoint, proxy path; ``ragpool login --cluster`` reads it) and a Ro
 giving the group ``contract.api.ENGINEER_GROUP`` (whose access entries infra/cluster.py makes) ``get``/``create``
 on ``services/proxy`` of this Service's ``<name>:http`` only and ``get`` on that ConfigMap only: no other object,
 no list, nothing cluster-scoped.
+
+Its own service account ``ragpool-run-api`` reads what Kueue says about a queued run's lane for ``ragpool status``
+(training/scheduler/quota_wait.py), and nothing else: a Role in this namespace (``list`` Jobs, ``get``/``list``
+Workloads, ``get`` of the LocalQueue by name) and a ClusterRole with ``get`` of this namespace's ClusterQueue by
+name; read-only (policy ``run-api-reads-only``). The token is projected, not automounted (infra/node_fence.py
+``token_volume``), with the pod's namespace beside it; the NetworkPolicy's HTTPS egress reaches the API server.
 """
 
 from __future__ import annotations
@@ -25,10 +31,12 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from contract.api import ENGINEER_GROUP, LOGIN_CONFIGMAP, RUN_API_PORT_NAME, LoginFacts, proxy_path, proxy_resource_name
+from contract.api import (ENGINEER_GROUP, LOGIN_CONFIGMAP, RUN_API_NAME, RUN_API_PORT_NAME, LoginFacts, proxy_path,
+                          proxy_resource_name)
 from contract.api import sts_endpoint as region_sts_endpoint
 from contract.env import API_CLUSTER_ID_ENV, API_STS_ENDPOINT_ENV, API_TEAMS_FILE_ENV
 from contract.lanes import POOLS_ENV, SERVED_LANES_ENV
+from contract.names import KUEUE_API_VERSION
 from contract.pool_gpus import POOL_GPUS_ENV
 from contract.ports import REDIS_PORT, RUN_API_PORT
 from contract.ray_pools import POOLS_ENV as RAY_POOLS_ENV
@@ -36,16 +44,20 @@ from infra.common import SHARED_MOUNT_PATH, SYSTEM_NODE_SELECTOR, TRAINING_UID, 
 from infra.component import RagpoolComponent
 from infra.config import StackConfig
 from infra.gpu_memory import pool_gpus
+from infra.kueue_objects import LOCAL_QUEUE
+from infra.kueue_objects import cluster_queue as kueue_cluster_queue
+from infra.node_fence import token_volume
 from infra.peers import REDIS_CLIENT_LABEL, redis_peer
 from infra.pod_security import container_security_context, pod_security_context
 from infra.queue_redis import redis_client_env, redis_secret_volume
 
-RUN_API_NAME = "ragpool-run-api"
 TEAMS_CONFIG = "ragpool-run-api-teams"
 TEAMS_DIR = "/etc/ragpool/run-api"
 TEAMS_KEY = "teams.json"
 ENGINEER_ROLE = "ragpool-ml-engineer"
 """The ML-engineer tier's Role and RoleBinding in the main training namespace."""
+KUEUE_READER = "ragpool-run-api-kueue"
+"""The run API service account's Role, ClusterRole and their bindings: what Kueue says about a lane's Jobs."""
 PROXY_VERBS = ("get", "create")
 """What the run API's routes need through the proxy: GET is ``get``, POST ``create`` (requestinfo.go)."""
 EFS_PORT = 2049
@@ -80,7 +92,9 @@ def run_api_deployment_spec(cfg: StackConfig, image: str, redis_secret: str, sha
            {"name": SERVED_LANES_ENV, "value": served_lanes}]
     if ray_pools:
         env.append({"name": RAY_POOLS_ENV, "value": ray_pools})
+    kube_volume, kube_mount = kube_api_volume()
     pod: dict[str, Any] = {
+        "serviceAccountName": RUN_API_NAME,
         "automountServiceAccountToken": False,
         "nodeSelector": dict(SYSTEM_NODE_SELECTOR),
         "securityContext": pod_security_context(TRAINING_UID, fs_group=TRAINING_UID),
@@ -100,12 +114,14 @@ def run_api_deployment_spec(cfg: StackConfig, image: str, redis_secret: str, sha
             "volumeMounts": [redis_mount,
                              {"name": "shared", "mountPath": SHARED_MOUNT_PATH, "readOnly": True},
                              {"name": "teams", "mountPath": TEAMS_DIR, "readOnly": True},
-                             {"name": "tmp", "mountPath": "/tmp"}],
+                             {"name": "tmp", "mountPath": "/tmp"},
+                             kube_mount],
         }],
         "volumes": [redis_volume,
                     {"name": "shared", "persistentVolumeClaim": {"claimName": shared_claim, "readOnly": True}},
                     {"name": "teams", "configMap": {"name": TEAMS_CONFIG}},
-                    {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
+                    {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
+                    kube_volume],
     }
     if cfg.is_prod:
         pod["topologySpreadConstraints"] = [{
@@ -114,6 +130,30 @@ def run_api_deployment_spec(cfg: StackConfig, image: str, redis_secret: str, sha
     return {"replicas": replicas(cfg),
             "selector": {"matchLabels": {"app.kubernetes.io/name": RUN_API_NAME}},
             "template": {"metadata": {"labels": labels}, "spec": pod}}
+
+
+def kube_api_volume() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The projected token and cluster CA (infra/node_fence.py ``token_volume``) plus the pod's ``namespace``, where
+    training/scheduler/quota_wait.py ``in_cluster`` reads them."""
+    volume, mount = token_volume()
+    volume["projected"]["sources"].append(
+        {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}})
+    return volume, mount
+
+
+def kueue_reader_rules() -> list[dict[str, Any]]:
+    """The Role in the run API's namespace: a lane's Jobs (by label: ``list``), their Workloads, the LocalQueue."""
+    group = KUEUE_API_VERSION.split("/")[0]
+    return [{"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["list"]},
+            {"apiGroups": [group], "resources": ["workloads"], "verbs": ["get", "list"]},
+            {"apiGroups": [group], "resources": ["localqueues"], "resourceNames": [LOCAL_QUEUE], "verbs": ["get"]}]
+
+
+def kueue_cluster_reader_rules(cfg: StackConfig, namespace: str) -> list[dict[str, Any]]:
+    """The ClusterRole: ``get`` of the namespace's own ClusterQueue (cluster-scoped), by name."""
+    name = kueue_cluster_queue(cfg, namespace, None)["metadata"]["name"]
+    return [{"apiGroups": [KUEUE_API_VERSION.split("/")[0]], "resources": ["clusterqueues"], "resourceNames": [name],
+             "verbs": ["get"]}]
 
 
 def run_api_service_spec() -> dict[str, Any]:
@@ -173,12 +213,32 @@ class RunApi(RagpoolComponent):
         teams = k8s.core.v1.ConfigMap(
             f"{name}-teams", metadata={**meta, "name": TEAMS_CONFIG}, data=teams_config(cfg),
             opts=child(self, depends_on=args.depends_on))
+        account = k8s.core.v1.ServiceAccount(f"{name}-sa", metadata=meta, automount_service_account_token=False,
+                                             opts=child(self, depends_on=args.depends_on))
+        subject = pulumi.Output.from_input(args.namespace).apply(
+            lambda ns: [{"kind": "ServiceAccount", "name": RUN_API_NAME, "namespace": ns}])
+        reader_meta = {**meta, "name": KUEUE_READER}
+        reader = k8s.rbac.v1.Role(f"{name}-kueue-reader", metadata=reader_meta, rules=kueue_reader_rules(),
+                                  opts=child(self, depends_on=args.depends_on))
+        k8s.rbac.v1.RoleBinding(
+            f"{name}-kueue-reader", metadata=reader_meta, subjects=subject,
+            role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": KUEUE_READER},
+            opts=child(self, depends_on=[reader, account]))
+        cluster_meta = {"name": KUEUE_READER, "labels": meta["labels"]}
+        cluster_reader = k8s.rbac.v1.ClusterRole(
+            f"{name}-kueue-cq-reader", metadata=cluster_meta,
+            rules=pulumi.Output.from_input(args.namespace).apply(lambda ns: kueue_cluster_reader_rules(cfg, ns)),
+            opts=child(self, depends_on=args.depends_on))
+        k8s.rbac.v1.ClusterRoleBinding(
+            f"{name}-kueue-cq-reader", metadata=cluster_meta, subjects=subject,
+            role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": KUEUE_READER},
+            opts=child(self, depends_on=[cluster_reader, account]))
         k8s.apps.v1.Deployment(
             f"{name}-deployment", metadata=meta,
             spec=pulumi.Output.all(args.image, args.cluster_id, args.ray_pools).apply(
                 lambda a: run_api_deployment_spec(cfg, a[0], args.redis_secret, args.shared_claim, a[1],
                                                   args.served_lanes, a[2] or "")),
-            opts=child(self, depends_on=[*args.depends_on, teams]))
+            opts=child(self, depends_on=[*args.depends_on, teams, account]))
         service = k8s.core.v1.Service(f"{name}-service", metadata=meta, spec=run_api_service_spec(),
                                       opts=child(self, depends_on=args.depends_on))
         k8s.networking.v1.NetworkPolicy(f"{name}-netpol", metadata=meta, spec=run_api_network_policy(cfg),

@@ -32,7 +32,7 @@ from policy.checks.cluster_access import (ACCESS_ENTRY_TYPE, ACCESS_POLICY_ASSOC
                                           EKS_CLUSTER_TYPE, K8S_PROVIDER_TYPE, NODE_MONITORING_AGENT,
                                           check_api_cluster_has_admin, check_engineer_tier_namespaced,
                                           check_k8s_provider_waits_for_access,
-                                          check_node_monitoring_agent_tolerates_gpu)
+                                          check_node_monitoring_agent_tolerates_gpu, check_run_api_reads_only)
 from policy.checks.efs_access import (EFS_MOUNT_ACTIONS, EFS_POLICY_TYPE, PERSISTENT_VOLUME_TYPE, STORAGE_CLASS_TYPE,
                                       check_efs_policy_allows_mounts, efs_policy_allows)
 from policy.checks.imds import check_imdsv2_required
@@ -68,6 +68,7 @@ __all__ = [
     "check_jobs_quota_covers_scaled_jobs", "check_k8s_provider_waits_for_access", "check_kueue_quota_within_pools",
     "check_scaled_jobs_kueue_managed", "CLUSTER_QUEUE_TYPES", "LOCAL_QUEUE_TYPES", "RESOURCE_FLAVOR_TYPES", "check_lanes_have_one_scaled_job",
     "check_monitoring_not_public", "check_node_monitoring_agent_tolerates_gpu", "check_prod_stateful_protected",
+    "check_run_api_reads_only",
     "check_ray_token_auth", "check_redis_auth_tls_in_prod", "check_required_tags", "check_training_containers",
     "check_training_default_deny", "efs_policy_allows", "is_gpu_nodepool", "is_training_namespace",
     "stack_from_urn", "training_namespaces",
@@ -131,6 +132,11 @@ RULES: tuple[Rule, ...] = (
          "cluster-scoped binding; its Role grants the run API's service proxy and the login ConfigMap by name only.",
          MANDATORY, "Grant the tier nothing but infra/run_api.py engineer_rules; cluster admins go in adminRoleArns.",
          check_engineer_tier_namespaced, scope="stack"),
+    Rule("run-api-reads-only",
+         "The run API's service account only reads (get/list/watch, no secrets, no wildcard); cluster-wide only "
+         "named objects.", MANDATORY,
+         "Bind ragpool-run-api only to infra/run_api.py kueue_reader_rules and kueue_cluster_reader_rules.",
+         check_run_api_reads_only, scope="stack"),
     Rule("k8s-provider-waits-for-access",
          "The Kubernetes provider depends on the access policy association that authorizes it.", MANDATORY,
          "Create the provider with depends_on=[the cluster-admin AccessPolicyAssociation].",

@@ -9,7 +9,7 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from contract.api import ENGINEER_GROUP
+from contract.api import ENGINEER_GROUP, RUN_API_NAME
 from policy.checks.karpenter import is_gpu_nodepool
 from policy.checks.model import Context, Resource
 from policy.checks.values import _first, _is_true
@@ -205,3 +205,55 @@ def check_engineer_tier_namespaced(resources: Sequence[Resource], ctx: Context
             problem = _engineer_rule_problem(rule)
             if problem:
                 yield role, f"Role {namespace}/{_get(ref, 'name')} (bound to {ENGINEER_GROUP!r} by {where}): {problem}; {fix}"
+
+
+CLUSTER_ROLE_TYPE = "kubernetes:rbac.authorization.k8s.io/v1:ClusterRole"
+READ_VERBS = frozenset({"get", "list", "watch"})
+"""What the run API's service account may do with what it is granted (training/scheduler/quota_wait.py reads)."""
+
+
+def _read_rule_problem(rule: Any, cluster_scoped: bool) -> str | None:
+    """Why one rule grants more than reading named, non-secret objects (None: it does not)."""
+    if not isinstance(rule, Mapping):
+        return f"rule {rule!r} is not a mapping"
+    groups, resources = _as_list(rule.get("apiGroups")), _as_list(rule.get("resources"))
+    verbs, names = [str(v) for v in _as_list(rule.get("verbs"))], _as_list(rule.get("resourceNames"))
+    if rule.get("nonResourceURLs"):
+        return f"rule grants nonResourceURLs {rule.get('nonResourceURLs')!r}"
+    if not verbs or set(verbs) - READ_VERBS:
+        return f"rule grants verbs {sorted(set(verbs) - READ_VERBS) or verbs!r} (allowed: {sorted(READ_VERBS)})"
+    if "*" in groups or not resources or any("*" in str(r) for r in resources):
+        return f"rule on {groups!r}/{resources!r} uses a wildcard"
+    if any(str(r).split("/")[0] == "secrets" for r in resources):
+        return "rule grants secrets"
+    if cluster_scoped and not names:
+        return f"ClusterRole rule on {resources!r} lists no resourceNames (it would read every one in the cluster)"
+    return None
+
+
+def check_run_api_reads_only(resources: Sequence[Resource], ctx: Context) -> Iterator[tuple[Resource | None, str]]:
+    """Every Role or ClusterRole bound to the run API's service account (``contract.api.RUN_API_NAME``) is declared
+    and only reads: get/list/watch, no secrets, no wildcard; a ClusterRole (bound cluster-wide) only by name."""
+    fix = "grant the run API's service account only infra/run_api.py kueue_reader_rules and kueue_cluster_reader_rules"
+    roles = {(r.type, _get(r.inputs, "metadata", "namespace"), _get(r.inputs, "metadata", "name")): r
+             for r in resources if r.type in (ROLE_TYPE, CLUSTER_ROLE_TYPE)}
+    for binding in resources:
+        if binding.type not in (ROLE_BINDING_TYPE, CLUSTER_ROLE_BINDING_TYPE) or not any(
+                isinstance(s, Mapping) and s.get("kind") == "ServiceAccount" and s.get("name") == RUN_API_NAME
+                for s in _as_list(_get(binding.inputs, "subjects"))):
+            continue
+        ref = _get(binding.inputs, "roleRef") or {}
+        kind, ref_name = _get(ref, "kind"), _get(ref, "name")
+        namespace = _get(binding.inputs, "metadata", "namespace") if binding.type == ROLE_BINDING_TYPE else None
+        where = f"{binding.type.rsplit(':', 1)[-1]} {_get(binding.inputs, 'metadata', 'name')!r}"
+        role = roles.get((ROLE_TYPE, namespace, ref_name) if kind == "Role" else (CLUSTER_ROLE_TYPE, None, ref_name))
+        if role is None:
+            yield binding, (f"{where} binds {RUN_API_NAME!r} to {kind} {ref_name!r}, which the program does not "
+                            f"declare{f' in {namespace!r}' if namespace else ''}: {fix}")
+            continue
+        # A ClusterRole is bound cluster-wide by a ClusterRoleBinding: by name only. In a RoleBinding it is namespaced.
+        cluster_scoped = kind == "ClusterRole" and binding.type == CLUSTER_ROLE_BINDING_TYPE
+        for rule in _as_list(_get(role.inputs, "rules")):
+            problem = _read_rule_problem(rule, cluster_scoped)
+            if problem:
+                yield role, f"{kind} {ref_name!r} (bound to {RUN_API_NAME!r} by {where}): {problem}; {fix}"

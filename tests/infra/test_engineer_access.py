@@ -73,7 +73,7 @@ def test_each_exact_arn_gets_one_entry_in_the_group_and_no_access_policy(enginee
 def test_the_role_grants_the_proxy_and_the_login_configmap_by_name_only(committed_plans, stack):
     doc = committed_plans[stack]
     [role] = [r for r in inputs_of(doc, ROLE, TRAINING_NAMESPACE) if r["metadata"]["name"] == "ragpool-ml-engineer"]
-    [binding] = inputs_of(doc, BINDING, TRAINING_NAMESPACE)
+    [binding] = [b for b in inputs_of(doc, BINDING, TRAINING_NAMESPACE) if b["metadata"]["name"] == "ragpool-ml-engineer"]
     assert binding["subjects"] == [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": ENGINEER_GROUP}]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                                   "name": role["metadata"]["name"]}
@@ -120,6 +120,10 @@ def _role(doc: dict) -> dict:
     return next(r for r in of_type(doc, ROLE) if r["inputs"]["metadata"]["name"] == "ragpool-ml-engineer")
 
 
+def _binding(doc: dict) -> dict:
+    return next(r for r in of_type(doc, BINDING) if r["inputs"]["metadata"]["name"] == "ragpool-ml-engineer")
+
+
 def _broaden(doc: dict, how: str) -> None:
     alice = engineer_entries(doc)[ALICE]
     if how == "cluster-admin":
@@ -134,13 +138,13 @@ def _broaden(doc: dict, how: str) -> None:
     elif how == "second-group":
         alice["inputs"]["kubernetesGroups"] = [ENGINEER_GROUP, "ragpool:preview"]
     elif how == "cluster-binding":
-        binding = copy.deepcopy(next(iter(of_type(doc, BINDING))))
+        binding = copy.deepcopy(_binding(doc))
         binding["type"], binding["name"] = CLUSTER_BINDING, "engineer-everywhere"
         binding["inputs"]["kind"] = "ClusterRoleBinding"
         binding["inputs"]["roleRef"] = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"}
         doc["resources"].append(binding)
     elif how == "bound-to-cluster-role":
-        next(iter(of_type(doc, BINDING)))["inputs"]["roleRef"]["kind"] = "ClusterRole"
+        _binding(doc)["inputs"]["roleRef"]["kind"] = "ClusterRole"
     elif how == "any-name":
         del _role(doc)["inputs"]["rules"][0]["resourceNames"]
     elif how == "secrets":

@@ -12,6 +12,7 @@ from typing import Any
 import celpy
 import pytest
 
+from contract.api import RUN_API_NAME
 from contract.names import GPU_RESOURCE, NODE_FENCE_TAINT_KEY, POOL_LABEL
 from contract.paths import SERVICE_ACCOUNT_DIR
 from infra.node_fence import FENCE_NAME, NODE_NAME_EXTRA, admission_policy_spec, worker_usernames
@@ -82,11 +83,11 @@ def test_only_the_gpu_workers_carry_a_token_for_the_api(team_plan):
         assert mount["readOnly"] and pod["automountServiceAccountToken"] is False, name
         assert sources[0]["serviceAccountToken"]["expirationSeconds"] <= 3600, name
     # Nothing else mounts one: the Ray worker, the keeper, KEDA, Valkey and the exporters never call the API
-    # with the worker's account.
+    # with the worker's account. (The run API mounts its own account's token: tests/infra/test_run_api.py.)
     mounting = [(r["type"], pod.get("nodeSelector", {}).get(POOL_LABEL)) for r in team_plan["resources"]
                 for _, pod in pod_templates(r["type"], r["inputs"])
                 if any(m.get("mountPath") == SERVICE_ACCOUNT_DIR for c in pod.get("containers") or []
-                       for m in c.get("volumeMounts") or [])]
+                       for m in c.get("volumeMounts") or []) and pod.get("serviceAccountName") != RUN_API_NAME]
     assert mounting and {t for t, _ in mounting} == {SCALED_JOB_TYPE, "kubernetes:batch/v1:CronJob"}
     assert all(pool not in (None, "system") for _, pool in mounting)
 

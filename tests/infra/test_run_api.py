@@ -53,6 +53,79 @@ def test_the_run_api_runs_on_system_nodes_with_the_stacks_facts(committed_plans,
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"http": RUN_API_PORT}
 
 
+ROLE, CLUSTER_ROLE = "kubernetes:rbac.authorization.k8s.io/v1:Role", "kubernetes:rbac.authorization.k8s.io/v1:ClusterRole"
+BINDINGS = ("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding",
+            "kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding")
+
+
+def _run_api_grants(plan: dict) -> dict[str, list[dict]]:
+    """Bound kind -> the rules of each Role/ClusterRole bound to the run API's service account."""
+    declared = {(r["type"].rsplit(":", 1)[-1], r["inputs"]["metadata"]["name"]): r["inputs"]["rules"]
+                for r in plan["resources"] if r["type"] in (ROLE, CLUSTER_ROLE)}
+    return {b["inputs"]["roleRef"]["kind"]: declared[(b["inputs"]["roleRef"]["kind"], b["inputs"]["roleRef"]["name"])]
+            for b in plan["resources"] if b["type"] in BINDINGS
+            and {"kind": "ServiceAccount", "name": RUN_API_NAME, "namespace": "ragpool-training"}
+            in b["inputs"].get("subjects") or []}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_run_api_reads_kueue_with_its_own_projected_token(committed_plans, stack):
+    """``ragpool status`` asks Kueue about a lane (training/scheduler/quota_wait.py): list Jobs, get/list Workloads,
+    get the LocalQueue, get the namespace's ClusterQueue by name; nothing else, and the policy holds it there."""
+    from contract.paths import SERVICE_ACCOUNT_DIR
+    from policy.checks import RULES_BY_NAME
+    from policy.offline import evaluate
+
+    plan = committed_plans[stack]
+    pod = _deployment(plan)["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == RUN_API_NAME and pod["automountServiceAccountToken"] is False
+    [account] = [a for a in inputs_of(plan, "kubernetes:core/v1:ServiceAccount", "ragpool-training")
+                 if a["metadata"]["name"] == RUN_API_NAME]
+    assert account["automountServiceAccountToken"] is False
+    [mount] = [m for m in pod["containers"][0]["volumeMounts"] if m["mountPath"] == SERVICE_ACCOUNT_DIR]
+    [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    paths = {i["path"] for source in volume["projected"]["sources"] for kind in source.values()
+             for i in kind.get("items") or []}
+    assert mount["readOnly"] and paths == {"ca.crt", "namespace"}, "in_cluster reads token, ca.crt, namespace"
+    assert any("serviceAccountToken" in s for s in volume["projected"]["sources"])
+    grants = _run_api_grants(plan)
+    assert grants == {
+        "Role": [{"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["list"]},
+                 {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["get", "list"]},
+                 {"apiGroups": ["kueue.x-k8s.io"], "resources": ["localqueues"], "resourceNames": ["ragpool"],
+                  "verbs": ["get"]}],
+        "ClusterRole": [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["clusterqueues"],
+                         "resourceNames": ["ragpool-training"], "verbs": ["get"]}]}
+    [queue] = [c for c in plan["resources"] if c["type"].endswith(":ClusterQueue")
+               and c["inputs"]["metadata"]["name"] == "ragpool-training"]
+    assert queue, "the ClusterRole names the main namespace's own ClusterQueue"
+    assert [v.message for v in evaluate(plan, None, rules=[RULES_BY_NAME["run-api-reads-only"]])] == []
+
+
+@pytest.mark.parametrize("how", ["write-verb", "secrets", "wildcard", "unnamed-cluster-read", "undeclared"])
+def test_the_policy_refuses_a_run_api_that_does_more_than_read(plan_of, how):
+    from policy.checks import RULES_BY_NAME
+    from policy.offline import evaluate
+
+    doc = plan_of("dev")
+    role = next(r["inputs"] for r in doc["resources"] if r["type"] == ROLE
+                and r["inputs"]["metadata"]["name"] == "ragpool-run-api-kueue")
+    cluster_role = next(r["inputs"] for r in doc["resources"] if r["type"] == CLUSTER_ROLE
+                        and r["inputs"]["metadata"]["name"] == "ragpool-run-api-kueue")
+    if how == "write-verb":
+        role["rules"][1]["verbs"].append("patch")
+    elif how == "secrets":
+        role["rules"][0]["resources"].append("secrets")
+    elif how == "wildcard":
+        role["rules"][1]["apiGroups"] = ["*"]
+    elif how == "unnamed-cluster-read":
+        del cluster_role["rules"][0]["resourceNames"]
+    else:
+        role["metadata"]["name"] = "renamed"
+    found = [v.message for v in evaluate(doc, None, rules=[RULES_BY_NAME["run-api-reads-only"]])]
+    assert len(found) == 1 and RUN_API_NAME in found[0] and "infra/run_api.py" in found[0], found
+
+
 def test_the_plans_command_serves_its_probes(committed_plans, redis_server, namespace, tmp_path):
     container = _deployment(committed_plans["dev"])["spec"]["template"]["spec"]["containers"][0]
     probes = {kind: container[kind]["httpGet"] for kind in ("livenessProbe", "readinessProbe")}

@@ -8,7 +8,10 @@ It serves ``GET /api/v1/nodes/<name>`` and ``PATCH`` with a JSON patch (``applic
 the ``test`` and ``add`` operations, as the API server applies them: a failed ``test`` answers 422),
 checks the bearer token, bumps ``metadata.resourceVersion`` on every write, and records each request.
 ``conflicts`` makes the next PATCHes find the node changed by someone else first (another label, a new
-resourceVersion), as a concurrent writer would.
+resourceVersion), as a concurrent writer would. It also answers ``GET`` of any other object in ``objects`` and of
+any collection in ``collections`` (``{"kind": "List", "items": [...]}``, filtered by a ``labelSelector`` of
+``key=value`` terms), 403 for a path in ``forbidden`` (a Role without that resource): the run API reads Kueue's
+Workloads through it (training/scheduler/quota_wait.py).
 """
 
 from __future__ import annotations
@@ -53,6 +56,15 @@ def apply_json_patch(doc: dict, patch: list[dict]) -> dict:
     return doc
 
 
+def _selected(item: dict, query: str) -> bool:
+    """Whether ``item``'s labels match the query's ``labelSelector`` (equality terms only)."""
+    from urllib.parse import parse_qs
+
+    selector = (parse_qs(query).get("labelSelector") or [""])[0]
+    labels = (item.get("metadata") or {}).get("labels") or {}
+    return all(labels.get(k) == v for k, _, v in (t.partition("=") for t in selector.split(",") if t))
+
+
 @dataclass
 class FakeKubeApi:
     node: dict
@@ -65,6 +77,12 @@ class FakeKubeApi:
     """Answer every request 403 (a service account without the ClusterRole)."""
     requests: list[tuple[str, str, str, Any]] = field(default_factory=list)
     """(method, path, Authorization header, body) of every request."""
+    objects: dict[str, dict] = field(default_factory=dict)
+    """Path (``/apis/<group>/<version>/...``) -> the object a GET answers."""
+    collections: dict[str, list[dict]] = field(default_factory=dict)
+    """Path of a collection -> its items (a GET answers a List of those its ``labelSelector`` matches)."""
+    forbidden: set[str] = field(default_factory=set)
+    """Paths answered 403 (RBAC without that resource)."""
 
     def __post_init__(self) -> None:
         self.tls = make_tls_files(self.directory / "tls")
@@ -88,6 +106,14 @@ class FakeKubeApi:
                 return 401, {"kind": "Status", "reason": "Unauthorized"}
             if self.forbid:
                 return 403, {"kind": "Status", "reason": "Forbidden", "message": "nodes is forbidden"}
+            bare, _, query = path.partition("?")
+            if bare in self.forbidden:
+                return 403, {"kind": "Status", "reason": "Forbidden", "message": f"{bare} is forbidden"}
+            if method == "GET" and bare in self.objects:
+                return 200, copy.deepcopy(self.objects[bare])
+            if method == "GET" and bare in self.collections:
+                return 200, {"kind": "List", "items": [copy.deepcopy(i) for i in self.collections[bare]
+                                                       if _selected(i, query)]}
             if path != self.path:
                 return 404, {"kind": "Status", "reason": "NotFound"}
             if method == "GET":

@@ -176,10 +176,14 @@ async def _errors(request: web.Request, handler):
 class RunApi:
     """The application: routes, the queue, the verifier, the audit trail."""
 
-    def __init__(self, settings: ApiSettings, queue, *, verifier: Verifier | None = None, audit_stream=None):
+    def __init__(self, settings: ApiSettings, queue, *, verifier: Verifier | None = None, audit_stream=None,
+                 kube=None):
         from training.api.audit import Audit
 
         self.settings, self.queue = settings, queue
+        self.kube = kube
+        """Where ``status`` asks Kueue about a queued run's lane (a ``quota_wait.KubeTarget``; :func:`open_api` finds
+        the pod's); None: not asked."""
         self.verifier = verifier or Verifier(settings.cluster_id, settings.sts_endpoint)
         self.audit = Audit(queue, audit_stream)
         self.pool = ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="ragpool-api")
@@ -341,7 +345,8 @@ class RunApi:
         caller = await self.caller(request, "status")
         run_id, _info = await self._run_of(request, caller)
         return self._answer(await self._run(lambda: verbs.status(self.queue, run_id,
-                                                                  shared_root=self.settings.shared_root)))
+                                                                  shared_root=self.settings.shared_root,
+                                                                  kube=self.kube)))
 
     async def show(self, request: web.Request) -> web.Response:
         caller = await self.caller(request, "show")
@@ -510,11 +515,14 @@ async def _json_body(request: web.Request) -> dict:
 
 
 def open_api(settings: ApiSettings | None = None, **kwargs) -> RunApi:
-    """The API on the environment's queue (its Redis commands bounded by :data:`REDIS_TIMEOUT_S`)."""
+    """The API on the environment's queue (its Redis commands bounded by :data:`REDIS_TIMEOUT_S`), and in its pod
+    the Kubernetes API with the pod's service account (``quota_wait.in_cluster``; None elsewhere)."""
+    from training.scheduler.quota_wait import in_cluster
     from training.scheduler.redis_conn import settings_from_env as redis_settings
     from training.scheduler.run_queue import namespace_from_env, open_queue
 
     redis = dataclasses.replace(redis_settings(), socket_timeout_s=REDIS_TIMEOUT_S, retries=2)
+    kwargs.setdefault("kube", in_cluster())
     return RunApi(settings or settings_from_env(), open_queue(redis, namespace=namespace_from_env()), **kwargs)
 
 

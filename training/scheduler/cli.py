@@ -373,13 +373,28 @@ def _task_rows(tasks: list[dict], now: float) -> list[list[str]]:
 _TASK_HEADER = ["RUN_ID", "STATE", "PRIORITY", "ATTEMPTS", "WORKER", "SUBMITTED", "LAST_ACTIVITY"]
 
 
+def preempted_line(times: int, last_at: float | None) -> str:
+    """``preempted N times, last at T (resumes from its checkpoint)``; T in UTC."""
+    from datetime import datetime, timezone
+
+    when = (datetime.fromtimestamp(last_at, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") if last_at
+            else "an unknown time")
+    return f"preempted {times} time{'s' if times != 1 else ''}, last at {when} (resumes from its checkpoint)"
+
+
 def _render_run(run: dict) -> str:
     now = time.time()
     waiting = run["waiting"]
     lines = [_table(_task_rows([run], now), _TASK_HEADER),
              f"waiting on: {waiting['on']} (lane {waiting['lane']}): {waiting['detail']}"]
+    quota = waiting.get("quota") or {}
+    lines += [f"kueue: {line}" for line in quota.get("lines") or []]
+    if quota.get("error"):
+        lines.append(f"kueue: cannot see the lane's Workloads: {quota['error']}")
     if run["state"] == "failed" and run["next_attempt_at"]:
         lines.append(f"next attempt in {max(0.0, run['next_attempt_at'] - now):.0f}s")
+    if run.get("preemptions"):
+        lines.append(preempted_line(run["preemptions"], run.get("last_preempted_at")))
     from training.scheduler.run_queue import State
 
     if run.get("progress") is not None or run["state"] == State.RUNNING:

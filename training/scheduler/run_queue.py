@@ -101,7 +101,7 @@ class Release(StrEnum):
     """The worker was told to stop (SIGTERM to its pod: Kueue evicting its Job to reclaim quota, a spot
     reclaim, a node drain) and its run checkpointed: never spends an attempt however often it happens
     (being preempted is not the run's fault; it resumes from its checkpoint); counted on the task as
-    ``preemptions`` and in ``released_total``."""
+    ``preemptions`` (the last one's time, ``last_preempted_at``) and in ``released_total``."""
     GANG_TIMEOUT = "gang"
     """A multi-node gang that never formed: never spends an attempt (waiting for capacity is not
     the run's fault); counted as ``gang_timeouts:<ready list>`` (``ragpool_gang_timeouts_total``)."""
@@ -267,6 +267,10 @@ class TaskInfo:
     """Who submitted it through the run API (an IAM ARN); '' when submitted directly to Redis."""
     team: str = ""
     """The team it belongs to (the run API's authorization); '' when submitted directly to Redis."""
+    preemptions: int = 0
+    """Times it was handed back preempted (``Release.PREEMPTED``: no attempt spent)."""
+    last_preempted_at: float | None = None
+    """When it was last handed back preempted (server time), None if never."""
 
     @classmethod
     def from_hash(cls, h: dict[str, str]) -> "TaskInfo":
@@ -282,6 +286,7 @@ class TaskInfo:
             next_attempt_at=ts("next_attempt_at"), last_error=h.get("last_error", ""),
             completions=int(h.get("completions", 0)), cancel_requested=h.get("cancel_requested") == "1",
             spec_json=h.get("spec", ""), owner=h.get("owner", ""), team=h.get("team", ""),
+            preemptions=int(h.get("preemptions", 0)), last_preempted_at=ts("last_preempted_at"),
         )
 
 

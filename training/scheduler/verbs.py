@@ -52,7 +52,7 @@ def task_dict(info) -> dict:
             "claimed_at": info.claimed_at, "finished_at": info.finished_at, "heartbeat_at": info.heartbeat_at,
             "next_attempt_at": info.next_attempt_at, "cancel_requested": info.cancel_requested,
             "completions": info.completions, "last_error": info.last_error, "owner": info.owner,
-            "team": info.team}
+            "team": info.team, "preemptions": info.preemptions, "last_preempted_at": info.last_preempted_at}
 
 
 def submit(queue, spec, *, owner: str = "", team: str = "") -> Outcome:
@@ -82,17 +82,30 @@ def submit(queue, spec, *, owner: str = "", team: str = "") -> Outcome:
 
 
 def status(queue, run_id: str, *, cluster: bool = False, kube_namespace: str | None = None,
-           shared_root: str | None = None) -> Outcome:
+           shared_root: str | None = None, kube=None) -> Outcome:
     """One run's state, what it waits on (training/scheduler/waiting.py) and, with ``shared_root`` (where its run
     directory is visible), its ``progress``: stage, step of total, loss, throughput, ETA (training/reports/progress.py;
-    None without ``shared_root`` or before the run wrote anything)."""
+    None without ``shared_root`` or before the run wrote anything). With ``kube`` (a ``quota_wait.KubeTarget``: the
+    run API in its pod), a queued run's ``waiting.quota`` says what Kueue says about its lane's Jobs
+    (training/scheduler/quota_wait.py); without it there is no ``quota``."""
     info = queue.get(run_id)
     if info is None:
         return not_found(run_id)
     from training.scheduler.waiting import explain
 
-    waiting = explain(queue, info, cluster=cluster, kube_namespace=kube_namespace)
-    return Outcome(exit_codes.OK, "", {**task_dict(info), "waiting": waiting.to_dict(),
+    waiting = explain(queue, info, cluster=cluster, kube_namespace=kube_namespace).to_dict()
+    if kube is not None and info.state == "queued":
+        from contract.lanes import parse_lane
+
+        from training.scheduler.waiting import WaitingOn
+
+        quota = waiting["quota"] = kube.lane(parse_lane(waiting["lane"])).to_dict()
+        if quota["waiting"] and waiting["on"] != WaitingOn.WORKER_STARTING:
+            ahead = waiting["runs_ahead"]
+            waiting["on"] = str(WaitingOn.QUOTA)
+            waiting["detail"] = (f"{quota['waiting']} worker Job(s) of lane {waiting['lane']} wait for Kueue to admit "
+                                 f"them ({f'{ahead} run(s) ahead of it' if ahead else 'first in its lane'})")
+    return Outcome(exit_codes.OK, "", {**task_dict(info), "waiting": waiting,
                                        "progress": _progress(info, shared_root)})
 
 

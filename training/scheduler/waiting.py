@@ -34,6 +34,9 @@ class WaitingOn(StrEnum):
     """Queued; no worker of its lane exists (KEDA starts one for it)."""
     WORKER_PENDING = "worker pending (node coming)"
     """Queued; a worker Job of its lane exists but its pod is not running yet (Karpenter brings a node)."""
+    QUOTA = "waiting for quota"
+    """Queued; its lane's worker Jobs wait for Kueue to admit them (the run API asks Kueue:
+    training/scheduler/quota_wait.py)."""
     WORKER_STARTING = "worker starting"
     """Queued; a worker of its lane is up and about to claim (or busy with the runs ahead)."""
     RUNNING = "running"

@@ -29,11 +29,12 @@ end
 if kind == 'preempted' then
   -- The worker was told to stop (Kueue evicted its Job, a spot reclaim, a drain) and the run
   -- checkpointed: never spends an attempt and never counts towards free_releases, so a run
-  -- preempted any number of times is never dead-lettered for it.
+  -- preempted any number of times is never dead-lettered for it. When (server time) is kept for
+  -- ``ragpool status``.
   redis.call('HINCRBY', tk, 'preemptions', 1)
   bump(K.stats, 'released_total', 1)
   redis.call('HINCRBY', tk, 'attempts', -1)
-  redis.call('HSET', tk, 'last_error', reason)
+  redis.call('HSET', tk, 'last_error', reason, 'last_preempted_at', nows)
   requeue(id, tk)
   return 'released'
 end
