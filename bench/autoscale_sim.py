@@ -30,6 +30,8 @@ What stands in for the cluster (:class:`Cluster`):
 - The Job controller (:class:`Job`): Indexed Jobs of ``parallelism`` pods, restartPolicy Never,
   ``podFailurePolicy`` (FailJob / Ignore / Count on exit codes; a lost node is a
   ``DisruptionTarget``), ``backoffLimit`` with the kubelet's 10 s doubling pod back-off,
+  ``backoffLimitPerIndex``/``maxFailedIndexes`` and ``podReplacementPolicy`` (:func:`failed_pod_outcome`,
+  :meth:`Simulation.drain_node_of`),
   ``activeDeadlineSeconds``; a Job whose every index succeeded is Complete.
 - The run itself: the workers' child builder is the tests' (``RAGPOOL_WORKER_CHILD_BUILDER``,
   tests/support/worker_child.py, importable from the repository root on their ``PYTHONPATH``), which runs
@@ -184,6 +186,69 @@ def pod_failure_action(job_spec: dict, code: int, *, container: str = "worker", 
     return "Count"
 
 
+def replaces_terminating(job_spec: dict) -> bool:
+    """``podReplacementPolicy``: TerminatingOrFailed replaces a pod once it is terminating, Failed only once it is
+    terminal; Failed is the default, and the only value allowed, with a ``podFailurePolicy`` (the API's JobSpec
+    description; kubernetes/kubernetes pkg/controller/job/indexed_job_utils.go ``firstPendingIndexes`` counts a
+    terminating pod's index as not pending under Failed)."""
+    default = "Failed" if job_spec.get("podFailurePolicy") else "TerminatingOrFailed"
+    return job_spec.get("podReplacementPolicy", default) == "TerminatingOrFailed"
+
+
+@dataclass(frozen=True)
+class FailedPod:
+    """What the Job controller does after one pod failed (:func:`failed_pod_outcome`)."""
+
+    action: str
+    """The ``podFailurePolicy`` action (``Count`` when no rule matched)."""
+    counted: bool
+    """Counted against ``backoffLimit`` and the index's ``backoffLimitPerIndex`` (every action but Ignore)."""
+    index_failed: bool = False
+    """The index is failed (``backoffLimitPerIndex``): never replaced; the other indexes go on."""
+    job_failed: str | None = None
+    """The reason the Job is Failed now, or None."""
+    retry_after_s: float | None = None
+    """Seconds until the index's replacement pod is created; None: no replacement."""
+
+
+def failed_pod_outcome(job_spec: dict, code: int, *, disrupted: bool = False, job_failures: int = 0,
+                       index_failures: int = 0, index_ignored: int = 0, failed_indexes: int = 0,
+                       succeeded: int = 0) -> FailedPod:
+    """The Job controller on a failed pod of an Indexed Job (kubernetes/kubernetes pkg/controller/job):
+    ``job_failures`` counted failures of the Job before this one; ``index_failures``/``index_ignored`` the failed
+    pod's ``batch.kubernetes.io/job-index-failure-count``/``-ignored-failure-count`` annotations (its index's
+    counted and ignored failures before it); ``failed_indexes``/``succeeded`` the other indexes' state.
+
+    - ``backoffLimit`` first (job_controller.go ``exceedsBackoffLimit``: counted failures > it; with a
+      ``backoffLimitPerIndex`` and no ``backoffLimit`` it defaults to MaxInt32).
+    - With ``backoffLimitPerIndex`` (indexed_job_utils.go ``isIndexFailed``): the index fails on a FailIndex rule or
+      a counted failure of a pod already at the limit; then the Job fails once the failed indexes exceed
+      ``maxFailedIndexes`` (MaxFailedIndexesExceeded), or once every index is failed or succeeded with one failed
+      (FailedIndexes). Else the replacement waits 10 s doubling per failure of the index, ignored ones included
+      (job_controller.go ``getRemainingTimePerIndex``).
+    - Without: the replacement waits 10 s doubling per counted failure of the Job, none for an ignored one."""
+    action = pod_failure_action(job_spec, code, disrupted=disrupted)
+    if action == "FailJob":
+        return FailedPod(action, True, job_failed="PodFailurePolicy")
+    counted = action != "Ignore"
+    failures = job_failures + counted
+    per_index = job_spec.get("backoffLimitPerIndex")
+    limit = job_spec.get("backoffLimit", 2**31 - 1 if per_index is not None else 6)
+    if failures > int(limit):
+        return FailedPod(action, counted, job_failed="BackoffLimitExceeded")
+    if per_index is None:
+        return FailedPod(action, counted, retry_after_s=POD_BACKOFF_S * 2 ** (failures - 1) if counted else 0.0)
+    if action == "FailIndex" or (counted and index_failures >= int(per_index)):
+        failed = failed_indexes + 1
+        max_failed = job_spec.get("maxFailedIndexes")
+        if max_failed is not None and failed > int(max_failed):
+            return FailedPod(action, counted, index_failed=True, job_failed="MaxFailedIndexesExceeded")
+        if failed + succeeded >= int(job_spec.get("completions", 1)):
+            return FailedPod(action, counted, index_failed=True, job_failed="FailedIndexes")
+        return FailedPod(action, counted, index_failed=True)
+    return FailedPod(action, counted, retry_after_s=POD_BACKOFF_S * 2 ** (index_failures + index_ignored))
+
+
 # -- pods and Jobs -------------------------------------------------------------------------
 
 @dataclass
@@ -206,6 +271,10 @@ class Pod:
     ready_at: float | None = None
     disrupted: bool = False
     """Lost with its node (the pod gets a DisruptionTarget condition)."""
+    drained: bool = False
+    """Its node drained (a spot notice): terminating while the Job goes on (:meth:`Simulation.drain_node_of`)."""
+    index_failures: tuple[int, int] = (0, 0)
+    """Its index's counted and ignored failures before it (the ``job-index-failure-count`` annotations)."""
     probe_url: str | None = None
     next_probe_at: float = 0.0
     deleting_since: float | None = None
@@ -233,6 +302,10 @@ class Job:
     """``Complete`` or ``Failed`` once finished."""
     finished_at: float | None = None
     retry_at: dict[int, float] = field(default_factory=dict)
+    failed_indexes: set[int] = field(default_factory=set)
+    """Indexes failed by ``backoffLimitPerIndex``: never replaced."""
+    index_failures: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Index -> its counted and ignored pod failures (what its next pod's annotations carry)."""
     suspended: bool = False
     """``spec.suspend``: under Kueue (:mod:`bench.kueue_gate`) until admitted, and again once evicted."""
 
@@ -494,7 +567,8 @@ class Cluster:
             labels["batch.kubernetes.io/job-completion-index"] = str(index)
         pod = Pod(job=job, index=index, name=f"{job.name}-{index}-{_suffix()}", labels=labels,
                   annotations=dict(meta.get("annotations", {})), created_at=now,
-                  pool=(pod_spec.get("nodeSelector") or {}).get(POOL_LABEL), gpus=gpus)
+                  pool=(pod_spec.get("nodeSelector") or {}).get(POOL_LABEL), gpus=gpus,
+                  index_failures=job.index_failures.get(index, (0, 0)))
         job.pods.append(pod)
         return pod
 
@@ -562,28 +636,28 @@ class Cluster:
         pod.phase = "Succeeded" if code == 0 else "Failed"
         self.events.append(Event(now, "pod-exited", job.scaled_job.name, job.name,
                                  {"pod": pod.name, "code": code, "disrupted": pod.disrupted}))
-        if pod.deleting_since is not None:
-            return
+        if (pod.deleting_since is not None and not pod.drained) or job.finished:
+            return  # deleted with its Job (finished, or evicted by Kueue)
         if code == 0:
             job.succeeded.add(pod.index)
             if len(job.succeeded) >= int(job.spec.get("completions", 1)):
                 self._finish(job, "Complete", now, "Completed")
+            elif job.failed_indexes and len(job.succeeded | job.failed_indexes) >= int(job.spec.get("completions", 1)):
+                self._finish(job, "Failed", now, "FailedIndexes")  # every index done, one failed (see failed_pod_outcome)
             return
-        action = self._failure_action(job, pod, code)
-        if action == "FailJob":
-            self._finish(job, "Failed", now, "PodFailurePolicy")
-            return
-        delay = 0.0
-        if action == "Count":
-            job.failures += 1
-            if job.failures > int(job.spec.get("backoffLimit", 6)):
-                self._finish(job, "Failed", now, "BackoffLimitExceeded")
-                return
-            delay = POD_BACKOFF_S * 2 ** (job.failures - 1)
-        job.retry_at[pod.index] = now + delay
-
-    def _failure_action(self, job: Job, pod: Pod, code: int) -> str:
-        return pod_failure_action(job.spec, code, disrupted=pod.disrupted)
+        counted, ignored = pod.index_failures
+        outcome = failed_pod_outcome(
+            job.spec, code, disrupted=pod.disrupted, job_failures=job.failures, index_failures=counted,
+            index_ignored=ignored, failed_indexes=len(job.failed_indexes), succeeded=len(job.succeeded))
+        job.failures += outcome.counted
+        job.index_failures[pod.index] = (counted + 1, ignored) if outcome.counted else (counted, ignored + 1)
+        if outcome.index_failed:
+            job.failed_indexes.add(pod.index)
+            job.retry_at.pop(pod.index, None)
+        if outcome.job_failed is not None:
+            self._finish(job, "Failed", now, outcome.job_failed)
+        elif outcome.retry_after_s is not None and not (pod.drained and replaces_terminating(job.spec)):
+            job.retry_at[pod.index] = now + outcome.retry_after_s
 
     def _finish(self, job: Job, condition: str, now: float, reason: str) -> None:
         job.condition, job.finished_at = condition, now
@@ -741,6 +815,21 @@ class Cluster:
 
     def pod_named(self, name: str) -> Pod | None:
         return next((p for p in self.all_pods() if p.name == name), None)
+
+    def drain_node_of(self, pod: Pod) -> float:
+        """The pod's node is drained (Karpenter on a spot notice): the pod gets a DisruptionTarget condition and is
+        deleted (SIGTERM, SIGKILL after the grace) while its Job goes on. Its index is replaced once the pod is
+        terminal, or at once under ``podReplacementPolicy: TerminatingOrFailed`` (:func:`replaces_terminating`).
+        Returns the time of the SIGTERM."""
+        with self.lock:
+            at = time.time()
+            pod.disrupted = pod.drained = True
+            pod.deleting_since = at
+            pod.proc.send_signal(signal.SIGTERM)
+            if replaces_terminating(pod.job.spec):
+                pod.job.retry_at[pod.index] = at
+            self.events.append(Event(at, "pod-drained", pod.job.scaled_job.name, pod.job.name, {"pod": pod.name}))
+            return at
 
     def lose_node_of(self, pod: Pod) -> float:
         """The pod's node is lost: SIGKILL the worker and everything under it; the pod gets a

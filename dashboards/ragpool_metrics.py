@@ -49,6 +49,9 @@ CONTRACT: tuple[ContractMetric, ...] = (
     ContractMetric("ragpool_gpu_memory_allocated_bytes", "gauge", _TRAIN, "training", "CUDA memory allocated (CUDA only)"),
     ContractMetric("ragpool_train_world_size", "gauge", _TRAIN, "training",
                    "ranks the stage trains on (an elastic run's world size, changing at each resize)"),
+    ContractMetric("ragpool_train_min_world_size", "gauge", _TRAIN, "training",
+                   "fewest ranks the stage may train on: an elastic run's nodes.min x ranks per node (a fixed-size "
+                   "run's world size)"),
     ContractMetric("ragpool_queue_depth", "gauge", ("priority",), "queue", "tasks waiting"),
     ContractMetric("ragpool_queue_oldest_age_seconds", "gauge", ("priority",), "queue", "age of the oldest waiting task"),
     ContractMetric("ragpool_queue_running", "gauge", (), "queue", "tasks under a lease"),

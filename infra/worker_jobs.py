@@ -61,6 +61,10 @@ from contract.ports import READY_PATH
 from contract.lanes import lane_labels, worker_env
 
 TERMINATION_GRACE_SECONDS = 300
+BACKOFF_LIMIT = 6
+"""Counted pod failures (``podFailurePolicy`` Count, or no rule matched) a worker Job survives, all its pods together."""
+BACKOFF_LIMIT_PER_INDEX = 3
+"""Counted failures of one index (one node of a gang) before that index is failed and its pod no longer replaced."""
 # Importing torch, one CUDA context per GPU, a matmul each and an NCCL all-reduce: minutes at most.
 HEALTH_CHECK_TIMEOUT_SECONDS = 300
 
@@ -220,12 +224,34 @@ def gpu_worker_job_spec(kind: WorkerKind, image: str, namespace: str, redis_secr
 
 def worker_job_spec(labels: dict[str, str], pod_spec: dict[str, Any], nodes: int = 1) -> dict[str, Any]:
     """A worker Job around its pod: an Indexed Job of ``nodes`` pods (all or none of a gang start
-    together), with the retry rules shared by every worker kind."""
+    together), with the retry rules shared by every worker kind.
+
+    A lost pod is replaced, index by index (an elastic run's node comes back, docs/DESIGN.md "Elastic torchrun
+    runs"), under the Job controller's rules for the fields below (kubernetes/kubernetes
+    pkg/controller/job/indexed_job_utils.go; bench/autoscale_sim.py ``failed_pod_outcome`` applies them):
+
+    - ``podReplacementPolicy: Failed``: the replacement of index i is created only once its old pod is terminal
+      (``firstPendingIndexes`` counts terminating pods as not pending), so a spot-noticed pod checkpointing in its
+      grace period never shares its index, GPUs' quota or rendezvous name with its successor. The only value
+      allowed with a ``podFailurePolicy`` (and its default then). Feature gate JobPodReplacementPolicy
+      (KEP-3939): beta and on by default 1.29-1.33, GA 1.34 (pkg/features/kube_features.go).
+    - ``backoffLimitPerIndex`` / ``maxFailedIndexes``: each index retries on its own budget (``isIndexFailed``:
+      a counted failure of a pod whose ``batch.kubernetes.io/job-index-failure-count`` is already at the limit,
+      or a FailIndex rule, fails the index); a failed index is not replaced and the others go on, so a gang
+      with one bad node keeps training at the nodes left. ``maxFailedIndexes`` = ``nodes - 1``: the Job fails
+      once every index has. ``backoffLimit`` still bounds the counted failures of the whole Job. Feature
+      gate JobBackoffLimitPerIndex (KEP-3850): beta 1.29-1.32, GA 1.33, the oldest version the stack takes
+      (infra/config.py ``SUPPORTED_KUBERNETES_VERSIONS``). Disruptions (the Ignore rule) count against neither,
+      but with a per-index limit the replacement waits the pod back-off of the index's failures, ignored
+      ones included (``getRemainingTimePerIndex``: 10 s, doubling)."""
     return {
         "completionMode": "Indexed",
         "completions": nodes,
         "parallelism": nodes,
-        "backoffLimit": 6,
+        "backoffLimit": BACKOFF_LIMIT,
+        "backoffLimitPerIndex": BACKOFF_LIMIT_PER_INDEX,
+        "maxFailedIndexes": nodes - 1,
+        "podReplacementPolicy": "Failed",
         "ttlSecondsAfterFinished": 86400,
         "podFailurePolicy": {"rules": [
             # Bad run config or data: retrying cannot help.

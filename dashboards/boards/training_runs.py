@@ -38,10 +38,13 @@ def build() -> Dashboard:
                    unit="short", min_value=0, description="One slow rank holds back the whole data-parallel run."),
         timeseries("Samples per second by rank", [Query(f"ragpool_train_samples_per_second{{{_SEL}}}", _RANK)],
                    unit="short", min_value=0, description="Samples per second each rank processes."),
-        timeseries("World size", [Query(f"max by (run_id, stage) (ragpool_train_world_size{{{_SEL}}})", _RUN)],
+        timeseries("World size", [Query(f"max by (run_id, stage) (ragpool_train_world_size{{{_SEL}}})", _RUN),
+                                  Query(f"max by (run_id, stage) (ragpool_train_min_world_size{{{_SEL}}})",
+                                        "{{run_id}} {{stage}} min")],
                    unit="short", min_value=0,
                    description="Ranks each run trains on; an elastic run (nodes: {min, max}) steps down when a node "
-                               "is lost and back up when one joins."),
+                               "is lost and back up when one joins, never below its min (the second series): "
+                               "below it the run stops (RagpoolTrainingBelowMinNodes)."),
         timeseries("Optimizer steps per second", [Query(f"run_stage:ragpool_train_steps:rate5m{{{_SEL}}}", _RUN)],
                    unit="short", min_value=0, description="Step rate of each run (recording rule, 5-minute rate)."),
         timeseries("Time since last step", [

@@ -14,7 +14,8 @@ import pytest
 
 from bench.autoscale import burst_runs, lose_a_node
 from bench.autoscale_sim import (
-    Job, ScaledJob, Settings, Simulation, Submitted, expand, lanes_of, localize, queue_namespace, set_flag, stack_from_plan,
+    POD_BACKOFF_S, Job, ScaledJob, Settings, Simulation, Submitted, expand, failed_pod_outcome, lanes_of, localize,
+    queue_namespace, replaces_terminating, set_flag, stack_from_plan,
 )
 from tests.support.redis_fixtures import requires_redis
 from contract import exit_codes
@@ -314,3 +315,66 @@ def test_a_two_node_run_gets_both_pods_or_none(plan, tmp_path):
             attempts.setdefault(words[1], set()).add(words[3])
         assert attempts == {"1": {"0", "1"}}, sim.run_log("gang")
         assert sim.cluster.unfinished_jobs() == 0
+
+
+SIGKILLED = 128 + 9
+
+
+def test_the_job_controllers_replacement_rules_read_against_the_worker_templates(plan):
+    """Issue 42: a lost node of a gang is replaced index by index and a bad one fails alone, by the Job controller's
+    rules (bench/autoscale_sim.py ``failed_pod_outcome``, ``replaces_terminating``) read on the Jobs the plan declares."""
+    stack = stack_from_plan(plan, MAIN_NAMESPACE)
+    two = the_scaled_job(stack, nodes=2)["spec"]["jobTargetRef"]
+    per_index = two["backoffLimitPerIndex"]
+    assert 0 < per_index < two["backoffLimit"]
+    # A spot notice: the pod checkpoints in its grace period before its index gets a new pod, and costs no retry.
+    assert not replaces_terminating(two)
+    notice = failed_pod_outcome(two, exit_codes.RETRIABLE, disrupted=True)
+    assert (notice.action, notice.counted, notice.index_failed, notice.job_failed) == ("Ignore", False, False, None)
+    assert notice.retry_after_s == POD_BACKOFF_S
+    # Nodes lost again and again never fail the index; the replacement's back-off grows with them.
+    again = failed_pod_outcome(two, SIGKILLED, disrupted=True, index_ignored=per_index + 2)
+    assert not again.counted and not again.index_failed and again.job_failed is None
+    assert again.retry_after_s > notice.retry_after_s
+    # One node's worker crashing: counted on its index; past the limit that index fails, the other goes on ...
+    crash = failed_pod_outcome(two, exit_codes.FAILED, index_failures=per_index - 1, job_failures=per_index - 1)
+    assert crash.counted and not crash.index_failed and crash.retry_after_s == POD_BACKOFF_S * 2 ** (per_index - 1)
+    out = failed_pod_outcome(two, exit_codes.FAILED, index_failures=per_index, job_failures=per_index)
+    assert out.index_failed and out.job_failed is None and out.retry_after_s is None
+    # ... and the Job fails once both have.
+    both = failed_pod_outcome(two, exit_codes.FAILED, index_failures=per_index, job_failures=per_index, failed_indexes=1)
+    assert both.index_failed and both.job_failed in ("MaxFailedIndexesExceeded", "BackoffLimitExceeded")
+    # The Job-failing exits still fail the whole Job at once (no pod of it left Pending for KEDA to count).
+    assert failed_pod_outcome(two, exit_codes.GANG_TIMEOUT).job_failed == "PodFailurePolicy"
+    # A one-pod Job: its only index failing fails the Job.
+    one = the_scaled_job(stack, nodes=1)["spec"]["jobTargetRef"]
+    assert failed_pod_outcome(one, exit_codes.FAILED, index_failures=per_index).job_failed == "MaxFailedIndexesExceeded"
+    # Without a per-index limit (no such field): the Job's own back-off, none after a disruption.
+    legacy = {k: v for k, v in two.items() if k not in ("backoffLimitPerIndex", "maxFailedIndexes")}
+    assert failed_pod_outcome(legacy, SIGKILLED, disrupted=True).retry_after_s == 0.0
+    assert failed_pod_outcome(legacy, exit_codes.FAILED, job_failures=2).retry_after_s == POD_BACKOFF_S * 4
+    assert replaces_terminating({}) and not replaces_terminating({"podReplacementPolicy": "Failed"})
+
+
+@pytest.mark.slow
+@requires_redis
+def test_a_drained_workers_index_gets_its_next_pod_only_once_the_pod_is_gone(plan, tmp_path):
+    """Issue 42: a spot notice drains a worker's node. Its pod gets SIGTERM and a DisruptionTarget condition and
+    checkpoints in its grace period; its Job creates the index's next pod only once the pod has exited
+    (``podReplacementPolicy: Failed``), after the index's back-off, and the run resumes from that checkpoint."""
+    stack = stack_from_plan(plan, MAIN_NAMESPACE)
+    with Simulation(tmp_path / "sim", stack, SETTINGS) as sim:
+        sim.submit(queue_namespace(the_scaled_job(stack, nodes=1)), "drained", max_steps=30)
+        sim.wait_for(lambda: sim.checkpoint("drained") >= 2, 120, "the run to checkpoint step 2")
+        pod = sim.cluster.pod_named(sim.claimer_pods("drained")[0])
+        sim.cluster.drain_node_of(pod)
+        sim.wait_for(lambda: pod.phase != "Running", 60, "the drained pod to exit")
+        sim.settle(SETTLE_S)
+        info = sim.info("drained")
+        assert info.state == "succeeded" and info.completions == 1, info
+        assert pod.exit_code == exit_codes.RETRIABLE and pod.disrupted, pod
+        successors = [p for p in pod.job.pods if p.index == pod.index and p is not pod]
+        assert successors and min(p.created_at for p in successors) >= pod.ended_at + POD_BACKOFF_S - 1, (
+            [(p.name, p.created_at) for p in successors], pod.ended_at)
+        assert pod.job.failures == 0 and pod.job.index_failures[pod.index] == (0, 1)
+        assert sim.executions("drained") == 1

@@ -187,7 +187,7 @@ class Trainer:
         metrics = process_metrics()
         metrics.serve(cfg.metrics.port, cfg.metrics.addr, env.local_rank)
         self.metrics = metrics.for_stage(cfg.run_id, task.stage, env.rank)
-        self.metrics.world(env.world_size)
+        self.metrics.world(env.world_size, _min_world(env))
         self.par = task.parallelism
         # Sharding comes before the optimizer: AdamW must hold (and size its state by) the shards.
         # A model built on the meta device is sharded first and only then allocated and loaded.
@@ -336,7 +336,9 @@ class Trainer:
         global_loss = float(summary[0].item()) / env.world_size
         self.losses.append(global_loss)
         self.metrics.step(global_loss, time.monotonic() - t0, n * self.grad_accum, n_tokens)
-        self.progress.update(self.step, loss=global_loss, lr=self.scheduler.get_last_lr()[0])
+        # The nodes this step ran on (an elastic run's current size: `ragpool status`, training/reports/progress.py).
+        self.progress.update(self.step, loss=global_loss, lr=self.scheduler.get_last_lr()[0],
+                             nodes=env.world_size // max(1, env.local_world_size))
         return summary[1].item() > 0
 
     def _periodic_save(self) -> None:
@@ -379,6 +381,15 @@ class Trainer:
 
     def _result(self, exit_code: int) -> TrainResult:
         return TrainResult(exit_code, self.step, self.losses, self.resumed_from)
+
+
+def _min_world(env: D.DistEnv) -> int | None:
+    """The fewest ranks an elastic run trains on (nodes.min x ranks per node); None for a fixed-size run. After
+    :func:`_batch_split`, which refused a malformed range."""
+    from training.elastic.sizes import NodeRange
+
+    nodes = NodeRange.from_env(os.environ)
+    return None if nodes is None else nodes.min * env.local_world_size
 
 
 def _batch_split(task: TrainTask, env: D.DistEnv) -> tuple[int, int]:

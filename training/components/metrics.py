@@ -27,6 +27,7 @@ METRIC_NAMES = (
     "ragpool_checkpoint_duration_seconds",
     "ragpool_gpu_memory_allocated_bytes",
     "ragpool_train_world_size",
+    "ragpool_train_min_world_size",
 )
 
 
@@ -56,6 +57,9 @@ class TrainMetrics:
                              _LABELS, registry=r)
         self.world_size = Gauge("ragpool_train_world_size", "Ranks the stage trains on (an elastic run's changes "
                                 "when it resizes)", _LABELS, registry=r)
+        self.min_world_size = Gauge("ragpool_train_min_world_size", "Fewest ranks the stage may train on (an "
+                                    "elastic run's nodes.min x ranks per node; a fixed-size run's world size)",
+                                    _LABELS, registry=r)
         self.port: int | None = None
 
     def serve(self, port: int, addr: str = "0.0.0.0", local_rank: int = 0) -> int | None:
@@ -77,7 +81,7 @@ class StageMetrics:
         self.m, self.labels = m, labels
         # Touch every series so the endpoint lists them from the start.
         for fam in (m.step_total, m.last_step_ts, m.loss, m.tokens_per_s, m.samples_per_s, m.step_duration,
-                    m.ckpt_last_success, m.ckpt_duration, m.world_size):
+                    m.ckpt_last_success, m.ckpt_duration, m.world_size, m.min_world_size):
             fam.labels(**labels)
 
     def step(self, loss: float, duration_s: float, samples: int, tokens: int) -> None:
@@ -97,9 +101,11 @@ class StageMetrics:
         except ImportError:  # pragma: no cover - torch is always there in the image
             pass
 
-    def world(self, size: int) -> None:
-        """The ranks this stage trains on from now (set at every start, so an elastic run's resizes show)."""
+    def world(self, size: int, min_size: int | None = None) -> None:
+        """The ranks this stage trains on from now (set at every start, so an elastic run's resizes show), and the
+        fewest it may (``min_size``; None: ``size``, a fixed-size run)."""
         self.m.world_size.labels(**self.labels).set(size)
+        self.m.min_world_size.labels(**self.labels).set(size if min_size is None else min_size)
 
     def checkpoint(self, duration_s: float) -> None:
         self.m.ckpt_duration.labels(**self.labels).observe(duration_s)
@@ -111,7 +117,7 @@ class StageMetrics:
         values = tuple(self.labels[k] for k in _LABELS)
         for fam in (self.m.step_total, self.m.last_step_ts, self.m.loss, self.m.tokens_per_s,
                     self.m.samples_per_s, self.m.step_duration, self.m.ckpt_last_success,
-                    self.m.ckpt_duration, self.m.gpu_mem, self.m.world_size):
+                    self.m.ckpt_duration, self.m.gpu_mem, self.m.world_size, self.m.min_world_size):
             try:
                 fam.remove(*values)
             except KeyError:  # never observed (e.g. GPU memory on CPU)

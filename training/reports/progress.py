@@ -7,7 +7,9 @@ records (``message`` ``step``, ``fields.loss``) and the progress lines ``step N/
 last :data:`TAIL_BYTES` of a log are read (and its first :data:`HEAD_BYTES` when the total is not in them), so a
 status stays cheap however long the run. Throughput is optimizer steps per second over the last
 :data:`RATE_WINDOW` step records (samples per second too when the records carry ``samples_per_s``); the ETA is
-the stage's remaining steps at that rate.
+the stage's remaining steps at that rate. The nodes a run trains on now are the last step record's ``fields.nodes``
+(training/components/loop.py: world size / ranks per node, so an elastic run's current size after a resize); its
+target is the spec's ``nodes`` (the most, ``nodes.max`` of a range).
 """
 
 from __future__ import annotations
@@ -31,11 +33,14 @@ RATE_WINDOW = 20
 _TOTAL = re.compile(r"(?:step (\d+)/(\d+)(?: .*)?)|(?:already at step (\d+) of (\d+))")
 
 
-def run_progress(shared_root: str, run_id: str, stages: Sequence[str]) -> dict[str, Any] | None:
+def run_progress(shared_root: str, run_id: str, stages: Sequence[str],
+                 node_range: tuple[int, int] | None = None) -> dict[str, Any] | None:
     """The progress of ``run_id`` through ``stages`` (its spec's), or None when its directory does not exist yet.
+    ``node_range``: the spec's (min, max) nodes (a fixed size: (N, N)).
 
     ``{"stage", "stage_number", "stages", "completed", "step", "total", "loss", "steps_per_s", "samples_per_s",
-    "eta_seconds", "updated_at"}``; a field not known yet is None (a stage that does not train has no steps)."""
+    "eta_seconds", "updated_at", "nodes", "min_nodes", "target_nodes"}``; a field not known yet is None (a stage that
+    does not train has no steps; ``nodes`` is the current stage's last step's)."""
     directory = run_dir(shared_root, run_id)
     if not directory.is_dir():
         return None
@@ -43,7 +48,9 @@ def run_progress(shared_root: str, run_id: str, stages: Sequence[str]) -> dict[s
     current = next((s for s in stages if s not in completed), None)
     out: dict[str, Any] = {"stage": current, "stage_number": stages.index(current) + 1 if current else None,
                            "stages": len(stages), "completed": completed, "step": None, "total": None, "loss": None,
-                           "steps_per_s": None, "samples_per_s": None, "eta_seconds": None, "updated_at": None}
+                           "steps_per_s": None, "samples_per_s": None, "eta_seconds": None, "updated_at": None,
+                           "nodes": None, "min_nodes": node_range[0] if node_range else None,
+                           "target_nodes": node_range[1] if node_range else None}
     if current is not None:
         out.update(_stage_progress(directory / current / STAGE_LOG))
     return out
@@ -106,6 +113,8 @@ def _stage_progress(log: Path) -> dict[str, Any]:
     out["loss"] = fields.get("loss") if isinstance(fields.get("loss"), (int, float)) else None
     if isinstance(fields.get("samples_per_s"), (int, float)):
         out["samples_per_s"] = float(fields["samples_per_s"])
+    if isinstance(fields.get("nodes"), (int, float)) and fields["nodes"] >= 1:
+        out["nodes"] = int(fields["nodes"])
     window = steps[-RATE_WINDOW:]
     dt, dn = window[-1]["ts"] - window[0]["ts"], window[-1]["step"] - window[0]["step"]
     if dt > 0 and dn > 0:
@@ -116,7 +125,8 @@ def _stage_progress(log: Path) -> dict[str, Any]:
 
 
 def describe(progress: dict[str, Any] | None) -> str:
-    """One line for ``ragpool status``: ``stage generator (3/4): step 120/500, loss 1.234, 2.50 steps/s, ETA 2m32s``."""
+    """One line for ``ragpool status``: ``stage generator (3/4): step 120/500, loss 1.234, 2.50 steps/s, ETA 2m32s``;
+    a multi-node run's nodes now of its target follow the step (``nodes 3/4 (min 2)`` for a range)."""
     if not progress:
         return "progress: nothing written yet"
     if progress["stage"] is None:
@@ -125,6 +135,8 @@ def describe(progress: dict[str, Any] | None) -> str:
     figures = []
     if progress["step"] is not None:
         figures.append(f"step {progress['step']}/{progress['total'] if progress['total'] is not None else '?'}")
+    if nodes := _nodes(progress):
+        figures.append(nodes)
     if progress["loss"] is not None:
         figures.append(f"loss {progress['loss']:.4g}")
     if progress["samples_per_s"] is not None:
@@ -134,6 +146,15 @@ def describe(progress: dict[str, Any] | None) -> str:
     if progress["eta_seconds"] is not None:
         figures.append(f"ETA {_duration(progress['eta_seconds'])}")
     return "progress: " + parts[0] + (": " + ", ".join(figures) if figures else "")
+
+
+def _nodes(progress: dict[str, Any]) -> str | None:
+    """``nodes C/T`` (``(min M)`` for a range) for a run with more than one node, target or current; else None."""
+    current, target, least = progress.get("nodes"), progress.get("target_nodes"), progress.get("min_nodes")
+    if max(current or 0, target or 0) <= 1:
+        return None
+    text = f"nodes {current if current is not None else '?'}/{target if target is not None else '?'}"
+    return text + (f" (min {least})" if least is not None and target is not None and least < target else "")
 
 
 def _duration(seconds: float) -> str:

@@ -116,9 +116,20 @@ def _progress(info, shared_root: str | None) -> dict | None:
 
     try:
         stages = json.loads(info.spec_json or "{}").get("stages") or []
-        return run_progress(shared_root, info.task_id, [s for s in stages if isinstance(s, str)])
+        return run_progress(shared_root, info.task_id, [s for s in stages if isinstance(s, str)], _node_range(info))
     except (OSError, ValueError, AttributeError):
         return None
+
+
+def _node_range(info) -> tuple[int, int] | None:
+    """The run's (min, max) nodes from its stored spec (a fixed size: (N, N)); None when it cannot be read."""
+    from training.scheduler.spec import RunSpec
+
+    try:
+        spec = RunSpec.from_validated_json(info.spec_json or "")
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+    return (spec.min_nodes or spec.nodes, spec.nodes)
 
 
 def overview(queue, *, recent: int = 20, teams: Sequence[str] | None = None) -> Outcome:

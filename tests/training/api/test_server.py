@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from contract.api import MAX_BODY_BYTES

@@ -71,3 +71,19 @@ def test_finished_stage_drops_its_series_so_it_cannot_look_stalled() -> None:
     text = generate_latest(m.registry).decode()
     assert 'stage="retriever"' not in text
     assert 'ragpool_train_last_step_timestamp_seconds{rank="0",run_id="run-1",stage="generator"}' in text
+
+
+def test_world_size_and_the_fewest_ranks_the_stage_may_train_on() -> None:
+    from prometheus_client import generate_latest
+
+    m = TrainMetrics()
+    stage = m.for_stage("r", "generator", 0)
+    stage.world(6, 4)  # an elastic run of nodes {min: 2, max: 4}, 2 ranks per node, at 3 nodes
+
+    def value(name: str) -> float:
+        line = next(t for t in generate_latest(m.registry).decode().splitlines() if t.startswith(name + "{"))
+        return float(line.rsplit(" ", 1)[1])
+
+    assert (value("ragpool_train_world_size"), value("ragpool_train_min_world_size")) == (6.0, 4.0)
+    stage.world(8)  # a fixed-size run: its world is its least
+    assert (value("ragpool_train_world_size"), value("ragpool_train_min_world_size")) == (8.0, 8.0)

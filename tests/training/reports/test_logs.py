@@ -38,6 +38,8 @@ def test_rank0_keeps_every_step_in_the_run_directory(finished_run) -> None:
     steps = [r["step"] for r in recs if r["message"] == "step"]
     assert steps == list(range(1, RETRIEVER_STEPS + 1))
     assert all({"loss", "lr"} <= set(r["fields"]) for r in recs if r["message"] == "step")
+    # ... and the nodes it ran on (one here): what `ragpool status` shows of an elastic run (training/reports/progress.py).
+    assert {r["fields"]["nodes"] for r in recs if r["message"] == "step"} == {1}
 
 
 def _worker_log(shared, lines: list[str]) -> None:

@@ -18,9 +18,10 @@ from training.reports.progress import describe, run_progress
 STAGES = ["retriever", "index", "generator"]
 
 
-def write_run(shared, run_id: str, steps: int = 30, total: int = 100) -> None:
+def write_run(shared, run_id: str, steps: int = 30, total: int = 100, nodes=None) -> None:
     """Retriever and index complete; the generator at ``steps`` of ``total``, logged by the training loop's own
-    logger and progress (training/components/logs.py)."""
+    logger and progress (training/components/logs.py); ``nodes(step)``, when given, the nodes each step ran on
+    (the field training/components/loop.py writes)."""
     from training.components.logs import Progress, get_logger, scoped_context
 
     directory = run_dir(shared, run_id)
@@ -32,7 +33,7 @@ def write_run(shared, run_id: str, steps: int = 30, total: int = 100) -> None:
         bar = Progress(log, total, 10, True)
         bar.tty = False
         for step in range(1, steps + 1):
-            bar.update(step, loss=3.0 - step / 100, lr=1e-4)
+            bar.update(step, loss=3.0 - step / 100, lr=1e-4, **({"nodes": nodes(step)} if nodes else {}))
             time.sleep(0.002)
 
 
@@ -64,3 +65,39 @@ def test_status_shows_it_on_the_direct_path(tmp_path, monkeypatch, redis_server,
     assert "progress: stage generator (3/3): step 30/100, loss 2.7" in capsys.readouterr().out
     assert cli("status", "shown", "--json") == 0
     assert json.loads(capsys.readouterr().out)["progress"]["completed"] == STAGES[:2]
+
+
+KEEPS_BATCH = {stage: {"global_batch_size": 12, "grad_accum": 3} for stage in ("retriever", "generator")}
+"""Hyperparameters whose global batch every world of nodes {min: 2, max: 4} keeps (one rank per node)."""
+
+
+def lost_a_node_at_20(step: int) -> int:
+    """An elastic run of nodes {min: 2, max: 4}: 4 nodes, one lost after step 20."""
+    return 4 if step <= 20 else 3
+
+
+def test_an_elastic_runs_nodes_now_and_its_target(tmp_path):
+    shared = tmp_path / "shared"
+    write_run(shared, "e1", nodes=lost_a_node_at_20)
+    got = run_progress(str(shared), "e1", STAGES, (2, 4))
+    assert (got["nodes"], got["min_nodes"], got["target_nodes"]) == (3, 2, 4)
+    assert describe(got).startswith("progress: stage generator (3/3): step 30/100, nodes 3/4 (min 2), loss 2.7")
+    # A fixed-size multi-node run shows its nodes too; a one-node run and a run not stepping yet say nothing of them.
+    assert "nodes 3/3," in describe({**got, "min_nodes": 3, "target_nodes": 3})
+    write_run(shared, "one")
+    assert "nodes" not in describe(run_progress(str(shared), "one", STAGES, (1, 1)))
+
+
+def test_status_shows_an_elastic_runs_nodes_on_the_direct_path(tmp_path, monkeypatch, redis_server, namespace,
+                                                                make_queue, capsys):
+    """(Through the run API: tests/training/api/test_server.py.)"""
+    from tests.training.scheduler.test_cli import _cli_at
+
+    make_queue().submit(make_spec("elastic", stages=STAGES, nodes={"min": 2, "max": 4}, hyperparameters=KEEPS_BATCH))
+    cli = _cli_at(redis_server.url, monkeypatch, tmp_path, namespace)
+    write_run(tmp_path / "shared", "elastic", nodes=lost_a_node_at_20)
+    assert cli("status", "elastic") == 0
+    assert "step 30/100, nodes 3/4 (min 2), loss 2.7" in capsys.readouterr().out
+    assert cli("status", "elastic", "--json") == 0
+    progress = json.loads(capsys.readouterr().out)["progress"]
+    assert (progress["nodes"], progress["min_nodes"], progress["target_nodes"]) == (3, 2, 4)
