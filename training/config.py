@@ -138,7 +138,7 @@ GENERATOR_DEFAULT_STRATEGY: ParallelStrategy = "ddp"
 
 @dataclass
 class ParallelismConfig:
-    """How a training stage spreads its model over the ranks (README "Training a large generator")."""
+    """How a training stage spreads its model over the ranks (docs/TRAINING.md "Training a large generator")."""
 
     strategy: ParallelStrategy = "ddp"
     """``ddp``: a full replica of model, gradients and AdamW state per rank; ``fsdp``: FSDP2 ``fully_shard`` per

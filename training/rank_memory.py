@@ -1,6 +1,6 @@
 """Training-state memory per rank, per parallelism strategy (torch-free; the one home of the arithmetic).
 
-README "Training a large generator" quotes this; ``ragpool submit`` refuses a stage whose state cannot
+docs/TRAINING.md "Training a large generator" quotes this; ``ragpool submit`` refuses a stage whose state cannot
 fit the pool's GPUs with it (training/scheduler/fit.py). AdamW with fp32 master weights keeps, per
 parameter, :data:`BYTES_PER_PARAMETER` bytes: 4 (parameter) + 4 (gradient) + 8 (AdamW ``exp_avg`` and
 ``exp_avg_sq``) = 16. ``ddp`` holds all of it on every rank; ``fsdp`` and ``hsdp`` shard it over their
