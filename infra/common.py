@@ -36,6 +36,11 @@ def aws_tags(cfg: StackConfig, name: str, **extra: str) -> dict[str, str]:
     return {**cfg.tags, "Name": name, **extra}
 
 
+RESTRICTED_NAMESPACE_LABELS = {"pod-security.kubernetes.io/enforce": "restricted",
+                               "pod-security.kubernetes.io/enforce-version": "latest"}
+"""Pod Security Admission on a namespace: its pods must meet the restricted profile (every ragpool namespace)."""
+
+
 def k8s_labels(component: str, name: str | None = None) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": name or component,

@@ -35,7 +35,7 @@ import pulumi_kubernetes as k8s
 
 from infra.component import RagpoolComponent
 from infra.charts import KEDA
-from infra.common import child, k8s_labels, load_values
+from infra.common import RESTRICTED_NAMESPACE_LABELS, child, k8s_labels, load_values
 from infra.config import GpuPoolConfig, StackConfig
 from infra.peers import REDIS_SERVICE, redis_peer
 from infra.queue_redis import CONNECTION_SECRET
@@ -273,8 +273,7 @@ class Keda(RagpoolComponent):
         self.namespace = k8s.core.v1.Namespace(
             f"{name}-ns", metadata={"name": KEDA_NAMESPACE, "labels": {
                 **k8s_labels("autoscaler", KEDA_NAMESPACE),
-                "pod-security.kubernetes.io/enforce": "restricted",
-                "pod-security.kubernetes.io/enforce-version": "latest"}},
+                **RESTRICTED_NAMESPACE_LABELS}},
             opts=child(self, depends_on=args.depends_on))
         self.namespace_name = self.namespace.metadata.name
         # The vendored CRDs, server-side applied (the ScaledJob CRD is ~650 kB: too large for the

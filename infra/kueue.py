@@ -29,7 +29,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.charts import KUEUE
-from infra.common import child, k8s_labels, load_values
+from infra.common import RESTRICTED_NAMESPACE_LABELS, child, k8s_labels, load_values
 from infra.component import RagpoolComponent
 from infra.config import StackConfig
 from infra.kueue_objects import (KUEUE_NAMESPACE, MANAGER_POD_LABELS, METRICS_PORT,
@@ -115,8 +115,7 @@ class Kueue(RagpoolComponent):
         self.namespace = k8s.core.v1.Namespace(
             f"{name}-ns", metadata={"name": KUEUE_NAMESPACE, "labels": {
                 **k8s_labels("queueing", KUEUE_NAMESPACE),
-                "pod-security.kubernetes.io/enforce": "restricted",
-                "pod-security.kubernetes.io/enforce-version": "latest"}},
+                **RESTRICTED_NAMESPACE_LABELS}},
             opts=child(self, depends_on=args.depends_on))
         self.namespace_name = self.namespace.metadata.name
         ns_opts = child(self, depends_on=[self.namespace])

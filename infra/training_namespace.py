@@ -21,7 +21,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.component import RagpoolComponent
-from infra.common import child, k8s_labels, stateful
+from infra.common import RESTRICTED_NAMESPACE_LABELS, child, k8s_labels, stateful
 from infra.config import StackConfig
 from infra.peers import RAY_CLIENT_LABEL, TRAINING_NAMESPACE, TRAINING_NAMESPACE_LABEL, redis_peer
 from infra.storage import STORAGE_CLASS
@@ -187,10 +187,7 @@ class TrainingNamespace(RagpoolComponent):
             f"{name}-ns",
             metadata={"name": args.namespace, "labels": {
                 **k8s_labels("training", args.namespace), **TRAINING_NAMESPACE_LABEL,
-                # Pod Security Admission: training pods must meet the restricted profile.
-                "pod-security.kubernetes.io/enforce": "restricted",
-                "pod-security.kubernetes.io/enforce-version": "latest",
-            }},
+                **RESTRICTED_NAMESPACE_LABELS}},
             opts=child(self, depends_on=args.depends_on))
         self.name = self.namespace.metadata.name
         ns_opts = child(self, depends_on=[self.namespace])

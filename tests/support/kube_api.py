@@ -38,6 +38,25 @@ def _pointer(doc: Any, path: str) -> tuple[Any, str]:
     return doc, parts[-1]
 
 
+def serve_tls(handler: type[BaseHTTPRequestHandler], tls) -> tuple[ThreadingHTTPServer, threading.Thread]:
+    """An HTTPS server of ``handler`` on a free port of 127.0.0.1 (``tls``: the files of
+    ``make_tls_files``), serving from a daemon thread."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tls.server_cert, tls.server_key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    return server, thread
+
+
+def stop(server: ThreadingHTTPServer, thread: threading.Thread) -> None:
+    """Stop a :func:`serve_tls` server and wait (bounded: 5 s) for its thread."""
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=5)
+
+
 def apply_json_patch(doc: dict, patch: list[dict]) -> dict:
     """RFC 6902 ``test`` and ``add`` (what the fence sends); ValueError when a test fails."""
     doc = copy.deepcopy(doc)
@@ -152,18 +171,11 @@ class FakeKubeApi:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(self.tls.server_cert, self.tls.server_key)
-        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self._thread.start()
+        self.server, self._thread = serve_tls(Handler, self.tls)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self._thread.join(timeout=5)
+        stop(self.server, self._thread)
 
     @property
     def environ(self) -> dict[str, str]:
@@ -325,18 +337,11 @@ class FakeEksApi:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(self.tls.server_cert, self.tls.server_key)
-        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self._thread.start()
+        self.server, self._thread = serve_tls(Handler, self.tls)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self._thread.join(timeout=5)
+        stop(self.server, self._thread)
 
     @property
     def url(self) -> str:
