@@ -30,6 +30,7 @@ from infra.kueue_objects import reachable_gpus  # noqa: E402
 from infra.log_shipping import LogShipping, LogShippingArgs  # noqa: E402
 from infra.monitoring import Monitoring, MonitoringArgs  # noqa: E402
 from infra.network import Network, NetworkArgs  # noqa: E402
+from infra.opencost import OpenCost, OpenCostArgs  # noqa: E402
 from infra.ray_cluster import Ray, RayArgs, RayNamespace, ray_endpoint  # noqa: E402
 from infra.registry import Registry, RegistryArgs  # noqa: E402
 from infra.storage import SharedStorage, StorageArgs  # noqa: E402
@@ -79,6 +80,11 @@ keda = Keda("keda", KedaArgs(
 kueue = Kueue("kueue", KueueArgs(
     config=cfg, k8s_provider=cluster.provider, monitoring_namespace=monitoring.namespace_name,
     depends_on=[training, *teams, monitoring.release]))
+# Node prices for dollars per team (`ragpool usage`, the Teams dashboard), scraped by the stack's Prometheus.
+if cfg.opencost_enabled:
+    OpenCost("opencost", OpenCostArgs(
+        config=cfg, k8s_provider=cluster.provider, monitoring_namespace=monitoring.namespace_name,
+        depends_on=[cluster.system_nodes, monitoring.release]))
 redis = Redis("redis", RedisArgs(
     config=cfg, k8s_provider=cluster.provider, namespace=training.name, vpc_id=network.vpc_id,
     private_subnet_ids=network.private_subnet_ids, node_security_group_id=cluster.cluster_security_group_id,

@@ -45,6 +45,10 @@ EFA_DEVICE_PLUGIN = Chart("aws-efa-k8s-device-plugin", "v0.5.30", "https://aws.g
 # (`helm install kueue oci://registry.k8s.io/kueue/charts/kueue --version="0.19.2"`). infra/kueue.py installs it.
 KUEUE = Chart("oci://registry.k8s.io/kueue/charts/kueue", "0.19.2", None)
 KUEUE_TAG = "v0.19.2"
+# opencost/opencost-helm-chart tag opencost-2.5.17 (commit 725bb939d6a631a7b679cef38fe42a3d872efe64, 2026-04-28,
+# charts/opencost/Chart.yaml version 2.5.17, appVersion 1.120.1; repository URL from that tag's README.md
+# `helm repo add opencost ...`). infra/opencost.py installs it.
+OPENCOST = Chart("opencost", "2.5.17", "https://opencost.github.io/opencost-helm-chart")
 KUEUE_COMMIT = "8eab68778fc1b52affe165fdf5af29d1e9b4f3cb"
 # The Ray the training image carries (RayCluster.spec.rayVersion, the generated Ray dashboards):
 # contract.names.RAY_VERSION, tied to pyproject's pin by tests/infra/test_ray_cluster.py.
@@ -87,6 +91,7 @@ BY_SCHEMA_NAME = {
     "keda": KEDA,
     "aws-efa-k8s-device-plugin": EFA_DEVICE_PLUGIN,
     "kueue": KUEUE,
+    "opencost": OPENCOST,
 }
 # Subcharts whose values are checked against their own defaults (versions fixed by the parent).
 SUBCHART_VERSIONS = {

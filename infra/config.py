@@ -154,6 +154,7 @@ SCHEMA: tuple[ConfigKey, ...] = (
     ConfigKey("redisNodeType", "string", "ElastiCache node type of the prod task queue (one node per AZ, Multi-AZ failover).", "cache.r7g.large"),
     ConfigKey("gpuHoursBudget", "integer", "GPU-hours per 30 days above which RagpoolGpuHoursOverBudget fires.", 5000),
     ConfigKey("runbookBaseUrl", "string", "Where dashboards/RUNBOOK.md is browsable (e.g. your repo's blob URL); alert runbook_url links point into it. Empty keeps repo-relative links.", ""),
+    ConfigKey("openCostEnabled", "boolean", "Install OpenCost (infra/opencost.py): node prices from the public AWS price list, scraped by the stack's Prometheus, for the dollars of `ragpool usage` and the Teams dashboard.", True),
     ConfigKey("alertReceiver", "string", "Where critical alerts go: none, slack or pagerduty.", "none"),
     ConfigKey("alertReceiverSecret", "string", "Slack webhook URL or PagerDuty routing key for alertReceiver (required unless alertReceiver is none).", secret=True),
     ConfigKey("rayEnabled", "boolean", "Install the KubeRay operator and run one autoscaling RayCluster (ragpool-ray) per training namespace, with a CPU worker template that takes `executor: ray` runs.", True),
@@ -325,6 +326,8 @@ class StackConfig:
     gpu_hours_budget: int = 5000
     runbook_base_url: str = ""
     prometheus_storage_gib: int = 50
+    opencost_enabled: bool = True
+    """Install OpenCost (``openCostEnabled``; infra/opencost.py)."""
     log_retention_days: int = SCHEMA_BY_NAME["logRetentionDays"].default
     alert_receiver_secret: str | None = field(default=None, repr=False)
     ray: RayConfig = RayConfig()
@@ -737,7 +740,7 @@ def _parse_storage_and_image(r: _Reader) -> dict[str, Any]:
 
 
 def _parse_monitoring(r: _Reader) -> dict[str, Any]:
-    """prometheusRetention, gpuHoursBudget, runbookBaseUrl, prometheusStorageGiB, logRetentionDays."""
+    """prometheusRetention, gpuHoursBudget, runbookBaseUrl, prometheusStorageGiB, logRetentionDays, openCostEnabled."""
     retention_p = r.get("prometheusRetention")
     _check(_duration_days(retention_p) >= 30, r, "prometheusRetention", retention_p,
            "must be a Prometheus duration of at least 30d, such as 31d or 1y (the GPU-hour budget looks back 30 days)")
@@ -753,7 +756,8 @@ def _parse_monitoring(r: _Reader) -> dict[str, Any]:
     _check(log_days in CLOUDWATCH_RETENTION_DAYS and not isinstance(log_days, bool), r, "logRetentionDays", log_days,
            "must be one of CloudWatch Logs' retention periods: " + ", ".join(map(str, CLOUDWATCH_RETENTION_DAYS)))
     return {"prometheus_retention": retention_p, "gpu_hours_budget": budget_h, "runbook_base_url": runbook,
-            "prometheus_storage_gib": storage_p, "log_retention_days": log_days}
+            "prometheus_storage_gib": storage_p, "log_retention_days": log_days,
+            "opencost_enabled": bool(r.get("openCostEnabled"))}
 
 
 def _parse_queue(r: _Reader) -> dict[str, Any]:

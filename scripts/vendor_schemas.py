@@ -70,6 +70,7 @@ SOURCES: dict[str, Source] = {
     # The chart (charts/kueue) and the CRDs it renders (charts/kueue/templates/crd/: the same schemas as
     # config/components/crd/bases/, which is what is copied) come from the one repository and tag.
     "KU": Source("kubernetes-sigs/kueue", "v0.19.2", "8eab68778fc1b52affe165fdf5af29d1e9b4f3cb"),
+    "OC": Source("opencost/opencost-helm-chart", "opencost-2.5.17", "725bb939d6a631a7b679cef38fe42a3d872efe64"),
 }
 
 # The Kueue kinds infra/kueue_objects.py declares (the chart installs every Kueue CRD itself).
@@ -101,10 +102,13 @@ FILES: list[tuple[str, str, str]] = [
           ("EFS", "charts/aws-efs-csi-driver", "aws-efs-csi-driver", "4.4.1"),
           ("KC", "keda", "keda", "2.20.2"),
           ("EC", "stable/aws-efa-k8s-device-plugin", "aws-efa-k8s-device-plugin", "v0.5.30"),
-          ("KU", "charts/kueue", "kueue", "0.19.2"))
+          ("KU", "charts/kueue", "kueue", "0.19.2"),
+          ("OC", "charts/opencost", "opencost", "2.5.17"))
       for name in ("values.yaml", "Chart.yaml")],
     *[("DP", f"{_NFD_TGZ}!node-feature-discovery/{name}", f"helm/node-feature-discovery/0.19.0/{name}")
       for name in ("values.yaml", "Chart.yaml", "values.schema.json")],
+    # OpenCost's ClusterRole, to check that it only reads (tests/infra/test_opencost.py).
+    ("OC", "charts/opencost/templates/clusterrole.yaml", "helm/opencost/2.5.17/templates/clusterrole.yaml"),
     ("DE", "etc/default-counters.csv", "dcgm/default-counters.csv"),
     ("DE", "etc/dcp-metrics-included.csv", "dcgm/dcp-metrics-included.csv"),
     *[("KU", f"config/components/crd/bases/kueue.x-k8s.io_{kinds}.yaml",

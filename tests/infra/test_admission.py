@@ -171,7 +171,8 @@ def _rendered_pod_security(plan: dict, chart: str, fields: dict) -> dict:
     def at(path: str) -> Any:
         return _get(values, *path.split("."))
 
-    return {"hostNetwork": bool(at(fields["hostNetwork"])), "securityContext": at(fields["securityContext"]) or {},
+    # No hostNetwork path: the chart's template never renders the field.
+    return {"hostNetwork": bool(at(fields["hostNetwork"])) if "hostNetwork" in fields else False, "securityContext": at(fields["securityContext"]) or {},
             "containers": [{"name": name, "securityContext": at(path) or {}} for name, path in fields["containers"].items()],
             "volumes": copy.deepcopy(fields["volumes"])}
 

@@ -32,7 +32,9 @@ def test_no_values_file_writes_the_pool_label(filename):
 def test_the_system_services_land_on_the_system_nodes():
     """Each nodeSelector the values files ask for renders to the system pool's selector."""
     rendered = {name: node_selectors(load_values(name)) for name in VALUES_FILES}
-    assert sum(len(s) for s in rendered.values()) == 6, rendered  # keda, karpenter, kuberay, 3 in kps
+    # keda, karpenter, kuberay, kueue, opencost, 3 in kps
+    assert sum(len(s) for s in rendered.values()) == 8, rendered
+    assert rendered["kueue.yaml"] and rendered["opencost.yaml"]
     for name, selectors in rendered.items():
         for selector in selectors:
             assert selector[POOL_LABEL] == SYSTEM_POOL, (name, selector)

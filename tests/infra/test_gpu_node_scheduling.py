@@ -231,6 +231,8 @@ def off_gpu_workloads(plan: dict) -> list[Workload]:
     ]
     # Kueue's controller manager (its chart's controllerManager.nodeSelector / tolerations; infra/values/kueue.yaml).
     out.append(Workload("kueue", _scheduling(chart_values(plan, "kueue")["controllerManager"]), False))
+    # OpenCost's exporter (its chart's opencost.nodeSelector / tolerations; infra/values/opencost.yaml).
+    out.append(Workload("opencost", _scheduling(chart_values(plan, "opencost")["opencost"]), False))
     if "kuberay-operator" in BY_SCHEMA_NAME and any(
             r["type"] == HELM and r["inputs"]["chart"] == BY_SCHEMA_NAME["kuberay-operator"].name for r in plan["resources"]):
         out.append(Workload("kuberay-operator", _scheduling(chart_values(plan, "kuberay-operator")), False))

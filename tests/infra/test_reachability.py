@@ -33,6 +33,7 @@ from infra.keda import KEDA_NAMESPACE, OPERATOR_POD_LABELS, operator_metrics_por
 from infra.keeper import KEEPER_NAME
 from infra.kueue_objects import (KUEUE_NAMESPACE, MANAGER_POD_LABELS, METRICS_PORT as KUEUE_METRICS_PORT,
                                  VISIBILITY_PORT, WEBHOOK_PORT)
+from infra.opencost import EXPORTER_POD_LABELS as OPENCOST_POD_LABELS, OPENCOST_NAMESPACE, PROMETHEUS_PORT, api_port
 from infra.run_api import RUN_API_NAME
 from infra.training_namespace import MAX_RANKS_PER_POD
 from tests.conftest import STACKS
@@ -207,6 +208,10 @@ def world(plan: dict) -> World:
     pods.append(Endpoint("kueue-manager", next(addresses), KUEUE_NAMESPACE, dict(MANAGER_POD_LABELS),
                          {"metrics": (KUEUE_METRICS_PORT, "TCP"), "webhook-server": (WEBHOOK_PORT, "TCP"),
                           "visibility": (VISIBILITY_PORT, "TCP")}))
+    # OpenCost's exporter, rendered by its chart (labels and the API port's name: opencost/opencost-helm-chart
+    # opencost-2.5.17 templates/deployment.yaml; infra/opencost.py).
+    pods.append(Endpoint("opencost-exporter", next(addresses), OPENCOST_NAMESPACE, dict(OPENCOST_POD_LABELS),
+                         {"http": (api_port(), "TCP")}))
     return World(
         cluster=Cluster(plan), pods=pods,
         dns=Endpoint("coredns", next(addresses), "kube-system", {"k8s-app": "kube-dns"},
@@ -282,7 +287,7 @@ def _expected_ingress(w: World, src: Endpoint, dst: Endpoint, port: int) -> bool
         # training namespaces' own pods never go there (their egress lists what they need).
         return (port == RUN_API_PORT and ipaddress.ip_address(src.ip) in w.vpc
                 and not (src.namespace or "").startswith("ragpool-")
-                and src.name not in ("keda-operator", "kueue-manager"))  # their egress: the API server only
+                and src.name not in ("keda-operator", "kueue-manager", "opencost-exporter"))  # their egress: HTTPS only
     if dst.labels.get("app.kubernetes.io/name") == "ragpool-redis-exporter":
         return from_monitoring and port == 9121
     return False
@@ -366,6 +371,25 @@ def test_kueue_is_reached_by_the_api_server_and_prometheus_and_reaches_only_the_
     assert not w.cluster.allows(manager, w.internet, 80)
     for worker in _workers(w):
         assert not w.cluster.allows(manager, worker, RDZV_PORT), worker.name
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_opencost_reaches_prometheus_and_https_and_only_prometheus_reaches_it(committed_plans, stack):
+    """OpenCost queries the stack's Prometheus and fetches the public AWS price list and the API server (HTTPS);
+    Prometheus scrapes its API port; nothing else reaches it, and it reaches no workload."""
+    w = world(committed_plans[stack])
+    [exporter] = w.pod("opencost-exporter")
+    assert w.cluster.allows(exporter, w.prometheus, PROMETHEUS_PORT)
+    assert w.cluster.allows(exporter, w.internet, 443) and w.cluster.allows(exporter, w.dns, 53, "UDP")
+    assert w.cluster.allows(w.prometheus, exporter, api_port())
+    for src in (w.stranger, w.internet, w.private_host, *_workers(w)):
+        assert not w.cluster.allows(src, exporter, api_port()), src.name
+    assert not w.cluster.allows(exporter, w.internet, 80)
+    assert not w.cluster.allows(exporter, w.prometheus, 9093)  # Alertmanager's port: Prometheus only
+    redis = w.pod("redis-statefulset")[0] if stack == "dev" else w.private_host
+    assert not w.cluster.allows(exporter, redis, REDIS_PORT)
+    for worker in _workers(w):
+        assert not w.cluster.allows(exporter, worker, QUEUE_METRICS_PORT), worker.name
 
 
 def test_the_matrix_sees_keda_cut_off_from_the_queue(committed_plans):
