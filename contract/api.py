@@ -153,6 +153,73 @@ def parse_api_teams(raw: object, key: str = "apiTeams") -> ApiTeams:
     return ApiTeams(teams=teams, admins=admins)
 
 
+# ------------------------------------------------------------------ per-team queues (trainingTeams behind the one API)
+
+TEAM_QUERY = "team"
+"""The query parameter (and submit's body key) by which an admin names the team whose queue a verb acts on."""
+
+
+def fact_keys() -> tuple[str, ...]:
+    """The stack's facts a submit is checked against, per namespace: the environment variables of
+    training/scheduler/fit.py and spec.py (pools, served lanes, pool GPUs, Ray pools)."""
+    from contract.lanes import POOLS_ENV, SERVED_LANES_ENV
+    from contract.pool_gpus import POOL_GPUS_ENV
+    from contract.ray_pools import POOLS_ENV as RAY_POOLS_ENV
+
+    return (POOLS_ENV, SERVED_LANES_ENV, POOL_GPUS_ENV, RAY_POOLS_ENV)
+
+
+@dataclass(frozen=True)
+class TeamQueue:
+    """One trainingTeams team as the run API sees it (``contract.env.API_TEAM_QUEUES_ENV``, written by
+    infra/run_api.py from what the team's workers get): its Kubernetes namespace, its queue key namespace
+    (the workers' ``RAGPOOL_QUEUE_NAMESPACE``) and its facts (:func:`fact_keys` -> value; a key left out is
+    unset for that namespace, as in its workers' environment)."""
+
+    team: str
+    namespace: str
+    queue_namespace: str
+    facts: dict[str, str]
+
+    def to_json(self) -> dict:
+        return {"namespace": self.namespace, "queue": self.queue_namespace, "facts": dict(sorted(self.facts.items()))}
+
+
+def parse_team_queues(raw: object, key: str) -> dict[str, TeamQueue]:
+    """``{<team>: {"namespace", "queue", "facts": {<fact env var>: <value>}}}``; :class:`TeamsError` naming each
+    bad key (``key``: where it came from, the environment variable)."""
+    problems: list[tuple[str, str]] = []
+    if not isinstance(raw, dict):
+        raise TeamsError([(key, f"{shown(raw)} must be a mapping of team -> {{namespace, queue, facts}}")])
+    out: dict[str, TeamQueue] = {}
+    allowed = fact_keys()
+    for team, value in raw.items():
+        at = f"{key}.{team}"
+        if not isinstance(team, str) or not _TEAM.fullmatch(team):
+            problems.append((key, f"team name {shown(team)} must be a DNS label"))
+            continue
+        if not isinstance(value, dict) or set(value) != {"namespace", "queue", "facts"}:
+            problems.append((at, f"{shown(value)} must be {{namespace, queue, facts}}"))
+            continue
+        ns, queue, facts = value["namespace"], value["queue"], value["facts"]
+        ok = True
+        for name, v in (("namespace", ns), ("queue", queue)):
+            if not isinstance(v, str) or not _TEAM.fullmatch(v):
+                problems.append((f"{at}.{name}", f"{shown(v)} must be a DNS label"))
+                ok = False
+        if not isinstance(facts, dict) or not all(isinstance(v, str) for v in facts.values()):
+            problems.append((f"{at}.facts", f"{shown(facts)} must map fact names to strings"))
+            continue
+        for extra in sorted(set(map(str, facts)) - set(allowed)):
+            problems.append((f"{at}.facts.{extra}", f"unknown fact; known: {', '.join(allowed)}"))
+            ok = False
+        if ok:
+            out[team] = TeamQueue(team, ns, queue, dict(facts))
+    if problems:
+        raise TeamsError(problems)
+    return out
+
+
 # ------------------------------------------------------------------ the laptop path (`ragpool login --cluster/--stack`)
 
 ENGINEER_GROUP = "ragpool:ml-engineers"

@@ -59,6 +59,12 @@ API_STS_ENDPOINT_ENV = "RAGPOOL_API_STS_ENDPOINT"
 """The STS endpoint URL tokens must be presigned for (``https://sts.<region>.amazonaws.com``); the API calls it."""
 API_TEAMS_FILE_ENV = "RAGPOOL_API_TEAMS_FILE"
 """The JSON file of the stack's ``apiTeams``: IAM ARN patterns per team and of the admins (a mounted ConfigMap)."""
+API_TEAM_QUEUES_ENV = "RAGPOOL_API_TEAM_QUEUES"
+"""JSON: each trainingTeams team's queue and facts (``contract.api.TeamQueue``), so the API routes a team's verbs to
+its queue key prefix and checks its submits against its namespace's lanes and pools; unset: no team queues."""
+TEAM_ENV = "RAGPOOL_TEAM"
+"""The team whose queue every command acts on through the run API (``ragpool --team``; an admin's choice, a
+member may name only its own); unset: the caller's own team's."""
 CONFIG_ENV = "RAGPOOL_CONFIG"
 """The laptop's context file (``ragpool login``; default ``~/.config/ragpool/contexts.yaml``)."""
 CONTEXT_ENV = "RAGPOOL_CONTEXT"

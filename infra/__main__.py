@@ -34,7 +34,7 @@ from infra.opencost import OpenCost, OpenCostArgs  # noqa: E402
 from infra.ray_cluster import Ray, RayArgs, RayNamespace, ray_endpoint  # noqa: E402
 from infra.registry import Registry, RegistryArgs  # noqa: E402
 from infra.storage import SharedStorage, StorageArgs  # noqa: E402
-from infra.run_api import RunApi, RunApiArgs  # noqa: E402
+from infra.run_api import RunApi, RunApiArgs, team_queue  # noqa: E402
 from infra.queue_redis import Redis, RedisArgs  # noqa: E402
 from infra.peers import TRAINING_NAMESPACE  # noqa: E402
 from infra.node_fence import NodeFence, NodeFenceArgs  # noqa: E402
@@ -97,12 +97,6 @@ workers = WorkerJobs("workers", WorkerJobsArgs(
     redis_secret=redis.secret_name, shared_claim=storage.claim_name, depends_on=[redis, storage, keda],
     ray=ray_endpoint(cfg, TRAINING_NAMESPACE) if cfg.ray.enabled else None, keda=keda_queue,
     keeper_queue_namespaces=(DEFAULT_NAMESPACE, *(t.name for t in cfg.teams))))
-# The run API (`ragpool login`): people's path to the queue, as their IAM identity.
-run_api = RunApi("run-api", RunApiArgs(
-    config=cfg, k8s_provider=cluster.provider, namespace=training.name, image=registry.image_ref,
-    redis_secret=redis.secret_name, shared_claim=storage.claim_name, cluster_id=cluster.name,
-    served_lanes=workers.served_lanes,
-    ray_pools=ray_endpoint(cfg, TRAINING_NAMESPACE).pools if cfg.ray.enabled else "", depends_on=[redis, storage]))
 team_workers = [
     WorkerJobs(f"workers-{team.name}", WorkerJobsArgs(
         config=cfg, k8s_provider=cluster.provider, namespace=team_ns.name, image=registry.image_ref,
@@ -110,6 +104,16 @@ team_workers = [
         queue_namespace=team.name, ray=ray_endpoint(cfg, team.namespace, team.gpu_quota) if cfg.ray.enabled else None,
         gpu_quota=reachable_gpus(cfg, team.namespace), keda=keda_queue))
     for team, team_ns in zip(cfg.teams, teams)]
+# The run API (`ragpool login`): people's path to the queue, as their IAM identity; a team's verbs go to its own
+# queue, its submits checked against what its workers serve (after team_workers: their served lanes).
+run_api = RunApi("run-api", RunApiArgs(
+    config=cfg, k8s_provider=cluster.provider, namespace=training.name, image=registry.image_ref,
+    redis_secret=redis.secret_name, shared_claim=storage.claim_name, cluster_id=cluster.name,
+    served_lanes=workers.served_lanes,
+    ray_pools=ray_endpoint(cfg, TRAINING_NAMESPACE).pools if cfg.ray.enabled else "", depends_on=[redis, storage],
+    team_queues=tuple(team_queue(cfg, t, t.name, w.served_lanes,
+                                 ray_endpoint(cfg, t.namespace, t.gpu_quota).pools if cfg.ray.enabled else "")
+                      for t, w in zip(cfg.teams, team_workers))))
 gpu_plugins = GpuPlugins("gpu-plugins", GpuPluginsArgs(
     k8s_provider=cluster.provider, gpu_pool_names=[p.name for p in cfg.gpu_pools],
     monitoring_namespace=monitoring.namespace_name, depends_on=[monitoring.release]))

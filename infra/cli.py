@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from contract.exit_codes import BROKEN_PIPE
@@ -39,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="GPU training pool on EKS for RAG models: offline plans, runs, dashboards.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--team", dest="api_team", metavar="TEAM",
+                        help="act on this team's queue through the run API (admins; a member may name only its own); "
+                             "default: your team's")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         try:
@@ -73,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     from infra.cli_tree import apply_output
 
     apply_output(args)
+    if args.api_team:
+        from contract.env import TEAM_ENV
+
+        os.environ[TEAM_ENV] = args.api_team  # the run API client reads it (training/api/client.py remote_from_env)
     try:
         code = int(args.handler(args) or 0)
         sys.stdout.flush()
@@ -80,8 +88,6 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         # The reader went away (``ragpool logs RUN | head``): stop quietly, as a Unix tool killed by SIGPIPE
         # does; point stdout at /dev/null so the interpreter's last flush cannot raise again.
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return BROKEN_PIPE
 

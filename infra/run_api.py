@@ -31,10 +31,10 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from contract.api import (ENGINEER_GROUP, LOGIN_CONFIGMAP, RUN_API_NAME, RUN_API_PORT_NAME, LoginFacts, proxy_path,
-                          proxy_resource_name)
+from contract.api import (ENGINEER_GROUP, LOGIN_CONFIGMAP, RUN_API_NAME, RUN_API_PORT_NAME, LoginFacts, TeamQueue,
+                          proxy_path, proxy_resource_name)
 from contract.api import sts_endpoint as region_sts_endpoint
-from contract.env import API_CLUSTER_ID_ENV, API_STS_ENDPOINT_ENV, API_TEAMS_FILE_ENV
+from contract.env import API_CLUSTER_ID_ENV, API_STS_ENDPOINT_ENV, API_TEAM_QUEUES_ENV, API_TEAMS_FILE_ENV
 from contract.lanes import POOLS_ENV, SERVED_LANES_ENV
 from contract.names import KUEUE_API_VERSION
 from contract.pool_gpus import POOL_GPUS_ENV
@@ -42,7 +42,7 @@ from contract.ports import REDIS_PORT, RUN_API_PORT
 from contract.ray_pools import POOLS_ENV as RAY_POOLS_ENV
 from infra.common import SHARED_MOUNT_PATH, SYSTEM_NODE_SELECTOR, TRAINING_UID, child, k8s_labels
 from infra.component import RagpoolComponent
-from infra.config import StackConfig
+from infra.config import StackConfig, TeamConfig
 from infra.gpu_memory import pool_gpus
 from infra.kueue_objects import LOCAL_QUEUE
 from infra.kueue_objects import cluster_queue as kueue_cluster_queue
@@ -79,19 +79,39 @@ def teams_config(cfg: StackConfig) -> dict[str, str]:
     return {TEAMS_KEY: json.dumps(cfg.api_teams.to_json(), sort_keys=True)}
 
 
+def namespace_facts(cfg: StackConfig, served_lanes: str, ray_pools: str) -> dict[str, str]:
+    """One training namespace's facts as its submits are checked (fit.py, spec.py): the stack's pools and pool
+    GPUs, the lanes its workers serve, its Ray pools ('' without Ray: left out)."""
+    facts = {POOLS_ENV: ",".join(p.name for p in cfg.gpu_pools), POOL_GPUS_ENV: pool_gpus(cfg),
+             SERVED_LANES_ENV: served_lanes}
+    if ray_pools:
+        facts[RAY_POOLS_ENV] = ray_pools
+    return facts
+
+
+def team_queue(cfg: StackConfig, team: TeamConfig, queue_namespace: str, served_lanes: str,
+               ray_pools: str) -> TeamQueue:
+    """A trainingTeams team as the run API routes to it: the queue key namespace its workers read
+    (``queue_namespace``), the lanes they serve and its Ray pools (what infra/__main__.py gives its WorkerJobs)."""
+    return TeamQueue(team.name, team.namespace, queue_namespace, namespace_facts(cfg, served_lanes, ray_pools))
+
+
+def team_queues_json(queues: list[TeamQueue]) -> str:
+    """``RAGPOOL_API_TEAM_QUEUES``: each trainingTeams team's queue and facts (contract/api.py parses it)."""
+    return json.dumps({q.team: q.to_json() for q in queues}, sort_keys=True)
+
+
 def run_api_deployment_spec(cfg: StackConfig, image: str, redis_secret: str, shared_claim: str, cluster_id: str,
-                            served_lanes: str, ray_pools: str) -> dict[str, Any]:
+                            served_lanes: str, ray_pools: str, team_queues: tuple[TeamQueue, ...] = ()) -> dict[str, Any]:
     labels = {**k8s_labels("run-api", RUN_API_NAME), **REDIS_CLIENT_LABEL}
     redis_volume, redis_mount = redis_secret_volume(redis_secret)
     env = [*redis_client_env(),
            {"name": API_CLUSTER_ID_ENV, "value": cluster_id},
            {"name": API_STS_ENDPOINT_ENV, "value": sts_endpoint(cfg)},
            {"name": API_TEAMS_FILE_ENV, "value": f"{TEAMS_DIR}/{TEAMS_KEY}"},
-           {"name": POOLS_ENV, "value": ",".join(p.name for p in cfg.gpu_pools)},
-           {"name": POOL_GPUS_ENV, "value": pool_gpus(cfg)},
-           {"name": SERVED_LANES_ENV, "value": served_lanes}]
-    if ray_pools:
-        env.append({"name": RAY_POOLS_ENV, "value": ray_pools})
+           *({"name": k, "value": v} for k, v in namespace_facts(cfg, served_lanes, ray_pools).items())]
+    if team_queues:
+        env.append({"name": API_TEAM_QUEUES_ENV, "value": team_queues_json(list(team_queues))})
     kube_volume, kube_mount = kube_api_volume()
     pod: dict[str, Any] = {
         "serviceAccountName": RUN_API_NAME,
@@ -202,6 +222,8 @@ class RunApiArgs:
     ray_pools: pulumi.Input[str]
     """``RAGPOOL_RAY_POOLS`` of the main namespace ('' without Ray)."""
     depends_on: list[pulumi.Resource]
+    team_queues: tuple[TeamQueue, ...] = ()
+    """Each trainingTeams team's queue and facts, from what its workers get (infra/__main__.py)."""
 
 
 class RunApi(RagpoolComponent):
@@ -237,7 +259,7 @@ class RunApi(RagpoolComponent):
             f"{name}-deployment", metadata=meta,
             spec=pulumi.Output.all(args.image, args.cluster_id, args.ray_pools).apply(
                 lambda a: run_api_deployment_spec(cfg, a[0], args.redis_secret, args.shared_claim, a[1],
-                                                  args.served_lanes, a[2] or "")),
+                                                  args.served_lanes, a[2] or "", args.team_queues)),
             opts=child(self, depends_on=[*args.depends_on, teams, account]))
         service = k8s.core.v1.Service(f"{name}-service", metadata=meta, spec=run_api_service_spec(),
                                       opts=child(self, depends_on=args.depends_on))

@@ -6,6 +6,7 @@ import pytest
 
 from contract import exit_codes
 from contract.api import ERROR_STATUS, EXIT_OF_STATUS, STATUS_OF_EXIT, TeamsError, parse_api_teams
+from contract.env import API_TEAM_QUEUES_ENV as QUEUES
 
 
 def test_teams_match_arns_and_admins():
@@ -41,3 +42,25 @@ def test_every_exit_code_has_a_status_and_back():
         assert EXIT_OF_STATUS[status] == code
     assert set(ERROR_STATUS.values()) - {500} <= set(EXIT_OF_STATUS)
     assert EXIT_OF_STATUS[401] == exit_codes.BAD_INPUT, "a refused token is never retried"
+
+
+@pytest.mark.parametrize("raw, key", [
+    ([], QUEUES),
+    ({"Bad": {"namespace": "ragpool-team-a", "queue": "a", "facts": {}}}, QUEUES),
+    ({"a": {"namespace": "ragpool-team-a", "queue": "a"}}, f"{QUEUES}.a"),
+    ({"a": {"namespace": "ragpool-team-a", "queue": "A:", "facts": {}}}, f"{QUEUES}.a.queue"),
+    ({"a": {"namespace": "ragpool-team-a", "queue": "a", "facts": {"HOME": "/"}}}, f"{QUEUES}.a.facts.HOME"),
+])
+def test_bad_team_queues_name_the_key(raw, key):
+    from contract.api import parse_team_queues
+
+    with pytest.raises(TeamsError) as err:
+        parse_team_queues(raw, QUEUES)
+    assert err.value.problems[0][0] == key
+
+
+def test_team_queues_round_trip():
+    from contract.api import TeamQueue, fact_keys, parse_team_queues
+
+    q = TeamQueue("a", "ragpool-team-a", "a", {fact_keys()[1]: "torchrun"})
+    assert parse_team_queues({"a": q.to_json()}, "k") == {"a": q}

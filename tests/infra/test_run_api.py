@@ -53,6 +53,32 @@ def test_the_run_api_runs_on_system_nodes_with_the_stacks_facts(committed_plans,
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"http": RUN_API_PORT}
 
 
+def test_the_run_api_has_each_teams_queue_and_facts_as_its_workers_do(team_plan):
+    """One fact, one home: the API's map of team queues holds what each team's workers get (their queue key
+    namespace, the lanes their ScaledJobs serve, their Ray pools)."""
+    from contract.api import parse_team_queues
+    from contract.env import API_TEAM_QUEUES_ENV, NAMESPACE_ENV
+    from contract.lanes import LANES_ENV, SERVED_LANES_ENV, parse_lane_set, parse_lanes
+    from contract.pool_gpus import POOL_GPUS_ENV
+    from contract.ray_pools import POOLS_ENV as RAY_POOLS_ENV
+    from tests.conftest import TEAMS_ON_PROD
+
+    [container] = _deployment(team_plan)["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    queues = parse_team_queues(json.loads(env[API_TEAM_QUEUES_ENV]), API_TEAM_QUEUES_ENV)
+    assert sorted(queues) == sorted(t["name"] for t in TEAMS_ON_PROD)
+    for team, q in queues.items():
+        assert q.namespace == f"ragpool-team-{team}"
+        jobs = [j["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["env"]
+                for j in inputs_of(team_plan, "kubernetes:batch/v1:CronJob", q.namespace)]
+        worker_envs = [{e["name"]: e.get("value") for e in j} for j in jobs]
+        assert {w[NAMESPACE_ENV] for w in worker_envs} == {q.queue_namespace}, "the prefix its workers read"
+        served = {lane for w in worker_envs for lane in parse_lanes(w[LANES_ENV])}
+        assert set(parse_lane_set(q.facts[SERVED_LANES_ENV])) == served
+        assert {w[RAY_POOLS_ENV] for w in worker_envs if RAY_POOLS_ENV in w} == {q.facts[RAY_POOLS_ENV]}
+        assert q.facts[POOL_GPUS_ENV] == env[POOL_GPUS_ENV]
+
+
 ROLE, CLUSTER_ROLE = "kubernetes:rbac.authorization.k8s.io/v1:Role", "kubernetes:rbac.authorization.k8s.io/v1:ClusterRole"
 BINDINGS = ("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding",
             "kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding")

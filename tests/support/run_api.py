@@ -44,6 +44,17 @@ class LocalApi:
 USERS = ("alice", "bob", "root", "carol")
 
 
+def _team_facts() -> dict[str, str]:
+    from contract.lanes import POOLS_ENV, SERVED_LANES_ENV
+    from contract.ray_pools import POOLS_ENV as RAY_POOLS_ENV
+
+    return {POOLS_ENV: "gpu-spot", SERVED_LANES_ENV: "torchrun,pool.gpu-spot,ray", RAY_POOLS_ENV: "gpu-spot=1"}
+
+
+TEAM_QUEUE_FACTS = _team_facts()
+"""team-a's facts in ``team_api``: one pool, its 1-node lane and the Ray lane (no 2-node gang)."""
+
+
 @pytest.fixture(scope="session")
 def local_sts():
     """One local STS per test process. Its IAM users are made per test (``local_api``): moto keeps them in the
@@ -52,22 +63,41 @@ def local_sts():
         yield sts
 
 
-@pytest.fixture
-def local_api(local_sts, redis_server, namespace, tmp_path):
-    """The run API (training/api/server.py) on a free port of 127.0.0.1."""
+def _local_api(sts, redis_server, namespace, tmp_path, team_queues=None):
+    """The run API (training/api/server.py) on a free port of 127.0.0.1 (``team_queues``: its
+    ``ApiSettings.team_queues``)."""
     from training.api.server import ApiSettings, RunApi
     from training.localdev.run_api import run_api_server
     from training.scheduler.run_queue import TaskQueue
 
-    sts = local_sts
     users = {name: sts.user(name) for name in USERS}
     write_spec_data(tmp_path / "shared")  # what the specs of the API tests name (submit checks it)
     settings = ApiSettings(cluster_id=CLUSTER_ID, sts_endpoint=sts.endpoint, teams=parse_api_teams(TEAMS),
-                           shared_root=str(tmp_path / "shared"), region="us-west-2")
+                           shared_root=str(tmp_path / "shared"), region="us-west-2", team_queues=team_queues or {})
     client = redis_server.client()
     queue = TaskQueue(client, namespace=namespace)
     lines = io.StringIO()
     api = RunApi(settings, queue, audit_stream=lines)
-    with run_api_server(api) as endpoint:
-        yield LocalApi(endpoint, sts.endpoint, users, queue, api, lines)
-    client.close()
+    try:
+        with run_api_server(api) as endpoint:
+            yield LocalApi(endpoint, sts.endpoint, users, queue, api, lines)
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def local_api(local_sts, redis_server, namespace, tmp_path):
+    """The run API with one queue, the main namespace's, for every team."""
+    yield from _local_api(local_sts, redis_server, namespace, tmp_path)
+
+
+@pytest.fixture
+def team_api(local_sts, redis_server, namespace, tmp_path):
+    """The run API with trainingTeams queues: ``team-a`` (alice's) and ``team-c`` (in no apiTeams entry: admins
+    only) each on its own key prefix (:data:`TEAM_QUEUE_FACTS` for team-a); ``team-b`` (bob) on the main queue.
+    ``LocalApi.api.queues[team]`` is a team's queue, as its workers open it."""
+    from contract.api import TeamQueue
+
+    queues = {"team-a": TeamQueue("team-a", "ragpool-team-team-a", f"{namespace}-a", dict(TEAM_QUEUE_FACTS)),
+              "team-c": TeamQueue("team-c", "ragpool-team-team-c", f"{namespace}-c", {})}
+    yield from _local_api(local_sts, redis_server, namespace, tmp_path, queues)

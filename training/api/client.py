@@ -17,9 +17,10 @@ from typing import Any, Sequence
 from urllib.parse import quote, urlencode, urlsplit
 
 from contract import exit_codes
-from contract.api import API_VERSION, CONNECT_TIMEOUT_S, EXIT_OF_STATUS, MAX_BODY_BYTES, READ_TIMEOUT_S, TOKEN_HEADER
-from contract.env import REDIS_URL_ENV
-from training.api.contexts import Context, active
+from contract.api import (API_VERSION, CONNECT_TIMEOUT_S, EXIT_OF_STATUS, MAX_BODY_BYTES, READ_TIMEOUT_S, TEAM_QUERY,
+                          TOKEN_HEADER)
+from contract.env import NAMESPACE_ENV, REDIS_URL_ENV, TEAM_ENV
+from training.api.contexts import Context, ContextError, active
 from training.scheduler.verbs import Outcome
 
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024
@@ -38,6 +39,8 @@ class ApiClient:
         self.host, self.port = parts.hostname, parts.port
         self.base = parts.path.rstrip("/")
         self._token: tuple[float, str] | None = None
+        self.team: str | None = None
+        """The team whose queue every verb acts on (``?team=``, submit's ``team``): admins; None: the caller's own."""
 
     # -- transport --------------------------------------------------------------------------
 
@@ -74,6 +77,8 @@ class ApiClient:
         if body is not None:
             data = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
+        if self.team and auth:
+            query = {**(query or {}), TEAM_QUERY: self.team}
         url = self.base + path + (("?" + urlencode(query, doseq=True)) if query else "")
         if self.https:
             conn = http.client.HTTPSConnection(self.host, self.port, timeout=CONNECT_TIMEOUT_S,
@@ -144,6 +149,7 @@ class ApiClient:
     def submit(self, text: str, *, source: str = "run spec", team: str | None = None) -> Outcome:
         if len(text.encode()) > MAX_BODY_BYTES // 2:
             return Outcome(exit_codes.BAD_INPUT, f"{source}: larger than the run API takes", {}, "too_large")
+        team = team or self.team
         body = {"spec": text, "source": source, **({"team": team} if team else {})}
         return self.outcome("POST", f"/{API_VERSION}/runs", body)
 
@@ -151,6 +157,7 @@ class ApiClient:
         """Queue ``text`` (an ``executor: ray`` spec) as a Tune search (then the run, with ``start``)."""
         if len(text.encode()) > MAX_BODY_BYTES // 2:
             return Outcome(exit_codes.BAD_INPUT, f"{source}: larger than the run API takes", {}, "too_large")
+        team = team or self.team
         body = {"spec": text, "source": source, "start": start, **({"team": team} if team else {})}
         return self.outcome("POST", f"/{API_VERSION}/tune", body)
 
@@ -192,9 +199,18 @@ def _transport(message: str) -> dict:
 
 def remote_from_env(environ=None) -> ApiClient | None:
     """The client of the active context (training/api/contexts.py), or None when ``REDIS_URL`` is set (the
-    direct path: variables override the file) or no context is active. A broken file raises ``ContextError``."""
+    direct path: variables override the file) or no context is active. A broken file raises ``ContextError``, and
+    so does ``RAGPOOL_TEAM`` (``ragpool --team``) on the direct path; on the API path it is the client's ``team``."""
     env = os.environ if environ is None else environ
     if env.get(REDIS_URL_ENV):
+        if env.get(TEAM_ENV):
+            raise ContextError(f"--team ({TEAM_ENV}) picks a team's queue through the run API; with {REDIS_URL_ENV} "
+                               f"set (the direct path) the queue is {NAMESPACE_ENV}'s: set that, or unset "
+                               f"{REDIS_URL_ENV} to go through the API")
         return None
     found = active(env)
-    return ApiClient(found[1]) if found is not None else None
+    if found is None:
+        return None
+    client = ApiClient(found[1])
+    client.team = env.get(TEAM_ENV) or None
+    return client

@@ -4,7 +4,7 @@ from it)."""
 
 from __future__ import annotations
 
-from contract.api import API_VERSION, ERROR_STATUS, MAX_BODY_BYTES, TOKEN_HEADER
+from contract.api import API_VERSION, ERROR_STATUS, MAX_BODY_BYTES, TEAM_QUERY, TOKEN_HEADER
 from contract.paths import RUN_ID_RULE
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
@@ -25,6 +25,9 @@ def _responses(ok: int, data: dict | None, *errors: str) -> dict:
 _AUTH = ("unauthenticated", "forbidden", "unavailable")
 _RUN_ID = {"name": "run_id", "in": "path", "required": True, "description": RUN_ID_RULE,
            "schema": {"type": "string", "maxLength": 63}}
+_TEAM = {"name": TEAM_QUERY, "in": "query", "required": False, "schema": {"type": "string", "maxLength": 63},
+         "description": "the team whose queue the verb acts on (admins; a member may name its own); default: the "
+                        "caller's team's (an admin without a team: the main namespace's)"}
 _TASK = {"type": "object", "required": ["run_id", "state", "priority", "attempts", "owner", "team"], "properties": {
     "run_id": {"type": "string"}, "state": {"type": "string"}, "priority": {"type": "string"},
     "attempts": {"type": "integer"}, "max_attempts": {"type": "integer"}, "owner": {"type": "string"},
@@ -59,15 +62,15 @@ def openapi() -> dict:
                                "region": {"type": "string"}}})}},
             f"{v}/whoami": {"get": {"operationId": "whoami", "security": secured,
                                     "responses": _responses(200, {"type": "object"}, *_AUTH)}},
-            f"{v}/facts": {"get": {"operationId": "facts", "security": secured,
+            f"{v}/facts": {"get": {"operationId": "facts", "security": secured, "parameters": [_TEAM],
                                    "responses": _responses(200, {"type": "object"}, *_AUTH)}},
-            f"{v}/queue": {"get": {"operationId": "queue", "security": secured,
+            f"{v}/queue": {"get": {"operationId": "queue", "security": secured, "parameters": [_TEAM],
                                    "responses": _responses(200, {"type": "object"}, *_AUTH)}},
             f"{v}/audit": {"get": {"operationId": "audit", "security": secured, "parameters": [
                 {"name": "count", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 1000}}],
                 "responses": _responses(200, {"type": "array", "items": {"type": "object"}}, "bad_input", *_AUTH)}},
             f"{v}/runs": {
-                "get": {"operationId": "listRuns", "security": secured, "parameters": [
+                "get": {"operationId": "listRuns", "security": secured, "parameters": [_TEAM,
                     {"name": "state", "in": "query", "schema": {"type": "string"}},
                     {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 10000}}],
                     "responses": _responses(200, {"type": "array", "items": _TASK}, "bad_input", *_AUTH)},
@@ -76,41 +79,41 @@ def openapi() -> dict:
                         "spec": {"type": "string", "maxLength": MAX_BODY_BYTES // 2,
                                  "description": "the run spec's text (YAML or JSON)"},
                         "source": {"type": "string", "maxLength": 256},
-                        "team": {"type": "string", "description": "admins only: the run's team"}}}}}},
+                        "team": {"type": "string", "description": "the run's team and queue (admins; a member may name its own)"}}}}}},
                     "responses": {**_responses(201, {"type": "object"}, "bad_input", "refused", "too_large",
                                                "unsupported_media_type", *_AUTH),
                                   "200": {"description": "already submitted with this spec",
                                           "content": {"application/json": {"schema": _answer({"type": "object"})}}}}},
             },
-            f"{v}/runs/{{run_id}}": {"get": {"operationId": "status", "security": secured, "parameters": [_RUN_ID],
+            f"{v}/runs/{{run_id}}": {"get": {"operationId": "status", "security": secured, "parameters": [_RUN_ID, _TEAM],
                                              "responses": _responses(200, _TASK, "bad_input", "not_found", *_AUTH)}},
-            f"{v}/runs/{{run_id}}/spec": {"get": {"operationId": "show", "security": secured, "parameters": [_RUN_ID],
+            f"{v}/runs/{{run_id}}/spec": {"get": {"operationId": "show", "security": secured, "parameters": [_RUN_ID, _TEAM],
                                                   "responses": _responses(200, {"type": "object"}, "bad_input",
                                                                           "not_found", *_AUTH)}},
             f"{v}/runs/{{run_id}}/logs": {"get": {
                 "operationId": "logs", "security": secured, "parameters": [
-                    _RUN_ID, {"name": "offset", "in": "query", "schema": {"type": "integer", "minimum": 0}},
+                    _RUN_ID, _TEAM, {"name": "offset", "in": "query", "schema": {"type": "integer", "minimum": 0}},
                     {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 5000}},
                     {"name": "stage", "in": "query", "schema": {"type": "string"}},
                     {"name": "rank", "in": "query", "schema": {"type": "integer", "minimum": 0}}],
                 "responses": _responses(200, {"type": "object"}, "bad_input", "not_found", *_AUTH)}},
             f"{v}/runs/{{run_id}}/cancel": {"post": {"operationId": "cancel", "security": secured,
-                                                     "parameters": [_RUN_ID],
+                                                     "parameters": [_RUN_ID, _TEAM],
                                                      "responses": _responses(200, {"type": "object"}, "bad_input",
                                                                              "not_found", "refused", *_AUTH)}},
             f"{v}/runs/{{run_id}}/retry": {"post": {"operationId": "retry", "security": secured,
-                                                    "parameters": [_RUN_ID],
+                                                    "parameters": [_RUN_ID, _TEAM],
                                                     "responses": _responses(200, {"type": "object"}, "bad_input",
                                                                             "not_found", "refused", *_AUTH)}},
             f"{v}/runs/{{run_id}}/report": {"get": {
-                "operationId": "report", "security": secured, "parameters": [_RUN_ID],
+                "operationId": "report", "security": secured, "parameters": [_RUN_ID, _TEAM],
                 "responses": _responses(200, {"type": "object", "required": ["run_id", "filename", "html"],
                                               "properties": {"run_id": {"type": "string"},
                                                              "filename": {"type": "string"},
                                                              "html": {"type": "string"}}},
                                         "bad_input", "not_found", *_AUTH)}},
             f"{v}/runs/{{run_id}}/tune": {"get": {
-                "operationId": "tuneResults", "security": secured, "parameters": [_RUN_ID],
+                "operationId": "tuneResults", "security": secured, "parameters": [_RUN_ID, _TEAM],
                 "responses": _responses(200, {"type": "object", "required": ["run_id", "trials", "table", "paths"],
                                               "properties": {"run_id": {"type": "string"},
                                                              "metric": {"type": "string", "nullable": True},
@@ -125,7 +128,7 @@ def openapi() -> dict:
                                  "description": "an executor: ray run spec's text (YAML or JSON)"},
                         "source": {"type": "string", "maxLength": 256},
                         "start": {"type": "boolean", "description": "then the whole run with the best parameters"},
-                        "team": {"type": "string", "description": "admins only: the run's team"}}}}}},
+                        "team": {"type": "string", "description": "the run's team and queue (admins; a member may name its own)"}}}}}},
                 "responses": {**_responses(201, {"type": "object"}, "bad_input", "refused", "too_large",
                                            "unsupported_media_type", *_AUTH),
                               "200": {"description": "already submitted with this spec",

@@ -7,7 +7,12 @@ Environment: the queue's Redis as every client reads it (training/scheduler/redi
 (``RAGPOOL_SHARED_ROOT``, read-only: submit checks what the pool sees, ``logs`` reads the run directory), the
 stack's facts (``RAGPOOL_POOLS``, ``RAGPOOL_SERVED_LANES``, ``RAGPOOL_POOL_GPUS``, ``RAGPOOL_RAY_POOLS``:
 submit's fit check and ``/v1/facts``), and identity: ``RAGPOOL_API_CLUSTER_ID``, ``RAGPOOL_API_STS_ENDPOINT``,
-``RAGPOOL_API_TEAMS_FILE`` (contract/env.py). A missing or bad one: exit 2 naming it.
+``RAGPOOL_API_TEAMS_FILE``, and ``RAGPOOL_API_TEAM_QUEUES`` (each trainingTeams team's queue key namespace and facts,
+contract/api.py ``TeamQueue``) (contract/env.py). A missing or bad one: exit 2 naming it.
+
+Per-team queues: every verb acts on the caller's team's queue (a trainingTeams team's own key prefix, which its
+workers read; otherwise the main one), a submit checked against that namespace's facts; an admin names a team with
+``?team=`` (submit: ``"team"``), a member may name only its own, a team that does not exist is bad input.
 
 Every route but ``/openapi.json``, ``/healthz``, ``/readyz`` and ``/v1/info`` needs ``Authorization: Bearer
 <token>`` or ``X-Ragpool-Token: <token>`` (through the API server's service proxy; training/api/identity.py). A caller acts on its team's runs only (``apiTeams``: IAM ARN patterns
@@ -29,15 +34,17 @@ import os
 import sys
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
 from contract import exit_codes
-from contract.api import (API_VERSION, ERROR_STATUS, MAX_BODY_BYTES, STATUS_OF_EXIT, TOKEN_HEADER, ApiTeams,
-                          TeamsError, parse_api_teams)
-from contract.env import API_CLUSTER_ID_ENV, API_STS_ENDPOINT_ENV, API_TEAMS_FILE_ENV
+from contract.api import (API_VERSION, ERROR_STATUS, MAX_BODY_BYTES, STATUS_OF_EXIT, TEAM_QUERY, TOKEN_HEADER,
+                          ApiTeams, TeamQueue, TeamsError, fact_keys, parse_api_teams, parse_team_queues)
+from contract.env import (API_CLUSTER_ID_ENV, API_STS_ENDPOINT_ENV, API_TEAM_QUEUES_ENV, API_TEAMS_FILE_ENV,
+                          NAMESPACE_ENV)
 from contract.lanes import POOLS_ENV, SERVED_LANES_ENV
 from contract.messages import shown
 from contract.paths import is_valid_run_id, shared_root_from_env
@@ -76,6 +83,9 @@ class ApiSettings:
     """The shared filesystem as the pool sees it (read-only here)."""
     region: str = ""
     """The STS region the client signs for (from the endpoint's host, ``us-east-1`` when it names none)."""
+    team_queues: dict[str, TeamQueue] = field(default_factory=dict)
+    """Each trainingTeams team's queue key namespace and facts (``RAGPOOL_API_TEAM_QUEUES``); a team not here
+    (an apiTeams team without a training namespace, an admin without a team) uses the main queue."""
 
 
 def _region_of(sts_endpoint: str) -> str:
@@ -106,8 +116,12 @@ def settings_from_env(environ=None) -> ApiSettings:
         Verifier(env[API_CLUSTER_ID_ENV], sts)
     except ValueError as exc:
         raise ApiConfigError(f"{API_STS_ENDPOINT_ENV}: {exc}") from None
+    try:
+        queues = parse_team_queues(json.loads(env.get(API_TEAM_QUEUES_ENV) or "{}"), API_TEAM_QUEUES_ENV)
+    except ValueError as exc:  # JSON or TeamsError
+        raise ApiConfigError(f"{API_TEAM_QUEUES_ENV}: {exc}") from None
     return ApiSettings(cluster_id=env[API_CLUSTER_ID_ENV], sts_endpoint=sts, teams=teams,
-                       shared_root=shared_root_from_env(), region=_region_of(sts))
+                       shared_root=shared_root_from_env(), region=_region_of(sts), team_queues=queues)
 
 
 class ApiError(Exception):
@@ -131,6 +145,17 @@ class Caller:
     def teams(self) -> list[str] | None:
         """The teams whose runs it may see (None: all)."""
         return None if self.admin else [self.team or ""]
+
+
+@dataclass(frozen=True)
+class Route:
+    """The queue one request acts on: the caller's team's (an admin: the ``team`` it names, else the main one)."""
+
+    team: str | None
+    queue: Any
+    environ: Mapping[str, str] | None
+    """The namespace's facts as fit.py and spec.py read them (None: this process's environment, the main one)."""
+    main: bool
 
 
 def _error(code: str, message: str, key: str | None = None, request_id: str = "") -> web.Response:
@@ -181,6 +206,11 @@ class RunApi:
         from training.api.audit import Audit
 
         self.settings, self.queue = settings, queue
+        self.queues = {team: type(queue)(queue.client, namespace=tq.queue_namespace,
+                                         required_replicas=queue.required_replicas,
+                                         replica_wait_ms=queue.replica_wait_ms)
+                       for team, tq in settings.team_queues.items()}
+        """One queue per trainingTeams team, on the main queue's Redis client: the key prefix its workers read."""
         self.kube = kube
         """Where ``status`` asks Kueue about a queued run's lane (a ``quota_wait.KubeTarget``; :func:`open_api` finds
         the pod's); None: not asked."""
@@ -265,12 +295,37 @@ class RunApi:
         except Exception:  # never lose the answer over the trail; Audit.record already keeps the line
             log.exception("audit event of %s %s not written", what, run_id)
 
-    async def _run_of(self, request: web.Request, caller: Caller):
-        """The run of the path, when the caller may act on it (404 unknown, 403 another team's)."""
+    def route(self, caller: Caller, named: object = None) -> Route:
+        """The queue of ``caller``'s team, or of the team it names (``team``: admins, or a member naming its own);
+        a team that does not exist is bad input naming it, another team's forbidden."""
+        known = set(self.settings.teams.teams) | set(self.settings.team_queues)
+        if named is not None:
+            if not isinstance(named, str) or named not in known:
+                raise ApiError("bad_input", f"{TEAM_QUERY}: team {shown(named)} does not exist; teams: "
+                                            f"{', '.join(sorted(known)) or '(none)'}", TEAM_QUERY)
+            if not caller.admin and named != caller.team:
+                raise ApiError("forbidden", f"{TEAM_QUERY}: only an admin names another team; you ({caller.arn}) "
+                                            f"act on team {caller.team!r}'s runs only", TEAM_QUERY)
+        team = named if named is not None else caller.team
+        tq = self.settings.team_queues.get(team or "")
+        if tq is None:
+            return Route(team, self.queue, None, True)
+        env = {k: v for k, v in os.environ.items() if k not in fact_keys()}
+        env.update(tq.facts)
+        env[NAMESPACE_ENV] = tq.queue_namespace
+        return Route(team, self.queues[tq.team], env, False)
+
+    def _route_of(self, request: web.Request, caller: Caller) -> Route:
+        return self.route(caller, request.query.get(TEAM_QUERY))
+
+    async def _run_of(self, request: web.Request, caller: Caller, route: Route | None = None):
+        """The run of the path in the caller's team's queue, when the caller may act on it (404 unknown, 403 another
+        team's)."""
+        route = route or self._route_of(request, caller)
         run_id = request.match_info["run_id"]
         if not is_valid_run_id(run_id):
             raise ApiError("bad_input", f"run_id: {shown(run_id)} is not a run id", "run_id")
-        info = await self._run(self.queue.get, run_id)
+        info = await self._run(route.queue.get, run_id)
         if info is None:
             raise ApiError("not_found", f"no run {shown(run_id)}")
         if not caller.admin and info.team != caller.team:
@@ -312,12 +367,12 @@ class RunApi:
 
     async def facts(self, request: web.Request) -> web.Response:
         """The stack's facts submit checks against (from the Deployment's environment, never from the user)."""
-        await self.caller(request, "facts")
-        env = os.environ
+        route = self._route_of(request, await self.caller(request, "facts"))
+        env = os.environ if route.environ is None else route.environ
         data = {"pools": env.get(POOLS_ENV), "served_lanes": env.get(SERVED_LANES_ENV),
                 "pool_gpus": env.get(POOL_GPUS_ENV), "ray_pools": env.get(RAY_POOLS_ENV),
-                "required_replicas": self.queue.required_replicas, "queue_namespace": self.queue.prefix[:-1],
-                "teams": sorted(self.settings.teams.teams)}
+                "required_replicas": route.queue.required_replicas, "queue_namespace": route.queue.prefix[:-1],
+                "team": route.team, "teams": sorted(set(self.settings.teams.teams) | set(self.settings.team_queues))}
         return web.json_response({"message": "", "data": data})
 
     async def audit_events(self, request: web.Request) -> web.Response:
@@ -332,26 +387,31 @@ class RunApi:
 
     async def overview(self, request: web.Request) -> web.Response:
         caller = await self.caller(request, "status")
-        return self._answer(await self._run(lambda: verbs.overview(self.queue, teams=caller.teams())))
+        route = self._route_of(request, caller)
+        return self._answer(await self._run(lambda: verbs.overview(route.queue, teams=caller.teams())))
 
     async def list_runs(self, request: web.Request) -> web.Response:
         caller = await self.caller(request, "list")
         states = request.query.getall("state", []) or None
         limit = _int_query(request, "limit", 50)
-        return self._answer(await self._run(lambda: verbs.list_runs(self.queue, states=states, limit=limit,
+        route = self._route_of(request, caller)
+        return self._answer(await self._run(lambda: verbs.list_runs(route.queue, states=states, limit=limit,
                                                                      teams=caller.teams())))
 
     async def status(self, request: web.Request) -> web.Response:
         caller = await self.caller(request, "status")
-        run_id, _info = await self._run_of(request, caller)
-        return self._answer(await self._run(lambda: verbs.status(self.queue, run_id,
+        route = self._route_of(request, caller)
+        run_id, _info = await self._run_of(request, caller, route)
+        # Kueue is asked about the main namespace's lanes only (the API's service account reads nothing else)
+        return self._answer(await self._run(lambda: verbs.status(route.queue, run_id,
                                                                   shared_root=self.settings.shared_root,
-                                                                  kube=self.kube)))
+                                                                  kube=self.kube if route.main else None)))
 
     async def show(self, request: web.Request) -> web.Response:
         caller = await self.caller(request, "show")
-        run_id, _info = await self._run_of(request, caller)
-        return self._answer(await self._run(verbs.show, self.queue, run_id))
+        route = self._route_of(request, caller)
+        run_id, _info = await self._run_of(request, caller, route)
+        return self._answer(await self._run(verbs.show, route.queue, run_id))
 
     async def logs(self, request: web.Request) -> web.Response:
         caller = await self.caller(request, "logs")
@@ -365,12 +425,13 @@ class RunApi:
     async def _change(self, request: web.Request, what: str, verb) -> web.Response:
         caller = await self.caller(request, what)
         try:
-            run_id, _info = await self._run_of(request, caller)
+            route = self._route_of(request, caller)
+            run_id, _info = await self._run_of(request, caller, route)
         except ApiError as exc:
             await self._audit(request, caller, what, request.match_info["run_id"][:63], ERROR_STATUS[exc.code],
                               exc.code, exc.message)
             raise
-        outcome = await self._run(verb, self.queue, run_id)
+        outcome = await self._run(verb, route.queue, run_id)
         answer = self._answer(outcome)
         await self._audit(request, caller, what, run_id, answer.status, outcome.error or "ok", outcome.message)
         return answer
@@ -420,45 +481,42 @@ class RunApi:
             raise ApiError("bad_input", "spec: must be the run spec's text (YAML or JSON) as a string", "spec")
         if not isinstance(source, str) or len(source) > 256:
             raise ApiError("bad_input", "source: must be a file name of at most 256 characters", "source")
-        if team is not None and (not caller.admin or team not in self.settings.teams.teams):
-            raise ApiError("forbidden" if not caller.admin else "bad_input",
-                           f"team: {shown(team)}: only an admin names a team, and it must be one of "
-                           f"{', '.join(sorted(self.settings.teams.teams)) or '(none)'}", "team")
+        route = self.route(caller, team)
         start = body.get("start", False)
         if what == "tune" and not isinstance(start, bool):
             raise ApiError("bad_input", "start: must be true or false", "start")
         search = ("then_run" if start else "only") if what == "tune" else None
-        outcome, run_id = await self._run(self._submit, caller, text, source, team, search)
+        outcome, run_id = await self._run(self._submit, caller, text, source, route, search)
         answer = self._answer(outcome, created=bool(outcome.ok and outcome.data.get("created")))
         await self._audit(request, caller, what, run_id, answer.status, outcome.error or "ok", outcome.message)
         return answer
 
-    def _submit(self, caller: Caller, text: str, source: str, team: str | None,
+    def _submit(self, caller: Caller, text: str, source: str, route: Route,
                 search: str | None = None) -> tuple[verbs.Outcome, str]:
         from training.scheduler.fit import fit_problems
         from training.scheduler.spec import SpecError, parse_spec_text
 
         root = self.settings.shared_root
         try:
-            spec = parse_spec_text(text, source=source, shared_root=root)
+            spec = parse_spec_text(text, source=source, shared_root=root, environ=route.environ)
             if search is not None:
-                spec = _tuning(spec, search, source, root)
-            problems, notes = fit_problems(spec, root)
+                spec = _tuning(spec, search, source, root, route.environ)
+            problems, notes = fit_problems(spec, root, route.environ)
             if problems:
                 raise SpecError(problems, source)
         except SpecError as exc:
             key = exc.problems[0][0] if exc.problems else None
             return verbs.Outcome(exit_codes.BAD_INPUT, str(exc), {"key": key, "problems": exc.problems},
                                  "bad_input"), ""
-        existing = self.queue.get(spec.run_id)
-        team = team or caller.team or (existing.team if existing is not None and caller.admin else None)
+        existing = route.queue.get(spec.run_id)
+        team = route.team or (existing.team if existing is not None and caller.admin else None)
         if not team:
             return verbs.Outcome(exit_codes.BAD_INPUT, "team: an admin without a team of its own names the run's "
                                                        "team", {"key": "team"}, "bad_input"), spec.run_id
         if existing is not None and not caller.admin and existing.team != team:
             return verbs.Outcome(exit_codes.REFUSED, f"run id {spec.run_id!r} is taken by another team; choose a new "
                                                      "run_id", {"run_id": spec.run_id}, "forbidden"), spec.run_id
-        outcome = verbs.submit(self.queue, spec, owner=caller.arn, team=team)
+        outcome = verbs.submit(route.queue, spec, owner=caller.arn, team=team)
         if not outcome.data.get("created") and outcome.data.get("team") != team and not caller.admin:
             # another team's submission of the same new id won the race between the check above and the script
             return verbs.Outcome(exit_codes.REFUSED, f"run id {spec.run_id!r} is taken by another team; choose a new "
@@ -468,7 +526,7 @@ class RunApi:
         return outcome, spec.run_id
 
 
-def _tuning(spec, search: str, source: str, root: str):
+def _tuning(spec, search: str, source: str, root: str, environ: Mapping[str, str] | None = None):
     """``spec`` with ``hyperparameters.run`` ``ray.tune.search`` set to ``search`` (validated again, the search
     space checked as ``ragpool tune`` does); SpecError naming the key."""
     from training.config import ConfigError, load_run_config
@@ -481,7 +539,7 @@ def _tuning(spec, search: str, source: str, root: str):
     payload = spec.to_payload()
     payload["hyperparameters"][RUN_SECTION] = {**payload["hyperparameters"].get(RUN_SECTION, {}),
                                                "ray.tune.search": search}
-    tuned = parse_spec(payload, source=source, shared_root=root)
+    tuned = parse_spec(payload, source=source, shared_root=root, environ=environ)
     try:
         check_space(load_run_config(tuned.to_training_config(root)))
     except ConfigError as exc:

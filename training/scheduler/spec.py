@@ -329,8 +329,10 @@ def _default(name: str) -> Any:
     return RunSpec.__dataclass_fields__[name].default
 
 
-def parse_spec(raw: Any, *, source: str = "run spec", shared_root: str | None = None) -> RunSpec:
-    """Validate a mapping into a :class:`RunSpec`; raise :class:`SpecError` listing every problem."""
+def parse_spec(raw: Any, *, source: str = "run spec", shared_root: str | None = None,
+               environ: Mapping[str, str] | None = None) -> RunSpec:
+    """Validate a mapping into a :class:`RunSpec`; raise :class:`SpecError` listing every problem (``environ``:
+    the namespace's facts, ``RAGPOOL_POOLS`` and ``RAGPOOL_RAY_POOLS``; None: this process's environment)."""
     shared_root = shared_root or shared_root_from_env()
     problems: list[tuple[str, str]] = []
     if not isinstance(raw, Mapping):
@@ -390,7 +392,7 @@ def parse_spec(raw: Any, *, source: str = "run spec", shared_root: str | None = 
     elif executor == "ray" and nodes > 1:
         problems.append(("nodes", f"must be 1 for executor: ray, got {shown(raw.get('nodes'))}: the Ray cluster "
                                   "sizes a ray run (hyperparameters.run ray.<stage>.workers), not pods"))
-    pool = _pool_field(raw, executor, problems)
+    pool = _pool_field(raw, executor, problems, environ)
 
     if problems:
         raise SpecError(problems, source)
@@ -408,7 +410,7 @@ def parse_spec(raw: Any, *, source: str = "run spec", shared_root: str | None = 
     if problems:
         raise SpecError(problems, source)
     if spec.executor == "ray":
-        problems = ray_problems(spec, shared_root, cfg)
+        problems = ray_problems(spec, shared_root, cfg, environ)
         if problems:
             raise SpecError(problems, source)
     return spec
@@ -461,7 +463,7 @@ def elastic_problems(spec: RunSpec, cfg: RunConfig) -> list[tuple[str, str]]:
     return out
 
 
-def _pool_field(raw: Mapping, executor: str, problems: list) -> str | None:
+def _pool_field(raw: Mapping, executor: str, problems: list, environ: Mapping[str, str] | None = None) -> str | None:
     """``pool``: a pool name, known to the stack when the submitter knows its pools
     (``RAGPOOL_POOLS``, see ``lanes.declared_pools``), and only for torchrun runs."""
     pool = raw.get("pool")
@@ -476,7 +478,7 @@ def _pool_field(raw: Mapping, executor: str, problems: list) -> str | None:
         problems.append(("pool", "is for torchrun runs; an executor: ray run picks a pool per stage "
                                  "(hyperparameters.run ray.<stage>.pool)"))
         return None
-    pools = declared_pools()
+    pools = declared_pools(environ)
     if pools is not None and pool not in pools:
         problems.append(("pool", f"pool {pool!r} does not exist in this stack; pools: "
                                  f"{', '.join(pools) or f'none ({POOLS_ENV} is empty)'}"))
@@ -484,14 +486,15 @@ def _pool_field(raw: Mapping, executor: str, problems: list) -> str | None:
     return pool
 
 
-def ray_problems(spec: RunSpec, shared_root: str, cfg: RunConfig | None = None) -> list[tuple[str, str]]:
+def ray_problems(spec: RunSpec, shared_root: str, cfg: RunConfig | None = None,
+                 environ: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
     """A ray run's stages must name declared pools whose nodes hold their GPUs per worker
     (``cfg``: the spec's training config when already loaded)."""
     from training.config import RAY_STAGES
     from contract.ray_pools import PoolsError, declared_pools, pool_problems
 
     try:
-        pools = declared_pools()
+        pools = declared_pools(environ)
     except PoolsError as err:
         return [("(environment)", str(err))]
     cfg = cfg or load_run_config(spec.to_training_config(shared_root))
@@ -575,7 +578,7 @@ def _depth(value: Any, limit: int = MAX_SPEC_DEPTH) -> int:
 
 
 def parse_spec_text(text: str, *, source: str = "run spec", fmt: str | None = None,
-                    shared_root: str | None = None) -> RunSpec:
+                    shared_root: str | None = None, environ: Mapping[str, str] | None = None) -> RunSpec:
     """Parse YAML or JSON text (``fmt`` = ``json``/``yaml``; guessed from the first character otherwise)."""
     size = len(text.encode("utf-8", errors="replace"))
     if size > MAX_SPEC_BYTES:
@@ -597,7 +600,7 @@ def parse_spec_text(text: str, *, source: str = "run spec", fmt: str | None = No
         raise SpecError([("(syntax)", f"nested deeper than {MAX_SPEC_DEPTH} levels")], source) from None
     except Exception as exc:  # yaml.YAMLError carries the line; ValueError: an int past the digit limit
         raise SpecError([("(syntax)", _bounded(f"invalid {fmt.upper()}: {exc}"))], source) from None
-    return parse_spec(raw, source=source, shared_root=shared_root)
+    return parse_spec(raw, source=source, shared_root=shared_root, environ=environ)
 
 
 def read_spec_text(path: str | os.PathLike) -> str:

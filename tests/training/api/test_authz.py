@@ -135,3 +135,89 @@ def test_admins_read_the_audit_trail_newest_first(local_api):
     assert [(e["what"], e["result"]) for e in events[:2]] == [("cancel", "forbidden"), ("submit", "ok")]
     assert events[0]["who"] == local_api.users["bob"].arn and events[1]["team"] == "team-a"
     assert local_api.client("root").audit(count=5000).data["key"] == "count"
+
+
+# ------------------------------------------------------------------ per-team queues (trainingTeams behind the one API)
+
+# role -> (user, the team it names with ?team= / --team); alice's team-a has its own queue in ``team_api``
+TEAM_ROLES = {"member": ("alice", None), "member naming its team": ("alice", "team-a"),
+              "other team": ("bob", None), "other team naming it": ("bob", "team-a"),
+              "admin naming it": ("root", "team-a"), "admin": ("root", None), "admin naming none such": ("root", "nope"),
+              "anonymous": (None, None)}
+# verb -> expected error code per role, on a run in team-a's queue ("ok": allowed). Another team looks in its own
+# queue: it cannot even see the run (not_found), and naming team-a is forbidden.
+TEAM_TABLE = {
+    verb: {"member": "ok", "member naming its team": "ok", "other team": "not_found",
+           "other team naming it": "forbidden", "admin naming it": "ok", "admin": "not_found",
+           "admin naming none such": "bad_input", "anonymous": "unauthenticated"}
+    for verb in ("status", "cancel", "retry")}
+TEAM_TABLE["list"] = {**TEAM_TABLE["status"], "other team": "ok", "admin": "ok"}
+TEAM_TABLE["submit"] = {**TEAM_TABLE["status"], "other team": "ok", "admin": "ok"}
+EXIT = {"ok": 0, "forbidden": 1, "bad_input": 2, "unauthenticated": 2, "not_found": 3}
+
+
+@pytest.mark.parametrize("verb", list(TEAM_TABLE))
+@pytest.mark.parametrize("role", list(TEAM_ROLES))
+def test_team_queue_authorization_table(team_api, role, verb):
+    q = team_api.api.queues["team-a"]
+    q.submit(make_spec("a-queued", data=SPEC_DATA), owner="arn:aws:iam::123456789012:user/alice", team="team-a")
+    q.submit(make_spec("a-dead", max_attempts=1), owner="arn:aws:iam::123456789012:user/alice", team="team-a")
+    q.fail(q.claim("w", run_id="a-dead"), "boom", retriable=False)
+    user, team = TEAM_ROLES[role]
+    client = team_api.client(user)
+    client.team = team
+    if verb == "submit":
+        # the main queue's runs need a team: an admin naming none gets its own error (test above)
+        outcome = client.submit(NEW.format(run="new-run"), team="team-b" if (role == "admin") else None)
+    elif verb == "list":
+        outcome = client.list_runs()
+    elif verb in ("cancel", "retry"):
+        outcome = client.change(verb, "a-queued" if verb == "cancel" else "a-dead")
+    else:
+        outcome = getattr(client, verb)("a-dead")
+    expected = TEAM_TABLE[verb][role]
+    assert (outcome.error or "ok") == expected, (role, verb, outcome)
+    assert outcome.code == EXIT[expected], "exit code of the CLI"
+    if expected == "bad_input":
+        assert outcome.data["key"] == "team" and "nope" in outcome.message, "names the team that does not exist"
+    if verb == "list" and expected == "ok":
+        seen = {r["run_id"] for r in outcome.data}
+        assert seen == (set() if role in ("other team", "admin") else {"a-queued", "a-dead"}), (role, seen)
+    if verb in ("cancel", "retry") and expected != "ok":
+        assert q.get("a-queued").state == "queued" and q.get("a-dead").state == "dead"
+    if verb in ("cancel", "retry") and role != "anonymous":
+        event = team_api.audit()[-1]
+        assert (event["what"], event["result"]) == (verb, "ok" if expected == "ok" else expected)
+
+
+def test_a_team_members_submit_lands_in_its_teams_queue(team_api):
+    """A worker of team-a's namespace (its queue key prefix) claims alice's run; bob (team-b, the main queue)
+    cannot see it; the main queue never held it."""
+    alice, bob = team_api.client("alice"), team_api.client("bob")
+    assert alice.submit(NEW.format(run="team-run")).ok
+    assert team_api.queue.get("team-run") is None, "not in the main queue"
+    assert bob.status("team-run").error == "not_found" and bob.list_runs().data == []
+    facts = alice.facts().data
+    assert facts["queue_namespace"] == team_api.api.queues["team-a"].prefix[:-1] and facts["team"] == "team-a"
+    from training.scheduler.run_queue import TaskQueue
+
+    worker_queue = TaskQueue(team_api.queue.client, namespace=facts["queue_namespace"])  # as its workers open it
+    claim = worker_queue.claim("team-a-worker", run_id="team-run")
+    assert claim is not None and claim.task_id == "team-run"
+    assert alice.status("team-run").data["state"] == "running"
+
+
+def test_a_team_submit_is_checked_against_its_namespaces_facts(team_api):
+    """team-a's workers serve 1-node gangs only and pool gpu-spot: a 2-node run or another pool is refused there
+    (exit 2 naming the key and team-a's queue), while the main queue (no lanes declared here) takes it."""
+    two_nodes = NEW.format(run="gang") + "nodes: 2\n"
+    refused = team_api.client("alice").submit(two_nodes)
+    assert refused.code == 2 and refused.data["key"] == "nodes", refused
+    assert team_api.api.queues["team-a"].prefix[:-1] in refused.message
+    other_pool = team_api.client("alice").submit(NEW.format(run="elsewhere") + "pool: gpu-ondemand\n")
+    assert other_pool.code == 2 and other_pool.data["key"] == "pool", other_pool
+    assert team_api.client("bob").submit(two_nodes).ok, "the main queue's facts"
+    admin = team_api.client("root")
+    admin.team = "team-c"  # a trainingTeams team no apiTeams entry names: admins reach it
+    assert admin.submit(NEW.format(run="for-c")).ok
+    assert team_api.api.queues["team-c"].get("for-c").team == "team-c"

@@ -275,3 +275,33 @@ def test_report_and_tune_from_the_laptop(laptop, local_api, tmp_path, capsys, mo
     assert json.loads(capsys.readouterr().out) == {"run_id": "laptop-tune", "report": str(saved)}
     assert "<h1>ragpool run laptop-tune</h1>" in saved.read_text()
     assert laptop("report", "nobody") == 3 and "no run" in capsys.readouterr().err
+
+
+def test_ragpool_team_picks_a_teams_queue_through_the_api(team_api, monkeypatch, tmp_path, capsys):
+    """``ragpool --team T``: an admin acts on team T's queue (alice's team-a has its own); a team that does not
+    exist is exit 2 naming it; on the direct path (REDIS_URL) the flag is refused, exit 2."""
+    from contract.env import TEAM_ENV
+    from infra.cli import main
+    from tests.support.redis_fixtures import SPEC_DATA, make_spec
+
+    root = team_api.users["root"]
+    monkeypatch.setenv(CONFIG_ENV, str(tmp_path / "contexts.yaml"))
+    for name in (REDIS_URL_ENV, CONTEXT_ENV, "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(TEAM_ENV, "")  # restored after the test: main() sets it from --team
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", root.access_key_id)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", root.secret_access_key)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    assert main(["login", "--endpoint", team_api.endpoint, "--cluster-id", "ragpool-test"]) == 0
+    team_api.api.queues["team-a"].submit(make_spec("a-run", data=SPEC_DATA), owner=team_api.users["alice"].arn,
+                                         team="team-a")
+    capsys.readouterr()
+    assert main(["status", "a-run"]) == exit_codes.NOT_FOUND, "the admin's default: the main queue"
+    assert main(["--team", "team-a", "status", "a-run", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["team"] == "team-a"
+    assert main(["--team", "nope", "status", "a-run"]) == exit_codes.BAD_INPUT
+    assert 'team "nope" does not exist' in capsys.readouterr().err
+    monkeypatch.setenv(REDIS_URL_ENV, "redis://127.0.0.1:1")
+    assert main(["--team", "team-a", "status", "a-run"]) == exit_codes.BAD_INPUT
+    assert "--team" in capsys.readouterr().err

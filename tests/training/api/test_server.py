@@ -239,3 +239,22 @@ def test_report_and_tune_through_the_api(local_api, monkeypatch):
     found = alice.tune_results("tuned").data
     assert found["metric"] == "mrr" and found["trials"][0]["trial"] == "t1" and "t1" in found["table"]
     assert set(found["paths"]) == {"trials", "table"}, "no best.yaml was written"
+
+
+def test_the_team_queues_variable_is_read_once_and_a_bad_one_named(tmp_path):
+    import pytest
+
+    from contract.env import API_CLUSTER_ID_ENV, API_STS_ENDPOINT_ENV, API_TEAM_QUEUES_ENV, API_TEAMS_FILE_ENV
+    from training.api.server import ApiConfigError, settings_from_env
+    from tests.support.run_api import TEAMS
+
+    teams = tmp_path / "teams.json"
+    teams.write_text(json.dumps(TEAMS))
+    env = {API_CLUSTER_ID_ENV: "c", API_STS_ENDPOINT_ENV: "https://sts.us-west-2.amazonaws.com",
+           API_TEAMS_FILE_ENV: str(teams)}
+    assert settings_from_env(env).team_queues == {}
+    good = {"search": {"namespace": "ragpool-team-search", "queue": "search", "facts": {}}}
+    assert settings_from_env({**env, API_TEAM_QUEUES_ENV: json.dumps(good)}).team_queues["search"].queue_namespace \
+        == "search"
+    with pytest.raises(ApiConfigError, match=f"{API_TEAM_QUEUES_ENV}"):
+        settings_from_env({**env, API_TEAM_QUEUES_ENV: "{not json"})
