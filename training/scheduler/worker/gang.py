@@ -8,7 +8,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from contract import exit_codes
-from training.scheduler.run_queue import Claim, Heartbeat, Release
+from training.scheduler.run_queue import Claim, Heartbeat, Release, State
 from training.scheduler.spec import RunSpec
 from training.scheduler.worker import log
 from training.scheduler.worker.outage import STOPPED, is_redis_error
@@ -65,7 +65,8 @@ class GangMember:
                 cmd, env = self._command(spec, Path(group["config"]), group["attempt"])
                 # Index 0 holds the lease and heartbeats it: this pod only runs its share.
                 ended = self._supervise(cmd, env, run_id=spec.run_id, attempt=group["attempt"],
-                                        timeout_s=spec.timeout_seconds, lease=None)
+                                        timeout_s=spec.timeout_seconds, lease=None,
+                                        still_ours=lambda: self._attempt_current(key))
                 log.info("worker %s (index %d): run %s exited %s", self.config.worker_id,
                          self.config.node_index, spec.run_id, ended.code)
                 self.tasks_done += 1
@@ -88,6 +89,19 @@ class GangMember:
                 break
             self.stopping.wait(min(self.config.poll_seconds, 0.5))
         return 0
+
+    def _attempt_current(self, key: tuple) -> bool:
+        """Whether the run of ``key`` (task, attempt) is still that attempt's: False once index 0's lease lapsed and
+        the keeper put the run back, another attempt began, or the attempt failed or was cancelled. A run index 0
+        acked (``succeeded``) is still ours: this pod's share ends on its own, a moment after index 0's. A Redis
+        outage answers True: the run is not known to be lost, and the outage path decides (outage.py)."""
+        try:
+            info = self.queue.get(key[0])
+        except Exception as exc:  # noqa: BLE001 (only Redis errors are expected; anything else is re-raised)
+            if is_redis_error(exc):
+                return True
+            raise
+        return info is not None and info.state in (State.RUNNING, State.SUCCEEDED) and info.attempts == key[1]
 
     def _join_gang(self, key: tuple) -> bool:
         """Follower: join the gang index 0 is gathering for run ``key`` (task, attempt) and wait for

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from contract.paths import run_dir
@@ -43,10 +44,12 @@ class ChildSupervisor:
                 self._sigterm_sent_to = child.pid
 
     def _supervise(self, cmd: list[str], env: dict[str, str], *, run_id: str, attempt: int, timeout_s: float,
-                   lease: Claim | None) -> ChildExit:
+                   lease: Claim | None, still_ours: Callable[[], bool] | None = None) -> ChildExit:
         """Run the child to its exit, enforcing timeout and shutdown. ``lease`` is the claim this
         pod holds: it is heartbeated, and a cancel or lost lease stops the child. A follower pod of
-        a multi-node run passes None (index 0 holds the lease)."""
+        a multi-node run passes None (index 0 holds the lease) and ``still_ours``, asked every poll interval:
+        False (index 0's lease is gone: the run went back to its lane or ended) stops the child as a lost
+        lease does, so a run whose index 0 died is never trained twice."""
         cfg = self.config
         log_dir = run_dir(cfg.shared_root, run_id) / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -67,6 +70,7 @@ class ChildSupervisor:
             beat = threading.Thread(target=self._heartbeat_loop, args=(lease, stop_heartbeat, verdict), daemon=True)
             beat.start()
         deadline = time.monotonic() + timeout_s
+        next_check = time.monotonic() + cfg.poll_seconds
         signalled_at: float | None = None
         try:
             while True:
@@ -82,6 +86,12 @@ class ChildSupervisor:
                         stopped = StopReason.SHUTDOWN  # the signal handler already forwarded SIGTERM
                     elif time.monotonic() > deadline:
                         stopped = StopReason.TIMEOUT
+                    elif still_ours is not None and time.monotonic() >= next_check:
+                        next_check = time.monotonic() + cfg.poll_seconds
+                        if not still_ours():
+                            log.warning("run %s: attempt %d no longer holds the run (its index 0 is gone); "
+                                        "stopping this pod's share", run_id, attempt)
+                            stopped = StopReason.LOST
                     if stopped:
                         # Once only: a second SIGTERM would cut torchrun's own shutdown short.
                         if self._sigterm_sent_to != child.pid:

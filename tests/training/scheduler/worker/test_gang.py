@@ -130,6 +130,33 @@ def test_an_elastic_gang_goes_with_its_min_and_a_late_pod_joins_the_run(redis_se
     assert info.state == "succeeded" and info.attempts == 1 and q.lane_stats()[Lane(nodes=3)].gang_timeouts == 0
 
 
+@pytest.mark.slow
+def test_followers_stop_their_share_once_index_0_is_gone_and_the_run_went_back(redis_server, namespace,
+                                                                               make_queue, tmp_path):
+    """Index 0 holds the lease: SIGKILLed, its lease lapses and the keeper puts the run back. Its follower, still
+    training (an elastic run's survivors go on without it), stops its share at its next poll instead of training
+    the run a second time beside the next attempt."""
+    q = make_queue()
+    q.submit(make_spec("orphan", nodes=2))
+    out_dir = tmp_path / "nodes"
+    out_dir.mkdir()
+    cmd = sh(f"touch {out_dir}/{{run_id}}-{{node_index}}; sleep 60")
+    leader = start_worker(redis_server, namespace, tmp_path, cmd, idle=1, **_gang(2, "job-orphan", 0))
+    follower = start_worker(redis_server, namespace, tmp_path, cmd, idle=1, **_gang(2, "job-orphan", 1))
+    wait_for(lambda: len(list(out_dir.iterdir())) == 2, 30, "both indices to start their share",
+             seen=lambda: sorted(p.name for p in out_dir.iterdir()))
+    leader.send_signal(signal.SIGKILL)
+    leader.wait(timeout=10)
+    wait_for(lambda: q.reap() or q.get("orphan").state == "queued", 15, "the lapsed lease to be reaped",
+             seen=lambda: q.get("orphan").state)
+    started = time.monotonic()
+    code, log_text = finish(follower, timeout=30)
+    assert code == 0 and time.monotonic() - started < 20, log_text
+    assert "no longer holds the run" in log_text, log_text
+    info = q.get("orphan")
+    assert info.state == "queued" and info.attempts == 1
+
+
 def _ready(port: int) -> int | None:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{READY_PATH}", timeout=2) as resp:
