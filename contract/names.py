@@ -42,5 +42,5 @@ ELASTIC_RDZV_BACKEND = "ragpool-redis"
 ``training.elastic.launch`` registers with torch (``training/elastic/rendezvous.py``)."""
 
 TEAM_NAMESPACE_PREFIX = "ragpool-team-"
-"""A trainingTeams team's namespace is this plus its name (infra/config.py TeamConfig.namespace; policy/checks/
+"""A trainingTeams team's namespace is this plus its name (infra/config_gpu.py TeamConfig.namespace; policy/checks/
 workloads.py counts such namespaces as training namespaces; dashboards/teams.py names a team by it)."""

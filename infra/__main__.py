@@ -7,7 +7,8 @@ the project virtualenv, so ``infra.*`` imports resolve) and, offline, by
 
 import pulumi
 
-from infra.config import StackConfigError, from_pulumi
+from infra.config import StackConfigError
+from infra.deploy_config import from_pulumi
 from infra.efa_devices import check_efa_pools
 
 try:

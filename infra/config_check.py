@@ -13,7 +13,8 @@ from pathlib import Path
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from infra.config import StackConfigError, deploy_problems
+    from infra.config import StackConfigError
+    from infra.deploy_config import deploy_problems
     from infra.stack import load_stack, validate_stack
 
     status = 0

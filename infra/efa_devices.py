@@ -14,7 +14,9 @@ from typing import Any
 import yaml
 
 from contract.messages import shown
-from infra.config import PROJECT, GpuPoolConfig, StackConfig, StackConfigError
+from infra.config import StackConfig, StackConfigError
+from infra.config_gpu import GpuPoolConfig
+from infra.config_schema import PROJECT
 from infra.gpu_memory import instance_memory
 
 REFERENCE = Path(__file__).resolve().parent / "reference" / "efa_interfaces.yaml"

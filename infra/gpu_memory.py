@@ -18,7 +18,9 @@ from pathlib import Path
 
 import yaml
 
-from infra.config import _INSTANCE_TYPE, GpuPoolConfig, StackConfig
+from infra.config import StackConfig
+from infra.config_gpu import GpuPoolConfig
+from infra.config_schema import _INSTANCE_TYPE
 from contract.pool_gpus import PoolGpus, format_pool_gpus
 
 REFERENCE = Path(__file__).resolve().parent / "reference" / "gpu_memory.yaml"

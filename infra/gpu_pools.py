@@ -22,7 +22,8 @@ from infra import iam
 from infra.charts import KARPENTER
 from contract.names import GPU_RESOURCE
 from infra.common import GPU_TAINT, POOL_LABEL, PART_OF, aws_tags, child, deep_merge, load_values
-from infra.config import GpuPoolConfig, StackConfig
+from infra.config import StackConfig
+from infra.config_gpu import GpuPoolConfig
 from infra.efa import Efa
 
 KARPENTER_NAMESPACE = "kube-system"

@@ -36,7 +36,8 @@ import pulumi_kubernetes as k8s
 from infra.component import RagpoolComponent
 from infra.charts import KEDA
 from infra.common import RESTRICTED_NAMESPACE_LABELS, child, k8s_labels, load_values
-from infra.config import GpuPoolConfig, StackConfig
+from infra.config import StackConfig
+from infra.config_gpu import GpuPoolConfig
 from infra.peers import REDIS_SERVICE, redis_peer
 from infra.queue_redis import CONNECTION_SECRET
 from infra.training_namespace import baseline_policies

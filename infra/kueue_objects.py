@@ -27,7 +27,8 @@ import yaml
 from contract.lanes import PRIORITIES
 from contract.names import GPU_RESOURCE, KUEUE_API_VERSION, POOL_LABEL
 from infra.common import GPU_TOLERATION, k8s_labels
-from infra.config import GpuPoolConfig, StackConfig, TeamConfig
+from infra.config import StackConfig
+from infra.config_gpu import GpuPoolConfig, TeamConfig
 from infra.peers import TRAINING_NAMESPACE, TRAINING_NAMESPACE_LABEL
 from infra.training_namespace import PRIORITY_CLASSES
 

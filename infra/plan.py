@@ -18,7 +18,8 @@ from typing import Any
 
 import yaml
 
-from infra.config import PROJECT, StackConfigError
+from infra.config import StackConfigError
+from infra.config_schema import PROJECT
 from infra.langhost.mock_exec import PLACEHOLDER_SECRET, Recorded, make_mocks, make_monitor, run_under_mocks, unwrap
 from infra.langhost.mock_exec import MOCK_ACCOUNT, mock_outputs  # noqa: F401  (tests read them here)
 from contract import exit_codes

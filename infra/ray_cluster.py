@@ -43,7 +43,8 @@ from dashboards.boards.ray import committed as ray_dashboards
 from infra.component import RagpoolComponent
 from infra.charts import KUBERAY_CRD_DIR, KUBERAY_CRD_FILES, KUBERAY_OPERATOR
 from infra.common import GPU_TOLERATION, POOL_LABEL, SHARED_MOUNT_PATH, SYSTEM_NODE_SELECTOR, TRAINING_UID, child, k8s_labels, load_values
-from infra.config import GpuPoolConfig, StackConfig
+from infra.config import StackConfig
+from infra.config_gpu import GpuPoolConfig
 from infra.efa_devices import efa_env, pool_efa_devices
 from infra.gpu_memory import pod_memory_gib
 from infra.pod_security import container_security_context, pod_security_context

@@ -42,7 +42,8 @@ from contract.ports import REDIS_PORT, RUN_API_PORT
 from contract.ray_pools import POOLS_ENV as RAY_POOLS_ENV
 from infra.common import SHARED_MOUNT_PATH, SYSTEM_NODE_SELECTOR, TRAINING_UID, child, k8s_labels
 from infra.component import RagpoolComponent
-from infra.config import StackConfig, TeamConfig
+from infra.config import StackConfig
+from infra.config_gpu import TeamConfig
 from infra.gpu_memory import pool_gpus
 from infra.kueue_objects import LOCAL_QUEUE
 from infra.kueue_objects import cluster_queue as kueue_cluster_queue

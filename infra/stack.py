@@ -18,7 +18,8 @@ from typing import Any
 import yaml
 
 from contract.messages import shown
-from infra.config import PROJECT, StackConfig, StackConfigError, parse
+from infra.config import StackConfig, StackConfigError, parse
+from infra.config_schema import PROJECT
 from infra.efa_devices import check_efa_pools
 from infra.langhost.mock_exec import PLACEHOLDER_SECRET
 

@@ -32,7 +32,8 @@ import pulumi_kubernetes as k8s
 
 from infra.component import RagpoolComponent
 from infra.common import GPU_TOLERATION, POOL_LABEL, SHARED_MOUNT_PATH, SYSTEM_NODE_SELECTOR, TRAINING_UID, child, k8s_labels
-from infra.config import GpuPoolConfig, StackConfig
+from infra.config import StackConfig
+from infra.config_gpu import GpuPoolConfig
 from infra.efa_devices import efa_env, pool_efa_devices
 from infra.gpu_memory import pod_memory
 from infra.keda import (
@@ -241,7 +242,7 @@ def worker_job_spec(labels: dict[str, str], pod_spec: dict[str, Any], nodes: int
       with one bad node keeps training at the nodes left. ``maxFailedIndexes`` = ``nodes - 1``: the Job fails
       once every index has. ``backoffLimit`` still bounds the counted failures of the whole Job. Feature
       gate JobBackoffLimitPerIndex (KEP-3850): beta 1.29-1.32, GA 1.33, the oldest version the stack takes
-      (infra/config.py ``SUPPORTED_KUBERNETES_VERSIONS``). Disruptions (the Ignore rule) count against neither,
+      (infra/config_schema.py ``SUPPORTED_KUBERNETES_VERSIONS``). Disruptions (the Ignore rule) count against neither,
       but with a per-index limit the replacement waits the pod back-off of the index's failures, ignored
       ones included (``getRemainingTimePerIndex``: 10 s, doubling)."""
     return {

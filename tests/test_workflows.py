@@ -451,7 +451,7 @@ def test_deploy_builds_scans_checks_and_deploys_the_image_by_digest():
     """Round-4 audit, item 6: nobody built the training image. Each stack's job builds training/Dockerfile,
     pushes it to the stack's repository (infra/registry.py), fails on ECR's CRITICAL findings, fails when the
     image is not in the registry, and only then runs `pulumi up` with that image's tag and digest."""
-    from infra.config import PROJECT
+    from infra.config_schema import PROJECT
 
     for stack in ("dev", "prod"):
         job = load("deploy.yml")["jobs"][f"up-{stack}"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from contract.names import GPU_RESOURCE
-from infra.config import GPU_INSTANCE_FAMILIES, is_gpu_instance_type  # Pulumi-free: the one GPU-family rule
+from infra.config_schema import GPU_INSTANCE_FAMILIES, is_gpu_instance_type  # Pulumi-free: the one GPU-family rule
 from policy.checks.model import EC2NODECLASS_TYPES, NODEPOOL_TYPES, Context, Resource
 from policy.checks.values import _number
 from policy.pod_templates import as_list as _as_list

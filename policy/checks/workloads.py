@@ -18,7 +18,7 @@ from policy.pod_templates import containers as _containers
 from policy.pod_templates import get as _get
 
 
-#: Team namespaces (infra/config.py trainingTeams, TEAM_NAMESPACE_PREFIX) are training namespaces too.
+#: Team namespaces (infra/config_gpu.py trainingTeams, TEAM_NAMESPACE_PREFIX) are training namespaces too.
 
 
 def training_namespaces(ctx: Context) -> set[str]:

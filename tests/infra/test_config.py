@@ -11,7 +11,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from infra.config import DEFAULT_GPU_POOLS, SCHEMA, SCHEMA_BY_NAME, StackConfigError, parse, pulumi_yaml_config
+from infra.config import StackConfigError, parse
+from infra.config_schema import DEFAULT_GPU_POOLS, SCHEMA, SCHEMA_BY_NAME, pulumi_yaml_config
 from infra.stack import REPO_ROOT, load_stack, validate_stack
 from tests.support.stack_config import REAL_CIDR
 
@@ -31,7 +32,7 @@ def test_pulumi_yaml_config_block_is_generated_from_schema():
     assert project["name"] == "ragpool"
     assert project["main"] == "infra/"
     assert project["runtime"]["name"] == "python" and project["runtime"]["options"]["virtualenv"] == ".venv"
-    assert project["config"] == pulumi_yaml_config(), "regenerate with: python -m infra.config --pulumi-yaml"
+    assert project["config"] == pulumi_yaml_config(), "regenerate with: python -m infra.config_schema --pulumi-yaml"
 
 
 def test_every_key_has_type_description_and_default_or_is_required():
@@ -204,7 +205,7 @@ def test_fuzzed_configs_parse_or_fail_cleanly(raw, wire, region):
 
 
 def test_deploy_role_is_first_cluster_admin_and_placeholders_are_refused_only_for_deploy():
-    from infra.config import deploy_problems
+    from infra.deploy_config import deploy_problems
 
     cfg = _parse({**BASE, "publicAccessCidrs": [REAL_CIDR],  # BASE's is a documentation range
                   "adminRoleArns": ["arn:aws:iam::444455556666:role/ops", "arn:aws:iam::444455556666:role/deploy"]})
@@ -222,7 +223,7 @@ def test_deploy_role_is_first_cluster_admin_and_placeholders_are_refused_only_fo
     (["100.64.0.0/10", "2001:db9::/32"], []),
 ])
 def test_deploy_refuses_a_documentation_range_as_public_access_cidrs(cidrs, refused):
-    from infra.config import deploy_problems
+    from infra.deploy_config import deploy_problems
 
     problems = deploy_problems(_parse({**BASE, "endpointPublicAccess": True, "publicAccessCidrs": cidrs}))
     assert [int(p.split("[", 1)[1].split("]")[0]) for p in problems if "publicAccessCidrs" in p] == refused
@@ -331,7 +332,7 @@ def test_config_and_policy_agree_on_gpu_instance_types(instance_type, gpu):
 def test_pool_fields_left_out_take_the_dataclass_defaults():
     from dataclasses import fields
 
-    from infra.config import GpuPoolConfig
+    from infra.config_gpu import GpuPoolConfig
 
     [pool] = _parse({**BASE, "gpuPools": [_POOL]}).gpu_pools
     for f in fields(GpuPoolConfig):

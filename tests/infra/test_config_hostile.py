@@ -26,7 +26,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from infra.cli import build_parser
-from infra.config import _DNS_LABEL, _IMAGE_TAG, SCHEMA, shown_key
+from infra.config import _IMAGE_TAG
+from infra.config_gpu import _DNS_LABEL
+from infra.config_reader import shown_key
+from infra.config_schema import SCHEMA
 from infra.efa_devices import mixed_efa_shares
 from infra.stack import MAX_STACK_FILE_BYTES, REPO_ROOT
 

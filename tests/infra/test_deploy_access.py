@@ -91,7 +91,8 @@ def real_engine(monkeypatch):
 
 
 def test_a_real_engine_refuses_the_placeholder_and_accepts_a_real_role(real_engine):
-    from infra.config import StackConfigError, from_pulumi
+    from infra.config import StackConfigError
+    from infra.deploy_config import from_pulumi
 
     real_engine("prod")
     with pytest.raises(StackConfigError) as err:

@@ -21,7 +21,8 @@ import yaml
 from contract.names import EFA_RESOURCE, GPU_RESOURCE, POOL_LABEL
 from infra.charts import EFA_DEVICE_PLUGIN
 from infra.common import GPU_TAINT
-from infra.config import GpuPoolConfig, StackConfigError
+from infra.config import StackConfigError
+from infra.config_gpu import GpuPoolConfig
 from infra.efa_devices import FI_EFA_USE_DEVICE_RDMA_ENV, FI_PROVIDER_ENV, efa_interfaces, pool_efa_devices
 from infra.stack import REPO_ROOT, load_stack, validate_stack
 from tests.support.helm import chart_values

@@ -15,7 +15,8 @@ import yaml
 from contract.names import GPU_RESOURCE
 from contract.pool_gpus import parse_pool_gpus
 from infra.common import POOL_LABEL
-from infra.config import GpuPoolConfig, parse
+from infra.config import parse
+from infra.config_gpu import GpuPoolConfig
 from infra.gpu_memory import (FALLBACK_MIB_PER_GPU, INSTANCE_MEMORY, NODE_SYSTEM_RESERVE_MIB, instance_memory,
                               pod_memory_gib, pool_gpus)
 from infra.stack import load_stack

@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from infra.charts import KARPENTER
-from infra.config import CAPACITY_TYPES
+from infra.config_schema import CAPACITY_TYPES
 from infra.iam import NODE_ROLE_POLICIES
 from tests.conftest import STACKS
 from tests.infra.iam_eval import glob_match

@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from infra import log_shipping as ls
-from infra.config import CLOUDWATCH_RETENTION_DAYS, StackConfigError, parse
+from infra.config import StackConfigError, parse
+from infra.config_schema import CLOUDWATCH_RETENTION_DAYS
 from tests.conftest import STACKS
 from tests.infra.iam_eval import Request, evaluate
 from tests.support.helm import helm_merge

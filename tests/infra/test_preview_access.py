@@ -146,7 +146,7 @@ def test_a_bad_preview_role_is_refused_naming_the_key(value, fragment):
 
 
 def test_an_example_account_preview_role_is_refused_only_for_a_real_deployment():
-    from infra.config import deploy_problems
+    from infra.deploy_config import deploy_problems
 
     cfg = parse({**BASE, "previewRoleArn": "arn:aws:iam::111122223333:role/ragpool-preview"}, stack="dev",
                 region="us-west-2")

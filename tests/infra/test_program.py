@@ -10,7 +10,7 @@ import pulumi
 import pulumi_aws
 import pytest
 
-from infra.config import PROJECT
+from infra.config_schema import PROJECT
 from infra.plan import SECRET_MASK, plan
 from infra.stack import load_stack
 

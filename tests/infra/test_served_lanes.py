@@ -13,7 +13,7 @@ from __future__ import annotations
 import pulumi
 import pytest
 
-from infra.config import GPU_INSTANCE_FAMILIES
+from infra.config_schema import GPU_INSTANCE_FAMILIES
 from infra.gpu_memory import REFERENCE, family_gpu_memory_gib, gpu_memory_gib
 from infra.plan import render_plan, run_program
 from infra.stack import load_stack

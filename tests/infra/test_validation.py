@@ -7,7 +7,7 @@ import kubernetes_validate
 import pytest
 
 from infra.charts import BY_SCHEMA_NAME, SUBCHART_VERSIONS
-from infra.config import SUPPORTED_KUBERNETES_VERSIONS
+from infra.config_schema import SUPPORTED_KUBERNETES_VERSIONS
 from tests.infra.harness import (
     NON_OBJECT_TYPES, schema_file, helm_releases, helm_value_problems, is_core, subchart_schema_problems, kubernetes_objects, validate_core, validate_custom,
 )

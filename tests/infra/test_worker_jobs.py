@@ -7,7 +7,7 @@ from __future__ import annotations
 import kubernetes_validate
 import pytest
 
-from infra.config import SUPPORTED_KUBERNETES_VERSIONS
+from infra.config_schema import SUPPORTED_KUBERNETES_VERSIONS
 from infra.worker_jobs import worker_job_spec
 
 POD = {"restartPolicy": "Never", "containers": [{"name": "worker", "image": "training:0.1.0"}]}
