@@ -81,7 +81,8 @@ def _has_cluster() -> bool:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from training.datasets.s3sync import TransferError, check_source, run_import
+    from training.datasets.s3sync import check_source, run_import
+    from training.datasets.transfer import TransferError
 
     try:  # the same checks as the Job's, before anything is created
         check_source(args.source, declared_buckets())
@@ -153,7 +154,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from training.datasets.s3sync import TransferError, export_run
+    from training.datasets.export import export_run
+    from training.datasets.transfer import TransferError
 
     try:
         result = export_run(args.run_id, args.destination, shared_root=args.shared_root, workers=args.workers)

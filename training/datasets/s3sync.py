@@ -1,4 +1,4 @@
-"""Copy ``s3://BUCKET/PREFIX`` onto the shared storage as ``datasets/NAME``, and a run's models and index out.
+"""Copy ``s3://BUCKET/PREFIX`` onto the shared storage as ``datasets/NAME``: the dataset import.
 
 Torch-free (boto3 only): the import runs in a small Job in the training namespace (infra/data_access.py
 ``import_job``), or in ``ragpool data import --local``. The Job's command::
@@ -24,10 +24,8 @@ Import, in order:
 Progress: a log line at most every ``--progress-seconds`` with objects and bytes done, the rate and an ETA;
 the same figures in ``.import/status.json`` (``ragpool data status NAME``).
 
-Export (``ragpool export RUN s3://BUCKET/PREFIX``): the run's ``retriever/model``, ``generator/model`` and
-``index`` directories (whichever exist) go to ``s3://BUCKET/PREFIX/RUN/...`` (multipart through boto3's
-transfer manager, with its default CRC32 checksums verified by S3), then ``manifest.json`` (path, size,
-sha256) last; only below the stack's declared export destination (``RAGPOOL_DATA_EXPORT``).
+A run's models and index go the other way with training/datasets/export.py; what both share (the error, the
+S3 client, progress, hashing) is training/datasets/transfer.py.
 """
 
 from __future__ import annotations
@@ -48,35 +46,16 @@ from typing import Any
 
 from contract import exit_codes
 from contract.datasets import (
-    DATA_BUCKETS_ENV, DATA_EXPORT_ENV, EXPORT_MANIFEST_FILE, IMPORT_READY_STATE, IMPORT_STATE_DIR, MANIFEST_FILE,
-    STATUS_FILE,
-    S3Location, dataset_path, declared_buckets, declared_export, parse_s3_url,
+    DATA_BUCKETS_ENV, IMPORT_READY_STATE, IMPORT_STATE_DIR, MANIFEST_FILE, STATUS_FILE,
+    S3Location, dataset_path, declared_buckets, parse_s3_url,
 )
 from contract.messages import shown
-from contract.paths import PathError, confine, is_valid_run_id, run_dir, shared_root_from_env
+from contract.paths import PathError, confine, shared_root_from_env
+from training.datasets.transfer import (CHUNK_BYTES, DEFAULT_WORKERS, Log, Progress, TransferError, log_to_stderr,
+                                        s3_client, sha256_file, write_json)
 
-DEFAULT_WORKERS = 8
-"""Objects fetched at once (threads; boto3's connection pool is sized to match)."""
-CHUNK_BYTES = 1 << 20
-"""Read size of a streamed GetObject body and of verification."""
 JOURNAL_FILE = "journal.jsonl"
 TMP_DIR = "tmp"
-EXPORTED_PARTS = ("retriever/model", "generator/model", "index")
-"""What ``ragpool export`` copies out of a run directory (those that exist)."""
-
-Log = Callable[[str], None]
-
-
-def _stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
-class TransferError(Exception):
-    """Bad input or a failed copy; the message names the key, object or file. Exit code :data:`code`."""
-
-    def __init__(self, message: str, code: int = exit_codes.BAD_INPUT):
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass(frozen=True)
@@ -102,17 +81,6 @@ class ImportResult:
     seconds: float = 0.0
 
 
-def s3_client(workers: int = DEFAULT_WORKERS, region: str | None = None) -> Any:
-    """A boto3 S3 client with a connection per worker (endpoint from ``AWS_ENDPOINT_URL_S3`` when set, as
-    boto3 reads it; credentials from the usual chain: EKS Pod Identity in the Job)."""
-    import boto3
-    from botocore.config import Config
-
-    return boto3.client("s3", region_name=region or os.environ.get("AWS_REGION") or None,
-                        config=Config(max_pool_connections=max(10, workers + 2),
-                                      retries={"max_attempts": 5, "mode": "standard"}))
-
-
 def _error_code(exc: BaseException) -> str:
     response = getattr(exc, "response", None) or {}
     err = response.get("Error") or {}
@@ -121,13 +89,6 @@ def _error_code(exc: BaseException) -> str:
 
 # ------------------------------------------------------------------ state files
 
-
-def _write_json(path: Path, doc: Any) -> None:
-    """Atomically: a temporary file beside ``path``, then a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
 
 
 def read_status(dataset: Path) -> dict[str, Any] | None:
@@ -168,50 +129,6 @@ class Journal:
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text("".join(json.dumps(e, sort_keys=True) + "\n" for e in entries))
         os.replace(tmp, self.path)
-
-
-class Progress:
-    """Objects and bytes done, logged at most every ``every`` seconds and mirrored into status.json."""
-
-    def __init__(self, label: str, total_objects: int, total_bytes: int, status_path: Path | None, log: Log,
-                 every: float):
-        self.label, self.total_objects, self.total_bytes = label, total_objects, total_bytes
-        self.status_path, self.log, self.every = status_path, log, every
-        self.objects = self.bytes = self.fetched_bytes = 0
-        self.start = time.monotonic()
-        self._last = 0.0
-        self._lock = threading.Lock()
-
-    def add(self, objects: int = 0, nbytes: int = 0, fetched: bool = True) -> None:
-        with self._lock:
-            self.objects += objects
-            self.bytes += nbytes
-            if fetched:
-                self.fetched_bytes += nbytes
-            now = time.monotonic()
-            due = now - self._last >= self.every
-            if due:
-                self._last = now
-        if due:
-            self.report()
-
-    def figures(self) -> dict[str, Any]:
-        elapsed = max(time.monotonic() - self.start, 1e-6)
-        rate = self.fetched_bytes / elapsed
-        left = self.total_bytes - self.bytes
-        eta = left / rate if rate > 0 else None
-        return {"objects_done": self.objects, "objects_total": self.total_objects, "bytes_done": self.bytes,
-                "bytes_total": self.total_bytes, "bytes_per_second": round(rate),
-                "eta_seconds": None if eta is None else round(eta, 1), "elapsed_seconds": round(elapsed, 2)}
-
-    def report(self, state: str = "copying", **extra: Any) -> None:
-        f = self.figures()
-        eta = "?" if f["eta_seconds"] is None else f"{f['eta_seconds']:.0f}s"
-        self.log(f"{self.label}: {f['objects_done']}/{f['objects_total']} objects, "
-                 f"{f['bytes_done'] / 2**20:.1f}/{f['bytes_total'] / 2**20:.1f} MiB, "
-                 f"{f['bytes_per_second'] / 2**20:.1f} MiB/s, ETA {eta}")
-        if self.status_path is not None:
-            _write_json(self.status_path, {"state": state, **f, **extra})
 
 
 # ------------------------------------------------------------------ import
@@ -260,13 +177,6 @@ def list_objects(client: Any, loc: S3Location) -> list[S3Object]:
     return sorted(out, key=lambda o: o.key)
 
 
-def _sha256_file(path: Path) -> tuple[int, str]:
-    """(size, sha256) of a file as it is on disk now (read through once, without the GIL in the hash)."""
-    with open(path, "rb") as fh:
-        digest = hashlib.file_digest(fh, "sha256").hexdigest()
-        return fh.tell(), digest
-
-
 def _fetch(client: Any, bucket: str, obj: S3Object, dest: Path, tmp_dir: Path, progress: Progress) -> dict[str, Any]:
     """One object to a temporary file (sha256 on the way), size checked, renamed into place."""
     from botocore.exceptions import BotoCoreError, ClientError
@@ -313,7 +223,7 @@ def verify_files(dest: Path) -> list[tuple[str, str]]:
     def check(entry: dict[str, Any]) -> tuple[str, str] | None:
         where = f"file {entry['path']} (object {shown(entry['key'])})"
         try:
-            size, digest = _sha256_file(dest / entry["path"])
+            size, digest = sha256_file(dest / entry["path"])
         except FileNotFoundError:
             return entry["path"], f"{where} is missing"
         if size != entry["size"]:
@@ -326,7 +236,7 @@ def verify_files(dest: Path) -> list[tuple[str, str]]:
         return [p for p in pool.map(check, manifest["objects"]) if p]
 
 
-def import_prefix(client: Any, source: S3Location, dest: Path, *, workers: int = DEFAULT_WORKERS, log: Log = _stderr,
+def import_prefix(client: Any, source: S3Location, dest: Path, *, workers: int = DEFAULT_WORKERS, log: Log = log_to_stderr,
                   progress_seconds: float = 5.0,
                   after_listing: Callable[[list[S3Object]], None] | None = None,
                   after_object: Callable[[dict[str, Any]], None] | None = None) -> ImportResult:
@@ -348,7 +258,7 @@ def import_prefix(client: Any, source: S3Location, dest: Path, *, workers: int =
 
     objects = list_objects(client, source)
     if not objects:
-        _write_json(status_path, {"state": "failed", "source": source.url,
+        write_json(status_path, {"state": "failed", "source": source.url,
                                   "failures": [f"prefix {source.url} has no objects"]})
         raise TransferError(f"source {source.url} has no objects: check the bucket and prefix")
     if after_listing:
@@ -397,7 +307,7 @@ def import_prefix(client: Any, source: S3Location, dest: Path, *, workers: int =
                             + "\n  ".join(sorted(result.failures)), 
                             exit_codes.FAILED if exit_codes.FAILED in codes else exit_codes.BAD_INPUT)
 
-    _write_json(state / MANIFEST_FILE, {"source": source.url, "objects": [entries[o.key] for o in objects],
+    write_json(state / MANIFEST_FILE, {"source": source.url, "objects": [entries[o.key] for o in objects],
                                         "bytes": result.bytes})
     progress.report("verifying", source=source.url)
     bad = verify_files(dest)
@@ -416,7 +326,7 @@ def import_prefix(client: Any, source: S3Location, dest: Path, *, workers: int =
 
 
 def run_import(source: str, destination: str, *, shared_root: str | None = None, workers: int = DEFAULT_WORKERS,
-               client: Any = None, env: dict[str, str] | None = None, log: Log = _stderr,
+               client: Any = None, env: dict[str, str] | None = None, log: Log = log_to_stderr,
                **hooks: Any) -> ImportResult:
     """Check the source (a declared bucket) and the destination (``datasets/NAME``), then import."""
     try:
@@ -436,64 +346,6 @@ def run_import(source: str, destination: str, *, shared_root: str | None = None,
     return import_prefix(client or s3_client(workers), loc, dest, workers=workers, log=log, **hooks)
 
 
-# ------------------------------------------------------------------ export
-
-
-@dataclass
-class ExportResult:
-    destination: str
-    files: int = 0
-    bytes: int = 0
-    seconds: float = 0.0
-
-
-def export_run(run_id: str, destination: str, *, shared_root: str | None = None, workers: int = DEFAULT_WORKERS,
-               client: Any = None, env: dict[str, str] | None = None, log: Log = _stderr) -> ExportResult:
-    """Upload the run's models and index (:data:`EXPORTED_PARTS`) to ``destination/RUN/``, manifest last."""
-    from boto3.s3.transfer import TransferConfig
-
-    started = time.monotonic()
-    if not is_valid_run_id(run_id):
-        raise TransferError(f"run id {shown(run_id)} is not a run id", exit_codes.BAD_INPUT)
-    try:
-        allowed = declared_export(env)
-        dest = parse_s3_url(destination)
-    except ValueError as exc:
-        raise TransferError(f"destination {shown(destination)} {exc}") from None
-    if allowed is None:
-        raise TransferError(f"no export destination is declared ({DATA_EXPORT_ENV} is unset): set the stack's "
-                            f"ragpool:dataExport and {DATA_EXPORT_ENV} from the stack output dataExport")
-    if not allowed.contains(dest):
-        raise TransferError(f"destination {dest.url} is outside the declared export destination {allowed.url}")
-    run = run_dir(shared_root or shared_root_from_env(), run_id)
-    parts = [p for p in EXPORTED_PARTS if (run / p).is_dir()]
-    if not parts:
-        raise TransferError(f"run {run_id} has nothing to export: none of {', '.join(EXPORTED_PARTS)} under {run}",
-                            exit_codes.NOT_FOUND)
-    files = sorted(f for p in parts for f in (run / p).rglob("*") if f.is_file() and ".tmp" not in f.name)
-    client = client or s3_client(workers)
-    base = f"{dest.prefix}{run_id}/"
-    config = TransferConfig(max_concurrency=max(1, workers))
-    total = sum(f.stat().st_size for f in files)
-    progress = Progress(f"export {run_id} -> s3://{dest.bucket}/{base}", len(files), total, None, log, 5.0)
-
-    def upload(path: Path) -> dict[str, Any]:
-        rel = path.relative_to(run).as_posix()
-        size, digest = _sha256_file(path)
-        client.upload_file(str(path), dest.bucket, base + rel, Config=config)
-        progress.add(objects=1, nbytes=size)
-        return {"path": rel, "size": size, "sha256": digest}
-
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        entries = list(pool.map(upload, files))
-    manifest = {"run_id": run_id, "files": entries, "bytes": total}
-    client.put_object(Bucket=dest.bucket, Key=base + EXPORT_MANIFEST_FILE,
-                      Body=json.dumps(manifest, indent=1, sort_keys=True).encode())
-    progress.report("done")
-    return ExportResult(destination=f"s3://{dest.bucket}/{base}", files=len(files), bytes=total,
-                        seconds=time.monotonic() - started)
-
-
 # ------------------------------------------------------------------ command line (the Job's)
 
 
@@ -508,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = run_import(args.source, args.destination, workers=args.workers)
     except TransferError as exc:
-        _stderr(f"error: {exc}")
+        log_to_stderr(f"error: {exc}")
         return exc.code
     print(json.dumps(asdict(result) | {"fetched": len(result.fetched)}))
     return exit_codes.OK
