@@ -1217,7 +1217,7 @@ def container_env(manifest: dict, name: str) -> str | None:
 
 def queue_namespace(manifest: dict) -> str:
     """The queue key namespace a ScaledJob's workers claim from (their ``RAGPOOL_QUEUE_NAMESPACE``)."""
-    from training.scheduler.run_queue import NAMESPACE_ENV
+    from contract.env import NAMESPACE_ENV
 
     value = container_env(manifest, NAMESPACE_ENV)
     if not value:

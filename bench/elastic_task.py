@@ -23,7 +23,7 @@ import torch
 from training.components import distributed as D
 from training.components.loop import Trainer, TrainTask, seed_everything
 from training.components.stage import exit_process, run_main
-from training.config import RunConfig
+from training.config.run import RunConfig
 from contract.exit_codes import OK
 
 STAGE = "elastic"

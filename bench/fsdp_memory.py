@@ -96,7 +96,7 @@ def _build(shape: dict, device: str, strategy: str, env, activation_checkpointin
     from training.components import distributed as D
     from training.components import sharding as S
     from training.components.optim import build_optimizer
-    from training.config import OptimConfig, ParallelismConfig
+    from training.config.sections import OptimConfig, ParallelismConfig
 
     cfg = LlamaConfig(**shape, max_position_embeddings=4096, tie_word_embeddings=True)
     torch.manual_seed(0)
@@ -309,7 +309,7 @@ def worker_load(how: str, source: Path, out: Path) -> None:
 
     from training.components import distributed as D
     from training.components import sharding as S
-    from training.config import ParallelismConfig
+    from training.config.sections import ParallelismConfig
 
     env = D.init_distributed("cpu")
     before = _peak_rss_bytes()

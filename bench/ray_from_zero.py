@@ -55,7 +55,7 @@ def first_stage_s(cluster: Any, tmp_dir: Path, run_id: str = RUN_ID, pool: str =
     (seconds); then wait for the run to complete and the cluster to scale back to zero."""
     import ray
 
-    from training.config import load_run_config
+    from training.config.run import load_run_config
     from training.demo import synthetic
     from training.demo.ray_autoscaling import wait_placement_group
     from training.demo.tiny_models import build_tiny_encoder

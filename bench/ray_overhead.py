@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    from training.config import load_run_config
+    from training.config.run import load_run_config
     from training.ray import driver, tune
     from training.ray.placement import plan
 

@@ -67,7 +67,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def run_spec(run_id: str, args: argparse.Namespace) -> dict:
-    from training.config import flatten
+    from training.config.run import flatten
     from training.scheduler.spec import RUN_SECTION
 
     retriever = {"model": "models/tiny-encoder", "global_batch_size": 8, "max_steps": args.max_steps,
@@ -186,7 +186,7 @@ def resume_seen(log2: Path, info) -> tuple[str, object] | None:
     ``("complete", info)`` once the run ended without one (the kill came after the stage's last
     checkpoint, so attempt 2 had nothing left to train: a correct run that prints no step line),
     else None."""
-    from training.scheduler.run_queue import TERMINAL_STATES
+    from training.scheduler.queue_records import TERMINAL_STATES
 
     lines = step_lines(log2)
     if lines:

@@ -87,7 +87,7 @@ def generator_step(quick: bool, shape: str = "cpu", device: str = "cpu", batch: 
     import torch.nn.functional as F
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from training.config import OptimConfig
+    from training.config.sections import OptimConfig
     from training.components.optim import build_optimizer
 
     cfg = LlamaConfig(**GEN_SHAPES[shape], max_position_embeddings=max(512, seq), tie_word_embeddings=True)
@@ -138,7 +138,7 @@ def gpu_generator(shape: str, batch: int, seq: int, quick: bool, device: str = "
 def _retriever_setup(per_rank_batch: int, env):
     """Real MiniLM, real synthetic data, the retriever stage's own batch and loss code."""
     from training.demo import synthetic
-    from training.config import load_run_config
+    from training.config.run import load_run_config
     from training.components.corpus import MemoryCorpus
     from training.components.data import Passage, QAExample, Datasets
     from training.components.models import load_encoder
@@ -304,8 +304,9 @@ def checkpoint_figures(workdir: Path, quick: bool) -> dict:
     """Sync checkpoint vs raw fsync bandwidth, and the stall one background checkpoint causes."""
     import torch
 
-    from training.components.checkpoint import Checkpointer, write_checkpoint_dir
-    from training.config import OptimConfig
+    from training.components.checkpoint import Checkpointer
+    from training.components.checkpoint_dirs import write_checkpoint_dir
+    from training.config.sections import OptimConfig
     from training.components.models import load_encoder
     from training.components.optim import build_optimizer
 

@@ -61,7 +61,7 @@ MAX_NODES = 64
 """Largest ``nodes`` of a run (pods of its Indexed Job)."""
 
 READY_STEM = "ready:"
-"""Stem of every ready list under the namespace prefix (``run_queue.Key.READY`` is this)."""
+"""Stem of every ready list under the namespace prefix (``queue_records.Key.READY`` is this)."""
 NODES_SUFFIX = ":n"
 """Multi-node torchrun runs of N nodes wait in ``ready:<prio>[:pool:<P>]:n<N>``."""
 POOL_SUFFIX = ":pool:"

@@ -135,7 +135,7 @@ CRD_SCHEMAS: list[tuple[str, str]] = [
 ]
 
 # libyaml's loader when PyYAML has it (the same documents, ~10x faster on these multi-MB CRDs): for the upstream
-# files this repository vendors (trusted), never for a file a user wrote (training/config.py bounds those).
+# files this repository vendors (trusted), never for a file a user wrote (training/config/run.py bounds those).
 YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 DRAFT4 = "http://json-schema.org/draft-04/schema#"
 _COMBINATORS = ("anyOf", "allOf", "oneOf", "not")

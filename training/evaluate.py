@@ -29,7 +29,7 @@ from training.components.logs import get_logger
 from training.components.run_data import load_run_data, positive_rows
 from training.components.search import auxiliary_index, open_index_marker, retrieval_metrics, topk
 from training.components.stage import complete_stage, exit_process, is_complete, run_main, run_stage, write_json_atomic
-from training.config import RunConfig
+from training.config.run import RunConfig
 from contract.exit_codes import OK
 from training.generator import context, encode_prompt, special_ids
 

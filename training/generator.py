@@ -30,7 +30,7 @@ from training.components.loop import TrainTask, seed_everything, train
 from training.components.run_data import load_run_data
 from training.components.search import open_index_marker, topk
 from training.components.stage import complete_stage, exit_process, run_main, run_stage
-from training.config import RunConfig
+from training.config.run import RunConfig
 from contract.exit_codes import OK
 
 if TYPE_CHECKING:

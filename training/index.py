@@ -21,7 +21,7 @@ from training.components.logs import get_logger
 from training.components.run_data import open_corpus
 from training.components.search import build_index, finish_index, retriever_model_path
 from training.components.stage import complete_stage, exit_process, run_main, run_stage
-from training.config import RunConfig
+from training.config.run import RunConfig
 from contract.exit_codes import OK
 
 STAGE = "index"

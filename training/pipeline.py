@@ -22,7 +22,7 @@ import json
 from training.components import distributed as D
 from training.components.logs import get_logger
 from training.components.stage import exit_process, run_main
-from training.config import RunConfig
+from training.config.run import RunConfig
 from contract.exit_codes import OK
 
 

@@ -29,7 +29,7 @@ from training.components.models import DualEncoder, load_encoder, save_encoder
 from training.components.run_data import load_run_data
 from training.components.search import auxiliary_index, topk
 from training.components.stage import complete_stage, exit_process, run_main, run_stage
-from training.config import RunConfig
+from training.config.run import RunConfig
 from contract.exit_codes import OK
 
 STAGE = "retriever"

@@ -20,7 +20,7 @@ from bench.autoscale_sim import (
 from tests.support.redis_fixtures import requires_redis
 from contract import exit_codes
 from contract.lanes import LANES_ENV, Lane, format_lanes
-from training.scheduler.run_queue import GANG_TIMEOUTS_STAT, Key
+from training.scheduler.queue_records import GANG_TIMEOUTS_STAT, Key
 
 
 TEAM, TEAM_QUOTA = "a", 2

@@ -80,7 +80,7 @@ def test_the_pause_hook_holds_a_fast_run_at_its_step_and_a_later_attempt_trains_
 def test_a_resume_with_nothing_left_to_train_ends_the_wait(tmp_path):
     """The kill landed after the stage's last checkpoint: attempt 2 logs no step line, and the
     bench must see the run's end instead of waiting for a line a correct run never prints."""
-    from training.scheduler.run_queue import TaskInfo
+    from training.scheduler.queue_records import TaskInfo
 
     log2 = tmp_path / "attempt-2-node-0.log"
     running = TaskInfo.from_hash({"id": "r", "state": "running", "attempts": "2"})

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from training.components.data import DataError, resolve_confined as data_resolve
-from training.config import ConfigError, load_run_config
+from training.config.run import load_run_config
+from training.config.sections import ConfigError
 from contract.paths import PathError, confine, is_valid_run_id, resolve_confined
 from training.scheduler.spec import SpecError, parse_spec
 

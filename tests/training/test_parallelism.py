@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training.config import ConfigError, ParallelismConfig, load_run_config
+from training.config.run import load_run_config
+from training.config.sections import ConfigError, ParallelismConfig
 from training.scheduler import cli as runs_cli
 from training.scheduler.spec import parse_spec
 from tests.support.redis_fixtures import SPEC_DATA_YAML

@@ -18,21 +18,25 @@ from pathlib import Path
 
 import contract
 import training
+import training.config
+import training.datasets
 import training.scheduler
 
 REPO = Path(__file__).resolve().parents[2]
 FORBIDDEN = ("torch", "transformers", "faiss")
-CONTRACTS = ("training", "training.config", "training.worker", "training.datasets.s3sync", "training.datasets.cli")
-"""Torch-free modules of training/ beside the scheduler (the dataset import runs in a small Job); every module of
-contract/ is torch-free too."""
+CONTRACTS = ("training", "training.worker")
+"""Torch-free modules of training/ beside the packages walked below (the scheduler, the run config, the datasets'
+import and export, which run in a small Job); every module of contract/ is torch-free too."""
 
 
 def torch_free_modules() -> list[str]:
-    """Every module of ``training.scheduler`` and of ``contract`` (found on disk, so a new one is covered) plus
-    training's other torch-free modules."""
+    """Every module of ``training.scheduler``, ``training.config``, ``training.datasets`` and ``contract`` (found on
+    disk, so a new one is covered) plus training's other torch-free modules."""
     found = [m.name for m in pkgutil.walk_packages(training.scheduler.__path__, "training.scheduler.")]
+    found += [m.name for m in pkgutil.walk_packages(training.config.__path__, "training.config.")]
+    found += [m.name for m in pkgutil.walk_packages(training.datasets.__path__, "training.datasets.")]
     found += [m.name for m in pkgutil.walk_packages(contract.__path__, "contract.")]
-    return sorted({"training.scheduler", "contract", *found, *CONTRACTS})
+    return sorted({"training.scheduler", "training.config", "training.datasets", "contract", *found, *CONTRACTS})
 
 
 PROBE = """

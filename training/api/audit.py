@@ -2,7 +2,7 @@
 
 One event = who (the caller's ARN, or ``-`` when the token was refused), team, what (the verb), the run id,
 when (the server's Unix time), the result (HTTP status and error code) and the request id. It is appended to
-the Redis stream ``<namespace>:audit`` (``run_queue.Key.AUDIT``; capped at about :data:`MAX_EVENTS`) and
+the Redis stream ``<namespace>:audit`` (``queue_records.Key.AUDIT``; capped at about :data:`MAX_EVENTS`) and
 printed as one JSON line on stdout, which Fluent Bit ships to CloudWatch Logs with the pod's other lines.
 """
 
@@ -22,7 +22,7 @@ log = logging.getLogger("ragpool.api.audit")
 
 class Audit:
     def __init__(self, queue, stream=None) -> None:
-        from training.scheduler.run_queue import Key
+        from training.scheduler.queue_records import Key
 
         self.client = queue.client
         self.key = queue.key(Key.AUDIT)

@@ -76,7 +76,7 @@ def check_endpoint(value: object, key: str = "endpoint") -> str:
 
 def load(path: Path | None = None) -> dict:
     """The file as ``{"current": str | None, "contexts": {name: Context}}`` (empty when it does not exist)."""
-    from training.scheduler.spec import _SpecLoader  # PyYAML's safe loader without anchors/aliases, depth-bounded
+    from training.scheduler.spec_file import SpecLoader  # PyYAML's safe loader without anchors/aliases, depth-bounded
 
     path = path or config_path()
     try:
@@ -89,7 +89,7 @@ def load(path: Path | None = None) -> dict:
     if len(raw) > MAX_CONFIG_BYTES:
         raise ContextError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes; not a context file")
     try:
-        doc = yaml.load(raw.decode("utf-8"), Loader=_SpecLoader) or {}
+        doc = yaml.load(raw.decode("utf-8"), Loader=SpecLoader) or {}
     except (UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ContextError(f"{path}: not readable YAML ({str(exc)[:200]}); fix it or run ragpool login again") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("contexts", {}), dict):

@@ -494,7 +494,8 @@ class RunApi:
     def _submit(self, caller: Caller, text: str, source: str, route: Route,
                 search: str | None = None) -> tuple[verbs.Outcome, str]:
         from training.scheduler.fit import fit_problems
-        from training.scheduler.spec import SpecError, parse_spec_text
+        from training.scheduler.spec import SpecError
+        from training.scheduler.spec_file import parse_spec_text
 
         root = self.settings.shared_root
         try:
@@ -529,7 +530,8 @@ class RunApi:
 def _tuning(spec, search: str, source: str, root: str, environ: Mapping[str, str] | None = None):
     """``spec`` with ``hyperparameters.run`` ``ray.tune.search`` set to ``search`` (validated again, the search
     space checked as ``ragpool tune`` does); SpecError naming the key."""
-    from training.config import ConfigError, load_run_config
+    from training.config.run import load_run_config
+    from training.config.sections import ConfigError
     from training.ray.tune import check_space
     from training.scheduler.spec import RUN_SECTION, SpecError, parse_spec
 

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from training.config import GradCompression
-from training.config import SparseEmbeddingGrads as SparseEmbeddingGradsMode
+from training.config.sections import GradCompression
+from training.config.sections import SparseEmbeddingGrads as SparseEmbeddingGradsMode
 
 
 @dataclass(frozen=True)

@@ -116,7 +116,7 @@ def get_logger(name: str, is_main: bool) -> logging.Logger:
     When ``name`` is a stage and the context knows the run directory, rank 0 also appends
     every record (step records included) to ``<run_dir>/<stage>/log.jsonl``.
     """
-    from training.config import STAGES
+    from training.config.sections import STAGES
 
     logger = logging.getLogger(f"ragpool.{name}")
     stage_dir = _CONTEXT.run_dir / name if _CONTEXT.run_dir is not None and name in STAGES else None

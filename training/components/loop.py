@@ -38,7 +38,8 @@ from training.components.logs import Progress, get_logger
 from training.components.metrics import process_metrics
 from training.components.optim import build_optimizer, build_scheduler
 from training.components.stage import PREEMPTED_MARKER, write_json_atomic
-from training.config import ConfigError, OptimConfig, ParallelismConfig, RunConfig
+from training.config.run import RunConfig
+from training.config.sections import ConfigError, OptimConfig, ParallelismConfig
 from contract.exit_codes import OK, RETRIABLE
 
 #: Comma-separated importable modules, each with ``step_hooks() -> list[StepHook]``, whose

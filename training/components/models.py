@@ -16,7 +16,7 @@ from typing import assert_never
 import torch
 import torch.nn.functional as F
 
-from training.config import TinyArch
+from training.config.sections import TinyArch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

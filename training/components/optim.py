@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from training.config import OptimConfig
+from training.config.sections import OptimConfig
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:

@@ -14,7 +14,7 @@ from pathlib import Path
 from training.components import distributed as D
 from training.components.corpus import Corpus, open_prepared
 from training.components.data import DataError, QAExample, load_qa, resolve_confined
-from training.config import RunConfig
+from training.config.run import RunConfig
 
 CORPUS_CACHE_DIR = "corpus"
 """Under ``runs/<run_id>/``: the run's preparation of a corpus not prepared in place."""

@@ -22,7 +22,8 @@ from training.components import faiss_index as FI
 from training.components.corpus import Corpus
 from training.components.models import encode_texts, load_encoder
 from training.components.stage import COMPLETE_MARKER, is_complete, read_marker, write_json_atomic
-from training.config import ConfigError, IndexConfig, IndexKind, RunConfig
+from training.config.run import RunConfig
+from training.config.sections import ConfigError, IndexConfig, IndexKind
 
 TOPK_DIR = "topk"
 

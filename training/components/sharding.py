@@ -31,7 +31,7 @@ import torch
 
 from training.components.distributed import DistEnv
 from training.components.logs import get_logger
-from training.config import ConfigError, ParallelismConfig
+from training.config.sections import ConfigError, ParallelismConfig
 
 
 def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from training.components import heap
-from training.config import STAGES, ConfigError, RunConfig, load_run_config, split_cli
+from training.config.run import RunConfig, load_run_config, split_cli
+from training.config.sections import STAGES, ConfigError
 from contract.exit_codes import BAD_INPUT, FAILED, OK
 
 COMPLETE_MARKER = "_COMPLETE"

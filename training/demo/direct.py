@@ -50,7 +50,8 @@ def demo_spec(run_id: str, nproc: int | None, shared: Path, overrides: dict | No
     """The demo run as a run spec, sized like ``python -m training.demo`` (its config is the one source);
     ``overrides`` are merged into that config first (the Ray half's smaller runs)."""
     from contract.mappings import deep_merge
-    from training.config import STAGES, flatten
+    from training.config.run import flatten
+    from training.config.sections import STAGES
     from training.scheduler.spec import RUN_SECTION
 
     config = deep_merge(demo_config(shared, run_id), overrides or {})

@@ -43,7 +43,8 @@ import time
 import traceback
 from typing import Any
 
-from training.config import ConfigError, RunConfig, load_run_config, split_cli
+from training.config.run import RunConfig, load_run_config, split_cli
+from training.config.sections import ConfigError
 from contract.exit_codes import BAD_INPUT, FAILED, OK, UNAVAILABLE
 from training.ray.job import DRIVER_ERROR_PREFIX
 from training.ray.placement import TRAINING_STAGES, PlacementError, StagePlacement, plan, reserved, strategy_for

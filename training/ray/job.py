@@ -66,7 +66,8 @@ def driver_entrypoint(config: str, search: str = "off") -> str:
 def search_of(config: str) -> str:
     """The run config's ``ray.tune.search``; ``off`` when the config cannot be read here (the driver then reports
     what is wrong with it, as for any run)."""
-    from training.config import ConfigError, load_run_config
+    from training.config.run import load_run_config
+    from training.config.sections import ConfigError
 
     try:
         return load_run_config(config).ray.tune.search

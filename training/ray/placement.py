@@ -45,7 +45,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from training.config import RAY_STAGES, RayStageConfig
+from training.config.ray_executor import RAY_STAGES, RayStageConfig
 from contract.names import POOL_LABEL
 
 TRAINING_STAGES: tuple[str, ...] = ("retriever", "generator")
@@ -61,7 +61,7 @@ class StagePlacement:
     """What one stage reserves: ``len(bundles)`` identical bundles with ``strategy`` on ``pool``."""
 
     stage: str
-    """Stage name (one of :data:`training.config.RAY_STAGES`)."""
+    """Stage name (one of :data:`training.config.ray_executor.RAY_STAGES`)."""
     pool: str
     """Pool name; empty = any node."""
     bundle: Mapping[str, float]
@@ -115,7 +115,7 @@ def pools(nodes: list[Mapping[str, Any]]) -> list[str]:
 def _declared(declared: Mapping[str, int] | None) -> Mapping[str, int]:
     if declared is not None:
         return declared
-    from training.config import ConfigError
+    from training.config.sections import ConfigError
     from contract.ray_pools import POOLS_ENV, PoolsError, declared_pools
 
     try:

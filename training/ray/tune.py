@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from contract.mappings import deep_merge
-from training.config import ConfigError, RunConfig, load_run_config, split_cli
+from training.config.run import RunConfig, load_run_config, split_cli
+from training.config.sections import ConfigError
 from contract.exit_codes import BAD_INPUT, FAILED, OK
 
 TUNE_DIR = "tune"

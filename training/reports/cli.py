@@ -84,7 +84,7 @@ def _remote_logs(client, args) -> int:
     """``logs`` through the run API (a context is active): the stored lines of the run directory, paged; with
     ``--follow``, polled until the run has finished and no new line came."""
     from training.reports.logs import format_line, parse_lines
-    from training.scheduler.run_queue import TERMINAL_STATES
+    from training.scheduler.queue_records import TERMINAL_STATES
     from training.scheduler.verbs import exit_of_end
 
     offset = 0
@@ -188,7 +188,7 @@ def cmd_logs(args) -> int:
     if bad is not None:
         return bad
     if args.source == "auto" and not args.shared_root and not args.since:
-        from training.scheduler.cli import remote_client
+        from training.scheduler.cli_route import remote_client
 
         client, code = remote_client("logs")
         if code is not None:
@@ -208,7 +208,7 @@ def cmd_logs(args) -> int:
         if source is not None and not source.exists():
             source = None
         if _queue_configured() and (source is None or args.follow):
-            from training.scheduler.cli import with_status
+            from training.scheduler.cli_route import with_status
 
             return with_status("logs", lambda read: _follow_with_state(args, flt, read, source))
         if source is None:
@@ -236,7 +236,7 @@ def cmd_report(args) -> int:
     if bad is not None:
         return bad
     if not args.shared_root:
-        from training.scheduler.cli import remote_client
+        from training.scheduler.cli_route import remote_client
 
         client, code = remote_client("report")
         if code is not None:

@@ -22,7 +22,7 @@ from typing import Any
 from training.components.logs import STAGE_LOG as _STAGE_LOG
 from training.components.logs import STEP_MESSAGE as _STEP
 from training.components.stage import COMPLETE_MARKER as _COMPLETE
-from training.config import STAGES
+from training.config.sections import STAGES
 from contract.paths import run_dir as run_dir_of
 
 REPORT_HTML = "report.html"

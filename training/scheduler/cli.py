@@ -53,9 +53,8 @@ import sys
 import time
 
 from contract import exit_codes
-from contract.env import REDIS_URL_ENV
 from training.scheduler import verbs
-from training.scheduler.verbs import Unconfirmed  # noqa: F401 (re-exported: the CLI's error of a lost write)
+from training.scheduler.cli_route import follow_run, remote_client, run_verb
 
 
 def register(subparsers) -> None:
@@ -118,174 +117,33 @@ def register(subparsers) -> None:
     p.set_defaults(handler=cmd_worker)
 
 
-def _one_line(text: str, limit: int = 200) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _with_queue(command: str, fn):
-    """Run ``fn(queue)`` on the queue from the environment. Bad connection settings are exit 2;
-    every Redis-side failure (unreachable, dropped mid-command, timeout, ``LOADING``,
-    ``READONLY`` after a failover, refused credentials, a write the required replicas did not
-    confirm...) is exit 4 with one line that names the endpoint, never the password; when
-    ``fn`` raised :class:`Unconfirmed`, the line says the write could not be confirmed (it may
-    or may not exist) and how to repeat it."""
-    import redis
-
-    from training.scheduler.redis_conn import RedisConfigError, configured, settings_from_env
-    from training.scheduler.run_queue import namespace_from_env, open_queue
-
-    if not configured():  # never a silent 127.0.0.1
-        print(f"ragpool {command}: where is the pool? No context is active and {REDIS_URL_ENV} is not set: run "
-              f"`ragpool login --stack NAME` (or --cluster NAME), or set {REDIS_URL_ENV}=redis://HOST:PORT/0",
-              file=sys.stderr)
-        return exit_codes.BAD_INPUT
-    try:
-        settings = settings_from_env()
-    except RedisConfigError as exc:
-        print(f"ragpool {command}: {exc}", file=sys.stderr)
-        return exit_codes.BAD_INPUT
-    try:
-        queue = open_queue(settings, namespace=namespace_from_env())
-        queue.client.ping()
-        return fn(queue)
-    except (redis.RedisError, Unconfirmed) as error:
-        return _redis_failure(command, settings, error)
-
-
-def _redis_failure(command: str, settings, error: Exception) -> int:
-    """Say why Redis failed ``command`` in one line naming the endpoint, never a password: exit 4."""
-    import redis
-
-    from training.scheduler.redis_conn import NotReplicatedError
-
-    exc = error.cause if isinstance(error, Unconfirmed) else error
-    if isinstance(exc, NotReplicatedError):
-        why = (f"{exc.confirmed} of the {exc.required} required replica(s) had it within "
-               f"{exc.wait_ms} ms (REDIS_REQUIRED_REPLICAS, REDIS_REPLICA_WAIT_MS)")
-    elif isinstance(exc, redis.AuthenticationError):
-        why = f"refused the credentials ({type(exc).__name__})"
-    elif isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
-        why = f"cannot reach Redis ({type(exc).__name__}: {exc})"
-    else:
-        why = f"Redis failed the command ({type(exc).__name__}: {exc})"
-    why = _one_line(why)
-    for secret in (settings.password, settings.sentinel_password):
-        if secret:
-            why = why.replace(secret, "***")
-    if isinstance(error, Unconfirmed):
-        print(f"ragpool {command}: {error.what} could not be confirmed at {settings.endpoint}: {why}; "
-              f"it may or may not have been recorded: {error.retry_hint}", file=sys.stderr)
-    else:
-        print(f"ragpool {command}: {why} at {settings.endpoint}; try again later", file=sys.stderr)
-    return exit_codes.UNAVAILABLE
-
-
-FOLLOW_POLL_S = 1.0
-"""How often ``submit --wait`` and ``logs -f`` read the run's state."""
-
-
-def with_status(command: str, fn) -> int:
-    """``fn(read)``, where ``read(run_id)`` is that run's status :class:`~training.scheduler.verbs.Outcome`
-    through the run API when a context is active, else from the queue (``_with_queue``: no pool configured is
-    exit 2, Redis failing exit 4)."""
-    client, code = remote_client(command)
-    if code is not None:
-        return code
-    if client is not None:
-        return fn(client.status)
-    return _with_queue(command, lambda queue: fn(lambda run_id: verbs.status(queue, run_id)))
-
-
-def follow_run(command: str, run_id: str, *, timeout_s: float | None = None, step=None) -> int:
-    """Poll ``run_id``'s state (:func:`with_status`) until it has ended, then return its exit code
-    (``verbs.exit_of_end``: 0 succeeded, 1 dead or cancelled). ``step(state)`` runs at each poll and ends the
-    wait by returning an exit code. Bounded: after ``timeout_s`` it says what it waited for and returns 75
-    (``exit_codes.RETRIABLE``: the run goes on; wait again). An unknown run is 3."""
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-
-    def loop(read) -> int:
-        while True:
-            outcome = read(run_id)
-            if not outcome.ok:
-                print(f"ragpool {command}: {outcome.message}", file=sys.stderr)
-                return outcome.code
-            state = outcome.data["state"]
-            if step is not None and (code := step(state)) is not None:
-                return code
-            end = verbs.exit_of_end(state)
-            if end is not None:
-                return end
-            if deadline is not None and time.monotonic() >= deadline:
-                print(f"ragpool {command}: stopped waiting for run {run_id} to end after {timeout_s:g}s; it is "
-                      f"{state} (exit {exit_codes.RETRIABLE}: wait again)", file=sys.stderr)
-                return exit_codes.RETRIABLE
-            time.sleep(FOLLOW_POLL_S)
-
-    return with_status(command, loop)
-
-
-def _remote():
-    """The run API client of the active context (``ragpool login``), or None for the direct path (``REDIS_URL``
-    set, or no context); a broken context file raises ``ContextError``."""
-    from training.api.client import remote_from_env
-
-    return remote_from_env()
-
-
-def remote_client(command: str):
-    """``(client, None)``: the run API client of the active context, or None for the direct path (:func:`_remote`);
-    ``(None, 2)`` once a broken context file is said on stderr (``ragpool <command>: ...``): every command that may
-    go through the API starts with it."""
-    from training.api.contexts import ContextError
-
-    try:
-        return _remote(), None
-    except ContextError as exc:
-        print(f"ragpool {command}: {exc}", file=sys.stderr)
-        return None, exit_codes.BAD_INPUT
-
-
-def _outcome(command: str, local, remote_call, render=None, *, json_out: bool = False) -> int:
-    """Run a verb through the run API (``remote_call(client)``) when a context is active, else on the queue
-    (``local(queue)``), both an :class:`~training.scheduler.verbs.Outcome`; show it and return its exit code:
-    ``data`` as JSON with ``json_out``, else ``render(data)`` or its message (stdout), a failure on stderr."""
-    client, code = remote_client(command)
-    if code is not None:
-        return code
-    if client is not None:
-        outcome = remote_call(client)
-    else:
-        holder: list = []
-
-        def run(queue) -> int:
-            holder.append(local(queue))
-            return holder[0].code
-
-        code = _with_queue(command, run)
-        if not holder:
-            return code
-        outcome = holder[0]
-    if not outcome.ok:
-        print(f"ragpool {command}: {outcome.message}", file=sys.stderr)
-    elif json_out:
-        print(json.dumps(outcome.data, indent=2))
-    elif render is not None:
-        print(render(outcome.data))
-    elif outcome.message:
-        print(outcome.message)
-    return outcome.code
-
-
 def _read_spec(command: str, path: str):
     """The run spec in ``path``, or None once the user is told why it is invalid (exit 2)."""
-    from training.scheduler.spec import SpecError, load_spec
+    from training.scheduler.spec import SpecError
+    from training.scheduler.spec_file import load_spec
 
     try:
         return load_spec(path)
     except SpecError as exc:
         print(f"ragpool {command}: {exc}", file=sys.stderr)
         return None
+
+
+def _send_spec(command: str, path: str, send, *, json_out: bool) -> tuple[int, dict | None]:
+    """Through the run API: ``send(client, text)`` the text of the spec file ``path`` (the API parses, validates
+    and fits it) and show the answer. Returns its exit code and data (None when nothing came back: the file
+    unreadable, exit 2, or the API failing)."""
+    from training.scheduler.spec import SpecError
+    from training.scheduler.spec_file import read_spec_text
+
+    try:
+        text = read_spec_text(path)
+    except SpecError as exc:
+        print(f"ragpool {command}: {exc}", file=sys.stderr)
+        return exit_codes.BAD_INPUT, None
+    answers: list = []
+    code = run_verb(command, None, lambda c: answers.append(send(c, text)) or answers[0], json_out=json_out)
+    return code, (answers[0].data if answers and isinstance(answers[0].data, dict) else None)
 
 
 def _fits_stack(spec, source: str) -> bool:
@@ -309,22 +167,14 @@ def cmd_submit(args) -> int:
     if code is not None:
         return code
     if client is not None:  # the API validates and fits it against what the pool sees
-        from training.scheduler.spec import SpecError, read_spec_text
-
-        try:
-            text = read_spec_text(args.file)
-        except SpecError as exc:
-            print(f"ragpool submit: {exc}", file=sys.stderr)
-            return exit_codes.BAD_INPUT
-        answers: list = []
-        code = _outcome("submit", None, lambda c: answers.append(c.submit(text, source=args.file)) or answers[0],
-                        json_out=args.json)
-        run_id = answers[0].data.get("run_id") if answers and isinstance(answers[0].data, dict) else None
+        code, answer = _send_spec("submit", args.file, lambda c, text: c.submit(text, source=args.file),
+                                  json_out=args.json)
+        run_id = (answer or {}).get("run_id")
     else:
         spec = _read_spec("submit", args.file)
         if spec is None or not _fits_stack(spec, args.file):
             return exit_codes.BAD_INPUT
-        code, run_id = _outcome("submit", lambda queue: verbs.submit(queue, spec), None, json_out=args.json), spec.run_id
+        code, run_id = run_verb("submit", lambda queue: verbs.submit(queue, spec), None, json_out=args.json), spec.run_id
     if code != exit_codes.OK or not args.wait:
         return code
     return _wait_for_end("submit", run_id, args.wait_seconds)
@@ -395,7 +245,7 @@ def _render_run(run: dict) -> str:
         lines.append(f"next attempt in {max(0.0, run['next_attempt_at'] - now):.0f}s")
     if run.get("preemptions"):
         lines.append(preempted_line(run["preemptions"], run.get("last_preempted_at")))
-    from training.scheduler.run_queue import State
+    from training.scheduler.queue_records import State
 
     if run.get("progress") is not None or run["state"] == State.RUNNING:
         from training.reports.progress import describe
@@ -424,11 +274,11 @@ def cmd_status(args) -> int:
         from training.scheduler.waiting import cluster_from_env
 
         cluster = args.cluster if args.cluster is not None else cluster_from_env()
-        return _outcome("status", lambda queue: verbs.status(queue, args.run_id, cluster=cluster,
+        return run_verb("status", lambda queue: verbs.status(queue, args.run_id, cluster=cluster,
                                                              kube_namespace=args.kube_namespace,
                                                              shared_root=shared_root_from_env()),
                         lambda c: c.status(args.run_id), _render_run, json_out=args.json)
-    return _outcome("status", verbs.overview, lambda c: c.overview(), _render_overview, json_out=args.json)
+    return run_verb("status", verbs.overview, lambda c: c.overview(), _render_overview, json_out=args.json)
 
 
 def cmd_list(args) -> int:
@@ -440,22 +290,22 @@ def cmd_list(args) -> int:
     def render(runs: list[dict]) -> str:
         return _table(_task_rows(runs, time.time()), _TASK_HEADER) if runs else "no runs"
 
-    return _outcome("list", lambda queue: verbs.list_runs(queue, states=args.state, limit=args.limit),
+    return run_verb("list", lambda queue: verbs.list_runs(queue, states=args.state, limit=args.limit),
                     lambda c: c.list_runs(states=args.state, limit=args.limit), render, json_out=args.json)
 
 
 def cmd_cancel(args) -> int:
-    return _outcome("cancel", lambda queue: verbs.cancel(queue, args.run_id), lambda c: c.change("cancel", args.run_id),
+    return run_verb("cancel", lambda queue: verbs.cancel(queue, args.run_id), lambda c: c.change("cancel", args.run_id),
                     json_out=args.json)
 
 
 def cmd_retry(args) -> int:
-    return _outcome("retry", lambda queue: verbs.retry(queue, args.run_id), lambda c: c.change("retry", args.run_id),
+    return run_verb("retry", lambda queue: verbs.retry(queue, args.run_id), lambda c: c.change("retry", args.run_id),
                     json_out=args.json)
 
 
 def cmd_show(args) -> int:
-    return _outcome("show", lambda queue: verbs.show(queue, args.run_id), lambda c: c.show(args.run_id),
+    return run_verb("show", lambda queue: verbs.show(queue, args.run_id), lambda c: c.show(args.run_id),
                     lambda data: json.dumps(data["spec"], indent=2, sort_keys=True), json_out=args.json)
 
 
@@ -495,19 +345,11 @@ def cmd_tune(args) -> int:
     if code is not None:
         return code
     if client is not None:  # queued: the worker's Ray job runs the search on the cluster (training/ray/job.py)
-        from training.scheduler.spec import SpecError, read_spec_text
-
-        try:
-            text = read_spec_text(args.file)
-        except SpecError as exc:
-            print(f"ragpool tune: {exc}", file=sys.stderr)
-            return exit_codes.BAD_INPUT
-        answers: list = []
-        code = _outcome("tune", None, lambda c: answers.append(c.tune(text, source=args.file, start=args.start))
-                        or answers[0], json_out=args.json)
+        code, answer = _send_spec("tune", args.file, lambda c, text: c.tune(text, source=args.file, start=args.start),
+                                  json_out=args.json)
         if code != exit_codes.OK or not args.wait:
             return code
-        run_id = answers[0].data["run_id"]
+        run_id = answer["run_id"]
         code = _wait_for_end("tune", run_id, args.wait_seconds)
         return code if code != exit_codes.OK else _tune_results(run_id, args.json)
     spec = _read_spec("tune", args.file)

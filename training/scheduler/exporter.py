@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from training.scheduler.run_queue import DURATION_BUCKETS, OUTCOMES, TaskQueue, WorkerState
+from training.scheduler.queue_records import DURATION_BUCKETS, OUTCOMES, WorkerState
+from training.scheduler.run_queue import TaskQueue
 from contract.lanes import PRIORITIES
 from contract.ports import READY_PATH
 

@@ -37,13 +37,13 @@ from pathlib import Path
 from training.rank_memory import (GIB, STATE_BYTES_PER_PARAMETER, USABLE_FRACTION, ModelSizeError, fits, host_fits,
                                   model_parameters)
 from contract.lanes import SERVED_LANES_ENV, LaneError, declared_lanes, declared_pools, lane_of
+from contract.env import NAMESPACE_ENV
+from contract.names import DEFAULT_NAMESPACE
 from contract.pool_gpus import POOL_GPUS_ENV, FitError, PoolGpus, declared_pool_gpus
 from training.scheduler.spec import RunSpec, _spec_field
 
 
 def _queue_namespace(env: Mapping[str, str]) -> str:
-    from training.scheduler.run_queue import DEFAULT_NAMESPACE, NAMESPACE_ENV
-
     return env.get(NAMESPACE_ENV) or DEFAULT_NAMESPACE
 
 
@@ -87,7 +87,7 @@ def _default_pool(pools: Mapping[str, PoolGpus], env: Mapping[str, str]) -> str 
 def memory_problems(spec: RunSpec, shared_root: str,
                     environ: Mapping[str, str] | None = None) -> tuple[list[tuple[str, str]], list[str]]:
     """``(problems, notes)`` of the per-rank memory check of each training stage (see the module doc)."""
-    from training.config import load_run_config
+    from training.config.run import load_run_config
 
     env = os.environ if environ is None else environ
     try:
@@ -172,7 +172,8 @@ def index_problems(spec: RunSpec, shared_root: str) -> tuple[list[tuple[str, str
     (:func:`training.components.faiss_index.check_settings`, which the stage runs again before encoding)."""
     from training.components.corpus import MANIFEST, PREPARED_DIR
     from training.components.faiss_index import check_settings
-    from training.config import ConfigError, load_run_config
+    from training.config.run import load_run_config
+    from training.config.sections import ConfigError
 
     if "index" not in spec.stages:
         return [], []
@@ -212,6 +213,35 @@ def gpu_count_problems(spec: RunSpec, environ: Mapping[str, str] | None = None) 
     return [("gpus_per_node", f"{spec.gpus_per_node} processes per node, but a worker pod of pool {pool!r} has "
                               f"{pools[pool].gpus} GPU(s) ({POOL_GPUS_ENV}); use at most {pools[pool].gpus}, or "
                               "leave it unset (all the pod's GPUs), or more nodes")]
+
+
+def elastic_pool_problems(spec: RunSpec, shared_root: str,
+                          environ: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+    """An elastic torchrun run without ``gpus_per_node`` runs a rank per GPU of its worker pod, which the spec's
+    own batch check (training/scheduler/spec.py ``elastic_problems``) cannot know and takes as 1. With the pool's
+    GPUs in :data:`POOL_GPUS_ENV` the same check runs at that many ranks per node: a batch that only holds at one
+    rank per node is refused here rather than by every rank at start. Not checked when the variable is unset or
+    does not list the pool."""
+    import dataclasses
+
+    from training.config.run import load_run_config
+    from training.scheduler.spec import elastic_problems
+
+    env = os.environ if environ is None else environ
+    if spec.executor != "torchrun" or spec.min_nodes is None or spec.gpus_per_node is not None:
+        return []
+    try:
+        pools = declared_pool_gpus(env)
+    except FitError:
+        return []  # memory_problems reports the variable
+    pool = spec.pool or _default_pool(pools or {}, env)
+    if not pools or pool not in pools or pools[pool].gpus == 1:
+        return []
+    gpus = pools[pool].gpus
+    cfg = load_run_config(spec.to_training_config(shared_root))
+    return [(key, f"{message} ({gpus} ranks per node: gpus_per_node is unset, so every GPU of a pool {pool!r} "
+                  f"worker pod, {POOL_GPUS_ENV})")
+            for key, message in elastic_problems(dataclasses.replace(spec, gpus_per_node=gpus), cfg)]
 
 
 def fit_problems(spec: RunSpec, shared_root: str,

@@ -29,16 +29,16 @@ Example (YAML; JSON works too)::
     max_attempts: 3                  # failures before the dead-letter list
     timeout_seconds: 86400           # per attempt
 
-The hyper-parameter sections *are* the run config's sections (``training.config.STAGES``
+The hyper-parameter sections *are* the run config's sections (``training.config.sections.STAGES``
 plus ``run`` for the run-wide keys): the training config the worker will write is
 built from them and checked by the run config's own dataclasses
-(``training.config.load_run_config``, torch-free) at submit time, so a wrong
+(``training.config.run.load_run_config``, torch-free) at submit time, so a wrong
 hyper-parameter name or value is rejected before it reaches the queue, and the run
-config's :class:`~training.config.ConfigError` names the dotted key that the spec
+config's :class:`~training.config.sections.ConfigError` names the dotted key that the spec
 maps back to its own field.
 
 Paths: every path a spec can name (``data.*``, ``models.*`` and the model/tokenizer
-keys ``training.config.MODEL_PATH_KEYS`` set through hyper-parameters) goes through
+keys ``training.config.sections.MODEL_PATH_KEYS`` set through hyper-parameters) goes through
 :func:`contract.paths.confine` and is stored relative to the shared root. The one
 allowed value that is not a path is the empty string for a model key (the packaged
 default model). Hugging Face hub names are not accepted as such: pods have no
@@ -49,26 +49,23 @@ visible, submit refuses one that is not there, with that hint
 starts with a scheme (``file:///etc/passwd``, ``s3://bucket/x``, ``hf:org/model``) is
 refused at submit (exit 2, naming the key): paths are relative to the shared root.
 
-Hostile input: the file is read up to :data:`MAX_SPEC_BYTES` (+1 to detect more),
-must be UTF-8, YAML anchors and aliases are refused (no alias bombs), nesting is
-bounded by :data:`MAX_SPEC_DEPTH`, and every value a message shows is cut short.
+Hostile input: a spec file or text is read by ``spec_file.py`` (bounded, UTF-8, no YAML aliases, nesting
+bounded); the stored payload is bounded by :data:`MAX_SPEC_BYTES` too, and every value a message shows is cut
+short.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import posixpath
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
 from contract.mappings import deep_merge
-from training.config import MODEL_PATH_KEYS, STAGES, ConfigError, RunConfig, load_run_config, nest
+from training.config.run import RunConfig, load_run_config, nest
+from training.config.sections import MODEL_PATH_KEYS, STAGES, ConfigError
 from contract.lanes import EXECUTORS, MAX_NODES, POOLS_ENV, PRIORITIES, Executor, Lane, LaneError, declared_pools
 from contract.messages import shown
 from contract.paths import RUN_ID_RULE, PathError, confine, is_valid_run_id, shared_root_from_env
@@ -76,11 +73,8 @@ from contract.paths import RUN_ID_RULE, PathError, confine, is_valid_run_id, sha
 
 MAX_SPEC_BYTES = 64 * 1024
 """Upper bound on a spec file and on its stored JSON payload."""
-MAX_SPEC_DEPTH = 32
-"""Deepest nesting of mappings and lists a spec file may have (a real spec needs 5)."""
 MAX_INT = 2**63 - 1
 """Largest magnitude of an integer hyper-parameter."""
-_MAX_MESSAGE_CHARS = 300
 
 _NAME_RE = re.compile(r"[a-z_][a-z0-9_]{0,63}")
 _HYPER_KEY_RE = re.compile(r"[a-z_][a-z0-9_]{0,63}(\.[a-z_][a-z0-9_]{0,63}){0,3}")
@@ -166,7 +160,7 @@ class RunSpec:
         }
 
     def to_training_config(self, shared_root: str) -> dict[str, Any]:
-        """The mapping ``training.config.load_run_config`` reads (the worker writes it as run.yaml).
+        """The mapping ``training.config.run.load_run_config`` reads (the worker writes it as run.yaml).
 
         Data paths stay relative to ``shared_root`` (the config confines them itself);
         model paths (``models`` and the model keys among the hyper-parameters) become absolute
@@ -490,7 +484,7 @@ def ray_problems(spec: RunSpec, shared_root: str, cfg: RunConfig | None = None,
                  environ: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
     """A ray run's stages must name declared pools whose nodes hold their GPUs per worker
     (``cfg``: the spec's training config when already loaded)."""
-    from training.config import RAY_STAGES
+    from training.config.ray_executor import RAY_STAGES
     from contract.ray_pools import PoolsError, declared_pools, pool_problems
 
     try:
@@ -542,86 +536,3 @@ def parallelism_problems(spec: RunSpec, shared_root: str, cfg: RunConfig | None 
             out.append(("nodes.min", f"hsdp needs >= 2 nodes at every size of the range, but nodes.min is "
                                      f"{spec.min_nodes}: set nodes.min >= 2, or use fsdp ({key})"))
     return out
-
-
-class _SpecLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing anchors and aliases (a 600-byte alias bomb would expand to
-    10^9 nodes once walked) and nesting deeper than :data:`MAX_SPEC_DEPTH`."""
-
-    _depth = 0
-
-    def compose_node(self, parent, index):
-        event = self.peek_event()
-        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
-            raise yaml.MarkedYAMLError(problem="anchors (&name) and aliases (*name) are not accepted in a run spec",
-                                       problem_mark=event.start_mark)
-        self._depth += 1
-        try:
-            if self._depth > MAX_SPEC_DEPTH:
-                raise yaml.MarkedYAMLError(problem=f"nested deeper than {MAX_SPEC_DEPTH} levels",
-                                           problem_mark=event.start_mark)
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-
-
-def _bounded(text: str) -> str:
-    return text if len(text) <= _MAX_MESSAGE_CHARS else text[: _MAX_MESSAGE_CHARS - 3] + "..."
-
-
-def _depth(value: Any, limit: int = MAX_SPEC_DEPTH) -> int:
-    """Nesting depth of ``value``, counting no further than ``limit`` + 1."""
-    if limit < 0 or not isinstance(value, (dict, list)):
-        return 0
-    items = value.values() if isinstance(value, dict) else value
-    return 1 + max((_depth(v, limit - 1) for v in items), default=0)
-
-
-def parse_spec_text(text: str, *, source: str = "run spec", fmt: str | None = None,
-                    shared_root: str | None = None, environ: Mapping[str, str] | None = None) -> RunSpec:
-    """Parse YAML or JSON text (``fmt`` = ``json``/``yaml``; guessed from the first character otherwise)."""
-    size = len(text.encode("utf-8", errors="replace"))
-    if size > MAX_SPEC_BYTES:
-        raise SpecError([("(file)", f"{size} bytes; the limit is {MAX_SPEC_BYTES}")], source)
-    fmt = fmt or ("json" if text.lstrip().startswith("{") else "yaml")
-    try:
-        if fmt == "json":
-            raw = json.loads(text)
-            if _depth(raw) > MAX_SPEC_DEPTH:
-                raise SpecError([("(syntax)", f"nested deeper than {MAX_SPEC_DEPTH} levels")], source)
-        else:
-            raw = yaml.load(text, Loader=_SpecLoader)  # a SafeLoader subclass
-    except SpecError:
-        raise
-    except json.JSONDecodeError as exc:
-        raise SpecError([("(syntax)", f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}")],
-                        source) from None
-    except RecursionError:
-        raise SpecError([("(syntax)", f"nested deeper than {MAX_SPEC_DEPTH} levels")], source) from None
-    except Exception as exc:  # yaml.YAMLError carries the line; ValueError: an int past the digit limit
-        raise SpecError([("(syntax)", _bounded(f"invalid {fmt.upper()}: {exc}"))], source) from None
-    return parse_spec(raw, source=source, shared_root=shared_root, environ=environ)
-
-
-def read_spec_text(path: str | os.PathLike) -> str:
-    """The text of a spec file, read no further than :data:`MAX_SPEC_BYTES` + 1 bytes (so
-    ``/dev/zero`` or a FIFO cannot exhaust memory), as strict UTF-8."""
-    source = str(path)
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_SPEC_BYTES + 1)
-    except OSError as exc:
-        raise SpecError([("(file)", f"cannot read: {exc.strerror}")], source) from None
-    if len(data) > MAX_SPEC_BYTES:
-        raise SpecError([("(file)", f"more than {MAX_SPEC_BYTES} bytes; the limit is {MAX_SPEC_BYTES}")], source)
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise SpecError([("(file)", f"not UTF-8 text (byte {exc.start}: {exc.reason})")], source) from None
-
-
-def load_spec(path: str | os.PathLike, *, shared_root: str | None = None) -> RunSpec:
-    """Read and validate a ``.yaml``/``.yml``/``.json`` run spec file."""
-    text = read_spec_text(path)
-    fmt = "json" if Path(path).suffix.lower() == ".json" else "yaml"
-    return parse_spec_text(text, source=str(path), fmt=fmt, shared_root=shared_root)

@@ -7,7 +7,7 @@ problem naming the spec key it concerns, so a spec gets all of them at once (exi
 
 - ``data``: a run names its data (``data.corpus``, ``data.qa_train``, ``data.qa_eval``: every stage opens all
   three, training/components/run_data.py); a spec without them would silently train on the synthetic defaults
-  of ``training.config.DataConfig``, so it is refused wherever it is submitted;
+  of ``training.config.sections.DataConfig``, so it is refused wherever it is submitted;
 - each data file exists and parses: every line a JSON object of the stage's record shape (corpus ``{id, text}``,
   QA ``{question, answer, positive_ids[, hard_negative_ids]}``: training/components/data.py and corpus.py), read
   up to :data:`MAX_CHECKED_BYTES` per file (the stage validates the rest, and the ids across files, when it

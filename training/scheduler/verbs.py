@@ -46,7 +46,7 @@ def not_found(run_id: str) -> Outcome:
 
 
 def task_dict(info) -> dict:
-    """A ``run_queue.TaskInfo`` as the JSON of ``status``/``list`` (and the API's)."""
+    """A ``queue_records.TaskInfo`` as the JSON of ``status``/``list`` (and the API's)."""
     return {"run_id": info.task_id, "state": info.state, "priority": info.priority, "attempts": info.attempts,
             "max_attempts": info.max_attempts, "worker": info.worker, "created_at": info.created_at,
             "claimed_at": info.claimed_at, "finished_at": info.finished_at, "heartbeat_at": info.heartbeat_at,
@@ -145,7 +145,7 @@ def overview(queue, *, recent: int = 20, teams: Sequence[str] | None = None) -> 
 
 def bad_list_arguments(states: Sequence[str] | None, limit: int) -> Outcome | None:
     """Exit 2 when ``states`` or ``limit`` are not what ``list`` takes."""
-    from training.scheduler.run_queue import STATES
+    from training.scheduler.queue_records import STATES
 
     bad = [s for s in states or [] if s not in STATES]
     if bad or not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 10_000:
@@ -195,8 +195,8 @@ def retry(queue, run_id: str) -> Outcome:
 
 def exit_of_end(state: str) -> int | None:
     """The exit code of ``ragpool submit --wait`` and ``ragpool logs --follow`` for a run in ``state``: 0 succeeded, 1 dead or cancelled,
-    None while it has not ended (``run_queue.TERMINAL_STATES``)."""
-    from training.scheduler.run_queue import TERMINAL_STATES, State
+    None while it has not ended (``queue_records.TERMINAL_STATES``)."""
+    from training.scheduler.queue_records import TERMINAL_STATES, State
 
     if state not in TERMINAL_STATES:
         return None

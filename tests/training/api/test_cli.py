@@ -202,9 +202,9 @@ def test_submit_wait_and_logs_of_a_queued_run_through_the_api(laptop, local_api,
     import threading
 
     from training.reports import cli as logs_cli
-    from training.scheduler import cli as runs_cli
+    from training.scheduler import cli_route
 
-    monkeypatch.setattr(runs_cli, "FOLLOW_POLL_S", 0.05)
+    monkeypatch.setattr(cli_route, "FOLLOW_POLL_S", 0.05)
     monkeypatch.setattr(logs_cli, "FOLLOW_POLL_S", 0.05)
     assert laptop("login", "--endpoint", local_api.endpoint) == 0
     spec = tmp_path / "run.yaml"
@@ -254,9 +254,9 @@ def test_report_and_tune_from_the_laptop(laptop, local_api, tmp_path, capsys, mo
 
     import threading
 
-    from training.scheduler import cli as runs_cli
+    from training.scheduler import cli_route
 
-    monkeypatch.setattr(runs_cli, "FOLLOW_POLL_S", 0.05)
+    monkeypatch.setattr(cli_route, "FOLLOW_POLL_S", 0.05)
     spec.write_text(TUNE.format(run="waited-tune"))
     write_tune_results(root, "waited-tune")
     queue = local_api.queue

@@ -208,7 +208,7 @@ def test_report_and_tune_through_the_api(local_api, monkeypatch):
     from contract.ray_pools import POOLS_ENV as RAY_POOLS_ENV
     from tests.training.api.test_authz import TUNE, write_tune_results
     from tests.training.reports.test_progress import write_run
-    from training.config import load_run_config
+    from training.config.run import load_run_config
     from training.scheduler.spec import RunSpec
     from training.scheduler.worker.child import write_run_config
 

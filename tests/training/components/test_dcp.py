@@ -39,7 +39,7 @@ def _build(env):
     from training.components import sharding as S
     from training.components.models import build_tiny_causal_lm, load_generator_tokenizer
     from training.components.optim import build_optimizer
-    from training.config import OptimConfig, ParallelismConfig
+    from training.config.sections import OptimConfig, ParallelismConfig
 
     model = build_tiny_causal_lm(load_generator_tokenizer(), "llama", 32, 2, 2, 64, 64, seed=7)
     model = S.shard_model(model, ParallelismConfig(strategy="fsdp"), env, "generator")
@@ -258,7 +258,7 @@ def test_manifest_sizes_and_crcs_computed_while_writing_are_those_of_the_files(t
     from training.components.distributed import DistEnv
     from training.components.models import build_tiny_causal_lm, load_generator_tokenizer
     from training.components.optim import build_optimizer
-    from training.config import OptimConfig
+    from training.config.sections import OptimConfig
 
     def build():
         model = build_tiny_causal_lm(load_generator_tokenizer(), "llama", 32, 2, 2, 64, 64, seed=7)

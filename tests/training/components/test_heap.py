@@ -14,7 +14,7 @@ import torch
 from training.components import heap
 from training.components.distributed import DistEnv
 from training.components.stage import run_main, run_stage
-from training.config import load_run_config
+from training.config.run import load_run_config
 from contract.exit_codes import BAD_INPUT, OK
 
 ENV = DistEnv(0, 1, 0, 1, torch.device("cpu"))

@@ -12,7 +12,8 @@ import torch
 from training.components import loop
 from training.components.distributed import DistEnv
 from training.components.loop import HOOKS_ENV, Trainer, TrainTask, hooks_from_env, train
-from training.config import OptimConfig, load_run_config
+from training.config.run import load_run_config
+from training.config.sections import OptimConfig
 
 REPO = Path(__file__).resolve().parents[3]
 ENV = DistEnv(0, 1, 0, 1, torch.device("cpu"))
@@ -152,7 +153,7 @@ def test_an_elastic_run_accumulates_to_keep_the_global_batch(monkeypatch: pytest
     """The launcher's node range: the micro-batch of the largest world (2 nodes x 1 rank x grad_accum 2 -> 1), and
     as many micro-steps as this world (1 rank) needs for the global batch of 4; what cannot be kept is exit 2."""
     from contract.env import ELASTIC_NODES_ENV
-    from training.config import ConfigError
+    from training.config.sections import ConfigError
 
     assert loop._batch_split(_task(), ENV) == (2, 2)  # fixed size: the config's grad_accum
     monkeypatch.setenv(ELASTIC_NODES_ENV, "1:2")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training.config import OptimConfig
+from training.config.sections import OptimConfig
 from training.components.optim import build_optimizer, build_scheduler, lr_factor
 
 

@@ -11,7 +11,8 @@ import torch
 from training.components.distributed import DistEnv
 from training.components.stage import (COMPLETE_MARKER, FINGERPRINT_KEY, complete_stage, completed, run_stage,
                                        stage_fingerprint)
-from training.config import ConfigError, load_run_config
+from training.config.run import load_run_config
+from training.config.sections import ConfigError
 from contract.exit_codes import OK, RETRIABLE
 
 ENV = DistEnv(0, 1, 0, 1, torch.device("cpu"))
@@ -114,7 +115,7 @@ RANK_BENCHES = ("bench/fsdp_memory.py", "bench/train_throughput.py")
 def test_every_command_that_runs_as_a_rank_ends_through_exit_process() -> None:
     import ast
 
-    from training.config import STAGES
+    from training.config.sections import STAGES
 
     repo = Path(__file__).resolve().parents[3]
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from training.config import RAY_STAGES, load_run_config
+from training.config.ray_executor import RAY_STAGES
+from training.config.run import load_run_config
 from training.demo import ray_queue
 from training.demo.direct import demo_spec
 from contract.ray_pools import POOLS_ENV

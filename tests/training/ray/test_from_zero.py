@@ -98,7 +98,7 @@ def test_a_ray_run_on_an_idle_cluster_scales_up_its_pool_survives_a_killed_worke
 
     from tests.support import faults
     from training.components.loop import HOOKS_ENV
-    from training.config import load_run_config
+    from training.config.run import load_run_config
     from training.ray import driver
 
     cluster.wait_idle(SCALE_S)
@@ -144,7 +144,7 @@ def test_a_ray_run_on_an_idle_cluster_scales_up_its_pool_survives_a_killed_worke
 
 def test_a_run_for_a_pool_at_its_max_waits_then_fails_naming_stage_pool_and_resources(
         cluster, declared, shared, tiny_encoder_dir, capsys) -> None:
-    from training.config import RayStageConfig
+    from training.config.ray_executor import RayStageConfig
     from contract.exit_codes import UNAVAILABLE
     from training.ray import driver
     from training.ray.placement import plan, reserved

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from tests.training.ray.conftest import needs_ray, ray_env, ray_temp_dir
-from training.config import RayStageConfig
+from training.config.ray_executor import RayStageConfig
 from contract.names import POOL_LABEL
 from training.ray.placement import PlacementError, bundle_nodes, plan, reserved, strategy_for
 
@@ -91,7 +91,7 @@ def test_plan_from_the_declaration_still_refuses_what_can_never_fit() -> None:
 
 
 def test_plan_reads_the_declaration_from_the_environment(monkeypatch) -> None:
-    from training.config import ConfigError
+    from training.config.sections import ConfigError
     from contract.ray_pools import POOLS_ENV
 
     monkeypatch.setenv(POOLS_ENV, "a=1")

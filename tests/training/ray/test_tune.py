@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from training.config import ConfigError, load_run_config
+from training.config.run import load_run_config
+from training.config.sections import ConfigError
 from contract.names import POOL_LABEL
 from contract.ray_pools import POOLS_ENV, format_pools, parse_pool_nodes, parse_pools
 from training.ray.tune import TRIAL_DRIVER_CPUS, concurrency

@@ -10,6 +10,7 @@ from tests.support.redis_fixtures import SPEC_DATA_YAML, make_spec, write_spec_d
 from tests.support.waits import wait_for
 
 from training.scheduler import cli as runs_cli
+from training.scheduler import cli_route
 
 
 @pytest.fixture
@@ -313,7 +314,7 @@ def test_a_cancelled_run_id_is_refused_on_resubmit_and_retry_resumes_it(cli, mak
 def test_submit_wait_ends_with_the_runs_exit_status(cli, make_queue, tmp_path, capsys, monkeypatch):
     import threading
 
-    monkeypatch.setattr(runs_cli, "FOLLOW_POLL_S", 0.05)
+    monkeypatch.setattr(cli_route, "FOLLOW_POLL_S", 0.05)
     q = make_queue()
     spec = write(tmp_path, "run.yaml", GOOD)
     finisher = threading.Timer(0.3, lambda: q.ack(q.claim("w", block_s=5)))  # it ends while submit waits

@@ -13,7 +13,8 @@ from tests.support.redis_fixtures import make_spec
 from contract.paths import child_env
 
 from contract import exit_codes
-from training.scheduler.run_queue import RAY_LANE, lane
+from contract.lanes import RAY_LANE
+from training.scheduler.run_queue import lane
 from training.scheduler.spec import SpecError, parse_spec
 from contract.env import EXECUTORS_ENV
 from training.scheduler.worker.settings import WorkerConfig

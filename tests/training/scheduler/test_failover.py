@@ -25,7 +25,9 @@ from contract.paths import child_env
 
 from training.scheduler.redis_conn import NotReplicatedError, connect, is_temporary_error, settings_from_env
 from contract.exit_codes import OK, UNAVAILABLE
-from training.scheduler.run_queue import Key, State, TaskQueue, open_queue, ready_list
+from contract.lanes import ready_list
+from training.scheduler.queue_records import Key, State
+from training.scheduler.run_queue import TaskQueue, open_queue
 
 
 def start_worker(env: dict[str, str], shared: Path, command: list[str], *, lease: float, idle: float,

@@ -23,7 +23,8 @@ from contract.env import NAMESPACES_ENV
 from contract.ports import LIVE_PATH, READY_PATH
 from training.scheduler.keeper import STALL_S, Keeper, namespaces_from_env
 from contract.lanes import Lane
-from training.scheduler.run_queue import FREE_RELEASES, Release, TaskQueue
+from training.scheduler.queue_records import FREE_RELEASES, Release
+from training.scheduler.run_queue import TaskQueue
 
 
 def _get(port: int, path: str) -> tuple[int, str]:

@@ -198,7 +198,7 @@ def test_not_in_a_pod_means_no_kubernetes(tmp_path):
 def test_status_of_a_queued_preempted_run_direct_and_in_cluster(make_queue, kube):
     from training.scheduler import verbs
     from training.scheduler.cli import _render_run
-    from training.scheduler.run_queue import Release
+    from training.scheduler.queue_records import Release
 
     api, target = kube
     q = make_queue()

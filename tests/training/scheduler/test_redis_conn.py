@@ -88,7 +88,7 @@ def test_the_worker_keeper_and_cli_read_their_redis_settings_from_one_place():
     import training.scheduler
 
     root = Path(training.scheduler.__path__[0])
-    for rel in ("worker/loop.py", "keeper.py", "cli.py"):
+    for rel in ("worker/loop.py", "keeper.py", "cli_route.py"):
         calls = {n.func.id for n in ast.walk(ast.parse((root / rel).read_text()))
                  if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
         assert "settings_from_env" in calls and "RedisSettings" not in calls, rel

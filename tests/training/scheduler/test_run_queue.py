@@ -149,7 +149,7 @@ def test_release_gives_the_attempt_back_and_requeues_at_the_front(make_queue):
 
 
 def test_a_run_that_always_hands_back_ends_dead_instead_of_looping(make_queue):
-    from training.scheduler.run_queue import FREE_RELEASES
+    from training.scheduler.queue_records import FREE_RELEASES
 
     q = make_queue()
     q.submit(make_spec("flapping", max_attempts=2))
@@ -170,7 +170,7 @@ def test_an_unreachable_cluster_never_dead_letters_a_queued_run(make_queue):
     """A Ray outage (the child exits UNAVAILABLE): KEDA starts a Job per poll, each hands the run
     back; however long it lasts, the run keeps its attempts and waits queued, unlike a run that
     itself keeps exiting retriable (above)."""
-    from training.scheduler.run_queue import FREE_RELEASES, Release
+    from training.scheduler.queue_records import FREE_RELEASES, Release
 
     q = make_queue()
     q.submit(make_spec("ray-run", executor="ray", max_attempts=1))
@@ -187,7 +187,7 @@ def test_an_unreachable_cluster_never_dead_letters_a_queued_run(make_queue):
 def test_a_run_preempted_any_number_of_times_is_never_dead_lettered(make_queue):
     """Kueue evicting a worker's Job (its pod gets SIGTERM) hands the run back as preempted: no attempt
     spent, past FREE_RELEASES too, and the run's own retriable exits keep their separate budget."""
-    from training.scheduler.run_queue import FREE_RELEASES, Release
+    from training.scheduler.queue_records import FREE_RELEASES, Release
 
     q = make_queue()
     q.submit(make_spec("borrower", max_attempts=1))
@@ -462,7 +462,8 @@ def test_each_script_is_its_lua_file_after_the_prelude_with_no_values_substitute
 
 
 def test_every_key_the_queue_writes_is_a_declared_key(make_queue, namespace):
-    from training.scheduler.run_queue import Key
+    from training.scheduler.queue_records import Key
+    from training.scheduler.worker.group import GangGroup
 
     q = make_queue(backoff_base_s=0, backoff_max_s=0)
     for i in range(4):
@@ -479,7 +480,9 @@ def test_every_key_the_queue_writes_is_a_declared_key(make_queue, namespace):
     q.release(c, "drain")
     q.cancel("k-3")
     g = q.claim("w", nodes=2)
-    q.publish_group("grp", g, {}, ttl_s=60)
+    gang = GangGroup(q, "grp", lease_seconds=30)
+    gang.publish(g, {})
+    gang.join("g-a1/1")
     q.stats()
     keys = q.client.keys(f"{namespace}:*")
     assert len(keys) >= 10
@@ -504,16 +507,16 @@ def test_package_data_ships_the_lua_scripts():
 
 def test_the_worker_and_the_queue_share_one_lease_and_backoff_default():
     """WorkerConfig (the worker's flags) and TaskQueue (a bare client: ragpool, the keeper) default to
-    the same lease and backoff: run_queue's DEFAULT_* are their one home."""
+    the same lease and backoff: contract/defaults.py's DEFAULT_* are their one home."""
     import dataclasses
     import inspect
 
-    from training.scheduler import run_queue
+    from contract import defaults
     from training.scheduler.worker.settings import WorkerConfig
 
     queue = {k: p.default for k, p in inspect.signature(TaskQueue).parameters.items()}
     worker = {f.name: f.default for f in dataclasses.fields(WorkerConfig)}
-    for name, default in (("lease_seconds", run_queue.DEFAULT_LEASE_S), ("backoff_base_s", run_queue.DEFAULT_BACKOFF_BASE_S),
-                          ("backoff_max_s", run_queue.DEFAULT_BACKOFF_MAX_S)):
+    for name, default in (("lease_seconds", defaults.DEFAULT_LEASE_S), ("backoff_base_s", defaults.DEFAULT_BACKOFF_BASE_S),
+                          ("backoff_max_s", defaults.DEFAULT_BACKOFF_MAX_S)):
         assert queue[name] == worker[name] == default, (name, queue[name], worker[name], default)
-    assert 0 < run_queue.DEFAULT_BACKOFF_BASE_S <= run_queue.DEFAULT_BACKOFF_MAX_S
+    assert 0 < defaults.DEFAULT_BACKOFF_BASE_S <= defaults.DEFAULT_BACKOFF_MAX_S

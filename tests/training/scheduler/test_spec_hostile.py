@@ -35,9 +35,10 @@ from hypothesis import strategies as st
 from contract.paths import child_env
 
 from contract import exit_codes
-from training.config import MODEL_PATH_KEYS, STAGES
+from training.config.sections import MODEL_PATH_KEYS, STAGES
 from contract.paths import is_valid_run_id
-from training.scheduler.spec import SpecError, load_spec
+from training.scheduler.spec import SpecError
+from training.scheduler.spec_file import load_spec
 from training.scheduler import cli as runs_cli
 from contract.lanes import PRIORITIES
 from training.scheduler.spec import MAX_SPEC_BYTES

@@ -13,7 +13,7 @@ from tests.support.redis_fixtures import make_spec
 from tests.training.scheduler.test_cli import _cli_at
 
 from contract.lanes import Lane
-from training.scheduler.run_queue import WorkerState
+from training.scheduler.queue_records import WorkerState
 from training.scheduler.waiting import CLUSTER_ENV, WaitingOn
 
 

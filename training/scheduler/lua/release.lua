@@ -1,5 +1,5 @@
 -- release(id, token, reason, free_releases[, kind]) -> 'released' | 'cancelled' | 'dead' | 'stale'
--- kind (run_queue.Release): '' the child's own retriable exit; 'preempted' the worker's SIGTERM hand-back;
+-- kind (queue_records.Release): '' the child's own retriable exit; 'preempted' the worker's SIGTERM hand-back;
 -- 'gang' a gang that never formed; 'unavailable' the executor's cluster could not be reached (Ray down,
 -- token refused).
 local id, token, reason = ARGV[2], ARGV[3], ARGV[4]

@@ -4,10 +4,10 @@
 
 (9300: ``QUEUE_METRICS_PORT``, contract/ports.py, the one home of ragpool's ports; off unless
 ``--metrics-port`` or ``RAGPOOL_QUEUE_METRICS_PORT`` sets it.) This package is the worker: its
-settings and flags (settings.py), the claim loop (loop.py), the gang of a multi-node run (gang.py), the
-child's supervision, heartbeat and output (supervision.py), the retry through a Redis outage (outage.py),
-the child it starts and its builder (child.py), what it records when the child ends (outcome.py) and the
-pre-flight health gate (preflight.py).
+settings and flags (settings.py), the claim loop (loop.py), the gang of a multi-node run (gang.py) and
+its Redis keys (group.py), the child's supervision, heartbeat and output (supervision.py), the retry
+through a Redis outage (outage.py), the child it starts and its builder (child.py), what it records when
+the child ends (outcome.py) and the pre-flight health gate (preflight.py).
 
 For each task it claims it validates the stored spec once, against this worker's shared root and
 environment, writes the run's training config to ``<shared>/runs/<run_id>/run.yaml`` (every rank

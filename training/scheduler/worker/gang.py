@@ -5,12 +5,14 @@ from __future__ import annotations
 import threading
 import time
 from enum import StrEnum
+from functools import cached_property
 from pathlib import Path
 
 from contract import exit_codes
-from training.scheduler.run_queue import Claim, Heartbeat, Release, State
+from training.scheduler.queue_records import Claim, Heartbeat, Release, State
 from training.scheduler.spec import RunSpec
 from training.scheduler.worker import log
+from training.scheduler.worker.group import GangGroup
 from training.scheduler.worker.outage import STOPPED, is_redis_error
 from training.scheduler.worker.outcome import Outcome
 
@@ -41,12 +43,17 @@ def gang_member(key: tuple, index: int | str) -> str:
 class GangMember:
     """The :class:`training.scheduler.worker.loop.Worker`'s part in a gang: follower (index > 0) and index 0."""
 
+    @cached_property
+    def gang_group(self) -> GangGroup:
+        """This pod's gang in Redis (a multi-node worker's; ``config.group`` names it)."""
+        return GangGroup(self.queue, self.config.group, self.config.lease_seconds)
+
     def _run_follower(self) -> int:
         """Index > 0 of an Indexed Job: join whatever run index 0 publishes."""
         seen: tuple | None = None
         idle_since = time.monotonic()
         while not self.stopping.is_set():
-            group = self._until_redis_answers(lambda _again: self.queue.read_group(self.config.group),
+            group = self._until_redis_answers(lambda _again: self.gang_group.read(),
                                               "queue unavailable")
             if group is STOPPED:
                 break
@@ -106,16 +113,15 @@ class GangMember:
     def _join_gang(self, key: tuple) -> bool:
         """Follower: join the gang index 0 is gathering for run ``key`` (task, attempt) and wait for
         its go; False when it aborts, disappears or the deadline passes (then this pod exits)."""
-        cfg, q = self.config, self.queue
-        ttl = int(cfg.lease_seconds * 2) + 1
+        cfg, gang = self.config, self.gang_group
         deadline = time.monotonic() + cfg.gang_deadline_seconds
         joined = False
         while not self.stopping.is_set() and time.monotonic() < deadline:
             try:
                 if not joined:
-                    q.join_group(cfg.group, gang_member(key, cfg.node_index), ttl)
+                    gang.join(gang_member(key, cfg.node_index))
                     joined = True
-                group = q.read_group(cfg.group)
+                group = gang.read()
             except Exception as exc:
                 if not is_redis_error(exc):
                     raise
@@ -126,7 +132,7 @@ class GangMember:
             if not group or (group["task_id"], group["attempt"]) != key or group.get("state") == Gang.ABORTED:
                 # Gone or replaced: it went (and maybe finished already) only if index 0 marked it so.
                 try:
-                    return gang_member(key, GANG_GO_MEMBER) in q.group_members(cfg.group)
+                    return gang_member(key, GANG_GO_MEMBER) in gang.members()
                 except Exception as exc:
                     if not is_redis_error(exc):
                         raise
@@ -140,13 +146,12 @@ class GangMember:
         does a pod the Job replaces) (then publish go and return None), heartbeating the lease meanwhile.
         Otherwise record and return the outcome: GANG_TIMEOUT (handed back, no attempt spent), INTERRUPTED,
         CANCELLED or LOST."""
-        cfg, q = self.config, self.queue
+        cfg, q, gang = self.config, self.queue, self.gang_group
         need = (min_nodes or cfg.nnodes) - 1
-        ttl = int(cfg.lease_seconds * 2) + 1
         key = (claim.task_id, claim.attempt)
         wanted = {gang_member(key, i) for i in range(1, cfg.nnodes)}
-        q.reset_group_members(cfg.group)
-        q.publish_group(cfg.group, claim, {**info, "state": Gang.GATHERING}, ttl_s=ttl)
+        gang.reset_members()
+        gang.publish(claim, {**info, "state": Gang.GATHERING})
         stop_heartbeat = threading.Event()
         verdict: dict[str, Heartbeat] = {}
         threading.Thread(target=self._heartbeat_loop, args=(claim, stop_heartbeat, verdict), daemon=True).start()
@@ -154,9 +159,9 @@ class GangMember:
         try:
             while True:
                 try:
-                    if len(wanted & q.group_members(cfg.group)) >= need:
-                        q.join_group(cfg.group, gang_member(key, GANG_GO_MEMBER), ttl)
-                        q.publish_group(cfg.group, claim, {**info, "state": Gang.GO}, ttl_s=ttl)
+                    if len(wanted & gang.members()) >= need:
+                        gang.join(gang_member(key, GANG_GO_MEMBER))
+                        gang.publish(claim, {**info, "state": Gang.GO})
                         return None
                 except Exception as exc:
                     if not is_redis_error(exc):
@@ -167,7 +172,7 @@ class GangMember:
                 self.stopping.wait(GANG_POLL_S)
         finally:
             stop_heartbeat.set()
-        q.publish_group(cfg.group, claim, {**info, "state": Gang.ABORTED}, ttl_s=ttl)
+        gang.publish(claim, {**info, "state": Gang.ABORTED})
         if verdict.get("state") == Heartbeat.LOST:
             return Outcome.LOST
         if verdict.get("state") == Heartbeat.CANCEL:
@@ -176,7 +181,7 @@ class GangMember:
             self._keep_trying(claim, lambda again: q.release(claim, "interrupted by worker shutdown (SIGTERM) "
                                                                      "while its gang gathered"))
             return Outcome.INTERRUPTED
-        missing = sorted(wanted - q.group_members(cfg.group))
+        missing = sorted(wanted - gang.members())
         reason = (f"gang timeout: {len(missing)} of {cfg.nnodes} pods did not join within "
                   f"{cfg.gang_deadline_seconds:.0f}s ({', '.join(m.rsplit('/', 1)[1] for m in missing)}); "
                   "handed back without spending an attempt")

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from contract import exit_codes
-from training.scheduler.run_queue import Claim, WorkerState
+from training.scheduler.queue_records import Claim, WorkerState
 from training.scheduler.spec import RunSpec
 from training.scheduler.worker import log
 from training.scheduler.worker.child import write_run_config
@@ -149,8 +149,8 @@ class Worker(ChildSupervisor, GangMember, OutageRetry):
         finally:
             if cfg.nnodes > 1:
                 try:
-                    q.clear_group(cfg.group)
-                except Exception as exc:  # the key expires on its own (ttl above)
+                    self.gang_group.clear()
+                except Exception as exc:  # the key expires on its own (GangGroup.ttl_s)
                     if not is_redis_error(exc):
                         raise
         return self._record(claim, ended, spec)

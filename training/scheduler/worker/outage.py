@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from training.scheduler.run_queue import Claim
+from training.scheduler.queue_records import Claim
 from training.scheduler.worker import log
 
 OUTAGE_BACKOFF_BASE_S = 0.2

@@ -33,7 +33,7 @@ from enum import StrEnum
 from typing import NamedTuple
 
 from contract import exit_codes
-from training.scheduler.run_queue import Release
+from training.scheduler.queue_records import Release
 
 
 class Outcome(StrEnum):

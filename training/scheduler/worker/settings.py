@@ -134,7 +134,7 @@ FLAGS: tuple[tuple[str, str], ...] = (
 
 
 def build_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    from training.config import describe_fields
+    from training.config.run import describe_fields
 
     parser = parser or argparse.ArgumentParser(prog="python -m training.worker",
                                                description="Claim and run ragpool training tasks.")

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from contract.paths import run_dir
-from training.scheduler.run_queue import Claim, Heartbeat, Key
+from training.scheduler.queue_records import Claim, Heartbeat
 from training.scheduler.worker import log
 from training.scheduler.worker.outage import is_redis_error
 from training.scheduler.worker.outcome import ChildExit, StopReason
@@ -118,7 +118,7 @@ class ChildSupervisor:
             try:
                 state = self.queue.heartbeat(claim, cfg.worker_id)
                 if cfg.nnodes > 1:
-                    self.queue.client.expire(self.queue.key(Key.GROUP, cfg.group), int(cfg.lease_seconds * 2) + 1)
+                    self.gang_group.touch()
             except Exception as exc:
                 if not is_redis_error(exc):
                     raise

@@ -10,7 +10,7 @@ import sys
 import pytest
 import yaml
 
-from training.config import load_run_config
+from training.config.run import load_run_config
 from contract.env import CHILD_BUILDER_ENV
 from contract.paths import PACKAGE_ROOT
 from training.scheduler.worker.child import (builder_from_env, ray_job_argv, run_command, stage_entry, torchrun_argv,

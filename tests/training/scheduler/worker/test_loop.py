@@ -25,7 +25,7 @@ from contract.env import CHILD_BUILDER_ENV
 from contract.paths import child_env
 from tests.support.waits import wait_for
 
-from training.config import load_run_config
+from training.config.run import load_run_config
 from contract.exit_codes import RETRIABLE
 
 
@@ -147,7 +147,7 @@ def test_sigterm_forwards_to_run_and_releases_the_lease(redis_server, namespace,
 def test_an_evicted_worker_hands_back_a_much_preempted_run_unspent(redis_server, namespace, make_queue, tmp_path):
     """Kueue evicts a borrowing worker's Job (SIGTERM to its pod) for a run that already used up every
     free release: the worker hands it back as preempted, the only attempt unspent, never dead-lettered."""
-    from training.scheduler.run_queue import FREE_RELEASES
+    from training.scheduler.queue_records import FREE_RELEASES
 
     q = make_queue()
     q.submit(make_spec("evicted", max_attempts=1))
@@ -235,7 +235,7 @@ TINY_DDP_SCRIPT = textwrap.dedent("""
     import torch
     import torch.distributed as dist
     from training.components.stage import exit_process
-    from training.config import load_run_config
+    from training.config.run import load_run_config
     from contract.exit_codes import OK, RETRIABLE
 
     cfg = load_run_config(sys.argv[sys.argv.index("--config") + 1])
@@ -502,7 +502,7 @@ class _FakeQueue:
         self.reconnects, self.records = 0, []
 
     def heartbeat(self, claim, worker_id):
-        from training.scheduler.run_queue import Heartbeat
+        from training.scheduler.queue_records import Heartbeat
 
         return Heartbeat.OK
 
@@ -553,8 +553,8 @@ def test_a_redis_outage_is_waited_out_by_one_retry_that_a_sigterm_cuts_short(mon
 def test_the_worker_validates_a_claimed_spec_once_and_the_child_gets_that_config(monkeypatch, tmp_path, executor):
     """One load of the training config on the worker per claimed run (it was 3 for torchrun, 5 for ray);
     the run.yaml the child reads is that validated config, under the worker's shared root."""
-    import training.config as run_config
-    from training.scheduler.run_queue import Claim
+    import training.config.run as run_config
+    from training.scheduler.queue_records import Claim
     from training.scheduler.spec import parse_spec
     from training.scheduler.worker.loop import Worker
     from training.scheduler.worker.outcome import Outcome

@@ -7,7 +7,7 @@ import pytest
 
 from contract import exit_codes
 from training.scheduler.worker.outcome import Action, ChildExit, Decision, Outcome, StopReason, decide, outcome_of
-from training.scheduler.run_queue import Release
+from training.scheduler.queue_records import Release
 from contract.lanes import EXECUTORS
 
 EXIT_CODES = {name: value for name, value in vars(exit_codes).items() if name.isupper() and isinstance(value, int)}

@@ -1,4 +1,4 @@
-"""training.config: YAML + overrides, typed fields, clear errors, path confinement."""
+"""training.config.run (with the sections it reads): YAML + overrides, typed fields, clear errors, path confinement."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import typing
 
 import pytest
 
-from training.config import (STAGES, ConfigError, RunConfig, describe_fields, load_run_config, nest,
-                             parse_overrides, split_cli)
-from training.scheduler.spec import SpecError, load_spec
+from training.config.run import RunConfig, describe_fields, load_run_config, nest, parse_overrides, split_cli
+from training.config.sections import STAGES, ConfigError
+from training.scheduler.spec import SpecError
+from training.scheduler.spec_file import load_spec
 
 
 def test_defaults_are_valid_and_stages_ordered() -> None:
@@ -139,7 +140,7 @@ def test_every_section_is_a_dataclass_with_post_init() -> None:
 
 
 def test_config_import_does_not_import_torch() -> None:
-    code = "import sys, training.config as c; c.load_run_config({}); print('torch' in sys.modules)"
+    code = "import sys, training.config.run as c; c.load_run_config({}); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
