@@ -147,7 +147,7 @@ def _raw_write(path: Path, tensors: list) -> None:
     policies: a plain write-then-fsync of ~0.8 GB per rank runs into the dirty-page limits and loses to it."""
     import torch
 
-    from training.components.checkpoint import _SYNC_FILE_RANGE_WRITE, _WRITEBACK_EVERY, _sync_file_range
+    from training.components.checkpoint_dirs import _SYNC_FILE_RANGE_WRITE, _WRITEBACK_EVERY, _sync_file_range
 
     done = kicked = 0
     with path.open("wb", buffering=0) as fh:
@@ -168,7 +168,7 @@ def worker_measure(out: Path, steps: int, batch: int, seq: int, pairs: int, stal
 
     from training.components import distributed as D
     from training.components import sharding as S
-    from training.components.checkpoint import save_dcp_checkpoint
+    from training.components.dcp import save_dcp_checkpoint
 
     env = D.init_distributed("cpu")
     built = {strategy: _build(GEN_SHAPES["cpu"], "cpu", strategy, env) for strategy in ("ddp", "fsdp")}
@@ -213,7 +213,7 @@ def _save_vs_raw(out: Path, env, pairs: int) -> dict:
     import torch
     from torch.distributed.tensor import DTensor
 
-    from training.components.checkpoint import save_dcp_checkpoint
+    from training.components.dcp import save_dcp_checkpoint
 
     _, model, _, opt = _build(LOAD_SHAPE, "cpu", "fsdp", env)
     for p in model.parameters():  # materialise the AdamW state without a (slow) training step
@@ -281,7 +281,7 @@ def worker_reload(checkpoint: Path, out: Path) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
     from training.components import distributed as D
-    from training.components.checkpoint import load_dcp_state
+    from training.components.dcp import load_dcp_state
 
     env = D.init_distributed("cpu")
     _, model, _, opt = _build(GEN_SHAPES["cpu"], "cpu", "fsdp", env)

@@ -31,10 +31,11 @@ import torch
 from training.components import distributed as D
 from training.components import heap
 from training.components import sharding as S
-from training.components.checkpoint import (Checkpointer, checkpoint_format, load_checkpoint_dir, load_dcp_state,
-                                            newest_verified, step_dir_name)
+from training.components.checkpoint import Checkpointer
+from training.components.checkpoint_dirs import checkpoint_format, load_checkpoint_dir, step_dir_name
 from training.components.data import ResumableOrder
 from training.components.logs import Progress, get_logger
+from training.components.dcp import load_dcp_state, newest_verified
 from training.components.metrics import process_metrics
 from training.components.optim import build_optimizer, build_scheduler
 from training.components.stage import PREEMPTED_MARKER, write_json_atomic

@@ -79,7 +79,7 @@ def _dump_full(model, opt, env, out: Path) -> None:
 
 
 def _save(root: Path, step: int, model, opt, env) -> None:
-    from training.components.checkpoint import save_dcp_checkpoint
+    from training.components.dcp import save_dcp_checkpoint
 
     save_dcp_checkpoint(root, step, model, opt, {"trainer": {"step": step}}, env, keep_latest_k=3)
 
@@ -101,7 +101,9 @@ OVERLAP_WAIT_S = 60
 def _load_latest(root: Path, model, opt, env) -> int:
     """As the Trainer resumes: sharded ranks verify the newest checkpoint together, one process alone."""
     from training.components import distributed as D
-    from training.components.checkpoint import Checkpointer, load_dcp_state, newest_verified, step_dir_name
+    from training.components.checkpoint import Checkpointer
+    from training.components.checkpoint_dirs import step_dir_name
+    from training.components.dcp import load_dcp_state, newest_verified
 
     ckpt = Checkpointer(root, 3, env.is_main)
     ckpt.clean_temp()
@@ -254,7 +256,8 @@ def test_manifest_sizes_and_crcs_computed_while_writing_are_those_of_the_files(t
     exactly the files on disk with their sizes and CRC32Cs as read back, and the checkpoint loads equal."""
     import torch
 
-    from training.components.checkpoint import _checksum, load_dcp_state, save_dcp_checkpoint, verify_checkpoint_dir
+    from training.components.checkpoint_dirs import file_checksum, verify_checkpoint_dir
+    from training.components.dcp import load_dcp_state, save_dcp_checkpoint
     from training.components.distributed import DistEnv
     from training.components.models import build_tiny_causal_lm, load_generator_tokenizer
     from training.components.optim import build_optimizer
@@ -275,7 +278,7 @@ def test_manifest_sizes_and_crcs_computed_while_writing_are_those_of_the_files(t
     assert set(files) == on_disk and {"dcp/.metadata", "trainer.pt"} < on_disk, (files, on_disk)
     for name, entry in files.items():
         assert entry["bytes"] == (path / name).stat().st_size, name
-        assert entry["crc32c"] == _checksum(path / name, "crc32c"), name
+        assert entry["crc32c"] == file_checksum(path / name, "crc32c"), name
     assert verify_checkpoint_dir(path) is None
     other, other_opt = build()
     load_dcp_state(path, other, other_opt)
