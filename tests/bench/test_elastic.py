@@ -3,6 +3,8 @@ tests/training/elastic/test_launch.py, through the same harness)."""
 
 from __future__ import annotations
 
+import pytest
+
 from bench import elastic
 from contract.exit_codes import BAD_INPUT
 
@@ -24,9 +26,27 @@ def test_figures_of_a_shrink_and_a_grow() -> None:
     assert not elastic.figures(steps, 15.0, 50.0, 75.0, 6, 4)["loss_continuity"]
 
 
+def test_goodput_of_elastic_against_a_full_gang_requeue() -> None:
+    # A 600 s run of 3 nodes loses one at 300 s; the replacement comes 300 s later. Elastic: 10 s down, 1 s redone,
+    # 290 s on 2 nodes (193.3 s of full-gang work), 15 s to grow, the remaining 107.7 s on 3. Requeue: waits 300 s,
+    # restarts in 15 s, redoes 1 s, trains 300 s.
+    got = elastic.goodput(600, 300, 3, resize_s=10, grow_s=15, redo_s=1)
+    assert (got["elastic_s"], got["requeue_s"]) == (pytest.approx(300 + 10 + 290 + 15 + 301 - 290 * 2 / 3, abs=0.01),
+                                                   916)
+    assert got["ratio"] == pytest.approx(916 / got["elastic_s"], abs=1e-3) and got["requeue_loss_s"] == 316
+    # A run short enough to end on the survivors before the replacement arrives: 100 + 10 + 101 / (2/3).
+    assert elastic.goodput(200, 300, 3, 10, 15, 1)["elastic_s"] == pytest.approx(261.5)
+    # The ratio falls as the run grows; the goal holds up to the returned length and not beyond.
+    up_to = elastic.goal_up_to(300, 3, 10, 15, 1)
+    assert elastic.goodput(up_to, 300, 3, 10, 15, 1)["ratio"] >= elastic.GOODPUT_GOAL
+    assert elastic.goodput(up_to + 2, 300, 3, 10, 15, 1)["ratio"] < elastic.GOODPUT_GOAL
+    assert elastic.goal_up_to(0, 3, 10, 15, 1) == 0  # no wait: nothing to win
+
+
 def test_bad_arguments_exit_2_and_measure_nothing(tmp_path, capsys) -> None:
     (tmp_path / "old").write_text("x")
     assert elastic.main(["--out", str(tmp_path)]) == BAD_INPUT
     assert elastic.main(["--kill-at-step", "20"]) == BAD_INPUT
+    assert elastic.main(["--sim-run-s", "0"]) == BAD_INPUT
     err = capsys.readouterr().err
-    assert "not empty" in err and "--kill-at-step" in err
+    assert "not empty" in err and "--kill-at-step" in err and "--sim-run-s" in err

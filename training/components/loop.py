@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import os
 import random
 import signal
@@ -34,8 +35,8 @@ from training.components import sharding as S
 from training.components.checkpoint import Checkpointer
 from training.components.checkpoint_dirs import checkpoint_format, load_checkpoint_dir, step_dir_name
 from training.components.data import ResumableOrder
-from training.components.logs import Progress, get_logger
 from training.components.dcp import load_dcp_state, newest_verified
+from training.components.logs import Progress, get_logger
 from training.components.metrics import process_metrics
 from training.components.optim import build_optimizer, build_scheduler
 from training.components.stage import PREEMPTED_MARKER, write_json_atomic
@@ -293,9 +294,24 @@ class Trainer:
             self.log.warning("world size changed: %d -> %d ranks at step %d (global batch %d kept: %d "
                              "micro-steps of %d per rank)", saved_world, env.world_size, self.step,
                              self.task.global_batch_size, self.grad_accum, self.per_rank_micro)
+            if env.is_main:
+                self._mark_resize(saved_world)
         rngs = trainer["rng"]
         set_rng_state(rngs[env.rank] if env.rank < len(rngs) else rngs[0])
         self.log.info("resumed from %s at step %d (data position %s)", path, self.step, trainer["data_position"])
+
+    def _mark_resize(self, saved_world: int) -> None:
+        """Rank 0: the resize mark of this resume (:mod:`training.elastic.resizes`; before :meth:`train` removes
+        the preempted marker its cause reads)."""
+        from training.elastic import resizes
+
+        try:
+            preempted = json.loads((self.stage_dir / PREEMPTED_MARKER).read_text()).get("step")
+        except (OSError, ValueError, AttributeError):  # none, or not a marker of ours
+            preempted = None
+        cause = resizes.cause(saved_world, self.env.world_size, preempted, self.step)
+        resizes.append(self.stage_dir, resizes.mark(self.step, saved_world, self.env.world_size,
+                                                    self.env.local_world_size, cause, time.time()))
 
     def _train_step(self) -> bool:
         """One optimizer step over ``grad_accum`` micro-batches; True when any rank got SIGTERM."""

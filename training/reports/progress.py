@@ -9,7 +9,8 @@ status stays cheap however long the run. Throughput is optimizer steps per secon
 :data:`RATE_WINDOW` step records (samples per second too when the records carry ``samples_per_s``); the ETA is
 the stage's remaining steps at that rate. The nodes a run trains on now are the last step record's ``fields.nodes``
 (training/components/loop.py: world size / ranks per node, so an elastic run's current size after a resize); its
-target is the spec's ``nodes`` (the most, ``nodes.max`` of a range).
+target is the spec's ``nodes`` (the most, ``nodes.max`` of a range). The current stage's resize marks
+(:mod:`training.elastic.resizes`) give how often it resized and the last one.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any, Sequence
 from contract.paths import run_dir
 from training.components.logs import STAGE_LOG, STEP_MESSAGE
 from training.components.stage import COMPLETE_MARKER
+from training.elastic import resizes as _resizes
 
 TAIL_BYTES = 256 * 1024
 """How much of the end of a stage log one status reads."""
@@ -39,8 +41,9 @@ def run_progress(shared_root: str, run_id: str, stages: Sequence[str],
     ``node_range``: the spec's (min, max) nodes (a fixed size: (N, N)).
 
     ``{"stage", "stage_number", "stages", "completed", "step", "total", "loss", "steps_per_s", "samples_per_s",
-    "eta_seconds", "updated_at", "nodes", "min_nodes", "target_nodes"}``; a field not known yet is None (a stage that
-    does not train has no steps; ``nodes`` is the current stage's last step's)."""
+    "eta_seconds", "updated_at", "nodes", "min_nodes", "target_nodes", "resizes", "last_resize"}``; a field not
+    known yet is None (a stage that does not train has no steps; ``nodes`` is the current stage's last step's;
+    ``resizes`` counts the current stage's resize marks, ``last_resize`` is the last of them)."""
     directory = run_dir(shared_root, run_id)
     if not directory.is_dir():
         return None
@@ -50,9 +53,11 @@ def run_progress(shared_root: str, run_id: str, stages: Sequence[str],
                            "stages": len(stages), "completed": completed, "step": None, "total": None, "loss": None,
                            "steps_per_s": None, "samples_per_s": None, "eta_seconds": None, "updated_at": None,
                            "nodes": None, "min_nodes": node_range[0] if node_range else None,
-                           "target_nodes": node_range[1] if node_range else None}
+                           "target_nodes": node_range[1] if node_range else None, "resizes": 0, "last_resize": None}
     if current is not None:
         out.update(_stage_progress(directory / current / STAGE_LOG))
+        marks = _resizes.read(directory / current)
+        out.update(resizes=len(marks), last_resize=marks[-1] if marks else None)
     return out
 
 
@@ -126,7 +131,9 @@ def _stage_progress(log: Path) -> dict[str, Any]:
 
 def describe(progress: dict[str, Any] | None) -> str:
     """One line for ``ragpool status``: ``stage generator (3/4): step 120/500, loss 1.234, 2.50 steps/s, ETA 2m32s``;
-    a multi-node run's nodes now of its target follow the step (``nodes 3/4 (min 2)`` for a range)."""
+    a multi-node run's nodes now of its target follow the step (``nodes 3/4 (min 2)`` for a range), and an elastic
+    run that resized says how often and the last one (``resized 2x, last 4->3 nodes after step 80 (node lost
+    without notice)``)."""
     if not progress:
         return "progress: nothing written yet"
     if progress["stage"] is None:
@@ -137,6 +144,9 @@ def describe(progress: dict[str, Any] | None) -> str:
         figures.append(f"step {progress['step']}/{progress['total'] if progress['total'] is not None else '?'}")
     if nodes := _nodes(progress):
         figures.append(nodes)
+    if last := progress.get("last_resize"):
+        figures.append(f"resized {progress['resizes']}x, last {last['from_nodes']}->{last['to_nodes']} nodes after "
+                       f"step {last['step']} ({last.get('cause') or 'cause not known'})")
     if progress["loss"] is not None:
         figures.append(f"loss {progress['loss']:.4g}")
     if progress["samples_per_s"] is not None:

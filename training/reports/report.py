@@ -2,7 +2,8 @@
 
 Reads only what a run leaves in its directory: rank 0's per-step records in
 ``<stage>/log.jsonl`` (loss, learning rate, throughput; see :mod:`training.components.logs`),
-the stages' ``_COMPLETE`` markers and ``evaluate/report.json``. Writes
+an elastic run's resize marks ``<stage>/resizes.jsonl`` (:mod:`training.elastic.resizes`: a dashed line on the
+loss and throughput plots at each, and a table), the stages' ``_COMPLETE`` markers and ``evaluate/report.json``. Writes
 ``<run>/report.html`` (plots embedded, no network needed to view it) and
 ``<run>/report/*.png``. Torch-free; matplotlib draws the plots.
 """
@@ -22,6 +23,7 @@ from typing import Any
 from training.components.logs import STAGE_LOG as _STAGE_LOG
 from training.components.logs import STEP_MESSAGE as _STEP
 from training.components.stage import COMPLETE_MARKER as _COMPLETE
+from training.elastic import resizes as _resizes
 from training.config.sections import STAGES
 from contract.paths import run_dir as run_dir_of
 
@@ -49,6 +51,8 @@ class RunData:
     markers: dict[str, dict[str, Any]]
     started: dict[str, float]
     evaluation: dict[str, Any] | None
+    resizes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """Each training stage's resize marks, in order (an elastic run's; none for a fixed-size one)."""
 
 
 class ReportError(ValueError):
@@ -85,8 +89,11 @@ def load_run(shared_root: str | Path, run_id: str) -> RunData:
     series: dict[str, StageSeries] = {}
     started: dict[str, float] = {}
     markers: dict[str, dict[str, Any]] = {}
+    resizes: dict[str, list[dict[str, Any]]] = {}
     for stage in STAGES:
         sdir = run_dir / stage
+        if marks := _resizes.read(sdir):
+            resizes[stage] = marks
         log = sdir / _STAGE_LOG
         if log.is_file():
             s = read_series(log)
@@ -103,7 +110,7 @@ def load_run(shared_root: str | Path, run_id: str) -> RunData:
         evaluation = json.loads(report_json.read_text())
     if not series and not markers:
         raise ReportError(f"run {run_id!r} has recorded nothing yet under {run_dir}")
-    return RunData(run_id, run_dir, series, markers, started, evaluation)
+    return RunData(run_id, run_dir, series, markers, started, evaluation, resizes)
 
 
 def _first_ts(log: Path) -> float | None:
@@ -130,10 +137,25 @@ def _pyplot():
     return plt
 
 
-def loss_figure(stage: str, s: StageSeries):
+def resize_x(mark: dict[str, Any]) -> float:
+    """Where a resize mark sits on a step axis: between the step resumed from and the first at the new size."""
+    return mark["step"] + 0.5
+
+
+def _mark_resizes(ax, marks: list[dict[str, Any]]) -> None:
+    """A dashed vertical line per resize, labelled ``nodes A->B`` (after the plotted series: ``lines[0]`` stays
+    the data)."""
+    for m in marks:
+        ax.axvline(resize_x(m), color="grey", linestyle="--", linewidth=1)
+        ax.annotate(f" {m['from_nodes']}\u2192{m['to_nodes']} nodes", (resize_x(m), 0.98),
+                    xycoords=("data", "axes fraction"), ha="left", va="top", fontsize=7, color="grey")
+
+
+def loss_figure(stage: str, s: StageSeries, marks: list[dict[str, Any]] | None = None):
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.2))
     ax.plot(s.steps, s.fields.get("loss", []), marker="." if len(s.steps) <= 50 else None, label="loss")
+    _mark_resizes(ax, marks or [])
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("loss")
     ax.set_title(f"{stage}: training loss")
@@ -171,13 +193,14 @@ def throughput(s: StageSeries) -> tuple[list[int], list[float], str]:
     return steps, rates, "steps/s"
 
 
-def throughput_figure(series: dict[str, StageSeries]):
+def throughput_figure(series: dict[str, StageSeries], resizes: dict[str, list[dict[str, Any]]] | None = None):
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.2))
     unit = ""
     for stage, s in series.items():
         steps, rates, unit = throughput(s)
         ax.plot(steps, rates, label=stage)
+    _mark_resizes(ax, [m for stage in series for m in (resizes or {}).get(stage, [])])
     ax.set_xlabel("optimizer step")
     ax.set_ylabel(unit)
     ax.set_title("Throughput per step")
@@ -214,11 +237,11 @@ def figures(data: RunData) -> dict[str, Any]:
     figs: dict[str, Any] = {}
     for stage, s in data.series.items():
         if "loss" in s.fields:
-            figs[f"loss_{stage}"] = loss_figure(stage, s)
+            figs[f"loss_{stage}"] = loss_figure(stage, s, data.resizes.get(stage))
     if any("lr" in s.fields for s in data.series.values()):
         figs["learning_rate"] = lr_figure(data.series)
     if data.series:
-        figs["throughput"] = throughput_figure(data.series)
+        figs["throughput"] = throughput_figure(data.series, data.resizes)
     timings = stage_timings(data)
     if timings:
         figs["stage_timings"] = timings_figure(timings)
@@ -249,6 +272,14 @@ def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def resize_rows(resizes: dict[str, list[dict[str, Any]]]) -> list[tuple[str, ...]]:
+    """(stage, time UTC, resumed from step, nodes, ranks, cause) per resize mark."""
+    return [(stage, time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(m["at"])), str(m["step"]),
+             f"{m['from_nodes']} \u2192 {m['to_nodes']}", f"{m['from_world']} \u2192 {m['to_world']}",
+             str(m.get("cause") or "not known"))
+            for stage, marks in resizes.items() for m in marks]
 
 
 def _gpu_hours(data: RunData, timings: dict[str, float]) -> str:
@@ -295,8 +326,14 @@ def build(shared_root: str | Path, run_id: str) -> tuple[str, dict[str, bytes]]:
                        str(len(data.series[s].steps)) if s in data.series else "-",
                        f"{timings[s]:.1f}" if s in timings else "-")
                       for s in STAGES if s in data.markers or s in data.series]),
-              f"<p>GPU-hours: {html.escape(_gpu_hours(data, timings))}</p>",
-              "<h2>Training</h2>"]
+              f"<p>GPU-hours: {html.escape(_gpu_hours(data, timings))}</p>"]
+    if data.resizes:
+        parts += ["<h2>Resizes</h2>",
+                  _table(("stage", "resumed at (UTC)", "from step", "nodes", "ranks", "cause"),
+                         resize_rows(data.resizes)),
+                  "<p>The world size changed: the ranks resumed from the step's checkpoint at the new size, the "
+                  "global batch kept (dashed lines on the plots).</p>"]
+    parts += ["<h2>Training</h2>"]
     parts += [f'<figure><img alt="{stem}" src="data:image/png;base64,{b64}"><figcaption>{stem}</figcaption></figure>'
               for stem, b64 in images]
     page = ("<!doctype html><html><head><meta charset='utf-8'><title>ragpool run "

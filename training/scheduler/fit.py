@@ -248,11 +248,13 @@ def fit_problems(spec: RunSpec, shared_root: str,
                  environ: Mapping[str, str] | None = None) -> tuple[list[tuple[str, str]], list[str]]:
     """``(problems, notes)`` of every submit check, on both submit paths (the run API's and the direct CLI's):
     the data and model directories on the shared storage (training/scheduler/submit_checks.py), the lane check,
-    ``gpus_per_node`` against the pool, then the memory check, then the index settings."""
+    ``gpus_per_node`` against the pool, an elastic run's batch at the pool's GPUs per node, then the memory check,
+    then the index settings."""
     from training.scheduler.submit_checks import storage_problems
 
     storage, storage_notes = storage_problems(spec, shared_root)
     problems, notes = memory_problems(spec, shared_root, environ)
     index, index_notes = index_problems(spec, shared_root)
-    return (storage + lane_problems(spec, environ) + gpu_count_problems(spec, environ) + problems + index,
+    return (storage + lane_problems(spec, environ) + gpu_count_problems(spec, environ)
+            + elastic_pool_problems(spec, shared_root, environ) + problems + index,
             storage_notes + notes + index_notes)

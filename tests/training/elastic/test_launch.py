@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from bench import elastic
+from training.elastic import resizes
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch_multiproc]
 
@@ -35,6 +36,9 @@ def test_a_lost_node_shrinks_the_run_and_a_new_one_grows_it(tmp_path, redis_serv
     assert "world size changed: 3 -> 2 ranks at step 4" in text, run.logs()
     assert "world size changed: 2 -> 3 ranks at step 15" in text, run.logs()
     assert "world size changed: 3 -> 2 ranks at step 19" in text, run.logs()
+    # Rank 0 marked each resize in the stage directory, with its cause (what ragpool report shows).
+    marks = [(m["step"], m["from_nodes"], m["to_nodes"], m["cause"]) for m in resizes.read(run.out)]
+    assert marks == [(4, 3, 2, resizes.LOST), (15, 2, 3, resizes.JOINED), (19, 3, 2, resizes.NOTICE)], marks
     # The same samples in the same order on one process give the same model (float tolerance).
     assert elastic.params_match(run.out / elastic.elastic_task.FINAL_FILE,
                                 elastic.reference(tmp_path, 24, EVERY, timeout_s=120))

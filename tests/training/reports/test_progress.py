@@ -12,6 +12,7 @@ import pytest
 from contract.paths import run_dir
 from tests.support.redis_fixtures import make_spec
 from training.components.stage import COMPLETE_MARKER
+from training.elastic import resizes
 from training.reports import progress as progress_mod
 from training.reports.progress import describe, run_progress
 
@@ -82,6 +83,13 @@ def test_an_elastic_runs_nodes_now_and_its_target(tmp_path):
     got = run_progress(str(shared), "e1", STAGES, (2, 4))
     assert (got["nodes"], got["min_nodes"], got["target_nodes"]) == (3, 2, 4)
     assert describe(got).startswith("progress: stage generator (3/3): step 30/100, nodes 3/4 (min 2), loss 2.7")
+    assert (got["resizes"], got["last_resize"]) == (0, None)
+    # The loop's resize mark (training/elastic/resizes.py): how often and the last one.
+    resizes.append(run_dir(shared, "e1") / "generator", resizes.mark(20, 4, 3, 1, resizes.LOST, time.time()))
+    got = run_progress(str(shared), "e1", STAGES, (2, 4))
+    assert (got["resizes"], got["last_resize"]["to_nodes"]) == (1, 3)
+    assert ("nodes 3/4 (min 2), resized 1x, last 4->3 nodes after step 20 (node lost without notice), loss 2.7"
+            in describe(got))
     # A fixed-size multi-node run shows its nodes too; a one-node run and a run not stepping yet say nothing of them.
     assert "nodes 3/3," in describe({**got, "min_nodes": 3, "target_nodes": 3})
     write_run(shared, "one")

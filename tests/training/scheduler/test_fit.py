@@ -92,6 +92,21 @@ def test_served_lanes_accept_and_unset_changes_nothing(submit):
     assert SERVED_LANES_ENV in err and "bogus" in err
 
 
+def test_an_elastic_batch_is_checked_at_the_pools_gpus_per_node(submit):
+    """nodes {min: 2, max: 4}, a global batch of 12 in 3 micro-steps: at one rank per node (what the spec alone
+    assumes) 1 example per rank; a pool of 8-GPU pods makes the largest world 32 ranks, which 12 cannot feed."""
+    text = ("run_id: {}\nstages: [retriever]\nnodes: {{min: 2, max: 4}}\n{}"
+            "hyperparameters:\n  retriever: {{global_batch_size: 12, grad_accum: 3}}\n")
+    err = refused(submit(text.format("e1", ""), **{POOL_GPUS_ENV: "gpu-spot=8:80GiB", POOLS_ENV: "gpu-spot"}),
+                  "hyperparameters.retriever.global_batch_size")
+    assert "largest world (32 ranks)" in err and "8 ranks per node" in err and "'gpu-spot'" in err
+    for run_id, spec, pool_gpus in (("e2", "", "gpu-spot=1:24GiB"), ("e3", "gpus_per_node: 1\n", "gpu-spot=8"),
+                                    ("e4", "", None)):
+        env = {POOLS_ENV: "gpu-spot", **({POOL_GPUS_ENV: pool_gpus} if pool_gpus else {})}
+        code, err, queued = submit(text.format(run_id, spec), **env)
+        assert code == 0 and queued, err  # 1 GPU per pod; one rank per node asked for; the pool's GPUs not known
+
+
 # ------------------------------------------------------------------ memory
 
 
