@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from contract.api import parse_api_teams  # noqa: E402
 from training.api.client import ApiClient  # noqa: E402
 from training.api.contexts import Context  # noqa: E402
-from training.api.server import ApiSettings, RunApi  # noqa: E402
+from training.api.server import RunApi  # noqa: E402
+from training.api.settings import ApiSettings  # noqa: E402
 from training.localdev.redis_server import LocalRedisServer  # noqa: E402
 from training.localdev.run_api import run_api_server  # noqa: E402
 from training.localdev.sts_server import ACCOUNT, sts_server  # noqa: E402

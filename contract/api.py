@@ -87,6 +87,29 @@ ARN_PATTERN_RULE = ("an IAM ARN pattern of one account: arn:aws:iam::<12 digits>
                     "'*' allowed in the name only (e.g. arn:aws:iam::123456789012:role/ml-team-a-*)")
 _ARN_PATTERN = re.compile(r"arn:aws(-[a-z]+)*:iam::[0-9]{12}:(role|user)/[A-Za-z0-9+=,.@_/*-]{1,512}")
 _TEAM = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+_ROLE_WITH_PATH = re.compile(r"(arn:aws(?:-[a-z]+)*:iam::[0-9]{12}:role/)(?:[^/]+/)+([^/]+)")
+"""``arn:<partition>:iam::<account>:role/<path>/<name>``: a role ARN with a path (groups 1 and 2 drop it)."""
+_WILDCARD = re.compile(r"[*?\[]")
+
+
+def role_without_path(pattern: str) -> str | None:
+    """An exact role ARN with a path as a role session's identity names it: ``arn:aws:iam::A:role/p/q/NAME`` ->
+    ``arn:aws:iam::A:role/NAME``; None for anything else (no path, a user, a wildcard).
+
+    STS answers a role session as ``arn:aws:sts::A:assumed-role/NAME/SESSION``, without the role's path
+    (training/api/identity.py ``canonical_arn`` turns it into ``arn:aws:iam::A:role/NAME``), and IAM role names are
+    unique within an account whatever their path (IAM API CreateRole: "IAM user, group, role, and policy names must
+    be unique within the account"), so an exact role ARN with a path names the same role as its path-less form. A
+    pattern with a path and a wildcard cannot be decided from the session's ARN: :func:`parse_api_teams` refuses it.
+    """
+    m = _ROLE_WITH_PATH.fullmatch(pattern)
+    return None if m is None or _WILDCARD.search(pattern) else m.group(1) + m.group(2)
+
+
+def arn_matches(arn: str, pattern: str) -> bool:
+    """``arn`` (an identity's ARN or its canonical form) matches the ``apiTeams`` ``pattern``: as a glob
+    (``fnmatchcase``), or, for an exact role ARN with a path, as :func:`role_without_path`."""
+    return fnmatch.fnmatchcase(arn, pattern) or arn == role_without_path(pattern)
 
 
 class TeamsError(ValueError):
@@ -107,12 +130,12 @@ class ApiTeams:
     def team_of(self, *arns: str) -> str | None:
         """The first team (by name) one of whose patterns matches one of ``arns``."""
         for name in sorted(self.teams):
-            if any(fnmatch.fnmatchcase(arn, p) for p in self.teams[name] for arn in arns):
+            if any(arn_matches(arn, p) for p in self.teams[name] for arn in arns):
                 return name
         return None
 
     def is_admin(self, *arns: str) -> bool:
-        return any(fnmatch.fnmatchcase(arn, p) for p in self.admins for arn in arns)
+        return any(arn_matches(arn, p) for p in self.admins for arn in arns)
 
     def to_json(self) -> dict:
         return {"teams": {k: list(v) for k, v in sorted(self.teams.items())}, "admins": list(self.admins)}
@@ -137,6 +160,12 @@ def parse_api_teams(raw: object, key: str = "apiTeams") -> ApiTeams:
         for i, p in enumerate(value):
             if not isinstance(p, str) or not _ARN_PATTERN.fullmatch(p):
                 problems.append((f"{at}[{i}]", f"{shown(p)} is not {ARN_PATTERN_RULE}"))
+            elif _ROLE_WITH_PATH.fullmatch(p) and _WILDCARD.search(p):
+                m = _ROLE_WITH_PATH.fullmatch(p)
+                problems.append((f"{at}[{i}]", f"{shown(p)} has a path and a wildcard, which no caller can be matched "
+                                               "against: STS names a role session assumed-role/<name>/<session>, "
+                                               "without the role's path; name the role exactly (path allowed) or "
+                                               f"drop the path: {m.group(1)}{m.group(2)}"))
         return tuple(p for p in value if isinstance(p, str))
 
     if not isinstance(teams_raw, dict):
@@ -173,21 +202,25 @@ def fact_keys() -> tuple[str, ...]:
 class TeamQueue:
     """One trainingTeams team as the run API sees it (``contract.env.API_TEAM_QUEUES_ENV``, written by
     infra/run_api.py from what the team's workers get): its Kubernetes namespace, its queue key namespace
-    (the workers' ``RAGPOOL_QUEUE_NAMESPACE``) and its facts (:func:`fact_keys` -> value; a key left out is
-    unset for that namespace, as in its workers' environment)."""
+    (the workers' ``RAGPOOL_QUEUE_NAMESPACE``), its facts (:func:`fact_keys` -> value; a key left out is
+    unset for that namespace, as in its workers' environment) and where the API reads its shared storage."""
 
     team: str
     namespace: str
     queue_namespace: str
     facts: dict[str, str]
+    shared_root: str = ""
+    """The team's own shared storage as the API mounts it (contract/paths.py ``team_shared_root``: its runs'
+    directories, its data for submit's checks); '' (optional in the JSON): the API's main shared root."""
 
     def to_json(self) -> dict:
-        return {"namespace": self.namespace, "queue": self.queue_namespace, "facts": dict(sorted(self.facts.items()))}
+        out = {"namespace": self.namespace, "queue": self.queue_namespace, "facts": dict(sorted(self.facts.items()))}
+        return {**out, "shared_root": self.shared_root} if self.shared_root else out
 
 
 def parse_team_queues(raw: object, key: str) -> dict[str, TeamQueue]:
-    """``{<team>: {"namespace", "queue", "facts": {<fact env var>: <value>}}}``; :class:`TeamsError` naming each
-    bad key (``key``: where it came from, the environment variable)."""
+    """``{<team>: {"namespace", "queue", "facts": {<fact env var>: <value>}, "shared_root"?: <absolute path>}}``;
+    :class:`TeamsError` naming each bad key (``key``: where it came from, the environment variable)."""
     problems: list[tuple[str, str]] = []
     if not isinstance(raw, dict):
         raise TeamsError([(key, f"{shown(raw)} must be a mapping of team -> {{namespace, queue, facts}}")])
@@ -198,11 +231,15 @@ def parse_team_queues(raw: object, key: str) -> dict[str, TeamQueue]:
         if not isinstance(team, str) or not _TEAM.fullmatch(team):
             problems.append((key, f"team name {shown(team)} must be a DNS label"))
             continue
-        if not isinstance(value, dict) or set(value) != {"namespace", "queue", "facts"}:
-            problems.append((at, f"{shown(value)} must be {{namespace, queue, facts}}"))
+        if not isinstance(value, dict) or not {"namespace", "queue", "facts"} <= set(value) \
+                or not set(value) <= {"namespace", "queue", "facts", "shared_root"}:
+            problems.append((at, f"{shown(value)} must be {{namespace, queue, facts, shared_root?}}"))
             continue
-        ns, queue, facts = value["namespace"], value["queue"], value["facts"]
+        ns, queue, facts, root = value["namespace"], value["queue"], value["facts"], value.get("shared_root", "")
         ok = True
+        if not isinstance(root, str) or (root and not root.startswith("/")):
+            problems.append((f"{at}.shared_root", f"{shown(root)} must be an absolute path"))
+            ok = False
         for name, v in (("namespace", ns), ("queue", queue)):
             if not isinstance(v, str) or not _TEAM.fullmatch(v):
                 problems.append((f"{at}.{name}", f"{shown(v)} must be a DNS label"))
@@ -214,7 +251,7 @@ def parse_team_queues(raw: object, key: str) -> dict[str, TeamQueue]:
             problems.append((f"{at}.facts.{extra}", f"unknown fact; known: {', '.join(allowed)}"))
             ok = False
         if ok:
-            out[team] = TeamQueue(team, ns, queue, dict(facts))
+            out[team] = TeamQueue(team, ns, queue, dict(facts), root)
     if problems:
         raise TeamsError(problems)
     return out

@@ -18,6 +18,11 @@ DEFAULT_SHARED_ROOT = "/mnt/shared"
 SHARED_ROOT_ENV = "RAGPOOL_SHARED_ROOT"
 """Environment variable that overrides :data:`DEFAULT_SHARED_ROOT` (local runs, tests)."""
 
+TEAM_ROOTS_DIR = "/mnt/teams"
+"""Where the run API (in the main training namespace) mounts each trainingTeams team's own shared storage (the
+team namespace's EFS access point), read-only: :func:`team_shared_root`. infra/run_api.py mounts it there and
+hands the path to the API in the team's ``TeamQueue.shared_root`` (contract/api.py)."""
+
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 """Where a pod's service-account token (``token``), the cluster CA (``ca.crt``) and its namespace are
 mounted: the kubelet's own path for them (what in-cluster clients read). The GPU worker Job projects
@@ -59,6 +64,12 @@ class PathError(ValueError):
 def shared_root_from_env() -> str:
     """The shared root as seen by this process (``RAGPOOL_SHARED_ROOT``, default /mnt/shared)."""
     return os.environ.get(SHARED_ROOT_ENV) or DEFAULT_SHARED_ROOT
+
+
+def team_shared_root(team: str) -> str:
+    """``<TEAM_ROOTS_DIR>/<team>``: a team's shared root as the run API sees it (its workers see it at
+    :data:`DEFAULT_SHARED_ROOT`, like everyone's)."""
+    return posixpath.join(TEAM_ROOTS_DIR, team)
 
 
 def is_valid_run_id(value: object) -> bool:

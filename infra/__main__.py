@@ -114,7 +114,9 @@ run_api = RunApi("run-api", RunApiArgs(
     ray_pools=ray_endpoint(cfg, TRAINING_NAMESPACE).pools if cfg.ray.enabled else "", depends_on=[redis, storage],
     team_queues=tuple(team_queue(cfg, t, t.name, w.served_lanes,
                                  ray_endpoint(cfg, t.namespace, t.gpu_quota).pools if cfg.ray.enabled else "")
-                      for t, w in zip(cfg.teams, team_workers))))
+                      for t, w in zip(cfg.teams, team_workers)),
+    # each team's storage: the volume its claim is bound to (its EFS access point), mounted read-only by the API
+    team_volumes={t.name: ns.claim.spec.apply(lambda s: s.volume_name) for t, ns in zip(cfg.teams, teams)}))
 gpu_plugins = GpuPlugins("gpu-plugins", GpuPluginsArgs(
     k8s_provider=cluster.provider, gpu_pool_names=[p.name for p in cfg.gpu_pools],
     monitoring_namespace=monitoring.namespace_name, depends_on=[monitoring.release]))

@@ -16,16 +16,21 @@ on ``services/proxy`` of this Service's ``<name>:http`` only and ``get`` on that
 no list, nothing cluster-scoped.
 
 Its own service account ``ragpool-run-api`` reads what Kueue says about a queued run's lane for ``ragpool status``
-(training/scheduler/quota_wait.py), and nothing else: a Role in this namespace (``list`` Jobs, ``get``/``list``
-Workloads, ``get`` of the LocalQueue by name) and a ClusterRole with ``get`` of this namespace's ClusterQueue by
-name; read-only (policy ``run-api-reads-only``). The token is projected, not automounted (infra/node_fence.py
+(training/scheduler/quota_wait.py), and nothing else: a Role in this namespace and in each trainingTeams team's
+(``list`` Jobs, ``get``/``list`` Workloads, ``get`` of the LocalQueue by name) and a ClusterRole with ``get`` of
+those namespaces' ClusterQueues by name; read-only (policy ``run-api-reads-only``).
+
+Each trainingTeams team's runs write to its own namespace's EFS access point (the claim infra/training_namespace.py
+makes; a pod here cannot claim it): a second PersistentVolume on the same access point (its ``volumeHandle`` read
+from the team claim's bound volume; ``Retain``, CSI ``readOnly``) claimed here and mounted read-only at
+``contract.paths.team_shared_root(team)``, which the team's ``TeamQueue.shared_root`` tells the API. The token is projected, not automounted (infra/node_fence.py
 ``token_volume``), with the pod's namespace beside it; the NetworkPolicy's HTTPS egress reaches the API server.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
@@ -37,6 +42,7 @@ from contract.api import sts_endpoint as region_sts_endpoint
 from contract.env import API_CLUSTER_ID_ENV, API_STS_ENDPOINT_ENV, API_TEAM_QUEUES_ENV, API_TEAMS_FILE_ENV
 from contract.lanes import POOLS_ENV, SERVED_LANES_ENV
 from contract.names import KUEUE_API_VERSION
+from contract.paths import team_shared_root
 from contract.pool_gpus import POOL_GPUS_ENV
 from contract.ports import REDIS_PORT, RUN_API_PORT
 from contract.ray_pools import POOLS_ENV as RAY_POOLS_ENV
@@ -94,7 +100,42 @@ def team_queue(cfg: StackConfig, team: TeamConfig, queue_namespace: str, served_
                ray_pools: str) -> TeamQueue:
     """A trainingTeams team as the run API routes to it: the queue key namespace its workers read
     (``queue_namespace``), the lanes they serve and its Ray pools (what infra/__main__.py gives its WorkerJobs)."""
-    return TeamQueue(team.name, team.namespace, queue_namespace, namespace_facts(cfg, served_lanes, ray_pools))
+    return TeamQueue(team.name, team.namespace, queue_namespace, namespace_facts(cfg, served_lanes, ray_pools),
+                     team_shared_root(team.name))
+
+
+def team_volume_name(team: str) -> str:
+    """The read-only PersistentVolume (cluster-scoped) and its claim (in the API's namespace) of a team's storage."""
+    return f"{RUN_API_NAME}-{team}"
+
+
+def team_pod_volume(team: str) -> str:
+    return f"team-{team}"
+
+
+def team_pv_spec(source: Any, namespace: str, team: str) -> dict[str, Any]:
+    """A second, read-only PersistentVolume on the team's own EFS access point: the CSI driver and
+    ``volumeHandle`` (``<file system>::<access point>``), capacity and mount options of the volume the team's
+    claim is bound to (``source``: its spec as read from the API server), pre-bound to the API's claim.
+    ``Retain``: deleting it never deletes the access point (the team's data); the team's own volume keeps it."""
+    def get(obj: Any, key: str) -> Any:  # a read spec: a dict or an output type, keyed by snake_case names
+        return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
+
+    csi = get(source, "csi")
+    spec: dict[str, Any] = {
+        "capacity": dict(get(source, "capacity") or {"storage": "1Ti"}), "accessModes": ["ReadWriteMany"],
+        "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "", "volumeMode": "Filesystem",
+        "csi": {"driver": get(csi, "driver"), "volumeHandle": get(csi, "volume_handle"), "readOnly": True},
+        "claimRef": {"namespace": namespace, "name": team_volume_name(team)}}
+    if get(source, "mount_options"):
+        spec["mountOptions"] = list(get(source, "mount_options"))
+    return spec
+
+
+def team_pvc_spec(team: str, capacity: str = "1Ti") -> dict[str, Any]:
+    """The API's claim of :func:`team_pv_spec`'s volume, by name (no StorageClass: nothing is provisioned)."""
+    return {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": team_volume_name(team),
+            "resources": {"requests": {"storage": capacity}}}
 
 
 def team_queues_json(queues: list[TeamQueue]) -> str:
@@ -114,6 +155,11 @@ def run_api_deployment_spec(cfg: StackConfig, image: str, redis_secret: str, sha
     if team_queues:
         env.append({"name": API_TEAM_QUEUES_ENV, "value": team_queues_json(list(team_queues))})
     kube_volume, kube_mount = kube_api_volume()
+    # each trainingTeams team's own storage, read-only where the API reads that team's runs (its shared_root)
+    team_volumes = [{"name": team_pod_volume(q.team), "persistentVolumeClaim": {
+        "claimName": team_volume_name(q.team), "readOnly": True}} for q in team_queues if q.shared_root]
+    team_mounts = [{"name": team_pod_volume(q.team), "mountPath": q.shared_root, "readOnly": True}
+                   for q in team_queues if q.shared_root]
     pod: dict[str, Any] = {
         "serviceAccountName": RUN_API_NAME,
         "automountServiceAccountToken": False,
@@ -136,13 +182,13 @@ def run_api_deployment_spec(cfg: StackConfig, image: str, redis_secret: str, sha
                              {"name": "shared", "mountPath": SHARED_MOUNT_PATH, "readOnly": True},
                              {"name": "teams", "mountPath": TEAMS_DIR, "readOnly": True},
                              {"name": "tmp", "mountPath": "/tmp"},
-                             kube_mount],
+                             kube_mount, *team_mounts],
         }],
         "volumes": [redis_volume,
                     {"name": "shared", "persistentVolumeClaim": {"claimName": shared_claim, "readOnly": True}},
                     {"name": "teams", "configMap": {"name": TEAMS_CONFIG}},
                     {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
-                    kube_volume],
+                    kube_volume, *team_volumes],
     }
     if cfg.is_prod:
         pod["topologySpreadConstraints"] = [{
@@ -170,10 +216,11 @@ def kueue_reader_rules() -> list[dict[str, Any]]:
             {"apiGroups": [group], "resources": ["localqueues"], "resourceNames": [LOCAL_QUEUE], "verbs": ["get"]}]
 
 
-def kueue_cluster_reader_rules(cfg: StackConfig, namespace: str) -> list[dict[str, Any]]:
-    """The ClusterRole: ``get`` of the namespace's own ClusterQueue (cluster-scoped), by name."""
-    name = kueue_cluster_queue(cfg, namespace, None)["metadata"]["name"]
-    return [{"apiGroups": [KUEUE_API_VERSION.split("/")[0]], "resources": ["clusterqueues"], "resourceNames": [name],
+def kueue_cluster_reader_rules(cfg: StackConfig, namespaces: list[str]) -> list[dict[str, Any]]:
+    """The ClusterRole: ``get`` of each training namespace's own ClusterQueue (cluster-scoped), by name: the main
+    one's and every trainingTeams team's (the API explains a team run's lane in the team's namespace)."""
+    names = [kueue_cluster_queue(cfg, ns, None)["metadata"]["name"] for ns in namespaces]
+    return [{"apiGroups": [KUEUE_API_VERSION.split("/")[0]], "resources": ["clusterqueues"], "resourceNames": names,
              "verbs": ["get"]}]
 
 
@@ -225,6 +272,9 @@ class RunApiArgs:
     depends_on: list[pulumi.Resource]
     team_queues: tuple[TeamQueue, ...] = ()
     """Each trainingTeams team's queue and facts, from what its workers get (infra/__main__.py)."""
+    team_volumes: dict[str, pulumi.Input[str]] = field(default_factory=dict)
+    """Each trainingTeams team's storage: the name of the PersistentVolume its namespace's shared claim is bound to
+    (infra/training_namespace.py ``claim``; its EFS access point), which the API mounts read-only."""
 
 
 class RunApi(RagpoolComponent):
@@ -247,21 +297,44 @@ class RunApi(RagpoolComponent):
             f"{name}-kueue-reader", metadata=reader_meta, subjects=subject,
             role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": KUEUE_READER},
             opts=child(self, depends_on=[reader, account]))
+        for q in args.team_queues:  # the same reads in each team's namespace, for its runs' lanes
+            team_meta = {**reader_meta, "namespace": q.namespace}
+            team_reader = k8s.rbac.v1.Role(f"{name}-kueue-reader-{q.team}", metadata=team_meta,
+                                           rules=kueue_reader_rules(), opts=child(self, depends_on=args.depends_on))
+            k8s.rbac.v1.RoleBinding(
+                f"{name}-kueue-reader-{q.team}", metadata=team_meta, subjects=subject,
+                role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": KUEUE_READER},
+                opts=child(self, depends_on=[team_reader, account]))
         cluster_meta = {"name": KUEUE_READER, "labels": meta["labels"]}
         cluster_reader = k8s.rbac.v1.ClusterRole(
             f"{name}-kueue-cq-reader", metadata=cluster_meta,
-            rules=pulumi.Output.from_input(args.namespace).apply(lambda ns: kueue_cluster_reader_rules(cfg, ns)),
+            rules=pulumi.Output.from_input(args.namespace).apply(
+                lambda ns: kueue_cluster_reader_rules(cfg, [ns, *(q.namespace for q in args.team_queues)])),
             opts=child(self, depends_on=args.depends_on))
         k8s.rbac.v1.ClusterRoleBinding(
             f"{name}-kueue-cq-reader", metadata=cluster_meta, subjects=subject,
             role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": KUEUE_READER},
             opts=child(self, depends_on=[cluster_reader, account]))
+        team_claims = []
+        for q in args.team_queues:
+            if not q.shared_root:
+                continue
+            source = k8s.core.v1.PersistentVolume.get(f"{name}-{q.team}-source", args.team_volumes[q.team],
+                                                      opts=child(self))
+            volume = k8s.core.v1.PersistentVolume(
+                f"{name}-{q.team}-pv", metadata={"name": team_volume_name(q.team), "labels": meta["labels"]},
+                spec=pulumi.Output.all(pulumi.Output.unsecret(source.spec), args.namespace).apply(
+                    lambda a, team=q.team: team_pv_spec(a[0], a[1], team)),
+                opts=child(self, depends_on=args.depends_on))
+            team_claims.append(k8s.core.v1.PersistentVolumeClaim(
+                f"{name}-{q.team}-pvc", metadata={**meta, "name": team_volume_name(q.team)},
+                spec=team_pvc_spec(q.team), opts=child(self, depends_on=[volume])))
         k8s.apps.v1.Deployment(
             f"{name}-deployment", metadata=meta,
             spec=pulumi.Output.all(args.image, args.cluster_id, args.ray_pools).apply(
                 lambda a: run_api_deployment_spec(cfg, a[0], args.redis_secret, args.shared_claim, a[1],
                                                   args.served_lanes, a[2] or "", args.team_queues)),
-            opts=child(self, depends_on=[*args.depends_on, teams, account]))
+            opts=child(self, depends_on=[*args.depends_on, teams, account, *team_claims]))
         service = k8s.core.v1.Service(f"{name}-service", metadata=meta, spec=run_api_service_spec(),
                                       opts=child(self, depends_on=args.depends_on))
         k8s.networking.v1.NetworkPolicy(f"{name}-netpol", metadata=meta, spec=run_api_network_policy(cfg),

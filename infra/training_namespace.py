@@ -228,8 +228,10 @@ class TrainingNamespace(RagpoolComponent):
                   "selector": {"app.kubernetes.io/component": "worker"},
                   "ports": [{"name": "rdzv", "port": RDZV_PORT, "targetPort": RDZV_PORT}]},
             opts=ns_opts)
+        self.claim: k8s.core.v1.PersistentVolumeClaim | None = None
+        """A team namespace's shared claim (its own EFS access point; the run API mounts its volume read-only)."""
         if args.shared_claim:
-            k8s.core.v1.PersistentVolumeClaim(
+            self.claim = k8s.core.v1.PersistentVolumeClaim(
                 f"{name}-shared-pvc",
                 metadata={"name": args.shared_claim, "namespace": self.name,
                           "labels": k8s_labels("storage", args.shared_claim)},

@@ -89,6 +89,13 @@ def mock_outputs(typ: str, name: str, inputs: dict[str, Any], region: str) -> di
     elif typ == "random:index/randomPassword:RandomPassword":
         out["result"] = PLACEHOLDER_SECRET
         out["bcryptHash"] = PLACEHOLDER_SECRET
+    elif typ == "kubernetes:core/v1:PersistentVolumeClaim" and not inputs.get("spec", {}).get("volumeName"):
+        # bound by the provisioner: the volume's name is the claim's uid (a stand-in here)
+        out["spec"] = {**inputs.get("spec", {}), "volumeName": f"pvc-{name}"}
+    elif typ == "kubernetes:core/v1:PersistentVolume" and "spec" not in inputs:
+        # read (PersistentVolume.get) of a volume the EFS CSI driver provisioned: its access point (a stand-in id)
+        out["spec"] = {"capacity": {"storage": "1Ti"}, "accessModes": ["ReadWriteMany"], "mountOptions": ["tls"],
+                       "csi": {"driver": "efs.csi.aws.com", "volumeHandle": f"fs-offline::fsap-{name}"}}
     elif typ == "docker-build:index:Image":
         out["ref"] = f"{(inputs.get('tags') or ['image'])[0]}@sha256:{'0' * 64}"
     return out

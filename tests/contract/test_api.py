@@ -64,3 +64,8 @@ def test_team_queues_round_trip():
 
     q = TeamQueue("a", "ragpool-team-a", "a", {fact_keys()[1]: "torchrun"})
     assert parse_team_queues({"a": q.to_json()}, "k") == {"a": q}
+    rooted = TeamQueue("a", "ragpool-team-a", "a", {}, "/mnt/teams/a")
+    assert parse_team_queues({"a": rooted.to_json()}, "k") == {"a": rooted}
+    with pytest.raises(TeamsError) as err:
+        parse_team_queues({"a": {**rooted.to_json(), "shared_root": "relative/a"}}, "k")
+    assert err.value.problems[0][0] == "k.a.shared_root"

@@ -16,7 +16,7 @@ from contract.paths import child_env
 from contract.ports import RUN_API_PORT, free_port
 from infra.run_api import RUN_API_NAME, TEAMS_CONFIG, TEAMS_KEY
 from tests.conftest import STACKS
-from tests.infra.harness import inputs_of
+from tests.infra.harness import inputs_of, validate_core
 from tests.support.probes import probe_codes
 from tests.support.waits import wait_for
 
@@ -79,6 +79,51 @@ def test_the_run_api_has_each_teams_queue_and_facts_as_its_workers_do(team_plan)
         assert q.facts[POOL_GPUS_ENV] == env[POOL_GPUS_ENV]
 
 
+def test_the_run_api_mounts_each_teams_own_storage_read_only(team_plan):
+    """A team's runs write to its namespace's EFS access point (its shared claim's volume), which a pod of the main
+    namespace cannot claim: the API gets a second, read-only volume on the same access point (``Retain``: deleting
+    it never deletes the team's data), claimed in its own namespace, mounted read-only where its TeamQueue says
+    the team's runs are (contract/paths.py ``team_shared_root``); Pod Security restricted still holds."""
+    from contract.api import parse_team_queues
+    from contract.env import API_TEAM_QUEUES_ENV
+    from contract.paths import team_shared_root
+    from infra.run_api import team_volume_name
+    from policy.checks import RULES
+    from policy.offline import evaluate
+    from tests.conftest import TEAMS_ON_PROD
+
+    pod = _deployment(team_plan)["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    version = next(r for r in team_plan["resources"] if r["type"] == "aws:eks/cluster:Cluster")["inputs"]["version"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    queues = parse_team_queues(json.loads(env[API_TEAM_QUEUES_ENV]), API_TEAM_QUEUES_ENV)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    pvs = {v["metadata"]["name"]: v for v in inputs_of(team_plan, "kubernetes:core/v1:PersistentVolume")}
+    claims = {c["metadata"]["name"]: c for c in inputs_of(team_plan, "kubernetes:core/v1:PersistentVolumeClaim",
+                                                          "ragpool-training")}
+    assert sorted(queues) == sorted(t["name"] for t in TEAMS_ON_PROD)
+    for team, q in queues.items():
+        assert q.shared_root == team_shared_root(team)
+        mount = mounts[q.shared_root]
+        assert mount["readOnly"] is True
+        volume = volumes[mount["name"]]["persistentVolumeClaim"]
+        assert volume == {"claimName": team_volume_name(team), "readOnly": True}
+        claim = claims[volume["claimName"]]["spec"]
+        pv = pvs[claim["volumeName"]]["spec"]
+        assert claim["storageClassName"] == pv["storageClassName"] == "", "bound by name, nothing provisioned"
+        assert pv["claimRef"] == {"namespace": "ragpool-training", "name": volume["claimName"]}
+        assert pv["persistentVolumeReclaimPolicy"] == "Retain" and pv["csi"]["readOnly"] is True
+        # the offline plan's stand-in for the team claim's bound volume (infra/langhost/mock_exec.py)
+        assert pv["csi"]["driver"] == "efs.csi.aws.com" and "::fsap-" in pv["csi"]["volumeHandle"]
+        assert pv["mountOptions"] == ["tls"]
+        for obj in (pvs[claim["volumeName"]], claims[volume["claimName"]], _deployment(team_plan)):
+            validate_core(obj, version)
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"]
+    rules = [r for r in RULES if r.name != "gpu-ami-pinned-in-prod"]  # TEAMS_ON_PROD's plan keeps al2023@latest
+    assert [v.message for v in evaluate(team_plan, None, rules=rules)] == [], "every policy (restricted included)"
+
+
 ROLE, CLUSTER_ROLE = "kubernetes:rbac.authorization.k8s.io/v1:Role", "kubernetes:rbac.authorization.k8s.io/v1:ClusterRole"
 BINDINGS = ("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding",
             "kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding")
@@ -126,6 +171,29 @@ def test_the_run_api_reads_kueue_with_its_own_projected_token(committed_plans, s
                and c["inputs"]["metadata"]["name"] == "ragpool-training"]
     assert queue, "the ClusterRole names the main namespace's own ClusterQueue"
     assert [v.message for v in evaluate(plan, None, rules=[RULES_BY_NAME["run-api-reads-only"]])] == []
+
+
+def test_the_run_api_reads_kueue_in_each_team_namespace_too(team_plan):
+    """A team run's lane is its namespace's Jobs: the run API's service account gets the same Role there (bound
+    from its own namespace) and ``get`` of the team's ClusterQueue by name; the policy holds it to reading."""
+    from infra.run_api import KUEUE_READER, kueue_reader_rules
+    from policy.checks import RULES_BY_NAME
+    from policy.offline import evaluate
+    from tests.conftest import TEAMS_ON_PROD
+
+    account = {"kind": "ServiceAccount", "name": RUN_API_NAME, "namespace": "ragpool-training"}
+    namespaces = ["ragpool-training", *(f"ragpool-team-{t['name']}" for t in TEAMS_ON_PROD)]
+    for ns in namespaces:
+        [role] = [r for r in inputs_of(team_plan, ROLE, ns) if r["metadata"]["name"] == KUEUE_READER]
+        assert role["rules"] == kueue_reader_rules()
+        [binding] = [b for b in inputs_of(team_plan, BINDINGS[0], ns) if b["metadata"]["name"] == KUEUE_READER]
+        assert binding["subjects"] == [account] and binding["roleRef"]["kind"] == "Role"
+    [cluster_role] = [r for r in inputs_of(team_plan, CLUSTER_ROLE) if r["metadata"]["name"] == KUEUE_READER]
+    [rule] = cluster_role["rules"]
+    assert rule["verbs"] == ["get"] and sorted(rule["resourceNames"]) == sorted(namespaces), "ClusterQueues by name"
+    queues = {c["inputs"]["metadata"]["name"] for c in team_plan["resources"] if c["type"].endswith(":ClusterQueue")}
+    assert set(rule["resourceNames"]) <= queues
+    assert [v.message for v in evaluate(team_plan, None, rules=[RULES_BY_NAME["run-api-reads-only"]])] == []
 
 
 @pytest.mark.parametrize("how", ["write-verb", "secrets", "wildcard", "unnamed-cluster-read", "undeclared"])

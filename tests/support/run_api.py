@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -66,12 +67,16 @@ def local_sts():
 def _local_api(sts, redis_server, namespace, tmp_path, team_queues=None):
     """The run API (training/api/server.py) on a free port of 127.0.0.1 (``team_queues``: its
     ``ApiSettings.team_queues``)."""
-    from training.api.server import ApiSettings, RunApi
+    from training.api.server import RunApi
+    from training.api.settings import ApiSettings
     from training.localdev.run_api import run_api_server
     from training.scheduler.run_queue import TaskQueue
 
     users = {name: sts.user(name) for name in USERS}
     write_spec_data(tmp_path / "shared")  # what the specs of the API tests name (submit checks it)
+    for tq in (team_queues or {}).values():
+        if tq.shared_root:
+            write_spec_data(Path(tq.shared_root))  # a team's own storage has its own copy
     settings = ApiSettings(cluster_id=CLUSTER_ID, sts_endpoint=sts.endpoint, teams=parse_api_teams(TEAMS),
                            shared_root=str(tmp_path / "shared"), region="us-west-2", team_queues=team_queues or {})
     client = redis_server.client()
@@ -95,9 +100,11 @@ def local_api(local_sts, redis_server, namespace, tmp_path):
 def team_api(local_sts, redis_server, namespace, tmp_path):
     """The run API with trainingTeams queues: ``team-a`` (alice's) and ``team-c`` (in no apiTeams entry: admins
     only) each on its own key prefix (:data:`TEAM_QUEUE_FACTS` for team-a); ``team-b`` (bob) on the main queue.
-    ``LocalApi.api.queues[team]`` is a team's queue, as its workers open it."""
+    ``LocalApi.api.queues[team]`` is a team's queue, as its workers open it. team-a's runs live on its own shared
+    root, ``tmp_path/team-a`` (its EFS access point as the API mounts it); team-c's on the main one."""
     from contract.api import TeamQueue
 
-    queues = {"team-a": TeamQueue("team-a", "ragpool-team-team-a", f"{namespace}-a", dict(TEAM_QUEUE_FACTS)),
+    queues = {"team-a": TeamQueue("team-a", "ragpool-team-team-a", f"{namespace}-a", dict(TEAM_QUEUE_FACTS),
+                                  str(tmp_path / "team-a")),
               "team-c": TeamQueue("team-c", "ragpool-team-team-c", f"{namespace}-c", {})}
     yield from _local_api(local_sts, redis_server, namespace, tmp_path, queues)

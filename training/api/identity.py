@@ -12,7 +12,10 @@ headers, ``X-Amz-Expires`` 0..900, ``X-Amz-Date`` not older than 15 minutes (nor
 future); then it GETs the URL (no redirects, bounded time) with ``x-k8s-aws-id: <its own cluster id>``: STS
 checks the signature, so a token signed for another cluster, tampered with or forged fails there. The
 answer's ARN is the identity; an assumed-role ARN is canonicalised to its role's ARN (what team patterns
-name). Verified tokens are cached until a minute before they expire.
+name). STS's assumed-role ARN carries no role path (``assumed-role/<name>/<session>``), so neither does the
+canonical one; an ``apiTeams`` role ARN with a path matches it by name (role names are unique in an account
+whatever the path: contract/api.py ``role_without_path``). Verified tokens are cached until a minute before they
+expire.
 """
 
 from __future__ import annotations
@@ -65,7 +68,8 @@ class Identity:
 
 
 def canonical_arn(arn: str) -> str:
-    """aws-iam-authenticator's ``arn.Canonicalize`` for the common case: a role session -> its role."""
+    """aws-iam-authenticator's ``arn.Canonicalize`` for the common case: a role session -> its role, without a path
+    (STS's session ARN has none; contract/api.py ``arn_matches`` matches a pattern with one)."""
     parts = arn.split(":", 5)
     if len(parts) == 6 and parts[2] == "sts" and parts[5].startswith("assumed-role/"):
         pieces = parts[5].split("/")

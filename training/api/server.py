@@ -8,10 +8,12 @@ Environment: the queue's Redis as every client reads it (training/scheduler/redi
 stack's facts (``RAGPOOL_POOLS``, ``RAGPOOL_SERVED_LANES``, ``RAGPOOL_POOL_GPUS``, ``RAGPOOL_RAY_POOLS``:
 submit's fit check and ``/v1/facts``), and identity: ``RAGPOOL_API_CLUSTER_ID``, ``RAGPOOL_API_STS_ENDPOINT``,
 ``RAGPOOL_API_TEAMS_FILE``, and ``RAGPOOL_API_TEAM_QUEUES`` (each trainingTeams team's queue key namespace and facts,
-contract/api.py ``TeamQueue``) (contract/env.py). A missing or bad one: exit 2 naming it.
+contract/api.py ``TeamQueue``, with its shared root) (contract/env.py; read by training/api/settings.py). A missing
+or bad one: exit 2 naming it.
 
 Per-team queues: every verb acts on the caller's team's queue (a trainingTeams team's own key prefix, which its
-workers read; otherwise the main one), a submit checked against that namespace's facts; an admin names a team with
+workers read; otherwise the main one), a submit checked against that namespace's facts and files, ``logs``,
+``report`` and ``tune`` results read from its shared root, Kueue asked in its namespace; an admin names a team with
 ``?team=`` (submit: ``"team"``), a member may name only its own, a team that does not exist is bad input.
 
 Every route but ``/openapi.json``, ``/healthz``, ``/readyz`` and ``/v1/info`` needs ``Authorization: Bearer
@@ -19,8 +21,9 @@ Every route but ``/openapi.json``, ``/healthz``, ``/readyz`` and ``/v1/info`` ne
 per team); an admin on every run. Runs record their owner and team; submit, tune, cancel and retry are audited
 (training/api/audit.py). Each verb is training/scheduler/verbs.py, the CLI's own. Answers are JSON:
 ``{"message", "data"}``, or ``{"error": {"code", "message", "key"?}}`` with the status of
-``contract.api.ERROR_STATUS``. Bounded: bodies (``MAX_BODY_BYTES``, read within ``BODY_TIMEOUT_S``), each
-verb's time (``VERB_TIMEOUT_S``), Redis commands (``REDIS_TIMEOUT_S``), STS calls (identity.STS_TIMEOUT_S).
+``contract.api.ERROR_STATUS``. Bounded: request line and headers (training/api/connections.py
+``HEADER_TIMEOUT_S``), bodies (``MAX_BODY_BYTES``, read within ``BODY_TIMEOUT_S``), each verb's time
+(``VERB_TIMEOUT_S``), Redis commands (``REDIS_TIMEOUT_S``), STS calls (identity.STS_TIMEOUT_S).
 """
 
 from __future__ import annotations
@@ -35,23 +38,23 @@ import sys
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
 from contract import exit_codes
 from contract.api import (API_VERSION, ERROR_STATUS, MAX_BODY_BYTES, STATUS_OF_EXIT, TEAM_QUERY, TOKEN_HEADER,
-                          ApiTeams, TeamQueue, TeamsError, fact_keys, parse_api_teams, parse_team_queues)
-from contract.env import (API_CLUSTER_ID_ENV, API_STS_ENDPOINT_ENV, API_TEAM_QUEUES_ENV, API_TEAMS_FILE_ENV,
-                          NAMESPACE_ENV)
+                          TeamsError, fact_keys)
+from contract.env import NAMESPACE_ENV
 from contract.lanes import POOLS_ENV, SERVED_LANES_ENV
 from contract.messages import shown
-from contract.paths import is_valid_run_id, shared_root_from_env
+from contract.paths import is_valid_run_id
 from contract.pool_gpus import POOL_GPUS_ENV
 from contract.ports import RUN_API_PORT
 from contract.ray_pools import POOLS_ENV as RAY_POOLS_ENV
 from training.api.identity import Identity, StsUnavailable, TokenError, Verifier
+from training.api.settings import ApiConfigError, ApiSettings, settings_from_env
 from training.scheduler import verbs
 
 BODY_TIMEOUT_S = 10.0
@@ -62,66 +65,8 @@ REDIS_TIMEOUT_S = 5.0
 """The socket timeout of the API's Redis commands."""
 WORKER_THREADS = 32
 """Threads that run the (blocking) verbs and STS calls."""
-MAX_TEAMS_FILE_BYTES = 256 * 1024
 
 log = logging.getLogger("ragpool.api")
-
-
-class ApiConfigError(ValueError):
-    """The API's environment is incomplete or wrong; the message names the variable."""
-
-
-@dataclass(frozen=True)
-class ApiSettings:
-    cluster_id: str
-    """Tokens must sign this cluster id (``x-k8s-aws-id``)."""
-    sts_endpoint: str
-    """Tokens must be presigned for this STS endpoint; the API asks it who signed them."""
-    teams: ApiTeams
-    """Who belongs to which team, and the admins."""
-    shared_root: str
-    """The shared filesystem as the pool sees it (read-only here)."""
-    region: str = ""
-    """The STS region the client signs for (from the endpoint's host, ``us-east-1`` when it names none)."""
-    team_queues: dict[str, TeamQueue] = field(default_factory=dict)
-    """Each trainingTeams team's queue key namespace and facts (``RAGPOOL_API_TEAM_QUEUES``); a team not here
-    (an apiTeams team without a training namespace, an admin without a team) uses the main queue."""
-
-
-def _region_of(sts_endpoint: str) -> str:
-    from urllib.parse import urlsplit
-
-    parts = (urlsplit(sts_endpoint).hostname or "").split(".")
-    return parts[1] if len(parts) == 4 and parts[0] == "sts" and parts[2] == "amazonaws" else "us-east-1"
-
-
-def settings_from_env(environ=None) -> ApiSettings:
-    env = os.environ if environ is None else environ
-    missing = [n for n in (API_CLUSTER_ID_ENV, API_STS_ENDPOINT_ENV, API_TEAMS_FILE_ENV) if not env.get(n)]
-    if missing:
-        raise ApiConfigError(f"{', '.join(missing)}: not set (the run API's Deployment sets them from the stack)")
-    path = env[API_TEAMS_FILE_ENV]
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_TEAMS_FILE_BYTES + 1)
-        if len(raw) > MAX_TEAMS_FILE_BYTES:
-            raise ApiConfigError(f"{API_TEAMS_FILE_ENV}: {path} is larger than {MAX_TEAMS_FILE_BYTES} bytes")
-        teams = parse_api_teams(json.loads(raw))
-    except OSError as exc:
-        raise ApiConfigError(f"{API_TEAMS_FILE_ENV}: cannot read {path!r} ({exc.strerror})") from None
-    except ValueError as exc:  # JSON or TeamsError
-        raise ApiConfigError(f"{API_TEAMS_FILE_ENV}: {path}: {exc}") from None
-    sts = env[API_STS_ENDPOINT_ENV].rstrip("/")
-    try:
-        Verifier(env[API_CLUSTER_ID_ENV], sts)
-    except ValueError as exc:
-        raise ApiConfigError(f"{API_STS_ENDPOINT_ENV}: {exc}") from None
-    try:
-        queues = parse_team_queues(json.loads(env.get(API_TEAM_QUEUES_ENV) or "{}"), API_TEAM_QUEUES_ENV)
-    except ValueError as exc:  # JSON or TeamsError
-        raise ApiConfigError(f"{API_TEAM_QUEUES_ENV}: {exc}") from None
-    return ApiSettings(cluster_id=env[API_CLUSTER_ID_ENV], sts_endpoint=sts, teams=teams,
-                       shared_root=shared_root_from_env(), region=_region_of(sts), team_queues=queues)
 
 
 class ApiError(Exception):
@@ -156,6 +101,12 @@ class Route:
     environ: Mapping[str, str] | None
     """The namespace's facts as fit.py and spec.py read them (None: this process's environment, the main one)."""
     main: bool
+    root: str = ""
+    """The shared root the team's runs write to, as this API mounts it (read-only): the main one, or a
+    trainingTeams team's own (``TeamQueue.shared_root``)."""
+    namespace: str = ""
+    """A trainingTeams team's Kubernetes namespace, where its lanes' Jobs run ('' for the main queue: the API's
+    own)."""
 
 
 def _error(code: str, message: str, key: str | None = None, request_id: str = "") -> web.Response:
@@ -309,11 +260,12 @@ class RunApi:
         team = named if named is not None else caller.team
         tq = self.settings.team_queues.get(team or "")
         if tq is None:
-            return Route(team, self.queue, None, True)
+            return Route(team, self.queue, None, True, self.settings.shared_root)
         env = {k: v for k, v in os.environ.items() if k not in fact_keys()}
         env.update(tq.facts)
         env[NAMESPACE_ENV] = tq.queue_namespace
-        return Route(team, self.queues[tq.team], env, False)
+        return Route(team, self.queues[tq.team], env, False, tq.shared_root or self.settings.shared_root,
+                     tq.namespace)
 
     def _route_of(self, request: web.Request, caller: Caller) -> Route:
         return self.route(caller, request.query.get(TEAM_QUERY))
@@ -402,10 +354,10 @@ class RunApi:
         caller = await self.caller(request, "status")
         route = self._route_of(request, caller)
         run_id, _info = await self._run_of(request, caller, route)
-        # Kueue is asked about the main namespace's lanes only (the API's service account reads nothing else)
-        return self._answer(await self._run(lambda: verbs.status(route.queue, run_id,
-                                                                  shared_root=self.settings.shared_root,
-                                                                  kube=self.kube if route.main else None)))
+        # Kueue is asked in the namespace whose workers serve the run's queue (the API's, or the team's)
+        kube = self.kube if self.kube is None or route.main else self.kube.in_namespace(route.namespace)
+        return self._answer(await self._run(lambda: verbs.status(route.queue, run_id, shared_root=route.root,
+                                                                  kube=kube)))
 
     async def show(self, request: web.Request) -> web.Response:
         caller = await self.caller(request, "show")
@@ -415,11 +367,12 @@ class RunApi:
 
     async def logs(self, request: web.Request) -> web.Response:
         caller = await self.caller(request, "logs")
-        run_id, _info = await self._run_of(request, caller)
+        route = self._route_of(request, caller)
+        run_id, _info = await self._run_of(request, caller, route)
         offset, limit = _int_query(request, "offset", 0), _int_query(request, "limit", 1000)
         rank = _int_query(request, "rank", None)
         stage = request.query.get("stage") or None
-        return self._answer(await self._run(lambda: verbs.logs(self.settings.shared_root, run_id, offset=offset,
+        return self._answer(await self._run(lambda: verbs.logs(route.root, run_id, offset=offset,
                                                                 limit=limit, stage=stage, rank=rank)))
 
     async def _change(self, request: web.Request, what: str, verb) -> web.Response:
@@ -448,9 +401,10 @@ class RunApi:
         from training.reports.report import REPORT_HTML, ReportError, build
 
         caller = await self.caller(request, "report")
-        run_id, _info = await self._run_of(request, caller)
+        route = self._route_of(request, caller)
+        run_id, _info = await self._run_of(request, caller, route)
         try:
-            page, _pngs = await self._run(build, self.settings.shared_root, run_id)
+            page, _pngs = await self._run(build, route.root, run_id)
         except ReportError as exc:
             raise ApiError("not_found", str(exc)) from None
         return web.json_response({"message": f"report of {run_id}",
@@ -461,8 +415,9 @@ class RunApi:
         from training.ray.tune import results
 
         caller = await self.caller(request, "tune")
-        run_id, info = await self._run_of(request, caller)
-        found = await self._run(results, self.settings.shared_root, run_id)
+        route = self._route_of(request, caller)
+        run_id, info = await self._run_of(request, caller, route)
+        found = await self._run(results, route.root, run_id)
         if found is None:
             raise ApiError("not_found", f"run {run_id} ({info.state}) has no Tune results yet (runs/{run_id}/tune/"
                                         "trials.json); ragpool logs -f follows its search")
@@ -497,7 +452,7 @@ class RunApi:
         from training.scheduler.spec import SpecError
         from training.scheduler.spec_file import parse_spec_text
 
-        root = self.settings.shared_root
+        root = route.root
         try:
             spec = parse_spec_text(text, source=source, shared_root=root, environ=route.environ)
             if search is not None:
@@ -599,7 +554,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ApiConfigError, RedisConfigError, TeamsError) as exc:
         print(f"ragpool api: {exc}", file=sys.stderr)
         return exit_codes.BAD_INPUT
-    web.run_app(api.app(), host=args.host, port=args.port, print=None, access_log=None)
+    from training.api.connections import serve
+
+    serve(api.app(), args.host, args.port)
     return exit_codes.OK
 
 

@@ -20,6 +20,8 @@ def run_api_server(api, *, host: str = "127.0.0.1", port: int | None = None, ssl
     ``ssl_context``); yields its base URL."""
     from aiohttp import web
 
+    from training.api.connections import ApiRunner
+
     port = port or free_port()
     loop = asyncio.new_event_loop()
     started = threading.Event()
@@ -29,7 +31,7 @@ def run_api_server(api, *, host: str = "127.0.0.1", port: int | None = None, ssl
     def serve() -> None:
         asyncio.set_event_loop(loop)
         try:
-            runner = web.AppRunner(api.app(), access_log=None)
+            runner = ApiRunner(api.app(), access_log=None)
             loop.run_until_complete(runner.setup())
             loop.run_until_complete(web.TCPSite(runner, host, port, ssl_context=ssl_context).start())
             runner_box.append(runner)

@@ -23,8 +23,10 @@ The ClusterQueue (named by the LocalQueue the Workload names, ``spec.queueName``
 use (``status.flavorsReservation``), nominal quota and borrowing limit per flavor (``spec.resourceGroups``).
 
 In the cluster the run API asks the API server with its pod's service-account token
-(``training.scheduler.worker.node_fence.KubeApi``); what it may read is infra/run_api.py's Role (list Jobs and
-Workloads, get the LocalQueue in its namespace) and ClusterRole (get its namespace's ClusterQueue). Never raises
+(``training.scheduler.worker.node_fence.KubeApi``), in the namespace of the run's queue (its own, or a
+trainingTeams team's: :meth:`KubeTarget.in_namespace`); what it may read is infra/run_api.py's Roles (list Jobs and
+Workloads, get the LocalQueue, in its namespace and each team's) and ClusterRole (get those namespaces'
+ClusterQueues). Never raises
 for the API server's answers: a refusal or no answer becomes ``QuotaWait.error``.
 """
 
@@ -35,7 +37,7 @@ import threading
 import time
 import urllib.error
 import urllib.parse
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -253,14 +255,20 @@ class KubeTarget:
 
     def lane(self, lane: Lane) -> QuotaWait:
         """:func:`fetch_lane` of ``lane``, at most once per :attr:`ttl_s`."""
+        key = f"{self.namespace}/{lane.name}"
         with self._lock:
-            hit = self._cache.get(lane.name)
+            hit = self._cache.get(key)
             if hit is not None and time.monotonic() - hit[0] < self.ttl_s:
                 return hit[1]
         answer = fetch_lane(self.api, self.namespace, lane)
         with self._lock:
-            self._cache[lane.name] = (time.monotonic(), answer)
+            self._cache[key] = (time.monotonic(), answer)
         return answer
+
+    def in_namespace(self, namespace: str) -> KubeTarget:
+        """The same API server, token and answer cache, asking about the lanes of ``namespace`` (a trainingTeams
+        team's, whose workers' Jobs run there)."""
+        return replace(self, namespace=namespace)
 
 
 def in_cluster(environ: dict[str, str] | None = None, sa_dir: str = SERVICE_ACCOUNT_DIR) -> KubeTarget | None:

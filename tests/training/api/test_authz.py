@@ -221,3 +221,29 @@ def test_a_team_submit_is_checked_against_its_namespaces_facts(team_api):
     admin.team = "team-c"  # a trainingTeams team no apiTeams entry names: admins reach it
     assert admin.submit(NEW.format(run="for-c")).ok
     assert team_api.api.queues["team-c"].get("for-c").team == "team-c"
+
+
+def test_a_team_runs_logs_and_submit_checks_read_its_own_shared_root(team_api, tmp_path):
+    """team-a's runs write to its own storage (its EFS access point, mounted by the API at its ``shared_root``):
+    logs come from there, not from the main root, and submit's file checks look there."""
+    q = team_api.api.queues["team-a"]
+    q.submit(make_spec("own-root"), owner="x", team="team-a")
+    for root, text in ((tmp_path / "team-a", "team-a's line"), (tmp_path / "shared", "the main root's line")):
+        log_dir = root / "runs" / "own-root" / "retriever"
+        log_dir.mkdir(parents=True)
+        (log_dir / "log.jsonl").write_text(json.dumps({"run_id": "own-root", "stage": "retriever", "rank": 0,
+                                                       "message": text}) + "\n")
+    lines = team_api.client("alice").logs("own-root").data["lines"]
+    assert [json.loads(x["text"])["message"] for x in lines] == ["team-a's line"]
+    root = team_api.client("root")
+    root.team = "team-a"
+    assert [json.loads(x["text"])["message"] for x in root.logs("own-root").data["lines"]] == ["team-a's line"]
+
+    only_team = tmp_path / "team-a" / "datasets" / "team-only.jsonl"
+    only_team.write_text((tmp_path / "team-a" / SPEC_DATA["qa_eval"]).read_text())
+    spec = NEW.format(run="team-data").replace(f'"qa_eval": "{SPEC_DATA["qa_eval"]}"',
+                                               '"qa_eval": "datasets/team-only.jsonl"')
+    assert "team-only" in spec
+    assert team_api.client("alice").submit(spec).ok, "the file is on team-a's storage"
+    refused = team_api.client("bob").submit(spec.replace("team-data", "main-data"))
+    assert refused.code == 2 and refused.data["problems"][0][0] == "data.qa_eval", "not on the main root"

@@ -131,3 +131,29 @@ def test_verifier_checks_before_asking_sts():
 def test_canonical_arn_of_a_role_session():
     assert canonical_arn("arn:aws:sts::123456789012:assumed-role/ml-a/alice") == "arn:aws:iam::123456789012:role/ml-a"
     assert canonical_arn("arn:aws:iam::123456789012:user/alice") == "arn:aws:iam::123456789012:user/alice"
+
+
+def test_a_role_session_matches_its_roles_arn_with_a_path():
+    """STS names a session of ``role/some/path/ml-a`` ``assumed-role/ml-a/<session>`` (no path); role names are
+    unique per account whatever the path, so the exact ARN with its path matches, and only that role; a path with a
+    wildcard cannot be decided from the session's ARN and is refused when apiTeams is read, naming the fix."""
+    import pytest
+
+    from contract.api import TeamsError, parse_api_teams
+
+    session = "arn:aws:sts::123456789012:assumed-role/ml-a/alice"
+    teams = parse_api_teams({"teams": {"a": ["arn:aws:iam::123456789012:role/some/path/ml-a"],
+                                       "b": ["arn:aws:iam::123456789012:role/ml-b-*"]},
+                             "admins": ["arn:aws:iam::123456789012:role/ops/admin"]})
+    assert teams.team_of(session, canonical_arn(session)) == "a"
+    assert teams.team_of(*(a := ("arn:aws:sts::123456789012:assumed-role/ml-b-x/bob",
+                                 canonical_arn("arn:aws:sts::123456789012:assumed-role/ml-b-x/bob")))) == "b", a
+    for other in ("arn:aws:sts::123456789012:assumed-role/ml-ab/eve", "arn:aws:sts::210987654321:assumed-role/ml-a/eve",
+                  "arn:aws:sts::123456789012:assumed-role/path/eve"):
+        assert teams.team_of(other, canonical_arn(other)) is None, other
+    admin = "arn:aws:sts::123456789012:assumed-role/admin/root"
+    assert teams.is_admin(admin, canonical_arn(admin)) and not teams.is_admin(session, canonical_arn(session))
+    with pytest.raises(TeamsError) as err:
+        parse_api_teams({"teams": {"a": ["arn:aws:iam::123456789012:role/aws-reserved/sso.amazonaws.com/SSO_*"]}})
+    [(key, message)] = err.value.problems
+    assert key == "apiTeams.teams.a[0]" and message.endswith("arn:aws:iam::123456789012:role/SSO_*")

@@ -130,6 +130,28 @@ def test_status_of_a_queued_run_says_what_kueue_says_about_its_lane(local_api, t
     assert quota["lines"][-1] == "ClusterQueue team-a has 8 of 8 GPUs in use and may borrow 0 more"
 
 
+def test_status_of_a_team_run_asks_kueue_in_the_teams_namespace(team_api, tmp_path):
+    """A trainingTeams team's lanes are its namespace's Jobs: the API (in its own namespace) asks there, with the
+    same token (infra/run_api.py grants its service account the same reads in each team namespace)."""
+    import dataclasses
+
+    from contract.names import KUEUE_API_VERSION
+    from tests.training.scheduler.test_quota_wait import lane_kube
+
+    queues = team_api.api.settings.team_queues
+    queues["team-a"] = dataclasses.replace(queues["team-a"], namespace="team-a")  # where the fake's Jobs are
+    team_api.api.queues["team-a"].submit(make_spec("team-waits"), owner="x", team="team-a")
+    with lane_kube(tmp_path) as (server, target):
+        team_api.api.kube = dataclasses.replace(target, namespace="ragpool-training")  # the API pod's own
+        got = team_api.client("alice").status("team-waits")
+    quota = got.data["waiting"]["quota"]
+    assert got.ok and quota["error"] == "" and quota["waiting"] == 1, got
+    assert quota["lines"][-1] == "ClusterQueue team-a has 8 of 8 GPUs in use and may borrow 0 more"
+    paths = [p for _, p, _, _ in server.requests]
+    assert paths and all("/namespaces/team-a/" in p or p.startswith(f"/apis/{KUEUE_API_VERSION}/clusterqueues/")
+                          for p in paths), paths
+
+
 def test_bad_input_is_400_naming_the_key(local_api):
     alice = local_api.client("alice")
     bad = alice.submit("run_id: ok\nstages: [train.py]\n")
@@ -239,22 +261,3 @@ def test_report_and_tune_through_the_api(local_api, monkeypatch):
     found = alice.tune_results("tuned").data
     assert found["metric"] == "mrr" and found["trials"][0]["trial"] == "t1" and "t1" in found["table"]
     assert set(found["paths"]) == {"trials", "table"}, "no best.yaml was written"
-
-
-def test_the_team_queues_variable_is_read_once_and_a_bad_one_named(tmp_path):
-    import pytest
-
-    from contract.env import API_CLUSTER_ID_ENV, API_STS_ENDPOINT_ENV, API_TEAM_QUEUES_ENV, API_TEAMS_FILE_ENV
-    from training.api.server import ApiConfigError, settings_from_env
-    from tests.support.run_api import TEAMS
-
-    teams = tmp_path / "teams.json"
-    teams.write_text(json.dumps(TEAMS))
-    env = {API_CLUSTER_ID_ENV: "c", API_STS_ENDPOINT_ENV: "https://sts.us-west-2.amazonaws.com",
-           API_TEAMS_FILE_ENV: str(teams)}
-    assert settings_from_env(env).team_queues == {}
-    good = {"search": {"namespace": "ragpool-team-search", "queue": "search", "facts": {}}}
-    assert settings_from_env({**env, API_TEAM_QUEUES_ENV: json.dumps(good)}).team_queues["search"].queue_namespace \
-        == "search"
-    with pytest.raises(ApiConfigError, match=f"{API_TEAM_QUEUES_ENV}"):
-        settings_from_env({**env, API_TEAM_QUEUES_ENV: "{not json"})
