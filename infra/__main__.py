@@ -162,3 +162,6 @@ pulumi.export("runApiService", run_api.service_name)
 # endpoint and the run API's proxy path; with clusterEndpoint and the cluster's CA (public: a certificate).
 pulumi.export("runApiLogin", run_api.login)
 pulumi.export("clusterCertificateAuthority", cluster.cluster.certificate_authority.data)
+# The IAM policy `ragpool login --cluster` needs (eks:DescribeCluster on this cluster only): admins attach it to the
+# ML engineers' roles, which the stack does not own (docs/DEPLOYING.md "The ML-engineer tier").
+pulumi.export("engineerClusterPolicyArn", cluster.engineer_policy.arn)

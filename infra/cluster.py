@@ -128,6 +128,15 @@ def engineer_entry_name(arn: str) -> str:
     return hashlib.sha256(arn.encode()).hexdigest()[:12]
 
 
+def engineer_cluster_policy(region: str, cluster_name: str) -> str:
+    """The ML-engineer tier's IAM policy: ``eks:DescribeCluster`` on this cluster only, what ``ragpool login --cluster``
+    needs (the endpoint and CA) and nothing more. The stack owns the policy, not the engineers' roles: an admin
+    attaches it (stack output ``engineerClusterPolicyArn``)."""
+    return json.dumps({"Version": "2012-10-17", "Statement": [{
+        "Sid": "RagpoolLoginDescribeCluster", "Effect": "Allow", "Action": "eks:DescribeCluster",
+        "Resource": iam.eks_cluster_arn(region, cluster_name)}]})
+
+
 def cluster_access_policy_arn(policy: str) -> str:
     """ARN of an EKS access policy: arn:<partition>:eks::aws:cluster-access-policy/<name> (no region, account `aws`)."""
     return f"arn:{iam.partition()}:eks::aws:cluster-access-policy/{policy}"
@@ -185,6 +194,7 @@ class Cluster(RagpoolComponent):
                                      opts=child(self, depends_on=[*self.admin_associations, *self.api_access_rules]))
         self.preview_access = self._preview_access(name, args) if cfg.cluster.cluster_preview else []
         self.engineer_access = self._engineer_access(name, args)
+        self.engineer_policy = self._engineer_policy(name, args)
         self.name = self.cluster.name
         self.endpoint = self.cluster.endpoint
         self.register_outputs({"name": self.name, "endpoint": self.endpoint, "kubeconfig": self.kubeconfig})
@@ -292,6 +302,17 @@ class Cluster(RagpoolComponent):
             type="STANDARD", kubernetes_groups=[ENGINEER_GROUP],
             tags=aws_tags(cfg, f"{args.cluster_name}-engineer-{engineer_entry_name(arn)}"), opts=child(self))
             for arn in engineer_principals(cfg)]
+
+    def _engineer_policy(self, name: str, args: ClusterArgs) -> aws.iam.Policy:
+        """:func:`engineer_cluster_policy` as a customer-managed policy. Attached to no role: the engineers' roles
+        are not the stack's (an attachment would need the deploy role to hold iam:AttachRolePolicy on roles it does
+        not own, and a `*` pattern, an IAM user or an Identity Center role could not take one the same way)."""
+        cfg = args.config
+        return aws.iam.Policy(
+            f"{name}-engineer-describe", description=f"ragpool login --cluster {args.cluster_name}: "
+            "eks:DescribeCluster on this cluster only (attach to the ML engineers' roles)",
+            policy=engineer_cluster_policy(cfg.region, args.cluster_name),
+            tags=aws_tags(cfg, f"{args.cluster_name}-engineer-describe"), opts=child(self))
 
     # ------------------------------------------------------------------ nodes
 

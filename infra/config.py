@@ -458,6 +458,36 @@ def _parse_api_teams(r: Reader) -> dict[str, Any]:
         return {}
 
 
+def _check_team_routes(r: Reader, teams: tuple[TeamConfig, ...], api_teams: ApiTeams | None) -> None:
+    """mainNamespaceTeams, and apiTeams against trainingTeams: the run API sends an apiTeams team to the trainingTeams
+    team of the same name, any other to the main namespace's queue and quota (training/api/server.py ``route``). With
+    trainingTeams set, that fallback must be asked for (mainNamespaceTeams): a misspelt team would otherwise lose its
+    quota and queue without a word. Without trainingTeams every team uses the main namespace: nothing to check."""
+    main = r.get("mainNamespaceTeams")
+    if not isinstance(main, list) or not all(isinstance(t, str) for t in main):
+        r.problem("mainNamespaceTeams", main, "must be a list of apiTeams team names, e.g. [platform]")
+        return
+    if api_teams is None or any(p.startswith((f"{PROJECT}:trainingTeams", f"{PROJECT}:apiTeams")) for p in r.problems):
+        return  # judged once those parse
+    training = {t.name: t for t in teams}
+    for i, name in enumerate(main):
+        if name not in api_teams.teams:
+            r.problem(f"mainNamespaceTeams[{i}]", name, f"is not an apiTeams team (apiTeams.teams: "
+                      f"{', '.join(sorted(api_teams.teams)) or '(none)'}): add it there, or delete this entry")
+        elif name in training:
+            r.problem(f"mainNamespaceTeams[{i}]", name, "is a trainingTeams team, whose runs go to its own namespace "
+                      f"{training[name].namespace}: delete this entry, or the team from trainingTeams")
+    if not training:
+        return
+    for name in sorted(set(api_teams.teams) - set(training) - set(main)):
+        near = difflib.get_close_matches(name, sorted(training), n=1)
+        r.problems.append(
+            f"{PROJECT}:apiTeams.teams.{name} is not a trainingTeams team ({', '.join(sorted(training))}), so the run API would "
+            f"send its runs to the main namespace's queue and quota{f' (did you mean {near[0]}?)' if near else ''}: "
+            "add it to trainingTeams, rename it to its trainingTeams team, or, if it is meant to share the main "
+            f"namespace, list it in mainNamespaceTeams (fix: pulumi config set --path 'mainNamespaceTeams[0]' {name})")
+
+
 def parse(raw: Mapping[str, Any], *, stack: str, region: str | None, project: str = PROJECT,
           source: str | None = None) -> StackConfig:
     """Validate raw ``ragpool:`` values (keys without the namespace) into a StackConfig.
@@ -483,6 +513,7 @@ def parse(raw: Mapping[str, Any], *, stack: str, region: str | None, project: st
         **_parse_data(r),
         **_parse_api_teams(r),
     }
+    _check_team_routes(r, groups["teams"], groups.get("api_teams"))
     if r.problems:
         raise StackConfigError(r.problems, source or f"stack {stack}")
     return StackConfig(project=project, stack=stack, region=region, network=network, cluster=cluster,

@@ -149,6 +149,14 @@ SCHEMA: tuple[ConfigKey, ...] = (
         "(Pulumi cannot type objects, so infra/config.py validates this key.)",
         {},
     ),
+    ConfigKey(
+        "mainNamespaceTeams", "array",
+        "apiTeams teams whose runs go, on purpose, to the main training namespace ragpool-training (its queue and the "
+        "GPUs the trainingTeams leave) while trainingTeams exist. With trainingTeams set, every other apiTeams team "
+        "must be a trainingTeams team of the same name, so a misspelt team is refused instead of silently sharing the "
+        "main queue. Without trainingTeams every team uses the main namespace and this list is not needed.",
+        [], items="string",
+    ),
 )
 SCHEMA_BY_NAME = {k.name: k for k in SCHEMA}
 

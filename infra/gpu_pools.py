@@ -169,7 +169,7 @@ def controller_policy(cluster_name: str, region: str, node_role_arn: str, queue_
                        "StringLike": {"aws:ResourceTag/karpenter.k8s.aws/ec2nodeclass": "*"}}},
         # EKSIntegrationPolicy
         {"Sid": "AllowAPIServerEndpointDiscovery", "Effect": "Allow",
-         "Resource": f"arn:{p}:eks:{region}:{acct}:cluster/{cluster_name}", "Action": "eks:DescribeCluster"},
+         "Resource": iam.eks_cluster_arn(region, cluster_name), "Action": "eks:DescribeCluster"},
         # InterruptionPolicy
         {"Sid": "AllowInterruptionQueueActions", "Effect": "Allow", "Resource": queue_arn,
          "Action": ["sqs:DeleteMessage", "sqs:GetQueueUrl", "sqs:ReceiveMessage"]},

@@ -20,6 +20,11 @@ def account_id() -> str:
     return aws.get_caller_identity().account_id
 
 
+def eks_cluster_arn(region: str, cluster_name: str) -> str:
+    """ARN of an EKS cluster of the target account: arn:<partition>:eks:<region>:<account>:cluster/<name>."""
+    return f"arn:{partition()}:eks:{region}:{account_id()}:cluster/{cluster_name}"
+
+
 def managed_policy(name: str) -> str:
     return f"arn:{partition()}:iam::aws:policy/{name}"
 

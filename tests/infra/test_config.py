@@ -384,3 +384,49 @@ def test_api_teams_parse_and_bad_patterns_are_named():
     text = str(err.value)
     for key in ("apiTeams.teams.team-a[0]", "apiTeams.teams", "apiTeams.admin"):
         assert f"ragpool:{key}" in text, text
+
+
+# ------------------------------------------------------------------ apiTeams vs trainingTeams (which queue a team gets)
+
+ARN = "arn:aws:iam::123456789012:role/ml-a"
+RESEARCH = {"trainingTeams": [{"name": "research", "gpuQuota": 1}, {"name": "search", "gpuQuota": 1}]}
+
+
+def test_an_api_team_that_is_no_training_team_is_refused_when_training_teams_exist():
+    """The run API sends an apiTeams team that is no trainingTeams team to the main namespace's queue and quota: a
+    typo would do that silently, so it is refused, naming the key, the trainingTeams and the fixes."""
+    with pytest.raises(StackConfigError) as err:
+        _parse({**BASE, **RESEARCH, "apiTeams": {"teams": {"reseach": [ARN], "search": [ARN]}}})
+    [problem] = err.value.problems
+    assert problem.startswith("ragpool:apiTeams.teams.reseach is not a trainingTeams team (research, search)")
+    for part in ("did you mean research?", "add it to trainingTeams", "rename it", "mainNamespaceTeams"):
+        assert part in problem, problem
+
+
+def test_main_namespace_teams_and_no_training_teams_keep_the_main_queue():
+    """Asked for (mainNamespaceTeams), a team shares the main namespace beside trainingTeams; without trainingTeams
+    every apiTeams team does, with nothing to declare."""
+    cfg = _parse({**BASE, **RESEARCH, "apiTeams": {"teams": {"research": [ARN], "platform": [ARN]}},
+                  "mainNamespaceTeams": ["platform"]})
+    assert set(cfg.api_teams.teams) == {"research", "platform"}
+    assert _parse({**BASE, "apiTeams": {"teams": {"reseach": [ARN]}}}).teams == ()
+
+
+@pytest.mark.parametrize("main, named, says", [
+    (["research"], "ragpool:mainNamespaceTeams[0]", "its own namespace ragpool-team-research"),
+    (["nope"], "ragpool:mainNamespaceTeams[0]", "is not an apiTeams team (apiTeams.teams: research)"),
+    ([3], "ragpool:mainNamespaceTeams", "must be a list"),
+    ("platform", "ragpool:mainNamespaceTeams", "list"),
+])
+def test_bad_main_namespace_teams_are_named(main, named, says):
+    with pytest.raises(StackConfigError) as err:
+        _parse({**BASE, **RESEARCH, "apiTeams": {"teams": {"research": [ARN]}}, "mainNamespaceTeams": main})
+    assert named in str(err.value) and says in str(err.value), str(err.value)
+
+
+def test_a_broken_training_teams_list_is_not_judged_against_api_teams():
+    """One problem at a time: a trainingTeams entry that does not parse is named, not also every apiTeams team."""
+    with pytest.raises(StackConfigError) as err:
+        _parse({**BASE, "trainingTeams": [{"name": "research", "gpuQuota": "x"}],
+                "apiTeams": {"teams": {"research": [ARN]}}})
+    assert "apiTeams" not in str(err.value) and "trainingTeams[0].gpuQuota" in str(err.value)

@@ -1,24 +1,29 @@
 """The ML-engineer tier (issue 39): every exact IAM ARN of ``apiTeams`` gets an EKS access entry in
 ``contract.api.ENGINEER_GROUP`` and no access policy; a namespaced Role lets that group reach the run API through
 the API server's service proxy and read the login ConfigMap, by name, and nothing else; the policy
-``engineer-tier-namespaced`` refuses anything more."""
+``engineer-tier-namespaced`` refuses anything more. On the AWS side the stack builds the IAM policy ``ragpool login
+--cluster`` needs (``eks:DescribeCluster`` on this cluster only, through the project's IAM evaluator), attached to no
+role, and exports its ARN for admins to attach."""
 
 from __future__ import annotations
 
 import copy
+import json
 
+import pulumi
 import pytest
 
 from contract.api import ENGINEER_GROUP, LOGIN_CONFIGMAP, LoginFacts, proxy_resource_name
 from contract.names import TRAINING_NAMESPACE
 from infra.cluster import engineer_principals
 from infra.config import parse
-from infra.plan import plan
+from infra.plan import MOCK_ACCOUNT, plan
 from infra.run_api import RUN_API_NAME
 from policy.checks import RULES_BY_NAME
 from policy.offline import evaluate
 from tests.conftest import STACKS
 from tests.infra.harness import inputs_of
+from tests.infra.iam_eval import ALLOW, IMPLICIT_DENY, Request, evaluate as iam_evaluate
 from tests.support.kube_api import rbac_allows
 
 pytestmark = pytest.mark.infra
@@ -165,3 +170,71 @@ def test_the_policy_refuses_a_broader_tier(engineer_plan, how):
     _broaden(doc, how)
     found = findings(doc)
     assert len(found) == 1 and ENGINEER_GROUP in found[0] and "infra/run_api.py" in found[0], found
+
+
+# ------------------------------------------------------------------ the IAM side: eks:DescribeCluster for `ragpool login`
+
+IAM_POLICY = "aws:iam/policy:Policy"
+ATTACHMENTS = ("aws:iam/rolePolicyAttachment:RolePolicyAttachment", "aws:iam/userPolicyAttachment:UserPolicyAttachment",
+               "aws:iam/groupPolicyAttachment:GroupPolicyAttachment", "aws:iam/policyAttachment:PolicyAttachment")
+
+
+def engineer_iam_policy(doc: dict) -> dict:
+    [policy] = [r for r in of_type(doc, IAM_POLICY) if r["name"] == "cluster-engineer-describe"]
+    return policy
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_engineer_iam_policy_allows_describe_cluster_on_this_cluster_only(committed_plans, stack):
+    doc = committed_plans[stack]
+    policy = engineer_iam_policy(doc)
+    assert policy["parent"] == "cluster" and {"project", "stack"} <= set(policy["inputs"]["tags"])
+    document = json.loads(policy["inputs"]["policy"])
+    this = f"arn:aws:eks:us-west-2:{MOCK_ACCOUNT}:cluster/ragpool-{stack}"
+
+    def decide(action: str, resource: str) -> str:
+        return iam_evaluate([document], Request(action, resource, {"aws:RequestedRegion": resource.split(":")[3]}))
+
+    assert decide("eks:DescribeCluster", this) == ALLOW
+    for other in (f"arn:aws:eks:us-west-2:{MOCK_ACCOUNT}:cluster/ragpool-other",
+                  f"arn:aws:eks:us-east-1:{MOCK_ACCOUNT}:cluster/ragpool-{stack}",
+                  f"arn:aws:eks:us-west-2:999999999999:cluster/ragpool-{stack}"):
+        assert decide("eks:DescribeCluster", other) == IMPLICIT_DENY, other
+    for action in ("eks:ListClusters", "eks:UpdateClusterConfig", "eks:DeleteCluster", "eks:AccessKubernetesApi",
+                   "eks:CreateAccessEntry", "eks:AssociateAccessPolicy", "eks:ListAccessEntries",
+                   "eks:DescribeAccessEntry", "eks:DescribeNodegroup", "eks:TagResource", "iam:AttachRolePolicy"):
+        assert decide(action, this) == IMPLICIT_DENY, action
+    # attached to no principal: the engineers' roles are not the stack's (an admin attaches the exported ARN)
+    assert not [r for t in ATTACHMENTS for r in of_type(doc, t) if "engineer" in json.dumps(r["inputs"])]
+
+
+def test_no_listed_role_gets_the_engineer_iam_policy(engineer_plan):
+    """apiTeams lists roles of the stack's own account (ALICE, LEAD): the stack still attaches nothing to them."""
+    [statement] = json.loads(engineer_iam_policy(engineer_plan)["inputs"]["policy"])["Statement"]
+    assert statement["Resource"] == f"arn:aws:eks:us-west-2:{MOCK_ACCOUNT}:cluster/ragpool-dev"
+    assert not [r for t in ATTACHMENTS for r in of_type(engineer_plan, t)
+                if ALICE in json.dumps(r["inputs"]) or LEAD in json.dumps(r["inputs"])]
+
+
+def test_the_engineer_iam_policy_arn_is_a_stack_output(pulumi_mocks, monkeypatch):
+    import runpy
+
+    from infra.plan import INFRA_DIR
+    from infra.stack import load_stack
+
+    settings = load_stack("dev")
+    pulumi.runtime.set_all_config(dict(settings.engine_config), list(settings.secret_keys))
+    exported: dict = {}
+    monkeypatch.setattr(pulumi, "export", lambda name, value: exported.__setitem__(name, value))
+
+    @pulumi.runtime.test
+    def check():
+        policy = runpy.run_path(str(INFRA_DIR), run_name="__main__")["cluster"].engineer_policy
+
+        def verify(args):
+            arn, output = args
+            assert output == arn and arn.startswith("arn:aws:iam:"), (arn, output)
+
+        return pulumi.Output.all(policy.arn, exported["engineerClusterPolicyArn"]).apply(verify)
+
+    check()

@@ -114,7 +114,8 @@ def describe_cluster(name: str, *, region: str | None, profile: str | None, cred
                              f"{region}; or pass --region)", exit_codes.NOT_FOUND) from None
         raise LoginError(f"--cluster: eks:DescribeCluster of {name!r} refused ({code}: "
                          f"{exc.response.get('Error', {}).get('Message', '')[:200]}); your AWS identity needs "
-                         "eks:DescribeCluster on it, or use ragpool login --stack") from None
+                         "eks:DescribeCluster on it (an admin attaches the stack output engineerClusterPolicyArn), "
+                         "or use ragpool login --stack") from None
     except botocore.exceptions.NoCredentialsError:
         raise LoginError("no AWS credentials found (aws configure / aws sso login / AWS_PROFILE)") from None
     except (botocore.exceptions.EndpointConnectionError, botocore.exceptions.ConnectTimeoutError,
