@@ -66,7 +66,7 @@ ERROR_STATUS = {
 """Every ``error.code`` of a JSON error body and its HTTP status."""
 
 EXIT_OF_STATUS = {
-    200: exit_codes.OK, 201: exit_codes.OK,
+    200: exit_codes.OK, 201: exit_codes.OK, 202: exit_codes.OK,
     400: exit_codes.BAD_INPUT, 401: exit_codes.BAD_INPUT, 403: exit_codes.REFUSED, 404: exit_codes.NOT_FOUND,
     405: exit_codes.BAD_INPUT, 408: exit_codes.UNAVAILABLE, 409: exit_codes.REFUSED, 413: exit_codes.BAD_INPUT,
     415: exit_codes.BAD_INPUT, 500: exit_codes.UNAVAILABLE, 503: exit_codes.UNAVAILABLE,

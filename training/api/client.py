@@ -120,7 +120,7 @@ class ApiClient:
     def outcome(self, method: str, path: str, body: Any = None, **kwargs) -> Outcome:
         status, answer = self.request(method, path, body, **kwargs)
         answer = answer if isinstance(answer, dict) else {"data": answer}
-        if status in (200, 201):
+        if status in (200, 201, 202):
             return Outcome(exit_codes.OK, str(answer.get("message", "")), answer.get("data"))
         error = answer.get("error") if isinstance(answer.get("error"), dict) else {}
         code = EXIT_OF_STATUS.get(status, exit_codes.UNAVAILABLE if status == 0 or status >= 500 else exit_codes.FAILED)
@@ -182,6 +182,15 @@ class ApiClient:
 
     def show(self, run_id: str) -> Outcome:
         return self.outcome("GET", self._run(run_id, "/spec"))
+
+    def export(self, run_id: str, destination: str | None = None) -> Outcome:
+        """Start the export of the run's models and index (below ``destination``, default the stack's declared
+        export prefix): ``data`` is the export's record (training/api/exports.py)."""
+        return self.outcome("POST", self._run(run_id, "/export"), {"destination": destination} if destination else {})
+
+    def export_status(self, run_id: str) -> Outcome:
+        """The run's latest export: state, objects and bytes done and in all, destination, error."""
+        return self.outcome("GET", self._run(run_id, "/export"))
 
     def logs(self, run_id: str, *, offset: int = 0, limit: int = 1000, stage: str | None = None,
              rank: int | None = None) -> Outcome:

@@ -33,6 +33,14 @@ _TASK = {"type": "object", "required": ["run_id", "state", "priority", "attempts
     "attempts": {"type": "integer"}, "max_attempts": {"type": "integer"}, "owner": {"type": "string"},
     "team": {"type": "string"}}}
 
+_EXPORT = {"type": "object", "required": ["run_id", "state", "destination"], "properties": {
+    "run_id": {"type": "string"}, "state": {"type": "string", "enum": ["queued", "running", "succeeded", "failed"]},
+    "destination": {"type": "string", "description": "s3://BUCKET/PREFIX/RUN/: where the objects land, manifest last"},
+    "objects_done": {"type": "integer"}, "objects_total": {"type": "integer"}, "bytes_done": {"type": "integer"},
+    "bytes_total": {"type": "integer"}, "error": {"type": "string"}, "by": {"type": "string"},
+    "started_at": {"type": "number"}, "updated_at": {"type": "number"}, "finished_at": {"type": "number"},
+    "status_url": {"type": "string"}}}
+
 
 def openapi() -> dict:
     v = f"/{API_VERSION}"
@@ -121,6 +129,21 @@ def openapi() -> dict:
                                                              "table": {"type": "string"},
                                                              "paths": {"type": "object"}}},
                                         "bad_input", "not_found", *_AUTH)}},
+            f"{v}/runs/{{run_id}}/export": {
+                "get": {"operationId": "exportStatus", "security": secured, "parameters": [_RUN_ID, _TEAM],
+                        "responses": _responses(200, _EXPORT, "bad_input", "not_found", *_AUTH)},
+                "post": {
+                    "operationId": "export", "security": secured, "parameters": [_RUN_ID, _TEAM],
+                    "description": "upload a succeeded run's models and index (from its team's shared root) below "
+                                   "destination, in the background; GET follows it",
+                    "requestBody": {"required": False, "content": {"application/json": {"schema": {
+                        "type": "object", "properties": {"destination": {
+                            "type": "string", "maxLength": 1000,
+                            "description": "s3://BUCKET/PREFIX inside the stack's dataExport (default: it)"}}}}}},
+                    "responses": {**_responses(202, _EXPORT, "bad_input", "not_found", "refused",
+                                               "unsupported_media_type", *_AUTH),
+                                  "200": {"description": "already being exported there: that export",
+                                          "content": {"application/json": {"schema": _answer(_EXPORT)}}}}}},
             f"{v}/tune": {"post": {
                 "operationId": "tune", "security": secured, "requestBody": {"required": True, "content": {
                     "application/json": {"schema": {"type": "object", "required": ["spec"], "properties": {

@@ -13,7 +13,8 @@ or bad one: exit 2 naming it.
 
 Per-team queues: every verb acts on the caller's team's queue (a trainingTeams team's own key prefix, which its
 workers read; otherwise the main one), a submit checked against that namespace's facts and files, ``logs``,
-``report`` and ``tune`` results read from its shared root, Kueue asked in its namespace; an admin names a team with
+``report`` and ``tune`` results read from its shared root (and ``export`` uploads from it: training/api/exports.py,
+below the stack's ``RAGPOOL_DATA_EXPORT``), Kueue asked in its namespace; an admin names a team with
 ``?team=`` (submit: ``"team"``), a member may name only its own, a team that does not exist is bad input.
 
 Every route but ``/openapi.json``, ``/healthz``, ``/readyz`` and ``/v1/info`` needs ``Authorization: Bearer
@@ -53,6 +54,7 @@ from contract.paths import is_valid_run_id
 from contract.pool_gpus import POOL_GPUS_ENV
 from contract.ports import RUN_API_PORT
 from contract.ray_pools import POOLS_ENV as RAY_POOLS_ENV
+from training.api.exports import Exporter
 from training.api.identity import Identity, StsUnavailable, TokenError, Verifier
 from training.api.settings import ApiConfigError, ApiSettings, settings_from_env
 from training.scheduler import verbs
@@ -168,6 +170,8 @@ class RunApi:
         self.verifier = verifier or Verifier(settings.cluster_id, settings.sts_endpoint)
         self.audit = Audit(queue, audit_stream)
         self.pool = ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="ragpool-api")
+        self.exporter = Exporter()
+        """``ragpool export``'s uploads (training/api/exports.py), in their own threads."""
 
     def app(self) -> web.Application:
         from training.api.openapi import openapi
@@ -199,12 +203,15 @@ class RunApi:
         app.router.add_post(f"{v}/runs/{{run_id}}/retry", self.retry)
         app.router.add_get(f"{v}/runs/{{run_id}}/report", self.report)
         app.router.add_get(f"{v}/runs/{{run_id}}/tune", self.tune_results)
+        app.router.add_post(f"{v}/runs/{{run_id}}/export", self.export)
+        app.router.add_get(f"{v}/runs/{{run_id}}/export", self.export_status)
         app.router.add_post(f"{v}/tune", self.tune)
         app.on_cleanup.append(self._close)
         return app
 
     async def _close(self, _app) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+        self.exporter.close()
 
     async def _run(self, fn, *args):
         loop = asyncio.get_running_loop()
@@ -422,6 +429,81 @@ class RunApi:
             raise ApiError("not_found", f"run {run_id} ({info.state}) has no Tune results yet (runs/{run_id}/tune/"
                                         "trials.json); ragpool logs -f follows its search")
         return web.json_response({"message": "", "data": found})
+
+    async def export(self, request: web.Request) -> web.Response:
+        """``ragpool export RUN [s3://BUCKET/PREFIX]``: upload a succeeded run's models and index from its team's
+        shared root to ``destination`` (body; default: the stack's declared export prefix), below which they land
+        as ``RUN/...``, manifest last (training/api/exports.py): 202 with the record and its status URL; the live
+        export of the run, if one is running to the same place (200; elsewhere: 409). Audited."""
+        caller = await self.caller(request, "export")
+        try:
+            route = self._route_of(request, caller)
+            run_id, info = await self._run_of(request, caller, route)
+            prefix = await self._export_checks(request, run_id, info, route)
+            record, started = await self._run(lambda: self.exporter.start(
+                route.queue, run_id, prefix, root=route.root, export_url=self.settings.data_export, who=caller.arn))
+            if not started and record["destination"] != f"{prefix}{run_id}/":
+                raise ApiError("refused", f"run {run_id} is being exported to {record['destination']} "
+                                          f"({record['state']}); wait for it (ragpool export {run_id} --status "
+                                          "--wait), then export again")
+        except ApiError as exc:
+            await self._audit(request, caller, "export", request.match_info["run_id"][:63], ERROR_STATUS[exc.code],
+                              exc.code, exc.message)
+            raise
+        url = f"/{API_VERSION}/runs/{run_id}/export"
+        data = {**record, "status_url": url}
+        message = (f"exporting run {run_id} to {record['destination']}" if started else
+                   f"run {run_id} is already being exported to {record['destination']} ({record['state']})")
+        status = 202 if started else 200
+        await self._audit(request, caller, "export", run_id, status, "ok", message)
+        return web.json_response({"message": f"{message}; follow it: ragpool export {run_id} --status --wait",
+                                  "data": data}, status=status, headers={"Location": url})
+
+    async def _export_checks(self, request: web.Request, run_id: str, info, route: Route) -> str:
+        """The export prefix ``s3://B/P/`` of the request (bad input naming ``destination``), once the run has
+        succeeded (409) and has something to export (404)."""
+        from contract.datasets import DATA_EXPORT_ENV, parse_s3_url
+        from contract.paths import run_dir
+        from training.datasets.export import EXPORTED_PARTS
+        from training.scheduler.queue_records import State
+
+        body = await _json_body(request) if request.body_exists else {}
+        allowed = self.settings.data_export
+        if not allowed:
+            raise ApiError("bad_input", f"destination: this stack declares no export destination (the run API's "
+                                        f"{DATA_EXPORT_ENV} is unset): its admins set ragpool:dataExport",
+                           "destination")
+        wanted = allowed if body.get("destination") is None else body["destination"]
+        try:
+            dest = parse_s3_url(wanted, need_prefix=True)
+        except ValueError as exc:
+            raise ApiError("bad_input", f"destination: {shown(wanted)} {exc}", "destination") from None
+        if not parse_s3_url(allowed).contains(dest):
+            raise ApiError("bad_input", f"destination: {dest.url} is outside the stack's declared export "
+                                        f"destination {allowed}; name a prefix inside it, or none (it)",
+                           "destination")
+        if info.state != State.SUCCEEDED:
+            raise ApiError("refused", f"run {run_id} is {info.state}: only a succeeded run is exported (ragpool "
+                                      f"submit --wait, ragpool status {run_id})")
+        run = run_dir(route.root, run_id)
+        if not await self._run(lambda: any((run / p).is_dir() for p in EXPORTED_PARTS)):
+            raise ApiError("not_found", f"run {run_id} has nothing to export: none of {', '.join(EXPORTED_PARTS)} "
+                                        "in its run directory")
+        return dest.url
+
+    async def export_status(self, request: web.Request) -> web.Response:
+        """The run's latest export: state, objects and bytes done and in all, destination, error."""
+        from training.api.exports import read
+
+        caller = await self.caller(request, "export")
+        route = self._route_of(request, caller)
+        run_id, _info = await self._run_of(request, caller, route)
+        record = await self._run(read, route.queue, run_id)
+        if record is None:
+            raise ApiError("not_found", f"run {run_id} has not been exported (or its export is older than a week): "
+                                        f"ragpool export {run_id} starts one")
+        return web.json_response({"message": f"export of {run_id} to {record.get('destination')}: "
+                                             f"{record.get('state')}", "data": record})
 
     async def tune(self, request: web.Request) -> web.Response:
         """``ragpool tune``: submit (as :meth:`submit`, audited as ``tune``) an ``executor: ray`` spec whose Ray

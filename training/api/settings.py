@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass, field
 
 from contract.api import ApiTeams, TeamQueue, parse_api_teams, parse_team_queues
+from contract.datasets import declared_export
 from contract.env import API_CLUSTER_ID_ENV, API_STS_ENDPOINT_ENV, API_TEAM_QUEUES_ENV, API_TEAMS_FILE_ENV
 from contract.paths import shared_root_from_env
 from training.api.identity import Verifier
@@ -35,6 +36,9 @@ class ApiSettings:
     team_queues: dict[str, TeamQueue] = field(default_factory=dict)
     """Each trainingTeams team's queue key namespace and facts (``RAGPOOL_API_TEAM_QUEUES``); a team not here
     (an apiTeams team without a training namespace, an admin without a team) uses the main queue."""
+    data_export: str = ""
+    """``s3://bucket/prefix/`` a run's export may be written under (``contract.datasets.DATA_EXPORT_ENV``, the
+    stack's ``dataExport``); '': no export through the API."""
 
 
 def _region_of(sts_endpoint: str) -> str:
@@ -69,5 +73,10 @@ def settings_from_env(environ=None) -> ApiSettings:
         queues = parse_team_queues(json.loads(env.get(API_TEAM_QUEUES_ENV) or "{}"), API_TEAM_QUEUES_ENV)
     except ValueError as exc:  # JSON or TeamsError
         raise ApiConfigError(f"{API_TEAM_QUEUES_ENV}: {exc}") from None
+    try:
+        export = declared_export(env)
+    except ValueError as exc:
+        raise ApiConfigError(str(exc)) from None
     return ApiSettings(cluster_id=env[API_CLUSTER_ID_ENV], sts_endpoint=sts, teams=teams,
-                       shared_root=shared_root_from_env(), region=_region_of(sts), team_queues=queues)
+                       shared_root=shared_root_from_env(), region=_region_of(sts), team_queues=queues,
+                       data_export=export.url if export else "")

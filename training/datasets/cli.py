@@ -3,18 +3,21 @@
     ragpool data import s3://BUCKET/PREFIX datasets/NAME [--local | --print] [--image IMAGE] [--namespace NS]
     ragpool data status NAME [--json]
     ragpool data prepare datasets/NAME/CORPUS_DIR [--json]
-    ragpool export RUN s3://BUCKET/PREFIX
+    ragpool export RUN [s3://BUCKET/PREFIX] [--wait | --status]
 
 The buckets an import may read come from ``RAGPOOL_DATA_BUCKETS`` and the export destination from
 ``RAGPOOL_DATA_EXPORT`` (the stack outputs ``dataBuckets`` and ``dataExport``); the shared storage from
 ``RAGPOOL_SHARED_ROOT``. ``data import`` runs the copy in this process with ``--local``, or when kubectl has no
 current context; otherwise it creates the import Job in the training namespace (``--print`` prints it
 instead): ``kubectl -n NS logs -f job/NAME`` follows it, ``ragpool data status NAME`` reads its progress
-where the shared storage is mounted.
+where the shared storage is mounted. ``export`` goes through the run API when a login context is active (the API
+uploads a succeeded run of the caller's team from its shared storage: ``--wait`` follows it, ``--status`` reads
+the latest), else runs here (the default destination: the declared one).
 
 Exit codes: 0 done (or the Job created), 1 the copy or kubectl failed, 2 bad input (an undeclared bucket, a
 prefix with no objects, a destination outside datasets/, an object changed while it was copied, a file
-that failed verification: the message names it), 3 no such dataset or run.
+that failed verification: the message names it), 3 no such dataset or run (or nothing to export), 75 ``export
+--wait`` stopped waiting (the export goes on).
 """
 
 from __future__ import annotations
@@ -31,6 +34,12 @@ from contract import exit_codes
 from contract.datasets import dataset_dir, dataset_path, declared_buckets
 from contract.messages import shown
 from contract.paths import PathError, resolve_confined, shared_root_from_env
+
+EXPORT_WAIT_S = 3600.0
+"""The longest ``ragpool export --wait`` by default."""
+EXPORT_POLL_S = 2.0
+"""How often ``ragpool export --wait`` reads the export's progress."""
+
 
 def register(subparsers) -> None:
     data = subparsers.add_parser("data", help="datasets on the shared storage: import from S3, status")
@@ -60,9 +69,16 @@ def register(subparsers) -> None:
     p.set_defaults(handler=cmd_prepare)
     p = subparsers.add_parser("export", help="copy a run's models and index to S3 (below the stack's dataExport)")
     p.add_argument("run_id")
-    p.add_argument("destination", help="s3://BUCKET/PREFIX inside the stack's dataExport")
+    p.add_argument("destination", nargs="?",
+                   help="s3://BUCKET/PREFIX inside the stack's dataExport (default: the dataExport prefix itself)")
+    p.add_argument("--wait", action="store_true", help="through the run API: wait for the export to end")
+    p.add_argument("--status", action="store_true",
+                   help="through the run API: show the run's latest export instead of starting one")
+    p.add_argument("--timeout", type=float, default=EXPORT_WAIT_S, metavar="SECONDS",
+                   help=f"longest --wait (default {EXPORT_WAIT_S:.0f}); past it exit 75, the export goes on")
     p.add_argument("--workers", type=int, default=8)
-    p.add_argument("--shared-root", help="the shared storage (default RAGPOOL_SHARED_ROOT)")
+    p.add_argument("--shared-root", help="the shared storage, copied from here (default RAGPOOL_SHARED_ROOT; "
+                                         "without it and with a login context the run API exports)")
     p.set_defaults(handler=cmd_export)
 
 
@@ -154,11 +170,34 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    """Through the run API when a login context is active (and no ``--shared-root``): the API uploads from the
+    shared storage it mounts; else here, from the shared storage mounted here."""
+    from contract.datasets import DATA_EXPORT_ENV, declared_export
     from training.datasets.export import export_run
     from training.datasets.transfer import TransferError
 
+    if args.timeout <= 0:
+        return _error(f"--timeout {args.timeout:g}: must be more than 0 seconds", exit_codes.BAD_INPUT)
+    if not args.shared_root:
+        from training.scheduler.cli_route import remote_client
+
+        client, code = remote_client("export")
+        if code is not None:
+            return code
+        if client is not None:
+            return _remote_export(client, args)
+    if args.wait or args.status:
+        return _error("--wait and --status follow an export of the run API (ragpool login); here the export runs "
+                      "in this process and ends with the command", exit_codes.BAD_INPUT)
+    destination = args.destination
     try:
-        result = export_run(args.run_id, args.destination, shared_root=args.shared_root, workers=args.workers)
+        if destination is None:
+            declared = declared_export()
+            if declared is None:
+                return _error(f"no destination given and none declared ({DATA_EXPORT_ENV} is unset): name "
+                              "s3://BUCKET/PREFIX, or set the stack output dataExport", exit_codes.BAD_INPUT)
+            destination = declared.url
+        result = export_run(args.run_id, destination, shared_root=args.shared_root, workers=args.workers)
     except TransferError as exc:
         return _error(str(exc), exc.code)
     except ValueError as exc:  # a malformed RAGPOOL_DATA_EXPORT
@@ -167,6 +206,41 @@ def cmd_export(args: argparse.Namespace) -> int:
                       "seconds": round(result.seconds, 2)}))
     return exit_codes.OK
 
+
+
+def _remote_export(client, args: argparse.Namespace) -> int:
+    """Start the export through the run API (``--status``: read the latest), then with ``--wait`` poll it until
+    it ends or ``--timeout`` passes (exit 75: it goes on; the same command waits again)."""
+    from training.api.exports import FAILED, LIVE
+
+    outcome = client.export_status(args.run_id) if args.status else client.export(args.run_id, args.destination)
+    if not outcome.ok:
+        return _error(outcome.message, outcome.code)
+    print(outcome.message, file=sys.stderr)
+    deadline = time.monotonic() + args.timeout
+    record = outcome.data
+    shown_at = ""
+    while args.wait and record.get("state") in LIVE:
+        line = (f"export {args.run_id}: {record.get('state')} {record.get('objects_done', 0)}/"
+                f"{record.get('objects_total', 0)} objects, {record.get('bytes_done', 0) / 2**20:.1f}/"
+                f"{record.get('bytes_total', 0) / 2**20:.1f} MiB")
+        if line != shown_at:
+            print(line, file=sys.stderr)
+            shown_at = line
+        if time.monotonic() >= deadline:
+            return _error(f"stopped waiting for the export of run {args.run_id} to {record.get('destination')} "
+                          f"after {args.timeout:g}s; it is {record.get('state')} and goes on (exit "
+                          f"{exit_codes.RETRIABLE}: wait again with ragpool export {args.run_id} --status --wait)",
+                          exit_codes.RETRIABLE)
+        time.sleep(min(EXPORT_POLL_S, max(0.0, deadline - time.monotonic())))
+        outcome = client.export_status(args.run_id)
+        if not outcome.ok:
+            return _error(outcome.message, outcome.code)
+        record = outcome.data
+    print(json.dumps(record, sort_keys=True))
+    if record.get("state") == FAILED:
+        return _error(f"the export of run {args.run_id} failed: {record.get('error')}", exit_codes.FAILED)
+    return exit_codes.OK
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,8 +38,10 @@ class ExportResult:
 
 
 def export_run(run_id: str, destination: str, *, shared_root: str | None = None, workers: int = DEFAULT_WORKERS,
-               client: Any = None, env: dict[str, str] | None = None, log: Log = log_to_stderr) -> ExportResult:
-    """Upload the run's models and index (:data:`EXPORTED_PARTS`) to ``destination/RUN/``, manifest last."""
+               client: Any = None, env: dict[str, str] | None = None, log: Log = log_to_stderr,
+               progress: Callable[[dict[str, Any]], None] | None = None) -> ExportResult:
+    """Upload the run's models and index (:data:`EXPORTED_PARTS`) to ``destination/RUN/``, manifest last.
+    ``progress(figures)`` (the run API's export record) gets ``Progress.figures()`` with each progress line."""
     from boto3.s3.transfer import TransferConfig
 
     started = time.monotonic()
@@ -64,13 +67,21 @@ def export_run(run_id: str, destination: str, *, shared_root: str | None = None,
     base = f"{dest.prefix}{run_id}/"
     config = TransferConfig(max_concurrency=max(1, workers))
     total = sum(f.stat().st_size for f in files)
-    progress = Progress(f"export {run_id} -> s3://{dest.bucket}/{base}", len(files), total, None, log, 5.0)
+
+    def logged(line: str) -> None:
+        log(line)
+        if progress is not None:
+            progress(counter.figures())
+
+    counter = Progress(f"export {run_id} -> s3://{dest.bucket}/{base}", len(files), total, None, logged, 5.0)
+    if progress is not None:
+        progress(counter.figures())  # the totals, before the first object is done
 
     def upload(path: Path) -> dict[str, Any]:
         rel = path.relative_to(run).as_posix()
         size, digest = sha256_file(path)
         client.upload_file(str(path), dest.bucket, base + rel, Config=config)
-        progress.add(objects=1, nbytes=size)
+        counter.add(objects=1, nbytes=size)
         return {"path": rel, "size": size, "sha256": digest}
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
@@ -78,7 +89,7 @@ def export_run(run_id: str, destination: str, *, shared_root: str | None = None,
     manifest = {"run_id": run_id, "files": entries, "bytes": total}
     client.put_object(Bucket=dest.bucket, Key=base + EXPORT_MANIFEST_FILE,
                       Body=json.dumps(manifest, indent=1, sort_keys=True).encode())
-    progress.report("done")
+    counter.report("done")
     return ExportResult(destination=f"s3://{dest.bucket}/{base}", files=len(files), bytes=total,
                         seconds=time.monotonic() - started)
 

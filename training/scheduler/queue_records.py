@@ -25,6 +25,8 @@ e.g. an ElastiCache replication group with cluster mode off):
 ``P group:<name>:joined`` set  multi-node: the pods that joined the gang (``<task>-a<attempt>/<index>``)
 ``P worker_state``     hash   worker id -> JSON: its lanes, state (:class:`WorkerState`), run, time
 ``P audit``            stream the run API's audit events (who, what, when, result: training/api/audit.py)
+``P export:<id>``      hash   the run API's latest export of the run: state, progress, destination, error
+                             (training/api/exports.py)
 ====================  =====  ===========================================================
 
 Task states: ``queued`` -> ``running`` -> ``succeeded``; a failed attempt goes
@@ -112,6 +114,7 @@ class Key(StrEnum):
     LANES = "lanes"
     WORKER_STATE = "worker_state"
     AUDIT = "audit"
+    EXPORT = "export:"
 
 DURATION_BUCKETS: tuple[float, ...] = (
     0.005, 0.05, 0.5, 1, 5, 30, 60, 300, 900, 1800, 3600, 7200, 14400, 28800, 86400,

@@ -72,6 +72,22 @@ def test_export_refuses_an_undeclared_destination(s3, declared, tmp_path, monkey
     assert json.loads(capsys.readouterr().out)["files"] == 1
 
 
+def test_export_here_defaults_to_the_declared_destination_and_has_nothing_to_wait_for(s3, declared, tmp_path,
+                                                                                       monkeypatch, capsys):
+    """Without a login context the export runs in this process: no destination is the declared one; ``--wait``
+    and ``--status`` (the run API's) are bad input saying so."""
+    (tmp_path / "runs" / "r1" / "index").mkdir(parents=True)
+    (tmp_path / "runs" / "r1" / "index" / "index.faiss").write_bytes(b"faiss")
+    monkeypatch.delenv(DATA_EXPORT_ENV, raising=False)
+    assert ragpool(["export", "r1"]) == exit_codes.BAD_INPUT
+    assert "no destination given and none declared" in capsys.readouterr().err
+    monkeypatch.setenv(DATA_EXPORT_ENV, f"s3://{declared}/exports/")
+    assert ragpool(["export", "r1", "--wait"]) == exit_codes.BAD_INPUT
+    assert "--wait and --status follow an export of the run API" in capsys.readouterr().err
+    assert ragpool(["export", "r1"]) == exit_codes.OK
+    assert json.loads(capsys.readouterr().out)["destination"] == f"s3://{declared}/exports/r1/"
+
+
 def test_prepare_a_corpus_directory_in_place(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(SHARED_ROOT_ENV, str(tmp_path))
     corpus = tmp_path / "datasets" / "wiki" / "passages"
