@@ -124,7 +124,8 @@ log_shipping = LogShipping("logs", LogShippingArgs(
     config=cfg, cluster_name=cluster_name, eks_cluster_name=cluster.name, depends_on=[cluster.system_nodes]))
 if cfg.data.enabled:  # dataBuckets / dataExport: the ragpool-data role of every training namespace
     DataAccess("data", DataAccessArgs(config=cfg, cluster_name=cluster.name, k8s_provider=cluster.provider,
-                                      namespaces=[TRAINING_NAMESPACE, *(t.namespace for t in cfg.teams)], depends_on=[training, *teams]))
+                                      namespaces=[TRAINING_NAMESPACE, *(t.namespace for t in cfg.teams)], depends_on=[training, *teams],
+                                      run_api_namespace=training.name))
 ray = None
 if cfg.ray.enabled:
     ray = Ray("ray", RayArgs(

@@ -17,6 +17,10 @@ NetworkPolicy in the namespace's default-deny: HTTPS out (S3, through the VPC's 
 private route table: infra/network.py), the EKS Pod Identity agent on the node (169.254.170.23:80, where the
 SDK fetches the role's credentials), EFS; nothing may connect to them.
 
+With ``dataExport``, the run API's service account (infra/run_api.py) is associated with the same role: ``ragpool
+export`` through the API uploads a run from the API's pod (its NetworkPolicy reaches the agent with
+:func:`pod_identity_agent_egress`).
+
 No Role/RoleBinding: the Job's pod calls no Kubernetes API (``automountServiceAccountToken: false``; the Pod
 Identity webhook mounts its own projected token for the agent).
 """
@@ -41,6 +45,7 @@ from infra.config import DataConfig, StackConfig
 from infra.pod_security import container_security_context, pod_security_context
 from infra.storage import SHARED_PVC
 from contract import exit_codes
+from contract.api import RUN_API_NAME
 from contract.datasets import (
     DATA_BUCKETS_ENV, DATA_IMPORT_COMPONENT, DATA_SERVICE_ACCOUNT, dataset_path, format_buckets, parse_s3_url,
 )
@@ -85,16 +90,27 @@ def data_policy(partition: str, region: str, data: DataConfig) -> dict[str, Any]
     return {"Version": "2012-10-17", "Statement": statements}
 
 
+def s3_egress() -> dict[str, Any]:
+    """The egress rule to S3: HTTPS to public addresses, routed through the VPC's S3 gateway endpoint (not the
+    NAT)."""
+    return {"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}], "ports": [{"protocol": "TCP", "port": HTTPS_PORT}]}
+
+
+def pod_identity_agent_egress() -> dict[str, Any]:
+    """The egress rule to the node's EKS Pod Identity agent, where the SDK fetches the data role's credentials
+    (the import Job's pods, and the run API's when it exports)."""
+    return {"to": [{"ipBlock": {"cidr": POD_IDENTITY_AGENT_CIDR}}],
+            "ports": [{"protocol": "TCP", "port": POD_IDENTITY_AGENT_PORT}]}
+
+
 def import_network_policy(cfg: StackConfig) -> dict[str, Any]:
     """Egress of import Job pods: S3 over HTTPS, the Pod Identity agent, EFS; no ingress at all."""
     return {
         "podSelector": {"matchLabels": {"app.kubernetes.io/component": DATA_IMPORT_COMPONENT}},
         "policyTypes": ["Ingress", "Egress"],
         "egress": [
-            # S3: public addresses, routed through the VPC's S3 gateway endpoint (not the NAT).
-            {"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}], "ports": [{"protocol": "TCP", "port": HTTPS_PORT}]},
-            {"to": [{"ipBlock": {"cidr": POD_IDENTITY_AGENT_CIDR}}],
-             "ports": [{"protocol": "TCP", "port": POD_IDENTITY_AGENT_PORT}]},
+            s3_egress(),
+            pod_identity_agent_egress(),
             {"to": [{"ipBlock": {"cidr": cfg.network.vpc_cidr}}], "ports": [{"protocol": "TCP", "port": EFS_PORT}]},
         ],
     }
@@ -163,6 +179,9 @@ class DataAccessArgs:
     """Every training namespace (the main one and the teams')."""
     depends_on: list[pulumi.Resource]
     """The namespaces' components."""
+    run_api_namespace: pulumi.Input[str] | None = None
+    """The run API's namespace: with ``dataExport``, its service account gets the data role too (``ragpool
+    export`` through the API uploads from its pod); None: not."""
 
 
 class DataAccess(RagpoolComponent):
@@ -189,5 +208,10 @@ class DataAccess(RagpoolComponent):
                 f"{name}-{ns}-egress",
                 metadata={"name": NETWORK_POLICY, "namespace": ns, "labels": k8s_labels(DATA_IMPORT_COMPONENT)},
                 spec=import_network_policy(cfg), opts=ns_opts)
+        if cfg.data.export_bucket and args.run_api_namespace is not None:
+            aws.eks.PodIdentityAssociation(
+                f"{name}-run-api", cluster_name=args.cluster_name, namespace=args.run_api_namespace,
+                service_account=RUN_API_NAME, role_arn=role.arn, tags=aws_tags(cfg, f"{cfg.name_prefix}-data-run-api"),
+                opts=child(self, depends_on=[policy]))
         self.role_arn = role.arn
         self.register_outputs({"roleArn": role.arn})

@@ -7,7 +7,10 @@ mounted read-only (submit checks what the pool sees, ``logs`` reads run director
 environment (pools, served lanes, pool GPUs, Ray pools: submit's fit check and ``/v1/facts``), and ``apiTeams``
 as a mounted ConfigMap. A ClusterIP Service in front; people reach it through the Kubernetes API server's service
 proxy (docs/DESIGN.md, "The run API"), so its NetworkPolicy admits the VPC's addresses (the API server's ENIs)
-on the API port and lets it out to the queue, EFS and STS (HTTPS) only.
+on the API port and lets it out to the queue, EFS and STS (HTTPS) only. With ``dataExport`` (``ragpool export``
+through the API), its environment names the export destination (``RAGPOOL_DATA_EXPORT``) and region, EKS Pod
+Identity gives its service account the stack's data role (infra/data_access.py: read the declared buckets, write
+below the export prefix), and its NetworkPolicy also reaches the node's Pod Identity agent.
 
 The ML-engineer tier's side of that path: the login ConfigMap (``contract.api.LOGIN_CONFIGMAP``: cluster id,
 region, STS endpoint, proxy path; ``ragpool login --cluster`` reads it) and a Role + RoleBinding in this namespace
@@ -39,6 +42,7 @@ import pulumi_kubernetes as k8s
 from contract.api import (ENGINEER_GROUP, LOGIN_CONFIGMAP, RUN_API_NAME, RUN_API_PORT_NAME, LoginFacts, TeamQueue,
                           proxy_path, proxy_resource_name)
 from contract.api import sts_endpoint as region_sts_endpoint
+from contract.datasets import DATA_EXPORT_ENV
 from contract.env import API_CLUSTER_ID_ENV, API_STS_ENDPOINT_ENV, API_TEAM_QUEUES_ENV, API_TEAMS_FILE_ENV
 from contract.lanes import POOLS_ENV, SERVED_LANES_ENV
 from contract.names import KUEUE_API_VERSION
@@ -50,6 +54,7 @@ from infra.common import SHARED_MOUNT_PATH, SYSTEM_NODE_SELECTOR, TRAINING_UID, 
 from infra.component import RagpoolComponent
 from infra.config import StackConfig
 from infra.config_gpu import TeamConfig
+from infra.data_access import pod_identity_agent_egress
 from infra.gpu_memory import pool_gpus
 from infra.kueue_objects import LOCAL_QUEUE
 from infra.kueue_objects import cluster_queue as kueue_cluster_queue
@@ -154,6 +159,8 @@ def run_api_deployment_spec(cfg: StackConfig, image: str, redis_secret: str, sha
            *({"name": k, "value": v} for k, v in namespace_facts(cfg, served_lanes, ray_pools).items())]
     if team_queues:
         env.append({"name": API_TEAM_QUEUES_ENV, "value": team_queues_json(list(team_queues))})
+    if cfg.data.export_url:  # `ragpool export` through the API: where it may write, in which region
+        env += [{"name": DATA_EXPORT_ENV, "value": cfg.data.export_url}, {"name": "AWS_REGION", "value": cfg.region}]
     kube_volume, kube_mount = kube_api_volume()
     # each trainingTeams team's own storage, read-only where the API reads that team's runs (its shared_root)
     team_volumes = [{"name": team_pod_volume(q.team), "persistentVolumeClaim": {
@@ -245,14 +252,18 @@ def engineer_rules() -> list[dict[str, Any]]:
 
 def run_api_network_policy(cfg: StackConfig) -> dict[str, Any]:
     """In: the API port from the VPC's addresses (the API server's service proxy comes from its ENIs in the
-    cluster's subnets). Out: the queue, EFS (the shared root) and HTTPS (STS)."""
+    cluster's subnets). Out: the queue, EFS (the shared root) and HTTPS (STS; S3 with ``dataExport``), and with
+    ``dataExport`` the node's Pod Identity agent (the data role's credentials: infra/data_access.py)."""
     vpc = {"ipBlock": {"cidr": cfg.network.vpc_cidr}}
+    egress = [{"to": [redis_peer(cfg)], "ports": [{"protocol": "TCP", "port": REDIS_PORT}]},
+              {"to": [vpc], "ports": [{"protocol": "TCP", "port": EFS_PORT}]},
+              {"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}], "ports": [{"protocol": "TCP", "port": HTTPS_PORT}]}]
+    if cfg.data.export_bucket:
+        egress.append(pod_identity_agent_egress())
     return {"podSelector": {"matchLabels": {"app.kubernetes.io/name": RUN_API_NAME}},
             "policyTypes": ["Ingress", "Egress"],
             "ingress": [{"from": [vpc], "ports": [{"protocol": "TCP", "port": RUN_API_PORT}]}],
-            "egress": [{"to": [redis_peer(cfg)], "ports": [{"protocol": "TCP", "port": REDIS_PORT}]},
-                       {"to": [vpc], "ports": [{"protocol": "TCP", "port": EFS_PORT}]},
-                       {"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}], "ports": [{"protocol": "TCP", "port": HTTPS_PORT}]}]}
+            "egress": egress}
 
 
 @dataclass

@@ -612,3 +612,15 @@ def test_the_run_api_reaches_the_queue_efs_and_sts_and_is_reached_on_its_port(co
     assert not w.cluster.allows(proxy, api, REDIS_PORT) and not w.cluster.allows(w.internet, api, RUN_API_PORT)
     if stack == "dev":
         assert not w.cluster.allows(w.stranger, redis, REDIS_PORT) and not w.cluster.allows(proxy, redis, REDIS_PORT)
+    agent = Endpoint("pod-identity-agent", POD_IDENTITY_AGENT)
+    assert not w.cluster.allows(api, agent, 80), "no dataExport: no data role, no credentials to fetch"
+
+
+def test_with_data_export_the_run_api_reaches_the_pod_identity_agent_for_its_uploads(data_plan):
+    """``ragpool export`` through the run API: S3 over HTTPS (as STS) and the data role's credentials from the
+    node's Pod Identity agent; still no plain HTTP out."""
+    w = world(data_plan)
+    [api] = w.pod("run-api-deployment")
+    agent = Endpoint("pod-identity-agent", POD_IDENTITY_AGENT)
+    assert w.cluster.allows(api, agent, 80) and w.cluster.allows(api, w.internet, 443)
+    assert not w.cluster.allows(api, w.internet, 80) and not w.cluster.allows(api, w.stranger, 8080)

@@ -251,3 +251,29 @@ def test_a_missing_setting_is_exit_2_naming_it():
     out = subprocess.run([sys.executable, "-m", "training.api.server"], env=child_env(**{API_CLUSTER_ID_ENV: ""}),
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and API_CLUSTER_ID_ENV in out.stderr and "Traceback" not in out.stderr
+
+
+def test_with_data_export_the_run_api_may_upload_below_the_export_prefix_only(data_plan, committed_plans):
+    """``ragpool export`` through the API: its service account gets the stack's data role (EKS Pod Identity; the
+    role's policy is tests/infra/test_data_access.py's), its environment the declared destination, its
+    NetworkPolicy the agent (infra/data_access.py's rule); without dataExport none of it."""
+    from contract.datasets import DATA_EXPORT_ENV, DATA_SERVICE_ACCOUNT
+    from infra.data_access import pod_identity_agent_egress
+    from tests.infra.conftest import DATA_ON_DEV
+
+    associations = {(a["namespace"], a["serviceAccount"]): a["roleArn"]
+                    for a in inputs_of(data_plan, "aws:eks/podIdentityAssociation:PodIdentityAssociation")}
+    assert associations[("ragpool-training", RUN_API_NAME)] == associations[("ragpool-training", DATA_SERVICE_ACCOUNT)]
+    [container] = _deployment(data_plan)["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    export = DATA_ON_DEV["ragpool:dataExport"]
+    assert env[DATA_EXPORT_ENV] == f"s3://{export['bucket']}/{export['prefix']}" and env["AWS_REGION"] == "us-west-2"
+    [policy] = [p for p in inputs_of(data_plan, "kubernetes:networking.k8s.io/v1:NetworkPolicy", "ragpool-training")
+                if p["metadata"]["name"] == RUN_API_NAME]
+    assert pod_identity_agent_egress() in policy["spec"]["egress"]
+    for stack in STACKS:
+        plan = committed_plans[stack]
+        assert not [a for a in inputs_of(plan, "aws:eks/podIdentityAssociation:PodIdentityAssociation")
+                    if a["serviceAccount"] == RUN_API_NAME]
+        [container] = _deployment(plan)["spec"]["template"]["spec"]["containers"]
+        assert DATA_EXPORT_ENV not in {e["name"] for e in container["env"]}
