@@ -17,9 +17,11 @@ NetworkPolicy in the namespace's default-deny: HTTPS out (S3, through the VPC's 
 private route table: infra/network.py), the EKS Pod Identity agent on the node (169.254.170.23:80, where the
 SDK fetches the role's credentials), EFS; nothing may connect to them.
 
-With ``dataExport``, the run API's service account (infra/run_api.py) is associated with the same role: ``ragpool
-export`` through the API uploads a run from the API's pod (its NetworkPolicy reaches the agent with
-:func:`pod_identity_agent_egress`).
+With ``dataExport``, the run API's service account (infra/run_api.py) is associated with a second, export-only
+role (:func:`run_api_export_policy`): ``ragpool export`` through the API uploads a run from the API's pod (its
+NetworkPolicy reaches the agent with :func:`pod_identity_agent_egress`), and ``export_run``
+(training/datasets/export.py) only uploads (``upload_file``, ``put_object``: no listing, no reads), so that role
+has the data role's export statements (:func:`export_statements`) and nothing else: it reads no data bucket.
 
 No Role/RoleBinding: the Job's pod calls no Kubernetes API (``automountServiceAccountToken: false``; the Pod
 Identity webhook mounts its own projected token for the agent).
@@ -65,9 +67,38 @@ IMPORT_TTL_SECONDS = 86400
 NETWORK_POLICY = "data-import-egress"
 
 
+def _via_s3(region: str) -> dict[str, Any]:
+    """The condition that a KMS call comes from S3 in the stack's region (not a direct call)."""
+    return {"StringEquals": {"kms:ViaService": f"s3.{region}.amazonaws.com"}}
+
+
+def export_statements(partition: str, region: str, data: DataConfig) -> list[dict[str, Any]]:
+    """Write below the export prefix (``s3:PutObject``: single and multipart uploads; ``s3:AbortMultipartUpload``)
+    and, with an SSE-KMS export bucket, ``kms:GenerateDataKey`` / ``kms:Decrypt`` with its key through S3 (a
+    multipart upload needs both). None without ``dataExport``. The data role's and the run API's export role's."""
+    if not data.export_bucket:
+        return []
+    statements: list[dict[str, Any]] = [
+        {"Sid": "WriteExports", "Effect": "Allow", "Action": ["s3:PutObject", "s3:AbortMultipartUpload"],
+         "Resource": [f"arn:{partition}:s3:::{data.export_bucket}/{data.export_prefix}*"]}]
+    if data.export_kms_key_arn:
+        statements.append({"Sid": "EncryptExports", "Effect": "Allow", "Action": ["kms:GenerateDataKey", "kms:Decrypt"],
+                           "Resource": [data.export_kms_key_arn], "Condition": _via_s3(region)})
+    return statements
+
+
+def run_api_export_policy(partition: str, region: str, data: DataConfig) -> dict[str, Any]:
+    """The run API's export role's policy: :func:`export_statements` only (``export_run`` neither lists nor reads
+    the destination). Raises ValueError without ``dataExport`` (no such role then)."""
+    statements = export_statements(partition, region, data)
+    if not statements:
+        raise ValueError("the run API's export role needs ragpool:dataExport")
+    return {"Version": "2012-10-17", "Statement": statements}
+
+
 def data_policy(partition: str, region: str, data: DataConfig) -> dict[str, Any]:
     """The data role's policy: read the declared buckets, write below the export prefix, nothing else."""
-    s3, via_s3 = f"arn:{partition}:s3:::", {"StringEquals": {"kms:ViaService": f"s3.{region}.amazonaws.com"}}
+    s3, via_s3 = f"arn:{partition}:s3:::", _via_s3(region)
     statements: list[dict[str, Any]] = []
     if data.buckets:
         statements += [
@@ -80,13 +111,7 @@ def data_policy(partition: str, region: str, data: DataConfig) -> dict[str, Any]
         if keys:
             statements.append({"Sid": "DecryptDatasetObjects", "Effect": "Allow", "Action": ["kms:Decrypt"],
                                "Resource": keys, "Condition": via_s3})
-    if data.export_bucket:
-        statements.append({"Sid": "WriteExports", "Effect": "Allow", "Action": ["s3:PutObject", "s3:AbortMultipartUpload"],
-                           "Resource": [f"{s3}{data.export_bucket}/{data.export_prefix}*"]})
-        if data.export_kms_key_arn:
-            statements.append({"Sid": "EncryptExports", "Effect": "Allow",
-                               "Action": ["kms:GenerateDataKey", "kms:Decrypt"],
-                               "Resource": [data.export_kms_key_arn], "Condition": via_s3})
+    statements += export_statements(partition, region, data)
     return {"Version": "2012-10-17", "Statement": statements}
 
 
@@ -97,8 +122,8 @@ def s3_egress() -> dict[str, Any]:
 
 
 def pod_identity_agent_egress() -> dict[str, Any]:
-    """The egress rule to the node's EKS Pod Identity agent, where the SDK fetches the data role's credentials
-    (the import Job's pods, and the run API's when it exports)."""
+    """The egress rule to the node's EKS Pod Identity agent, where the SDK fetches a role's credentials (the import
+    Job's pods: the data role's; the run API's when it exports: the export role's)."""
     return {"to": [{"ipBlock": {"cidr": POD_IDENTITY_AGENT_CIDR}}],
             "ports": [{"protocol": "TCP", "port": POD_IDENTITY_AGENT_PORT}]}
 
@@ -180,8 +205,8 @@ class DataAccessArgs:
     depends_on: list[pulumi.Resource]
     """The namespaces' components."""
     run_api_namespace: pulumi.Input[str] | None = None
-    """The run API's namespace: with ``dataExport``, its service account gets the data role too (``ragpool
-    export`` through the API uploads from its pod); None: not."""
+    """The run API's namespace: with ``dataExport``, its service account gets the export-only role
+    (:func:`run_api_export_policy`: ``ragpool export`` through the API uploads from its pod); None: not."""
 
 
 class DataAccess(RagpoolComponent):
@@ -209,9 +234,14 @@ class DataAccess(RagpoolComponent):
                 metadata={"name": NETWORK_POLICY, "namespace": ns, "labels": k8s_labels(DATA_IMPORT_COMPONENT)},
                 spec=import_network_policy(cfg), opts=ns_opts)
         if cfg.data.export_bucket and args.run_api_namespace is not None:
+            export_role = aws.iam.Role(f"{name}-run-api-export", assume_role_policy=iam.pod_identity_trust(),
+                                       tags=aws_tags(cfg, f"{cfg.name_prefix}-run-api-export"), opts=child(self))
+            export_policy = aws.iam.RolePolicy(
+                f"{name}-run-api-export-policy", role=export_role.id,
+                policy=json.dumps(run_api_export_policy(iam.partition(), cfg.region, cfg.data)), opts=child(self))
             aws.eks.PodIdentityAssociation(
                 f"{name}-run-api", cluster_name=args.cluster_name, namespace=args.run_api_namespace,
-                service_account=RUN_API_NAME, role_arn=role.arn, tags=aws_tags(cfg, f"{cfg.name_prefix}-data-run-api"),
-                opts=child(self, depends_on=[policy]))
+                service_account=RUN_API_NAME, role_arn=export_role.arn,
+                tags=aws_tags(cfg, f"{cfg.name_prefix}-data-run-api"), opts=child(self, depends_on=[export_policy]))
         self.role_arn = role.arn
         self.register_outputs({"roleArn": role.arn})

@@ -9,8 +9,8 @@ as a mounted ConfigMap. A ClusterIP Service in front; people reach it through th
 proxy (docs/DESIGN.md, "The run API"), so its NetworkPolicy admits the VPC's addresses (the API server's ENIs)
 on the API port and lets it out to the queue, EFS and STS (HTTPS) only. With ``dataExport`` (``ragpool export``
 through the API), its environment names the export destination (``RAGPOOL_DATA_EXPORT``) and region, EKS Pod
-Identity gives its service account the stack's data role (infra/data_access.py: read the declared buckets, write
-below the export prefix), and its NetworkPolicy also reaches the node's Pod Identity agent.
+Identity gives its service account an export-only role (infra/data_access.py ``run_api_export_policy``: write
+below the export prefix, read no bucket), and its NetworkPolicy also reaches the node's Pod Identity agent.
 
 The ML-engineer tier's side of that path: the login ConfigMap (``contract.api.LOGIN_CONFIGMAP``: cluster id,
 region, STS endpoint, proxy path; ``ragpool login --cluster`` reads it) and a Role + RoleBinding in this namespace
@@ -253,7 +253,7 @@ def engineer_rules() -> list[dict[str, Any]]:
 def run_api_network_policy(cfg: StackConfig) -> dict[str, Any]:
     """In: the API port from the VPC's addresses (the API server's service proxy comes from its ENIs in the
     cluster's subnets). Out: the queue, EFS (the shared root) and HTTPS (STS; S3 with ``dataExport``), and with
-    ``dataExport`` the node's Pod Identity agent (the data role's credentials: infra/data_access.py)."""
+    ``dataExport`` the node's Pod Identity agent (the export role's credentials: infra/data_access.py)."""
     vpc = {"ipBlock": {"cidr": cfg.network.vpc_cidr}}
     egress = [{"to": [redis_peer(cfg)], "ports": [{"protocol": "TCP", "port": REDIS_PORT}]},
               {"to": [vpc], "ports": [{"protocol": "TCP", "port": EFS_PORT}]},

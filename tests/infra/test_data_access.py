@@ -1,5 +1,5 @@
-"""The data role (infra/data_access.py) through the project's IAM evaluator, and the import Job: strictly
-schema-valid, restricted, its service account mapped to the role in every training namespace."""
+"""The data role and the run API's export role (infra/data_access.py) through the project's IAM evaluator, and the
+import Job: strictly schema-valid, restricted, its service account mapped to the role in every training namespace."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import json
 
 import pytest
 
+from contract.api import RUN_API_NAME
 from contract.datasets import DATA_BUCKETS_ENV, DATA_SERVICE_ACCOUNT
-from infra.data_access import NETWORK_POLICY, data_policy, import_job
+from infra.data_access import NETWORK_POLICY, data_policy, import_job, run_api_export_policy
 from infra.config import DataBucket, DataConfig
 from infra.plan import MOCK_ACCOUNT
 from infra.pod_security import restricted_problems
@@ -31,20 +32,35 @@ def _of(plan: dict, typ: str) -> list[dict]:
     return [r for r in plan["resources"] if r["type"] == typ]
 
 
+def _pod_identity_policy(plan: dict, service_account: str, namespaces: list[str]) -> tuple[str, dict]:
+    """The role ``service_account`` gets through Pod Identity in ``namespaces`` (exactly those): its ARN and its
+    one inline policy (EKS Pod Identity trust, no attached policy)."""
+    identities = [r["inputs"] for r in _of(plan, "aws:eks/podIdentityAssociation:PodIdentityAssociation")
+                  if r["inputs"]["serviceAccount"] == service_account]
+    assert sorted(i["namespace"] for i in identities) == sorted(namespaces)
+    [role_arn] = {i["roleArn"] for i in identities}
+    [role] = [r for r in _of(plan, "aws:iam/role:Role") if role_arn.endswith("/" + r["name"])]
+    [trust] = json.loads(role["inputs"]["assumeRolePolicy"])["Statement"]
+    assert trust == {"Effect": "Allow", "Principal": {"Service": "pods.eks.amazonaws.com"},
+                     "Action": ["sts:AssumeRole", "sts:TagSession"]}
+    [policy] = [r for r in _of(plan, "aws:iam/rolePolicy:RolePolicy") if r["inputs"]["role"] == f"{role['name']}-id"]
+    assert not [r for r in _of(plan, "aws:iam/rolePolicyAttachment:RolePolicyAttachment")
+                if r["inputs"]["role"] in (role["name"], f"{role['name']}-id")]
+    return role_arn, json.loads(policy["inputs"]["policy"])
+
+
 @pytest.fixture(scope="module")
 def role_policy(data_plan) -> dict:
     """The inline policy of the role the ragpool-data service accounts get through Pod Identity."""
-    identities = [r["inputs"] for r in _of(data_plan, "aws:eks/podIdentityAssociation:PodIdentityAssociation")
-                  if r["inputs"]["serviceAccount"] == DATA_SERVICE_ACCOUNT]
-    assert sorted(i["namespace"] for i in identities) == sorted(NAMESPACES)
-    [role_arn] = {i["roleArn"] for i in identities}
-    [role] = [r for r in _of(data_plan, "aws:iam/role:Role") if role_arn.endswith("/" + r["name"])]
-    assert json.loads(role["inputs"]["assumeRolePolicy"])["Statement"][0]["Principal"] == {
-        "Service": "pods.eks.amazonaws.com"}
-    [policy] = [r for r in _of(data_plan, "aws:iam/rolePolicy:RolePolicy") if r["inputs"]["role"] == f"{role['name']}-id"]
-    assert not [r for r in _of(data_plan, "aws:iam/rolePolicyAttachment:RolePolicyAttachment")
-                if r["inputs"]["role"] in (role["name"], f"{role['name']}-id")]
-    return json.loads(policy["inputs"]["policy"])
+    return _pod_identity_policy(data_plan, DATA_SERVICE_ACCOUNT, NAMESPACES)[1]
+
+
+@pytest.fixture(scope="module")
+def export_role_policy(data_plan) -> dict:
+    """The inline policy of the run API's export role (its service account's, in the main namespace only)."""
+    arn, policy = _pod_identity_policy(data_plan, RUN_API_NAME, [NAMESPACES[0]])
+    assert arn != _pod_identity_policy(data_plan, DATA_SERVICE_ACCOUNT, NAMESPACES)[0], "not the data role"
+    return policy
 
 
 def _decide(policy: dict, action: str, resource: str, **context: str) -> str:
@@ -98,6 +114,46 @@ def test_an_sse_kms_export_may_generate_data_keys_through_s3_only():
     only_reads = data_policy("aws", "us-west-2", DataConfig(buckets=(DataBucket("b-y"),)))
     assert _decide(only_reads, "s3:PutObject", "arn:aws:s3:::b-y/x") == IMPLICIT_DENY
     assert [s["Sid"] for s in only_reads["Statement"]] == ["ListDatasetBuckets", "ReadDatasetObjects"]
+
+
+def test_the_run_api_role_writes_below_the_export_prefix_only_and_reads_no_data_bucket(export_role_policy):
+    """``export_run`` uploads (PutObject, multipart) and nothing else: the API's role has exactly that."""
+    export = "arn:aws:s3:::team-exports/ragpool/exports/"
+    for action in ("s3:PutObject", "s3:AbortMultipartUpload"):
+        assert _decide(export_role_policy, action, export + "run-1/index/manifest.json") == ALLOW, action
+        for outside in ("arn:aws:s3:::team-exports/ragpool/other", "arn:aws:s3:::team-exports/ragpool/exports",
+                        "arn:aws:s3:::team-exports/x", "arn:aws:s3:::team-corpora/ragpool/exports/x",
+                        *(f"arn:aws:s3:::{b}/wiki/part-0.jsonl" for b in BUCKETS)):
+            assert _decide(export_role_policy, action, outside) == IMPLICIT_DENY, (action, outside)
+    for bucket in [*BUCKETS, "team-exports"]:
+        for action in ("s3:ListBucket", "s3:GetObject", "s3:DeleteObject", "s3:GetBucketPolicy", "s3:PutBucketPolicy"):
+            assert _decide(export_role_policy, action, f"arn:aws:s3:::{bucket}") == IMPLICIT_DENY, (action, bucket)
+            assert _decide(export_role_policy, action, f"arn:aws:s3:::{bucket}/ragpool/exports/run-1/x") == (
+                IMPLICIT_DENY), (action, bucket)
+    assert _decide(export_role_policy, "s3:ListBucket", "arn:aws:s3:::team-exports",
+                   **{"s3:prefix": "ragpool/exports/"}) == IMPLICIT_DENY
+    for action, resource in (("kms:Decrypt", KMS_KEY), ("kms:GenerateDataKey", KMS_KEY),
+                             ("iam:PassRole", f"arn:aws:iam::{MOCK_ACCOUNT}:role/x"), ("s3:ListAllMyBuckets", "*"),
+                             ("sts:AssumeRole", f"arn:aws:iam::{MOCK_ACCOUNT}:role/admin"), ("ec2:DescribeInstances", "*")):
+        assert _decide(export_role_policy, action, resource, **VIA_S3) == IMPLICIT_DENY, action
+    assert [s["Sid"] for s in export_role_policy["Statement"]] == ["WriteExports"]
+
+
+def test_the_run_api_role_with_an_sse_kms_export_uses_its_key_through_s3_only():
+    data = DataConfig(buckets=(DataBucket("b-y", kms_key_arn=OTHER_KEY),), export_bucket="b-x", export_prefix="p/",
+                      export_kms_key_arn=KMS_KEY)
+    policy = run_api_export_policy("aws", "us-west-2", data)
+    for action in ("kms:GenerateDataKey", "kms:Decrypt"):
+        assert _decide(policy, action, KMS_KEY, **VIA_S3) == ALLOW, action
+        assert _decide(policy, action, KMS_KEY) == IMPLICIT_DENY, action
+        assert _decide(policy, action, OTHER_KEY, **VIA_S3) == IMPLICIT_DENY, action  # a dataset bucket's key
+    assert _decide(policy, "s3:GetObject", "arn:aws:s3:::b-y/x") == IMPLICIT_DENY
+    assert _decide(policy, "s3:ListBucket", "arn:aws:s3:::b-y") == IMPLICIT_DENY
+    # one home: the data role's export statements are these same ones
+    assert policy["Statement"] == [s for s in data_policy("aws", "us-west-2", data)["Statement"]
+                                   if s["Sid"] in ("WriteExports", "EncryptExports")]
+    with pytest.raises(ValueError, match="dataExport"):
+        run_api_export_policy("aws", "us-west-2", DataConfig(buckets=(DataBucket("b-y"),)))
 
 
 @pytest.mark.parametrize("stack", STACKS)

@@ -254,16 +254,18 @@ def test_a_missing_setting_is_exit_2_naming_it():
 
 
 def test_with_data_export_the_run_api_may_upload_below_the_export_prefix_only(data_plan, committed_plans):
-    """``ragpool export`` through the API: its service account gets the stack's data role (EKS Pod Identity; the
-    role's policy is tests/infra/test_data_access.py's), its environment the declared destination, its
-    NetworkPolicy the agent (infra/data_access.py's rule); without dataExport none of it."""
+    """``ragpool export`` through the API: its service account gets its own export-only role, not the data role
+    (EKS Pod Identity; the role's policy is tests/infra/test_data_access.py's), its environment the declared
+    destination, its NetworkPolicy the agent (infra/data_access.py's rule); without dataExport none of it."""
     from contract.datasets import DATA_EXPORT_ENV, DATA_SERVICE_ACCOUNT
     from infra.data_access import pod_identity_agent_egress
     from tests.infra.conftest import DATA_ON_DEV
 
     associations = {(a["namespace"], a["serviceAccount"]): a["roleArn"]
                     for a in inputs_of(data_plan, "aws:eks/podIdentityAssociation:PodIdentityAssociation")}
-    assert associations[("ragpool-training", RUN_API_NAME)] == associations[("ragpool-training", DATA_SERVICE_ACCOUNT)]
+    api_role = associations[("ragpool-training", RUN_API_NAME)]
+    assert api_role != associations[("ragpool-training", DATA_SERVICE_ACCOUNT)]
+    assert [sa for (_, sa), arn in associations.items() if arn == api_role] == [RUN_API_NAME]
     [container] = _deployment(data_plan)["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     export = DATA_ON_DEV["ragpool:dataExport"]
