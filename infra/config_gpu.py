@@ -37,6 +37,52 @@ class GpuPoolConfig:
     consolidate_after: str = "30m"
     disruption_budget: str = "10%"
     gpus_per_worker: int = 1
+    checkpoint_seconds: int | None = None
+    """How long one checkpoint of the largest run trained here takes (``checkpointSeconds``, measured:
+    ``ragpool_checkpoint_duration_seconds``); None: not declared, the grace periods below are kept."""
+
+
+# What a training pod on a GPU pool gets between SIGTERM and SIGKILL (docs/DESIGN.md "Spot notice timing").
+SPOT_NOTICE_S = 120
+"""EC2 reclaims a spot instance 2 minutes after its interruption warning."""
+SPOT_NOTICE_DELIVERY_S = 10
+"""Margin for the warning to reach the pod: EventBridge -> the interruption queue -> Karpenter's SQS poll -> NodeClaim
+delete -> drain -> pod delete (aws/karpenter-provider-aws v1.14.1 pkg/controllers/interruption/utils.go: a spot
+warning is CordonAndDrain, the NodeClaim is deleted at once)."""
+SPOT_GRACE_S = SPOT_NOTICE_S - SPOT_NOTICE_DELIVERY_S
+"""A spot pool's NodePool ``terminationGracePeriod`` and its worker pods' ``terminationGracePeriodSeconds``. The
+NodePool's must be set this short: the worker pods carry ``karpenter.sh/do-not-disrupt``, which Karpenter's drain
+does not evict (kubernetes-sigs/karpenter pkg/utils/pod/scheduling.go ``IsEvictable``); it deletes them only at
+``node deletion + terminationGracePeriod - the pod's terminationGracePeriodSeconds`` (terminator.go
+``DeleteExpiringPods``), so with 24h they would get no SIGTERM before EC2 took the instance. Longer buys nothing:
+the instance is gone at 120 s."""
+TERMINATION_GRACE_S = 300
+"""An on-demand pool's worker pods' ``terminationGracePeriodSeconds`` (no 2-minute limit there)."""
+NODE_TERMINATION_GRACE = "24h"
+"""An on-demand NodePool's ``terminationGracePeriod``: how long an expiring node may wait for do-not-disrupt pods."""
+STOP_MARGIN_S = 15
+"""The worker's margin inside its pod's grace period: after the run's checkpoint it hands the run back
+(``--stop-grace-seconds`` = grace - this)."""
+
+
+def sigterm_checkpoint_s(checkpoint_s: int) -> int:
+    """The longest a SIGTERM checkpoint can take when one checkpoint takes ``checkpoint_s``: a background
+    (``checkpoint.async_save``, the default) save may have begun just before the notice, and the SIGTERM save waits
+    for its commit before writing the SIGTERM step (training/components/checkpoint.py ``save_dcp``): two saves."""
+    return 2 * checkpoint_s
+
+
+def pod_grace_seconds(pool: GpuPoolConfig) -> int:
+    """The worker pods' ``terminationGracePeriodSeconds`` on ``pool``: :data:`SPOT_GRACE_S` on spot; on on-demand
+    :data:`TERMINATION_GRACE_S`, or longer when the declared checkpoint needs it."""
+    if pool.capacity_type == "spot":
+        return SPOT_GRACE_S
+    return max(TERMINATION_GRACE_S, sigterm_checkpoint_s(pool.checkpoint_seconds or 0) + STOP_MARGIN_S)
+
+
+def node_termination_grace(pool: GpuPoolConfig) -> str:
+    """The pool's NodePool ``spec.template.spec.terminationGracePeriod`` (see :data:`SPOT_GRACE_S`)."""
+    return f"{SPOT_GRACE_S}s" if pool.capacity_type == "spot" else NODE_TERMINATION_GRACE
 
 
 @dataclass(frozen=True)
@@ -60,7 +106,7 @@ _POOL_FIELDS = {
     "name": "name", "instanceTypes": "instance_types", "capacityType": "capacity_type", "gpuLimit": "gpu_limit",
     "zones": "zones", "diskSizeGiB": "disk_size_gib", "labels": "labels", "weight": "weight",
     "expireAfter": "expire_after", "consolidateAfter": "consolidate_after", "disruptionBudget": "disruption_budget",
-    "gpusPerWorker": "gpus_per_worker",
+    "gpusPerWorker": "gpus_per_worker", "checkpointSeconds": "checkpoint_seconds",
 }
 _POOL_DEFAULTS = {f.name: f.default for f in fields(GpuPoolConfig) if f.default is not MISSING}
 
@@ -144,6 +190,17 @@ def _parse_pool(r: Reader, at: str, p: Mapping[Any, Any], zones: tuple[str, ...]
     per_worker = _pool_value(p, "gpusPerWorker")
     check(is_int(per_worker, 1, 8), r,
           f"{at}.gpusPerWorker", per_worker, "must be an integer from 1 to 8 (GPUs one worker pod requests)")
+    ckpt = p.get("checkpointSeconds")  # left out: not declared (None); written, it must be a number
+    if check("checkpointSeconds" not in p or is_int(ckpt, 1, 3600), r, f"{at}.checkpointSeconds", ckpt,
+             "must be an integer from 1 to 3600 (seconds the SIGTERM checkpoint takes), or left out") \
+            and ckpt is not None and cap == "spot":
+        budget = SPOT_GRACE_S - STOP_MARGIN_S
+        check(sigterm_checkpoint_s(ckpt) <= budget, r, f"{at}.checkpointSeconds", ckpt,
+              f"a spot pool's checkpoint must fit the spot notice: EC2 reclaims the instance {SPOT_NOTICE_S} s after "
+              f"its warning, the pod gets SIGTERM within {SPOT_NOTICE_DELIVERY_S} s of it and the worker needs "
+              f"{STOP_MARGIN_S} s to hand the run back, leaving {budget} s for the background save in flight and the "
+              f"SIGTERM save after it, so at most {budget // 2} s each; train this model on an on-demand pool, or "
+              "shard it over more nodes (each writes a smaller share)")
     budget = _pool_value(p, "disruptionBudget")
     check(isinstance(budget, str) and bool(_BUDGET.fullmatch(budget)), r, f"{at}.disruptionBudget", budget,
           "must be a node count or percentage string, e.g. \"1\" or \"10%\"")
@@ -153,7 +210,7 @@ def _parse_pool(r: Reader, at: str, p: Mapping[Any, Any], zones: tuple[str, ...]
             zones=tuple(pzones) or zones, disk_size_gib=disk, labels=tuple(sorted(labels.items())),
             weight=weight, expire_after=_pool_value(p, "expireAfter"),
             consolidate_after=_pool_value(p, "consolidateAfter"), disruption_budget=budget,
-            gpus_per_worker=per_worker,
+            gpus_per_worker=per_worker, checkpoint_seconds=ckpt,
         )
     except (TypeError, AttributeError):  # only with problems recorded above
         return None

@@ -85,7 +85,11 @@ SCHEMA: tuple[ConfigKey, ...] = (
     ConfigKey(
         "gpuPools", None,
         "GPU node pools, each {name, instanceTypes, capacityType: spot|on-demand, gpuLimit, zones?, diskSizeGiB?, labels?, "
-        "weight?, expireAfter?, consolidateAfter?, disruptionBudget?, gpusPerWorker?}. Pools scale from zero. (Pulumi cannot type objects, so "
+        "weight?, expireAfter?, consolidateAfter?, disruptionBudget?, gpusPerWorker?, checkpointSeconds?}. Pools scale from zero. "
+        "checkpointSeconds: the measured time of one checkpoint (ragpool_checkpoint_duration_seconds) of the largest run "
+        "trained on the pool; on a spot pool two of them (a background save in flight, then the SIGTERM "
+        "one) must fit the 2-minute spot notice, on on-demand they lengthen the worker pods' grace period past 300 s "
+        "when needed. (Pulumi cannot type objects, so "
         "infra/config_gpu.py validates this key.)",
         DEFAULT_GPU_POOLS,
     ),

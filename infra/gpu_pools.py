@@ -23,7 +23,7 @@ from infra.charts import KARPENTER
 from contract.names import GPU_RESOURCE
 from infra.common import GPU_TAINT, POOL_LABEL, PART_OF, aws_tags, child, deep_merge, load_values
 from infra.config import StackConfig
-from infra.config_gpu import GpuPoolConfig
+from infra.config_gpu import GpuPoolConfig, node_termination_grace
 from infra.efa import Efa
 
 KARPENTER_NAMESPACE = "kube-system"
@@ -64,8 +64,9 @@ def node_pool_spec(pool: GpuPoolConfig, node_class: str) -> dict[str, Any]:
                     {"key": "kubernetes.io/arch", "operator": "In", "values": arches},
                 ],
                 "expireAfter": pool.expire_after,
-                # Bound how long an expiring node may wait for do-not-disrupt pods.
-                "terminationGracePeriod": "24h",
+                # Bound how long a deleted node waits for do-not-disrupt pods: on spot the notice's 2 minutes, so
+                # an interruption deletes the training pods at once (their SIGTERM), infra/config_gpu.py SPOT_GRACE_S.
+                "terminationGracePeriod": node_termination_grace(pool),
             },
         },
         "limits": {GPU_RESOURCE: str(pool.gpu_limit)},

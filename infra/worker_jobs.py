@@ -33,7 +33,7 @@ import pulumi_kubernetes as k8s
 from infra.component import RagpoolComponent
 from infra.common import GPU_TOLERATION, POOL_LABEL, SHARED_MOUNT_PATH, SYSTEM_NODE_SELECTOR, TRAINING_UID, child, k8s_labels
 from infra.config import StackConfig
-from infra.config_gpu import GpuPoolConfig
+from infra.config_gpu import STOP_MARGIN_S, TERMINATION_GRACE_S, GpuPoolConfig, pod_grace_seconds
 from infra.efa_devices import efa_env, pool_efa_devices
 from infra.gpu_memory import pod_memory
 from infra.keda import (
@@ -61,7 +61,6 @@ from contract.ray_pools import POOLS_ENV
 from contract.ports import READY_PATH
 from contract.lanes import lane_labels, worker_env
 
-TERMINATION_GRACE_SECONDS = 300
 BACKOFF_LIMIT = 6
 """Counted pod failures (``podFailurePolicy`` Count, or no rule matched) a worker Job survives, all its pods together."""
 BACKOFF_LIMIT_PER_INDEX = 3
@@ -112,12 +111,13 @@ def _worker_pod(*, image: str, redis_secret: str, shared_claim: str, queue_names
                 node_selector: dict[str, str], args: list[str], env: list[dict[str, Any]],
                 ports: list[dict[str, Any]], resources: dict[str, Any], tmp_size: str,
                 shm_size: str | None = None, secret_volumes: tuple[tuple[dict[str, Any], dict[str, Any]], ...] = (),
-                **pod_fields: Any) -> dict[str, Any]:
+                grace_s: int = TERMINATION_GRACE_S, **pod_fields: Any) -> dict[str, Any]:
     """The pod of a queue worker (``python -m training.worker``), what every worker template shares:
     the worker identity, the restricted security context, the queue's Redis (URL and password file),
     the shared storage, a sized /tmp (and /dev/shm when ``shm_size``). ``args`` and ``env`` follow
     the common ones; ``secret_volumes`` are (volume, mount) pairs of this template alone (the Ray
-    token, the GPU worker's API token); ``pod_fields`` add pod-level fields (tolerations, subdomain)."""
+    token, the GPU worker's API token); ``grace_s``: its ``terminationGracePeriodSeconds`` (a GPU pool's:
+    infra/config_gpu.py ``pod_grace_seconds``); ``pod_fields`` add pod-level fields (tolerations, subdomain)."""
     volumes = [{"name": "shared", "persistentVolumeClaim": {"claimName": shared_claim}}]
     mounts = [{"name": "shared", "mountPath": SHARED_MOUNT_PATH}]
     if shm_size:
@@ -137,7 +137,7 @@ def _worker_pod(*, image: str, redis_secret: str, shared_claim: str, queue_names
         "nodeSelector": node_selector,
         # Time for a SIGTERM'd run to reach its next step boundary and checkpoint (or for a Ray
         # job to be stopped) and the run to be handed back.
-        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "terminationGracePeriodSeconds": grace_s,
         "securityContext": pod_security_context(TRAINING_UID, fs_group=TRAINING_UID),
         **pod_fields,
         "containers": [{
@@ -149,7 +149,7 @@ def _worker_pod(*, image: str, redis_secret: str, shared_claim: str, queue_names
                      "--lease-seconds", f"{DEFAULT_LEASE_S:g}",
                      *args,
                      # Leave the pod's grace period a margin after the run checkpointed.
-                     "--stop-grace-seconds", str(TERMINATION_GRACE_SECONDS - 15)],
+                     "--stop-grace-seconds", str(grace_s - STOP_MARGIN_S)],
             "env": [
                 *redis_client_env(),
                 {"name": SHARED_ROOT_ENV, "value": SHARED_MOUNT_PATH},
@@ -219,6 +219,8 @@ def gpu_worker_job_spec(kind: WorkerKind, image: str, namespace: str, redis_secr
         tmp_size="20Gi", shm_size=f"{4 * gpus}Gi",
         # The token and CA the worker fences its node with after a failed health check (infra/node_fence.py).
         secret_volumes=(token_volume(),),
+        # A spot pool's pods: SIGTERM from Karpenter's interruption drain, SIGKILL within the 2-minute notice.
+        grace_s=pod_grace_seconds(pool),
         subdomain=WORKERS_SERVICE, tolerations=[GPU_TOLERATION])
     return worker_job_spec({**WORKER_LABELS, POOL_LABEL: pool.name, **lane_labels(kind.lanes)}, pod_spec, kind.nodes)
 

@@ -378,3 +378,7 @@ def test_a_drained_workers_index_gets_its_next_pod_only_once_the_pod_is_gone(pla
             [(p.name, p.created_at) for p in successors], pod.ended_at)
         assert pod.job.failures == 0 and pod.job.index_failures[pod.index] == (0, 1)
         assert sim.executions("drained") == 1
+        # Handed back preempted (exit 75 after the checkpoint): no attempt spent, resumed by another pod from it.
+        assert info.attempts == 1, info
+        assert len(sim.claimer_pods("drained")) == 2 and sim.claimer_pods("drained")[0] == pod.name
+        assert int(sim.run_log("drained")[1].rsplit(" ", 1)[1]) >= 2, sim.run_log("drained")

@@ -341,6 +341,44 @@ def test_pool_fields_left_out_take_the_dataclass_defaults():
     assert pool.zones == ("us-west-2a", "us-west-2b")  # no zones: every availability zone
 
 
+@pytest.mark.parametrize("pool,refused", [
+    ({**_POOL, "checkpointSeconds": 47}, None),
+    ({**_POOL, "checkpointSeconds": 48}, "must fit the spot notice"),
+    ({**_POOL, "checkpointSeconds": None}, "must be an integer from 1 to 3600"),
+    ({**_POOL, "checkpointSeconds": "90s"}, "must be an integer from 1 to 3600"),
+    ({**_POOL, "capacityType": "on-demand", "checkpointSeconds": 600}, None),
+])
+def test_a_spot_pools_declared_checkpoint_must_fit_the_spot_notice(pool, refused):
+    """120 s notice - 10 s for it to reach the pod - 15 s for the worker to hand the run back: 95 s on spot for the
+    background save in flight and the SIGTERM save after it, 47 s each; on-demand has no such limit (its grace
+    period grows instead: test below)."""
+    raw = {**BASE, "gpuPools": [pool]}
+    if refused is None:
+        assert _parse(raw).gpu_pools[0].checkpoint_seconds == pool["checkpointSeconds"]
+        return
+    with pytest.raises(StackConfigError) as err:
+        _parse(raw)
+    assert "ragpool:gpuPools[0].checkpointSeconds" in str(err.value) and refused in str(err.value)
+
+
+def test_grace_periods_fit_the_spot_notice_and_the_declared_checkpoint():
+    """Spot: Karpenter deletes the (do-not-disrupt) worker pods as soon as the interruption drain starts only when
+    the NodePool's terminationGracePeriod is no longer than their own (terminator.go DeleteExpiringPods), and the
+    instance is gone 120 s after the notice. On-demand: 300 s, or two declared checkpoints (the one in flight, the
+    SIGTERM one) plus the worker's margin."""
+    from infra.config_gpu import (SPOT_GRACE_S, SPOT_NOTICE_S, STOP_MARGIN_S, node_termination_grace,
+                                  pod_grace_seconds)
+
+    spot, = _parse({**BASE, "gpuPools": [{**_POOL, "checkpointSeconds": 47}]}).gpu_pools
+    assert pod_grace_seconds(spot) == SPOT_GRACE_S < SPOT_NOTICE_S
+    assert node_termination_grace(spot) == f"{pod_grace_seconds(spot)}s"
+    assert 2 * spot.checkpoint_seconds + STOP_MARGIN_S <= pod_grace_seconds(spot)
+    for declared, grace in ((None, 300), (100, 300), (600, 1215)):
+        extra = {} if declared is None else {"checkpointSeconds": declared}
+        od, = _parse({**BASE, "gpuPools": [{**_POOL, "capacityType": "on-demand", **extra}]}).gpu_pools
+        assert pod_grace_seconds(od) == grace and node_termination_grace(od) == "24h"
+
+
 # ------------------------------------------------------------------ dataBuckets, dataExport
 
 _KEY = "arn:aws:kms:us-west-2:444455556666:key/1234abcd-12ab-34cd-56ef-1234567890ab"

@@ -38,7 +38,8 @@ STACK_FILE = f"Pulumi.{STACK}.yaml"
 
 POOL = {"name": "gpu-spot", "instanceTypes": ["g5.xlarge", "g6.xlarge"], "capacityType": "spot", "gpuLimit": 8,
         "zones": ["us-west-2a"], "diskSizeGiB": 200, "labels": {"team": "search"}, "weight": 10,
-        "expireAfter": "720h", "consolidateAfter": "30m", "disruptionBudget": "10%", "gpusPerWorker": 1}
+        "expireAfter": "720h", "consolidateAfter": "30m", "disruptionBudget": "10%", "gpusPerWorker": 1,
+        "checkpointSeconds": 40}
 TEAM = {"name": "search", "gpuQuota": 4}
 
 
@@ -64,7 +65,7 @@ EXEMPLAR = {
 POOL_KINDS = {"name": "string", "instanceTypes": "array", "capacityType": "string", "gpuLimit": "integer",
               "zones": "array", "diskSizeGiB": "integer", "labels": "labels", "weight": "integer",
               "expireAfter": "string", "consolidateAfter": "string", "disruptionBudget": "string",
-              "gpusPerWorker": "integer"}
+              "gpusPerWorker": "integer", "checkpointSeconds": "integer"}
 POOL_EXEMPLAR = {"name": "gpu-spot", "instanceTypes": "g5.xlarge", "capacityType": "spot", "zones": "us-west-2a",
                  "expireAfter": "720h", "consolidateAfter": "30m", "disruptionBudget": "10%"}
 TEAM_KINDS = {"name": "string", "gpuQuota": "integer"}

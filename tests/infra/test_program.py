@@ -135,6 +135,9 @@ def test_gpu_node_pools_are_tainted_labelled_and_never_disrupt_training(committe
             assert spec["disruption"]["consolidationPolicy"] == "WhenEmpty"
             assert int(spec["limits"]["nvidia.com/gpu"]) > 0
             assert tmpl["spec"]["nodeClassRef"]["name"] == name
+            # Spot: no longer than the worker pods' own grace, so Karpenter's interruption drain deletes those
+            # do-not-disrupt pods at once (SIGTERM) instead of after 24h (infra/config_gpu.py SPOT_GRACE_S).
+            assert tmpl["spec"]["terminationGracePeriod"] == ("110s" if pools[name] == "spot" else "24h")
         classes = {r["inputs"]["metadata"]["name"]: r["inputs"]["spec"] for r in
                    of_type(doc, "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass")}
         assert set(classes) == set(pools)
@@ -455,6 +458,10 @@ def test_worker_job_template_per_pool(committed_plans):
                                                    "values": [exit_codes.RETRIABLE]}} in rules
         assert any(r["action"] == "Ignore" and r["onPodConditions"][0]["type"] == "DisruptionTarget" for r in rules)
         assert job["ttlSecondsAfterFinished"] > 0 and pod["restartPolicy"] == "Never"
+        # Spot: SIGKILL within the 2-minute notice; the worker hands the run back 15 s before its pod's grace ends.
+        grace = 110 if pool == "gpu-spot" else 300
+        assert pod["terminationGracePeriodSeconds"] == grace
+        assert c["args"][c["args"].index("--stop-grace-seconds") + 1] == str(grace - 15)
         assert pod["serviceAccountName"] == "ragpool-worker" and pod["automountServiceAccountToken"] is False
 
 

@@ -7,7 +7,9 @@ Each test runs this file as a torchrun worker script (``python -m torch.distribu
   training goes on): no new checkpoint appears, the previous one is still the newest verified one and
   loads to exactly the state it held;
 - a background (``async_save``) DCP save: training takes a step while the shards are being written, and
-  the committed checkpoint holds the state of the step it was started at.
+  the committed checkpoint holds the state of the step it was started at;
+- SIGTERM (the spot notice) while that background save is in flight: the SIGTERM step's checkpoint waits for it,
+  and both end verified, the newest loading to the state at SIGTERM.
 
 Every torchrun start costs seconds of imports, so the seeded ``train-save`` on 2 ranks runs once per module
 (``saved_by_2``) and so does the 2 -> 1 -> 2 resharding chain (``resharded_2_1_2``); a test that changes a
@@ -178,6 +180,52 @@ def worker(mode: str, root: Path, *more_roots: Path) -> None:
         # What was committed, read back from disk into a fresh model and optimizer (as a resume would).
         fs.FileSystemWriter.write_data = real
         _load_dump_save(root, *_build(env), env)
+    elif mode == "sigterm-during-async-save":
+        import threading
+
+        import torch.distributed.checkpoint.filesystem as fs
+
+        from training.components.loop import _StopFlag
+
+        real = fs.FileSystemWriter.write_data
+        preempt_save_started = threading.Event()
+        seen: dict[str, bool] = {}
+
+        def write_once_preempted(self, plan, planner):  # step 2's shards wait for the preempted save to begin
+            if "released" not in seen:
+                seen["released"] = preempt_save_started.wait(OVERLAP_WAIT_S)
+            return real(self, plan, planner)
+
+        _train(model, opt, 2)
+        fs.FileSystemWriter.write_data = write_once_preempted
+        ckpt = _save_async(root, 2, model, opt, env)  # the periodic background save of step 2
+        _train(model, opt, 1)  # step 3
+        stop = _StopFlag()
+        stop.install()
+        os.kill(os.getpid(), signal.SIGTERM)  # torchrun forwards the pod's SIGTERM to every rank
+        import time
+
+        deadline = time.monotonic() + 10
+        while not stop.requested and time.monotonic() < deadline:  # the handler runs on the main thread
+            time.sleep(0.01)
+        assert stop.requested
+        stop.restore()
+        _dump_full(model, opt, env, root / "full-sigterm-3.pt")
+        in_flight_wait = ckpt.wait
+
+        def wait_in_flight() -> None:  # what the preempted save finds: step 2 not yet committed
+            seen["step_2_in_flight"] = not (root / "step_000002").exists()
+            preempt_save_started.set()
+            in_flight_wait()
+
+        ckpt.wait = wait_in_flight
+        # Trainer._stop_and_checkpoint -> Trainer.save(blocking=True) on a sharded run:
+        ckpt.save_dcp(3, model, opt, {"trainer": {"step": 3}}, env, blocking=True)
+        seen["step_2_committed_before_return"] = (root / "step_000002" / "manifest.json").exists()
+        assert ckpt.last_saved_step == (3 if env.is_main else None)
+        (root / f"sigterm-{env.rank}.json").write_text(json.dumps(seen))
+        fs.FileSystemWriter.write_data = real
+        _load_dump_save(root, *_build(env), env)  # resumed: the newest verified checkpoint, into a fresh model
     else:
         raise SystemExit(f"unknown mode {mode}")
     from training.components import distributed as D
@@ -358,6 +406,27 @@ def test_async_dcp_save_writes_while_training_steps_and_commits_the_state_it_sta
     assert manifest["format"] == "dcp" and "trainer.pt" in manifest["files"]
     assert sum(n.endswith(".distcp") for n in manifest["files"]) == 2
     _assert_same_state(tmp_path / "full-saved-2.pt", tmp_path / "full-loaded-2-from-2.pt")
+
+
+@pytest.mark.slow
+@pytest.mark.torch_multiproc
+def test_sigterm_during_an_async_dcp_save_waits_for_it_then_checkpoints_the_sigterm_step(tmp_path) -> None:
+    """The spot notice arrives while the periodic background save of step 2 is still writing (its ``write_data``
+    is held until the preempted save starts). The SIGTERM checkpoint of step 3 (what ``Trainer._stop_and_checkpoint``
+    calls: a blocking ``save_dcp``) first waits for step 2's commit (one save in flight at most, never two writers
+    interleaving their collectives), then writes step 3. Both are verified checkpoints and a resume on the 2 ranks
+    loads step 3 exactly as it was at SIGTERM."""
+    from training.components.checkpoint_dirs import verify_checkpoint_dir
+
+    out = _torchrun("sigterm-during-async-save", tmp_path, 2)
+    assert out.returncode == 0, out.stderr[-3000:]
+    for rank in (0, 1):
+        seen = json.loads((tmp_path / f"sigterm-{rank}.json").read_text())
+        assert seen == {"released": True, "step_2_in_flight": True, "step_2_committed_before_return": True}, \
+            f"rank {rank}: {seen}"
+    for step in (2, 3):
+        assert verify_checkpoint_dir(tmp_path / f"step_{step:06d}") is None, step
+    _assert_same_state(tmp_path / "full-sigterm-3.pt", tmp_path / "full-loaded-2-from-3.pt")
 
 
 @pytest.mark.slow
