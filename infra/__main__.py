@@ -85,7 +85,7 @@ kueue = Kueue("kueue", KueueArgs(
 if cfg.opencost_enabled:
     OpenCost("opencost", OpenCostArgs(
         config=cfg, k8s_provider=cluster.provider, monitoring_namespace=monitoring.namespace_name,
-        depends_on=[cluster.system_nodes, monitoring.release]))
+        depends_on=[cluster.system_nodes, monitoring.release], cluster_name=cluster.name))
 redis = Redis("redis", RedisArgs(
     config=cfg, k8s_provider=cluster.provider, namespace=training.name, vpc_id=network.vpc_id,
     private_subnet_ids=network.private_subnet_ids, node_security_group_id=cluster.cluster_security_group_id,

@@ -27,6 +27,7 @@ from infra.config_schema import (
     NAT_MODES,
     PROJECT,
     SCHEMA_BY_NAME,
+    SPOT_FEED_MODES,
     SUPPORTED_KUBERNETES_VERSIONS,
     _INSTANCE_TYPE,
 )
@@ -36,6 +37,11 @@ _ROLE_ARN = re.compile(r"arn:aws(-cn|-us-gov)?:iam::\d{12}:role/[\w+=,.@/-]{1,51
 _IMAGE_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 _IMAGE_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _REGION = re.compile(r"[a-z]{2}(-gov)?-[a-z]+-\d")
+# An S3 general purpose bucket name (S3 User Guide, "General purpose bucket naming rules": 3-63 lowercase letters,
+# digits, dots and hyphens, beginning and ending with a letter or digit).
+_S3_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+# A key prefix without a leading or trailing slash (S3's "safe characters" for object keys, slash-separated).
+_S3_PREFIX = re.compile(r"[A-Za-z0-9!_.*'()-]+(/[A-Za-z0-9!_.*'()-]+)*")
 
 
 _DURATION_DAYS = {"ms": 1 / 86_400_000, "s": 1 / 86400, "m": 1 / 1440, "h": 1 / 24, "d": 1, "w": 7, "y": 365}
@@ -156,6 +162,12 @@ class StackConfig:
     prometheus_storage_gib: int = 50
     opencost_enabled: bool = True
     """Install OpenCost (``openCostEnabled``; infra/opencost.py)."""
+    opencost_spot_feed: str = SCHEMA_BY_NAME["openCostSpotFeed"].default
+    """Where OpenCost reads spot prices: create, existing or off (``openCostSpotFeed``; infra/opencost.py)."""
+    opencost_spot_feed_bucket: str = ""
+    """The existing feed's bucket (``openCostSpotFeedBucket``), with ``existing`` only."""
+    opencost_spot_feed_prefix: str = ""
+    """The feed's file prefix (``openCostSpotFeedPrefix``)."""
     log_retention_days: int = SCHEMA_BY_NAME["logRetentionDays"].default
     alert_receiver_secret: str | None = field(default=None, repr=False)
     ray: RayConfig = RayConfig()
@@ -330,7 +342,8 @@ def _parse_storage_and_image(r: Reader) -> dict[str, Any]:
 
 
 def _parse_monitoring(r: Reader) -> dict[str, Any]:
-    """prometheusRetention, gpuHoursBudget, runbookBaseUrl, prometheusStorageGiB, logRetentionDays, openCostEnabled."""
+    """prometheusRetention, gpuHoursBudget, runbookBaseUrl, prometheusStorageGiB, logRetentionDays, openCostEnabled,
+    the openCostSpotFeed keys."""
     retention_p = r.get("prometheusRetention")
     check(_duration_days(retention_p) >= 30, r, "prometheusRetention", retention_p,
           "must be a Prometheus duration of at least 30d, such as 31d or 1y (the GPU-hour budget looks back 30 days)")
@@ -347,7 +360,27 @@ def _parse_monitoring(r: Reader) -> dict[str, Any]:
           "must be one of CloudWatch Logs' retention periods: " + ", ".join(map(str, CLOUDWATCH_RETENTION_DAYS)))
     return {"prometheus_retention": retention_p, "gpu_hours_budget": budget_h, "runbook_base_url": runbook,
             "prometheus_storage_gib": storage_p, "log_retention_days": log_days,
-            "opencost_enabled": bool(r.get("openCostEnabled"))}
+            "opencost_enabled": bool(r.get("openCostEnabled")), **_parse_spot_feed(r)}
+
+
+def _parse_spot_feed(r: Reader) -> dict[str, Any]:
+    """openCostSpotFeed, openCostSpotFeedBucket, openCostSpotFeedPrefix (infra/opencost.py)."""
+    mode = r.get("openCostSpotFeed")
+    check(mode in SPOT_FEED_MODES, r, "openCostSpotFeed", mode, "must be one of " + ", ".join(SPOT_FEED_MODES))
+    bucket = r.get("openCostSpotFeedBucket")
+    if mode == "existing":
+        check(isinstance(bucket, str) and bool(_S3_BUCKET.fullmatch(bucket)), r, "openCostSpotFeedBucket", bucket,
+              "must name the S3 bucket of the account's spot data feed with openCostSpotFeed existing "
+              "(`aws ec2 describe-spot-datafeed-subscription` shows it)")
+    else:
+        check(bucket == "", r, "openCostSpotFeedBucket", bucket,
+              f"must be empty unless openCostSpotFeed is existing (it is {mode!r}): create names its own bucket")
+    prefix = r.get("openCostSpotFeedPrefix")
+    check(prefix == "" or (isinstance(prefix, str) and len(prefix) <= 512 and bool(_S3_PREFIX.fullmatch(prefix))), r,
+          "openCostSpotFeedPrefix", prefix,
+          "must be empty or an S3 key prefix of letters, digits and !_.*'()- in /-separated parts, no leading or "
+          "trailing slash")
+    return {"opencost_spot_feed": mode, "opencost_spot_feed_bucket": bucket, "opencost_spot_feed_prefix": prefix}
 
 
 def _parse_queue(r: Reader) -> dict[str, Any]:

@@ -22,6 +22,7 @@ ENVIRONMENTS = ("dev", "staging", "prod")
 CAPACITY_TYPES = ("spot", "on-demand")
 NAT_MODES = ("single", "perAz")
 ALERT_RECEIVERS = ("none", "slack", "pagerduty")
+SPOT_FEED_MODES = ("create", "existing", "off")
 
 # EC2 instance families that carry NVIDIA GPUs (g5g is Graviton + T4G).
 GPU_INSTANCE_FAMILIES = (
@@ -115,6 +116,9 @@ SCHEMA: tuple[ConfigKey, ...] = (
     ConfigKey("gpuHoursBudget", "integer", "GPU-hours per 30 days above which RagpoolGpuHoursOverBudget fires.", 5000),
     ConfigKey("runbookBaseUrl", "string", "Where dashboards/RUNBOOK.md is browsable (e.g. your repo's blob URL); alert runbook_url links point into it. Empty keeps repo-relative links.", ""),
     ConfigKey("openCostEnabled", "boolean", "Install OpenCost (infra/opencost.py): node prices from the public AWS price list, scraped by the stack's Prometheus, for the dollars of `ragpool usage` and the Teams dashboard.", True),
+    ConfigKey("openCostSpotFeed", "string", "Where OpenCost reads what spot nodes really cost (the EC2 Spot Instance data feed; infra/opencost.py): create (this stack creates the feed's S3 bucket and the account's one feed subscription), existing (another stack or person owns the account's subscription: read it from openCostSpotFeedBucket, see `aws ec2 describe-spot-datafeed-subscription`) or off (spot nodes priced at the on-demand list price, an upper bound).", "create"),
+    ConfigKey("openCostSpotFeedBucket", "string", "With openCostSpotFeed existing: the S3 bucket the account's spot data feed subscription writes to, in the stack's region (OpenCost reads it there); empty otherwise.", ""),
+    ConfigKey("openCostSpotFeedPrefix", "string", "The spot data feed's file prefix: the one this stack's subscription writes with (create) or the existing subscription's (existing); empty: no prefix.", ""),
     ConfigKey("alertReceiver", "string", "Where critical alerts go: none, slack or pagerduty.", "none"),
     ConfigKey("alertReceiverSecret", "string", "Slack webhook URL or PagerDuty routing key for alertReceiver (required unless alertReceiver is none).", secret=True),
     ConfigKey("rayEnabled", "boolean", "Install the KubeRay operator and run one autoscaling RayCluster (ragpool-ray) per training namespace, with a CPU worker template that takes `executor: ray` runs.", True),

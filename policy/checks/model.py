@@ -29,6 +29,7 @@ NON_TAGGABLE_AWS_TYPES = frozenset({
     "aws:backup/selection:Selection",
     "aws:cloudwatch/eventTarget:EventTarget",
     "aws:ec2/routeTableAssociation:RouteTableAssociation",
+    "aws:ec2/spotDatafeedSubscription:SpotDatafeedSubscription",
     "aws:eks/accessPolicyAssociation:AccessPolicyAssociation",
     "aws:ecr/lifecyclePolicy:LifecyclePolicy",
     "aws:efs/fileSystemPolicy:FileSystemPolicy",
@@ -36,6 +37,10 @@ NON_TAGGABLE_AWS_TYPES = frozenset({
     "aws:iam/rolePolicy:RolePolicy",
     "aws:iam/rolePolicyAttachment:RolePolicyAttachment",
     "aws:kms/alias:Alias",
+    "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration",
+    "aws:s3/bucketOwnershipControls:BucketOwnershipControls",
+    "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock",
+    "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration",
     "aws:sqs/queuePolicy:QueuePolicy",
 })
 

@@ -278,6 +278,14 @@ def test_dev_and_prod_differ_exactly_as_configured(committed_plans):
         "aws:ec2/placementGroup:PlacementGroup": 2,
         "ragpool:infra:Efa": 1,
         "kubernetes:helm.sh/v3:Release": 1,
+    } | {
+        # prod creates the account's one spot data feed (bucket, its four settings, the subscription); dev reads
+        # it (openCostSpotFeed: existing, infra/opencost.py)
+        "aws:s3/bucket:Bucket": 1, "aws:s3/bucketOwnershipControls:BucketOwnershipControls": 1,
+        "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock": 1,
+        "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration": 1,
+        "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration": 1,
+        "aws:ec2/spotDatafeedSubscription:SpotDatafeedSubscription": 1,
     }
 
 
