@@ -88,7 +88,7 @@ longest ones start at once instead of forming the suite's tail."""
 
 RAY_MODULES = ("tests/training/ray/test_driver.py", "tests/training/ray/test_from_zero.py",
                "tests/training/ray/test_placement.py", "tests/training/ray/test_queue_ray.py",
-               "tests/training/ray/test_faulthandler.py")
+               "tests/training/ray/test_faulthandler.py", "tests/training/ray/test_elastic.py")
 """The modules that start a local Ray (marker ``ray``; a ``ray`` module missing here is refused at collection).
 Under xdist at most one of them runs at a time: each cluster is its own (explicit addresses, own temp dirs, free
 ports), so they could run side by side, but on 2 cores two Ray clusters with training workers only slow each other

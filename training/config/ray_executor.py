@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from contract.messages import shown
 from contract.paths import is_valid_run_id
-from training.config.sections import STAGES, ConfigError, require
+from training.config.sections import STAGES, ConfigError, fail, require
 
 RayStrategy = Literal["auto", "PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
 """Placement-group strategies (Ray's four, plus ``auto``: see :class:`RayStageConfig.strategy`)."""
 RAY_STAGES: tuple[str, ...] = ("prepare", *STAGES)
 """Stages the Ray driver places: data preparation, then the pipeline's stages."""
+RAY_TRAIN_STAGES: tuple[str, ...] = ("retriever", "generator")
+"""Stages that run as Ray Train worker groups (DDP); the others run as Ray tasks."""
 RAY_POOL_RULE = "empty (any node) or a pool name: 1-63 lowercase letters, digits or '-', starting and ending alphanumeric"
 TUNE_METRIC_RULE = "mrr or recall@K with K one of evaluate.recall_at"
 TuneSearch = Literal["off", "only", "then_run"]
@@ -30,7 +33,11 @@ class RayStageConfig:
     """Pool whose nodes carry the stage: Ray nodes labelled ``ragpool.io/pool=<pool>``; empty = any node.
     A stage never lands on another pool."""
     workers: int = 1
-    """retriever/generator: Ray Train workers (DDP ranks); prepare/index/evaluate: parallel Ray tasks."""
+    """retriever/generator: Ray Train workers (DDP ranks); prepare/index/evaluate: parallel Ray tasks. A training
+    stage may give a range, ``workers: {min: M, max: N}``: elastic (Ray Train's ``num_workers=(M, N)``), it trains
+    on as many of N workers as the pool has room for, never fewer than M; ``workers`` is then N."""
+    min_workers: int = 0
+    """An elastic training stage's fewest workers (``workers: {min, max}`` sets it); 0 = a fixed ``workers``."""
     cpus: float = 1.0
     """CPUs reserved per worker or task (one placement-group bundle each)."""
     gpus: int = 0
@@ -39,9 +46,38 @@ class RayStageConfig:
     """Placement-group strategy; ``auto`` = STRICT_PACK for training workers when they all fit one node
     of the pool (else PACK), SPREAD for the task stages."""
 
+    @property
+    def elastic(self) -> bool:
+        """A range of workers (``workers: {min, max}`` with min < max)."""
+        return 0 < self.min_workers < self.workers
+
+    @classmethod
+    def normalize_tree(cls, data: Mapping[str, Any], prefix: str) -> Mapping[str, Any]:
+        """``workers: {min: M, max: N}`` as the fields hold it (``workers`` N, ``min_workers`` M; min == max is
+        the fixed size N); errors name ``<prefix>workers.min`` / ``.max``. Called by the config loader."""
+        value = data.get("workers") if isinstance(data, Mapping) else None
+        if not isinstance(value, Mapping):
+            return data
+        key = f"{prefix}workers"
+        unknown = sorted(str(k) for k in value if k not in ("min", "max"))
+        if unknown:
+            fail(key, dict(value), f"unknown key(s) {', '.join(unknown)}: give workers: {{min: M, max: N}} or an "
+                                   "integer")
+        missing = [k for k in ("min", "max") if k not in value]
+        if missing:
+            fail(key, dict(value), f"a range needs min and max; missing {', '.join(missing)}")
+        if "min_workers" in data:
+            fail(f"{prefix}min_workers", data["min_workers"], f"set by {key}: {{min, max}}; give one of them")
+        lo, hi = (_whole(f"{key}.{k}", value[k]) for k in ("min", "max"))
+        require(1 <= lo, f"{key}.min", lo, "must be >= 1")
+        require(lo <= hi, f"{key}.min", lo, f"must be <= {key}.max ({hi})")
+        return {**data, "workers": hi, "min_workers": lo if lo < hi else 0}
+
     def __post_init__(self) -> None:
         require(self.pool == "" or is_valid_run_id(self.pool), "pool", self.pool, f"must be {RAY_POOL_RULE}")
         require(1 <= self.workers <= 1024, "workers", self.workers, "must be in [1, 1024]")
+        require(0 <= self.min_workers <= self.workers, "workers.min", self.min_workers,
+                f"must be in [1, workers.max] ([1, {self.workers}])")
         require(0 <= self.cpus <= 512, "cpus", self.cpus, "must be in [0, 512]")
         require(0 <= self.gpus <= 16, "gpus", self.gpus, "must be in [0, 16] (whole GPUs)")
         require(self.cpus > 0 or self.gpus > 0, "cpus", self.cpus, "a worker must reserve a CPU or a GPU")
@@ -104,7 +140,12 @@ class RayExecutorConfig:
     """How long a stage waits for room on its pool before it fails naming the stage, pool and resources."""
     max_failures: int = 2
     """Training stages: worker-group restarts Ray Train makes (``FailureConfig``); each resumes from the
-    newest verified checkpoint."""
+    newest verified checkpoint. A node lost without notice is one (Ray cannot tell it from a crash); a preempted
+    node (drained with Ray's preemption reason) and an elastic stage's resize are not."""
+    resize_interval_s: float = 60.0
+    """Elastic training stages (``workers: {min, max}``): how often Ray Train checks, while the stage runs below
+    its max, whether the pool has room for more workers (``ScalingConfig.elastic_resize_monitor_interval_s``);
+    growing restarts the worker group from the newest checkpoint."""
     prepare: RayStageConfig = field(default_factory=lambda: RayStageConfig(workers=3))
     """Data preparation: the data files validated as parallel CPU tasks."""
     retriever: RayStageConfig = field(default_factory=RayStageConfig)
@@ -122,9 +163,25 @@ class RayExecutorConfig:
         require(0 < self.placement_timeout_s <= 7 * 86400, "placement_timeout_s", self.placement_timeout_s,
                  "must be in (0, 604800] seconds")
         require(0 <= self.max_failures <= 100, "max_failures", self.max_failures, "must be in [0, 100]")
+        require(0 < self.resize_interval_s <= 86400, "resize_interval_s", self.resize_interval_s,
+                 "must be in (0, 86400] seconds")
+        for name in RAY_STAGES:
+            if name not in RAY_TRAIN_STAGES and self.stage(name).min_workers:
+                fail(f"{name}.workers", {"min": self.stage(name).min_workers, "max": self.stage(name).workers},
+                     f"a range is for the Ray Train stages ({', '.join(RAY_TRAIN_STAGES)}); {name} runs a fixed "
+                     "number of tasks: give an integer")
 
     def stage(self, name: str) -> RayStageConfig:
         """The resources of stage ``name`` (one of :data:`RAY_STAGES`)."""
         if name not in RAY_STAGES:
             raise ConfigError(f"stage={shown(name)}: unknown stage; allowed: {', '.join(RAY_STAGES)}", "stage")
         return getattr(self, name)
+
+
+def _whole(key: str, value: Any) -> int:
+    """An integer of a range (YAML's or an override's string)."""
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        fail(key, value, "must be an integer")
+    return value

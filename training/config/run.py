@@ -80,6 +80,23 @@ class RunConfig:
         metric = self.ray.tune.metric
         require(metric == "mrr" or int(metric[7:]) in self.evaluate.recall_at, "ray.tune.metric", metric,
                  f"must be {TUNE_METRIC_RULE} {list(self.evaluate.recall_at)}")
+        self._check_elastic_workers()
+
+    def _check_elastic_workers(self) -> None:
+        """A Ray Train stage with ``ray.<stage>.workers: {min, max}`` keeps its global batch at every worker count
+        (:mod:`training.elastic.sizes`, each Ray worker one rank), or the config is refused naming the batch."""
+        from training.elastic.sizes import batch_problem
+
+        for stage in self.stages:
+            resources = getattr(self.ray, stage)
+            if not resources.elastic:
+                continue
+            task = getattr(self, stage)
+            problem = batch_problem(task.global_batch_size, task.grad_accum,
+                                    list(range(resources.min_workers, resources.workers + 1)))
+            if problem is not None:
+                raise ConfigError(f"{stage}.{problem[0]}: ray.{stage}.workers {resources.min_workers}.."
+                                  f"{resources.workers}: {problem[1]}", f"{stage}.{problem[0]}")
 
     # Paths ----------------------------------------------------------------------------
     def run_dir(self) -> Path:
@@ -204,6 +221,9 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
 def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
     if not isinstance(data, Mapping):
         fail(prefix.rstrip(".") or "<root>", data, "must be a mapping of keys to values")
+    normalize = getattr(cls, "normalize_tree", None)
+    if normalize is not None:  # a section's own shorthand (RayStageConfig: workers: {min, max})
+        data = normalize(data, prefix)
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs: dict[str, Any] = {}

@@ -15,7 +15,9 @@ chain is submitted at once and each stage starts the moment its input is ready:
   ``run()`` (the shared training loop, models, checkpoints and metrics) in the process group Ray
   Train set up; checkpoints land in ``runs/<run_id>/<stage>/checkpoints`` as under torchrun, and
   ``FailureConfig(max_failures=ray.max_failures)`` restarts a failed worker group, which resumes
-  from the newest verified checkpoint;
+  from the newest verified checkpoint; an elastic stage (``ray.<stage>.workers: {min, max}``) runs with
+  ``num_workers=(min, max)``: it restarts smaller when a node is lost and grows back when the pool has room
+  again (docs/DESIGN.md "Elastic Ray Train stages");
 - ``index``: the corpus encoded as one task a part (``index.part_rows`` rows) into the same
   ``embeddings/`` parts as :mod:`training.index`'s ranks, then built (or for ``ivfpq`` trained, added part
   by part and merged) by tasks into the same ``index.faiss`` and ``_COMPLETE``;
@@ -48,6 +50,7 @@ from training.config.sections import ConfigError
 from contract.exit_codes import BAD_INPUT, FAILED, OK, UNAVAILABLE
 from training.ray.job import DRIVER_ERROR_PREFIX
 from training.ray.placement import TRAINING_STAGES, PlacementError, StagePlacement, plan, reserved, strategy_for
+from contract.env import ELASTIC_NODES_ENV
 from contract.ray_pools import POOLS_ENV
 
 PREPARE = "prepare"
@@ -254,13 +257,21 @@ def train_worker(config: dict[str, Any]) -> None:
     (gloo on CPU, NCCL on GPU) before this runs; :func:`init_distributed` reads them and finds the
     group already initialised. The stage resumes from its own newest verified checkpoint.
     """
+    import dataclasses
+
     import ray.train
 
     from training.components import distributed as D
+    from training.elastic.sizes import NodeRange
 
     cfg = load_run_config(config["cfg"])
     stage = config["stage"]
     env = D.init_distributed(cfg.device)
+    if NodeRange.from_env(os.environ) is not None:
+        # An elastic stage's range counts Ray workers, each one rank wherever Ray placed it: one rank per unit of
+        # the range on every rank (Ray's LOCAL_WORLD_SIZE differs between nodes of one group, and the batch
+        # split, training/elastic/sizes.py, must be the same on all).
+        env = dataclasses.replace(env, local_world_size=1)
     t0 = time.monotonic()
     with _log_context(cfg, env.rank):
         code = importlib.import_module(f"training.{stage}").run(cfg, env)
@@ -292,18 +303,25 @@ def run_training(cfg: RunConfig, stage: str, placement: StagePlacement) -> dict[
     from ray.train import ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    # Admission: wait (bounded) until the pool has room for the whole worker group, then hand
-    # the reservation to Ray Train, which reserves the same bundles on the same pool.
+    from training.elastic.sizes import NodeRange
+
+    # Admission: wait (bounded) until the pool has room for the whole worker group (an elastic one: its min),
+    # then hand the reservation to Ray Train, which reserves the same bundles on the same pool.
     with reserved(placement, cfg.ray.placement_timeout_s, f"{cfg.run_id}-{stage}-admission"):
         pass
+    env_vars = _worker_env()
+    if placement.elastic:  # the ranks keep the global batch at every worker count (training/elastic/sizes.py)
+        env_vars[ELASTIC_NODES_ENV] = NodeRange(placement.min_workers, placement.workers).to_env()
     trainer = TorchTrainer(
         train_worker,
         train_loop_config={"cfg": cfg.to_dict(), "stage": stage},
-        scaling_config=ScalingConfig(**placement.scaling_kwargs()),
+        scaling_config=ScalingConfig(**placement.scaling_kwargs(cfg.ray.resize_interval_s)),
         run_config=TrainRunConfig(
             name=f"{cfg.run_id}-{stage}", storage_path=str(cfg.run_dir() / RAY_STORAGE_DIR),
-            failure_config=FailureConfig(max_failures=cfg.ray.max_failures),
-            worker_runtime_env={"env_vars": _worker_env()}),
+            # Failures (a crash, a node lost without notice) spend max_failures; preemptions (a node drained
+            # with Ray's preemption reason) have their own, unbounded budget; an elastic resize spends neither.
+            failure_config=FailureConfig(max_failures=cfg.ray.max_failures, max_preemption_failures=-1),
+            worker_runtime_env={"env_vars": env_vars}),
     )
     result = trainer.fit()
     metrics = dict(result.metrics or {})

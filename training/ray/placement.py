@@ -30,12 +30,14 @@ pool is its worker group's size), else left to the autoscaler and the timeout.
 
 Strategies (``ray.<stage>.strategy``): ``auto`` is STRICT_PACK for training workers when all
 bundles fit one node of the pool (DDP ranks then talk over loopback / NVLink), PACK when they
-do not, and SPREAD for the task stages (prepare, index, evaluate).
+do not or when the stage is elastic (``workers: {min, max}``: it spans and loses nodes), and SPREAD
+for the task stages (prepare, index, evaluate).
 
 Ray Train creates its own placement group from a :class:`ray.train.ScalingConfig`; for the
 training stages the driver first waits for a reservation of the same shape (so the timeout
 and the error apply), hands it back, and gives Ray Train the same bundles, strategy and label
-selector (:meth:`StagePlacement.scaling_kwargs`), so the workers land on the same pool.
+selector (:meth:`StagePlacement.scaling_kwargs`), so the workers land on the same pool. An elastic
+stage's admission waits for its min workers only (it starts smaller when the pool is short).
 """
 
 from __future__ import annotations
@@ -46,10 +48,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from training.config.ray_executor import RAY_STAGES, RayStageConfig
+from training.config.ray_executor import RAY_TRAIN_STAGES as TRAINING_STAGES
 from contract.names import POOL_LABEL
-
-TRAINING_STAGES: tuple[str, ...] = ("retriever", "generator")
-"""Stages that run as Ray Train worker groups (DDP); the others run as Ray tasks."""
 
 
 class PlacementError(RuntimeError):
@@ -67,9 +67,16 @@ class StagePlacement:
     bundle: Mapping[str, float]
     """Resources of one bundle (one worker or task): ``{"CPU": c}`` plus ``{"GPU": g}`` when g > 0."""
     workers: int
-    """Number of bundles."""
+    """Number of bundles (of an elastic training stage: its most workers)."""
     strategy: str
     """Ray placement strategy: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD."""
+    min_workers: int = 0
+    """An elastic training stage's fewest workers (``ray.<stage>.workers: {min, max}``); 0 = fixed."""
+
+    @property
+    def elastic(self) -> bool:
+        """Ray Train sizes the worker group between ``min_workers`` and ``workers``."""
+        return 0 < self.min_workers < self.workers
 
     @property
     def label_selector(self) -> dict[str, str] | None:
@@ -77,22 +84,28 @@ class StagePlacement:
         return {POOL_LABEL: self.pool} if self.pool else None
 
     def describe(self) -> str:
-        """``2 x {CPU: 1.0} (STRICT_PACK) on pool 'gpu-spot'``."""
+        """``2 x {CPU: 1.0} (STRICT_PACK) on pool 'gpu-spot'`` (elastic: ``2-4 x ...``)."""
         res = ", ".join(f"{k}: {v:g}" for k, v in self.bundle.items())
         where = f"pool {self.pool!r}" if self.pool else "any node"
-        return f"{self.workers} x {{{res}}} ({self.strategy}) on {where}"
+        count = f"{self.min_workers}-{self.workers}" if self.elastic else str(self.workers)
+        return f"{count} x {{{res}}} ({self.strategy}) on {where}"
 
     def placement_group_kwargs(self) -> dict[str, Any]:
-        """Arguments of :func:`ray.util.placement_group` for this reservation."""
-        sel = self.label_selector
-        return {"bundles": [dict(self.bundle) for _ in range(self.workers)], "strategy": self.strategy,
-                "bundle_label_selector": [dict(sel) for _ in range(self.workers)] if sel else None}
+        """Arguments of :func:`ray.util.placement_group` for this reservation (of an elastic stage: its fewest
+        workers, what it needs to start)."""
+        sel, n = self.label_selector, self.min_workers if self.elastic else self.workers
+        return {"bundles": [dict(self.bundle) for _ in range(n)], "strategy": self.strategy,
+                "bundle_label_selector": [dict(sel) for _ in range(n)] if sel else None}
 
-    def scaling_kwargs(self) -> dict[str, Any]:
-        """Arguments of :class:`ray.train.ScalingConfig` that reserve the same bundles on the same pool."""
-        return {"num_workers": self.workers, "use_gpu": self.bundle.get("GPU", 0) > 0,
-                "resources_per_worker": dict(self.bundle), "placement_strategy": self.strategy,
-                "label_selector": self.label_selector}
+    def scaling_kwargs(self, resize_interval_s: float | None = None) -> dict[str, Any]:
+        """Arguments of :class:`ray.train.ScalingConfig` that reserve the same bundles on the same pool; an
+        elastic stage's ``num_workers`` is ``(min, max)``, checked for room to grow every ``resize_interval_s``."""
+        out = {"num_workers": (self.min_workers, self.workers) if self.elastic else self.workers,
+               "use_gpu": self.bundle.get("GPU", 0) > 0, "resources_per_worker": dict(self.bundle),
+               "placement_strategy": self.strategy, "label_selector": self.label_selector}
+        if self.elastic and resize_interval_s is not None:
+            out["elastic_resize_monitor_interval_s"] = resize_interval_s
+        return out
 
 
 def _fits(total: Mapping[str, float], need: Mapping[str, float], times: int = 1) -> bool:
@@ -173,12 +186,17 @@ def plan(stage: str, resources: RayStageConfig, nodes: list[Mapping[str, Any]],
             raise _too_big(stage, bundle, where, _largest(totals))
     strategy = resources.strategy
     if strategy == "auto":
-        if stage in TRAINING_STAGES:
+        if stage in TRAINING_STAGES and resources.elastic:
+            # Ray Train counts the workers that fit over all nodes of the pool (its elastic policy sums them), so
+            # the group must be free to span nodes, and to shrink to those left.
+            strategy = "PACK"
+        elif stage in TRAINING_STAGES:
             # Unknown node size (no node alive, CPU-only bundle): PACK, which still prefers one node.
             strategy = "STRICT_PACK" if any(_fits(t, bundle, resources.workers) for t in totals) else "PACK"
         else:
             strategy = "SPREAD"
-    return StagePlacement(stage, pool, bundle, resources.workers, strategy)
+    return StagePlacement(stage, pool, bundle, resources.workers, strategy,
+                          resources.min_workers if stage in TRAINING_STAGES and resources.elastic else 0)
 
 
 def _largest(totals: list[Mapping[str, float]]) -> str:

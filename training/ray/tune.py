@@ -31,6 +31,7 @@ parameters to ``runs/<run_id>/tune/best.yaml``; ``--start`` then runs the whole 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -177,7 +178,8 @@ def trial(config: dict[str, Any]) -> None:
     params = {k: config[k] for k in PARAMS}
     cfg = load_run_config(with_params(config["tree"], params))
     trial_id = tune.get_context().get_trial_id()
-    placement = plan("retriever", cfg.ray.retriever, _nodes())
+    # A trial trains at a fixed size, the range's max (an elastic retriever's range is for the run's own stage).
+    placement = plan("retriever", dataclasses.replace(cfg.ray.retriever, min_workers=0), _nodes())
     TorchTrainer(
         trial_worker,
         train_loop_config={"cfg": cfg.to_dict(), "stage_dir": str(cfg.run_dir() / TUNE_DIR / trial_id / "retriever")},

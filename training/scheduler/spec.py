@@ -385,7 +385,8 @@ def parse_spec(raw: Any, *, source: str = "run spec", shared_root: str | None = 
         executor = _default("executor")
     elif executor == "ray" and nodes > 1:
         problems.append(("nodes", f"must be 1 for executor: ray, got {shown(raw.get('nodes'))}: the Ray cluster "
-                                  "sizes a ray run (hyperparameters.run ray.<stage>.workers), not pods"))
+                                  "sizes a ray run (hyperparameters.run ray.<stage>.workers), not pods; a range "
+                                  "of workers: ray.<stage>.workers.min and .max"))
     pool = _pool_field(raw, executor, problems, environ)
 
     if problems:

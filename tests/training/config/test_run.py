@@ -174,3 +174,32 @@ def test_tune_metric_is_a_full_match():
         with pytest.raises(ConfigError) as err:
             load_run_config({"ray": {"tune": {"metric": bad}}})
         assert err.value.key == "ray.tune.metric", bad
+
+
+@pytest.mark.parametrize("workers, key, needle", [
+    ({"min": 0, "max": 3}, "ray.retriever.workers.min", "must be >= 1"),
+    ({"min": 4, "max": 3}, "ray.retriever.workers.min", "must be <= ray.retriever.workers.max (3)"),
+    ({"min": 2}, "ray.retriever.workers", "missing max"),
+    ({"min": "two", "max": 3}, "ray.retriever.workers.min", "must be an integer"),
+    ({"lo": 1, "max": 3}, "ray.retriever.workers", "unknown key(s) lo"),
+])
+def test_a_ray_worker_range_is_checked_naming_its_key(workers, key, needle) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_run_config({"ray": {"retriever": {"workers": workers}}})
+    assert err.value.key == key and needle in str(err.value), str(err.value)
+
+
+def test_a_ray_worker_range_loads_round_trips_and_keeps_the_batch_at_every_size() -> None:
+    cfg = load_run_config({"retriever": {"global_batch_size": 6, "grad_accum": 2}},
+                          ["--ray.retriever.workers.min=2", "--ray.retriever.workers.max=3"])
+    assert (cfg.ray.retriever.min_workers, cfg.ray.retriever.workers, cfg.ray.retriever.elastic) == (2, 3, True)
+    assert load_run_config(cfg.to_dict()).ray == cfg.ray
+    assert load_run_config({"ray": {"retriever": {"workers": {"min": 2, "max": 2}}}}).ray.retriever.min_workers == 0
+    # 6 at 3 workers is 2 a rank: 2 workers cannot keep it; grad_accum 2 could (1 a rank and micro-step).
+    with pytest.raises(ConfigError) as err:
+        load_run_config({"retriever": {"global_batch_size": 6}, "ray": {"retriever": {"workers": {"min": 2, "max": 3}}}})
+    assert err.value.key == "retriever.global_batch_size" and "grad_accum=2 keeps it" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        load_run_config({"ray": {"index": {"workers": {"min": 1, "max": 3}}}})
+    assert err.value.key == "ray.index.workers" and "Ray Train stages" in str(err.value)
+

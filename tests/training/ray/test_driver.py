@@ -194,3 +194,12 @@ def test_ray_train_fsdp_matches_torchrun(tmp_path, indexed_base, tiny_encoder_no
     t_loss, r_loss = step_losses(t_dir), step_losses(r_dir)
     assert sorted(r_loss) == [1, 2, 3, 4]
     assert all(r_loss[s] == pytest.approx(t_loss[s], rel=1e-4) for s in t_loss), (t_loss, r_loss)
+
+
+def test_a_bad_worker_range_is_a_config_error_naming_the_key(shared, tiny_encoder_dir, capsys) -> None:
+    """``ray.<stage>.workers: {min, max}`` is checked before Ray is joined: exit 2, the key in the one line."""
+    from contract.exit_codes import BAD_INPUT
+
+    config = write_run(shared, "bad-range", **tiny_run.sections(tiny_encoder_dir))
+    assert _drive(config, "--ray.retriever.workers.min=3", "--ray.retriever.workers.max=2") == BAD_INPUT
+    assert "ray.retriever.workers.min=3: must be <= ray.retriever.workers.max (2)" in capsys.readouterr().err

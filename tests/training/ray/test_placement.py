@@ -43,6 +43,19 @@ def test_plan_strategy(stage, res, nodes, want) -> None:
     assert sel == ([{POOL_LABEL: res.pool}] * res.workers if res.pool else None)
 
 
+def test_an_elastic_training_stage_is_packed_admitted_at_its_min_and_scaled_by_ray_train() -> None:
+    """``workers: {min: 2, max: 3}``: PACK even when all fit one node (it spans and loses nodes), the admission
+    waits for 2 bundles, Ray Train gets ``num_workers=(2, 3)`` and the resize interval."""
+    p = plan("retriever", RayStageConfig(pool="a", workers=3, min_workers=2, cpus=1), [_node("a", 4)])
+    assert (p.strategy, p.elastic, p.describe()) == ("PACK", True, "2-3 x {CPU: 1} (PACK) on pool 'a'")
+    assert p.placement_group_kwargs()["bundles"] == [{"CPU": 1.0}] * 2
+    kwargs = p.scaling_kwargs(7.0)
+    assert (kwargs["num_workers"], kwargs["elastic_resize_monitor_interval_s"]) == ((2, 3), 7.0)
+    fixed = plan("retriever", RayStageConfig(pool="a", workers=3, cpus=1), [_node("a", 4)])
+    assert fixed.strategy == "STRICT_PACK" and fixed.scaling_kwargs(7.0)["num_workers"] == 3
+    assert "elastic_resize_monitor_interval_s" not in fixed.scaling_kwargs(7.0)
+
+
 def test_plan_refuses_what_can_never_fit() -> None:
     nodes = [_node("a", 2), _node("b", 8, gpus=1), _node("c", 64, alive=False)]
     with pytest.raises(PlacementError, match=r"stage index: pool 'c' has no nodes .*pools: a, b"):

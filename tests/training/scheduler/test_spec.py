@@ -284,3 +284,25 @@ def test_a_colon_after_the_first_component_or_a_leading_digit_is_still_a_path(pa
     spec = parse_spec(_with(data={"corpus": path}), shared_root=ROOT)
     assert spec.data["corpus"] == path
 
+
+
+def test_a_ray_run_declares_a_range_of_workers_per_training_stage():
+    """``ray.<stage>.workers.min`` / ``.max`` (hyperparameters.run): accepted when every worker count keeps the
+    global batch; a bad range or batch is refused naming the spec field; ``nodes: {min, max}`` points there."""
+    run = {"ray.retriever.workers.min": 2, "ray.retriever.workers.max": 3}
+    ok = {"run_id": "r", "stages": ["retriever"], "executor": "ray",
+          "hyperparameters": {"retriever": {"global_batch_size": 6, "grad_accum": 2}, "run": run}}
+    assert parse_spec(ok, shared_root=ROOT).hyperparameters["run"] == run
+    cases = {
+        "hyperparameters.run.ray.retriever.workers.min": {**ok, "hyperparameters": {
+            **ok["hyperparameters"], "run": {**run, "ray.retriever.workers.min": 4}}},
+        "hyperparameters.retriever.global_batch_size": {**ok, "hyperparameters": {
+            "retriever": {"global_batch_size": 6}, "run": run}},
+    }
+    for field, raw in cases.items():
+        with pytest.raises(SpecError) as info:
+            parse_spec(raw, shared_root=ROOT)
+        assert [f for f, _ in info.value.problems] == [field], info.value.problems
+    with pytest.raises(SpecError) as info:
+        parse_spec({**ok, "nodes": {"min": 2, "max": 3}}, shared_root=ROOT)
+    assert "ray.<stage>.workers.min and .max" in dict(info.value.problems)["nodes"]

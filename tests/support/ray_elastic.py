@@ -1,0 +1,139 @@
+"""The elastic Ray Train scenario of tests/training/ray/test_elastic.py, run in a process of its own (the test's
+xdist worker never becomes a Ray driver: tests/conftest.py ``RAY_DRIVER_MODULES``):
+
+    python -m tests.support.ray_elastic CONFIG PACE_DIR TEMP_DIR
+
+A local Ray of simulated nodes (``ray.cluster_utils.Cluster``: a 0-CPU head, three 1-CPU nodes), the run's
+stages submitted with the pacing hook on (tests/support/pacing.py, the hold file already in PACE_DIR): after a
+step at 3 workers a node holding a rank is removed, after a step at 2 a node is added, after a step at 3 again
+the hold is lifted and the run finishes. Prints one JSON line last: the seconds each phase took. Any failure
+exits non-zero with its message; the cluster is stopped in every case (SIGTERM too).
+
+Ray Train v2's elastic policy sizes a worker group from what Ray's ``AutoscalingCoordinator`` actor reserves for
+it, and that actor re-reads the cluster's nodes every ``TICK_INTERVAL_S`` (20 s in Ray 2.58,
+ray/data/_internal/cluster_autoscaler/default_autoscaling_coordinator.py): here the cluster's coordinator (a named,
+detached actor Ray Train reuses) is started from :class:`FastTickCoordinator`, so a lost or added node is seen
+within a second. Nothing else differs from Ray's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from ray.data._internal.cluster_autoscaler import default_autoscaling_coordinator as coordinator
+
+from tests.support import pacing
+
+STEP_S = 150.0
+"""Bound on each wait for a step at a new size (a worker-group restart: ~20-25 s on a loaded 2-core machine)."""
+START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
+"""Ray Train's bound on a worker group's start (60 s by default): a start that cannot be placed fails sooner."""
+
+
+class FastTickCoordinator(coordinator._AutoscalingCoordinatorActor):
+    """Ray's coordinator actor, ticking every second."""
+
+    TICK_INTERVAL_S = 1
+
+
+def install_coordinator() -> None:
+    """The connected cluster's coordinator started as :class:`FastTickCoordinator`, under the name, namespace
+    and options Ray's own ``get_or_create_autoscaling_coordinator`` gives it."""
+    import ray
+
+    coordinator._AutoscalingCoordinatorActor = FastTickCoordinator
+    ray.get(coordinator.get_or_create_autoscaling_coordinator().get_reserved_resources.remote("warm-up"), timeout=60)
+
+
+def _wait_step(pace: Path, world: int, after: int, ref, what: str) -> dict:
+    """The first step logged at ``world`` workers after the ``after`` first lines."""
+    import ray
+
+    deadline = time.monotonic() + STEP_S
+    while time.monotonic() < deadline:
+        found = [s for s in pacing.steps(pace)[after:] if s["world"] == world]
+        if found:
+            return found[0]
+        done, _ = ray.wait([ref], timeout=0.5)
+        if done:
+            ray.get(ref)  # raises the run's error
+            raise RuntimeError(f"the run ended before {what}; steps: {pacing.steps(pace)}")
+    raise TimeoutError(f"waited {STEP_S:g}s for {what}; steps: {pacing.steps(pace)}")
+
+
+def scenario(cluster, config: Path, pace: Path) -> dict:
+    import ray
+
+    from training.config.run import load_run_config
+    from training.ray import driver
+
+    t0 = time.monotonic()
+    ref = driver.submit(load_run_config(config))
+    _wait_step(pace, 3, 0, ref, "a step at 3 workers")
+    first_s = time.monotonic() - t0
+    ranked = {(pace / f"nodes-w3-r{r}").read_text() for r in range(3)}
+    victim = next(n for n in cluster.worker_nodes if n.node_id in ranked)
+    t1 = time.monotonic()
+    cluster.remove_node(victim)
+    remove_s = time.monotonic() - t1
+    _wait_step(pace, 2, len(pacing.steps(pace)), ref, "a step at 2 workers after a node was removed")
+    shrink_s = time.monotonic() - t1
+    t2 = time.monotonic()
+    cluster.add_node(num_cpus=1)
+    _wait_step(pace, 3, len(pacing.steps(pace)), ref, "a step at 3 workers after a node was added")
+    grow_s = time.monotonic() - t2
+    (pace / pacing.HOLD_FILE).unlink()
+    summaries = ray.get(ref, timeout=STEP_S)
+    return {"first_step_s": round(first_s, 1), "remove_s": round(remove_s, 1), "shrink_s": round(shrink_s, 1), "grow_s": round(grow_s, 1),
+            "run_s": round(time.monotonic() - t0, 1), "placement": summaries["retriever"]["placement"]}
+
+
+def _print_decisions(temp: Path) -> None:
+    """Ray Train controller's sizing and failure decisions, from the cluster's logs (what each phase waited on)."""
+    import re
+
+    wanted = re.compile(r"Deciding to|Detected changes|\[FailurePolicy\]|WorkerGroupStartupTimeoutError")
+    for path in sorted(temp.glob("session_*/logs/**/*")):
+        if path.is_file() and path.suffix in (".log", ".err", ".out"):
+            for line in path.read_text(errors="replace").splitlines():
+                if wanted.search(line):
+                    print(f"{path.name}: {line[:300]}", file=sys.stderr)
+
+
+def main(argv: list[str]) -> int:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from tests.training.ray.conftest import ray_env
+
+    config, pace, temp = Path(argv[0]), Path(argv[1]), argv[2]
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the finally below stops the cluster
+    ray_env()
+    os.environ[START_TIMEOUT_ENV] = "30"
+    # Cluster records its address in the default Ray temp dir (/tmp/ray) whatever temp_dir says.
+    os.makedirs(os.path.dirname(ray._private.utils.get_ray_address_file(None)), exist_ok=True)
+    t0 = time.monotonic()
+    cluster = Cluster(initialize_head=True,
+                      head_node_args={"num_cpus": 0, "include_dashboard": False, "temp_dir": temp})
+    try:
+        for _ in range(3):
+            cluster.add_node(num_cpus=1)
+        ray.init(address=cluster.address, log_to_driver=False)
+        cluster.wait_for_nodes()
+        install_coordinator()
+        result = {"cluster_s": round(time.monotonic() - t0, 1), **scenario(cluster, config, pace)}
+    finally:
+        _print_decisions(Path(temp))
+        ray.shutdown()
+        cluster.shutdown()
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
