@@ -57,6 +57,8 @@ EXECUTORS: tuple[str, ...] = tuple(executor.value for executor in Executor)
 """The executors' names, in :class:`Executor`'s order (``torchrun``, ``ray``)."""
 PRIORITIES: tuple[str, ...] = ("high", "normal", "low")
 """Queue priorities, highest first."""
+DEFAULT_PRIORITY = "normal"
+"""The priority of a run whose spec names none (training/scheduler/spec.py ``RunSpec.priority``)."""
 MAX_NODES = 64
 """Largest ``nodes`` of a run (pods of its Indexed Job)."""
 
@@ -70,6 +72,10 @@ RAY_LANE = ":ray"
 """``executor: ray`` runs wait in ``ready:<prio>:ray``."""
 LANES_ENV = "RAGPOOL_LANES"
 """Worker environment: the lane names (:attr:`Lane.name`, comma-separated) it claims, exactly."""
+PRIORITIES_ENV = "RAGPOOL_PRIORITIES"
+"""Worker environment: the priorities (:data:`PRIORITIES`, comma-separated) whose runs it claims; unset or empty:
+every priority. A ScaledJob per (lanes, priority) starts workers that claim only its priority, so the Job's Kueue
+priority (``kueue.x-k8s.io/priority-class``) is its run's (docs/DESIGN.md, "Run priorities in Kueue")."""
 POOLS_ENV = "RAGPOOL_POOLS"
 """Submitter environment: the stack's GPU pool names, comma-separated (the stack's ``gpuPools``
 output, first = default pool). When set, ``ragpool submit`` refuses a ``pool:`` not listed."""
@@ -129,14 +135,14 @@ class Lane:
         head = f"pool.{self.pool}" if self.pool else "torchrun"
         return head + (f".n{self.nodes}" if self.nodes > 1 else "")
 
-    def ready_lists(self) -> list[str]:
-        """The lane's ready-list key names under the namespace prefix, one per priority, in claim
-        order (highest priority first): ``["ready:high<suffix>", "ready:normal<suffix>", ...]``."""
-        return [ready_list(prio, self.suffix) for prio in PRIORITIES]
+    def ready_lists(self, priorities: Sequence[str] = PRIORITIES) -> list[str]:
+        """The lane's ready-list key names under the namespace prefix, one per priority (of ``priorities``, default
+        every one), in claim order (highest priority first): ``["ready:high<suffix>", "ready:normal<suffix>", ...]``."""
+        return [ready_list(prio, self.suffix) for prio in PRIORITIES if prio in priorities]
 
-    def ready_keys(self, namespace: str) -> list[str]:
+    def ready_keys(self, namespace: str, priorities: Sequence[str] = PRIORITIES) -> list[str]:
         """:meth:`ready_lists` as full Redis keys of the queue ``namespace`` (e.g. ``ragpool``)."""
-        return [f"{namespace}:{key}" for key in self.ready_lists()]
+        return [f"{namespace}:{key}" for key in self.ready_lists(priorities)]
 
 
 def ready_list(priority: str, lane_suffix: str = "") -> str:
@@ -226,13 +232,40 @@ def lane_selector(lane: Lane) -> str:
     return f"{key}={value}"
 
 
-def worker_env(lanes: Sequence[Lane]) -> dict[str, str]:
+def worker_env(lanes: Sequence[Lane], priorities: Sequence[str] | None = None) -> dict[str, str]:
     """Environment that makes ``python -m training.worker`` claim exactly ``lanes``:
-    ``RAGPOOL_LANES`` and ``RAGPOOL_NNODES`` (their node count). A multi-node Job adds
-    ``RAGPOOL_WORKER_GROUP`` and ``RAGPOOL_RDZV_HOST`` (see the worker's docstring)."""
+    ``RAGPOOL_LANES`` and ``RAGPOOL_NNODES`` (their node count), and with ``priorities`` only runs of those
+    (``RAGPOOL_PRIORITIES``). A multi-node Job adds ``RAGPOOL_WORKER_GROUP`` and ``RAGPOOL_RDZV_HOST`` (see the
+    worker's docstring)."""
     text = format_lanes(lanes)
     parsed = parse_lanes(text)
-    return {LANES_ENV: text, NNODES_ENV: str(parsed[0].nodes)}
+    env = {LANES_ENV: text, NNODES_ENV: str(parsed[0].nodes)}
+    if priorities is not None:
+        env[PRIORITIES_ENV] = format_priorities(parse_priorities(",".join(priorities)))
+    return env
+
+
+def parse_priorities(text: str) -> tuple[str, ...]:
+    """``"low,high"`` -> ``("high", "low")``: the priorities named, in claim order (:data:`PRIORITIES`); empty
+    text: every priority. Raises :class:`LaneError` naming :data:`PRIORITIES_ENV` on an unknown one."""
+    names = {item.strip() for item in text.split(",") if item.strip()}
+    unknown = sorted(names - set(PRIORITIES))
+    if unknown:
+        raise LaneError(f"{PRIORITIES_ENV}={text!r}: {', '.join(map(repr, unknown))} is not a priority; "
+                        f"use some of {', '.join(PRIORITIES)} (comma-separated), or leave it unset for every one")
+    return tuple(p for p in PRIORITIES if p in names) or PRIORITIES
+
+
+def format_priorities(priorities: Iterable[str]) -> str:
+    """The :data:`PRIORITIES_ENV` value of ``priorities`` (claim order)."""
+    chosen = set(priorities)
+    return ",".join(p for p in PRIORITIES if p in chosen)
+
+
+def priorities_from_env(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """The priorities a worker claims: :data:`PRIORITIES_ENV` (:func:`parse_priorities`), every one when unset."""
+    env = os.environ if environ is None else environ
+    return parse_priorities(env.get(PRIORITIES_ENV, ""))
 
 
 def lanes_from_env(executors: Sequence[str], nodes: int,

@@ -17,8 +17,8 @@ from contract.lanes import (
     LANES_ENV, POOLS_ENV, Lane, LaneError, format_lanes, known_lanes, lane_from_suffix, lanes_from_env, parse_lane,
     parse_lanes, worker_env, worker_lanes,
 )
-from training.scheduler.run_queue import lane, ready_list
-from contract.lanes import PRIORITIES
+from training.scheduler.run_queue import lane
+from contract.lanes import PRIORITIES, ready_list
 from training.scheduler.spec import SpecError, parse_spec
 from contract.env import EXECUTORS_ENV
 from training.scheduler.worker.settings import WorkerConfig
@@ -146,3 +146,34 @@ def test_submit_of_an_unknown_pool_exits_2_naming_pool(redis_server, tmp_path):
 
 def test_format_and_parse_round_trip():
     assert parse_lanes(format_lanes(ALL_LANES[2:3] + ALL_LANES[0:1])) == (Lane(pool="gpu-spot"), Lane())
+
+
+def test_a_worker_of_one_priority_claims_only_runs_of_it(make_queue, monkeypatch):
+    """RAGPOOL_PRIORITIES: parsed in claim order, refused naming the variable, in the worker's config; the claim
+    script takes the worker's priorities with its lanes (``{"lanes": [...], "priorities": [...]}``) and leases
+    only runs of those, ``run_id`` included; a plain list of lanes is every priority, as before."""
+    import json
+
+    from contract.lanes import PRIORITIES_ENV, parse_priorities, priorities_from_env
+
+    assert parse_priorities("low, high") == ("high", "low") and parse_priorities("") == PRIORITIES
+    with pytest.raises(LaneError, match=f"{PRIORITIES_ENV}='urgent'"):
+        parse_priorities("urgent")
+    assert priorities_from_env({}) == PRIORITIES
+    lanes = worker_lanes("gpu-a", is_default_pool=True)
+    assert worker_env(lanes, ["low"])[PRIORITIES_ENV] == "low" and PRIORITIES_ENV not in worker_env(lanes)
+    monkeypatch.setenv(PRIORITIES_ENV, "normal")
+    assert WorkerConfig(worker_id="w").priorities == ("normal",)
+
+    q = make_queue()
+    for run_id, prio in (("h", "high"), ("n", "normal"), ("l", "low")):
+        q.submit(make_spec(run_id, pool="gpu-a", priority=prio))
+
+    def claim(priorities, run_id: str = "") -> list[str]:
+        lanes_json = json.dumps({"lanes": [lane.suffix for lane in lanes], "priorities": priorities})
+        return [c.split("\x1f")[0] for c in q._call("claim", "w", "nonce", 30, run_id, 3, lanes_json)]
+
+    assert claim(["low"], run_id="h") == [], "a queued run of another priority is not this worker's"
+    assert claim(["low", "normal"]) == ["n", "l"], "its priorities only, highest first"
+    assert claim(["low"]) == []
+    assert claim(["high"], run_id="h") == ["h"]

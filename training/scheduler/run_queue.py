@@ -24,7 +24,7 @@ from typing import Any, Iterable, Sequence
 
 from contract.defaults import DEFAULT_BACKOFF_BASE_S, DEFAULT_BACKOFF_MAX_S, DEFAULT_LEASE_S
 from contract.env import NAMESPACE_ENV
-from contract.lanes import PRIORITIES, Lane, known_lanes, lane_of, lane_of_ready_list, lanes_from_env, parse_lane, ready_list
+from contract.lanes import DEFAULT_PRIORITY, PRIORITIES, Lane, known_lanes, lane_of, lane_of_ready_list, lanes_from_env, parse_lane, ready_list
 from contract.names import DEFAULT_NAMESPACE
 from training.scheduler.queue_records import (
     DURATION_BUCKETS, FREE_RELEASES, GANG_TIMEOUTS_STAT, OUTCOMES, Claim, Heartbeat, Key, LaneStats, QueueStats,
@@ -80,16 +80,27 @@ def _load_scripts() -> dict[str, str]:
 _SCRIPTS = _load_scripts()
 
 
-def _lanes(executors: Sequence[str], nodes: int, lanes: Sequence[Lane] | None = None) -> str:
-    """The claim scripts' lanes argument (a JSON list of suffixes, in the order the worker prefers
-    them): ``lanes`` when given, else the unpinned lanes of ``executors`` and ``nodes``."""
+def _lanes(executors: Sequence[str], nodes: int, lanes: Sequence[Lane] | None = None,
+           priorities: Sequence[str] | None = None) -> str:
+    """The claim scripts' lanes argument: a JSON list of suffixes, in the order the worker prefers
+    them (``lanes`` when given, else the unpinned lanes of ``executors`` and ``nodes``), or, when
+    ``priorities`` names fewer than every priority (a per-priority ScaledJob's worker,
+    ``RAGPOOL_PRIORITIES``), ``{"lanes": [...], "priorities": [...]}`` (lua/prelude.lua ``claim``)."""
     if lanes is None:
         if not executors:
             raise ValueError("a worker needs at least one executor")
         lanes = lanes_from_env(executors, nodes, environ={})
     if not lanes:
         raise ValueError("a worker needs at least one lane")
-    return json.dumps(list(dict.fromkeys(lane.suffix for lane in lanes)))
+    suffixes = list(dict.fromkeys(lane.suffix for lane in lanes))
+    if priorities is None:
+        return json.dumps(suffixes)
+    if not priorities or set(priorities) - set(PRIORITIES):
+        raise ValueError(f"priorities must be some of {PRIORITIES}, got {list(priorities)!r}")
+    chosen = [prio for prio in PRIORITIES if prio in priorities]
+    if len(chosen) == len(PRIORITIES):
+        return json.dumps(suffixes)
+    return json.dumps({"lanes": suffixes, "priorities": chosen})
 
 SINGLE_ATTEMPT_SCRIPTS = frozenset({"claim", "ack", "ack_many", "fail", "release"})
 """Scripts sent at most once per call (``redis_conn.single_attempt``): resending a claim whose
@@ -179,7 +190,7 @@ class TaskQueue:
                                    max_attempts=spec.max_attempts, timeout_s=spec.timeout_seconds,
                                    nodes=spec.nodes, executor=spec.executor, pool=spec.pool, owner=owner, team=team)
 
-    def submit_payload(self, task_id: str, payload: str, *, priority: str = "normal",
+    def submit_payload(self, task_id: str, payload: str, *, priority: str = DEFAULT_PRIORITY,
                        max_attempts: int = 3, timeout_s: float = 86400, nodes: int = 1,
                        executor: str = "torchrun", pool: str | None = None, owner: str = "",
                        team: str = "") -> SubmitResult:
@@ -205,7 +216,7 @@ class TaskQueue:
 
     def claim(self, worker_id: str, *, block_s: float = 0.0, run_id: str | None = None,
               poll_s: float = 1.0, nodes: int = 1, executors: Sequence[str] = ("torchrun",),
-              lanes: Sequence[Lane] | None = None) -> Claim | None:
+              lanes: Sequence[Lane] | None = None, priorities: Sequence[str] | None = None) -> Claim | None:
         """Lease the next task (highest priority, oldest first) or ``run_id`` specifically.
 
         With ``block_s`` > 0 waits up to that long, woken by submits/requeues (BLPOP on
@@ -215,22 +226,24 @@ class TaskQueue:
         (an Indexed Job's index-0 pod), so single-pod workers never see multi-node runs, and
         only a worker with ``ray`` in ``executors`` sees ray runs. ``run_id`` too must be
         in one of those lanes. ``lanes`` (``lanes.Lane``) replaces ``executors``/``nodes`` with an
-        exact set of lanes (pinned pools: ``lanes.worker_lanes``).
+        exact set of lanes (pinned pools: ``lanes.worker_lanes``). ``priorities`` (default: every one)
+        claims only runs of those priorities (a per-priority ScaledJob's worker, ``RAGPOOL_PRIORITIES``).
         """
         claims = self.claim_batch(worker_id, 1, block_s=block_s, run_id=run_id, poll_s=poll_s, nodes=nodes,
-                                  executors=executors, lanes=lanes)
+                                  executors=executors, lanes=lanes, priorities=priorities)
         return claims[0] if claims else None
 
     def claim_batch(self, worker_id: str, max_tasks: int, *, block_s: float = 0.0,
                     run_id: str | None = None, poll_s: float = 1.0, nodes: int = 1,
-                    executors: Sequence[str] = ("torchrun",), lanes: Sequence[Lane] | None = None) -> list[Claim]:
+                    executors: Sequence[str] = ("torchrun",), lanes: Sequence[Lane] | None = None,
+                    priorities: Sequence[str] | None = None) -> list[Claim]:
         """Lease up to ``max_tasks`` tasks in one round trip (each with its own lease and token).
 
         A claim no replica confirmed is handed back at once (best effort) and
         :class:`NotReplicatedError` raised: running it could run it twice if a failover
         then lost the claim. The claim script is sent once; on a connection error the
         caller tries again later (a lease whose reply was lost expires and is reaped)."""
-        lanes_json = _lanes(executors, nodes, lanes)
+        lanes_json = _lanes(executors, nodes, lanes, priorities)
         deadline = time.monotonic() + block_s
         while True:
             try:
@@ -254,25 +267,28 @@ class TaskQueue:
                 pass
 
     def ack_batch(self, claims: list[Claim], *, worker_id: str | None = None, claim_next: int = 0,
-                  executors: Sequence[str] = ("torchrun",),
-                  lanes: Sequence[Lane] | None = None) -> tuple[list[bool], list[Claim]]:
+                  executors: Sequence[str] = ("torchrun",), lanes: Sequence[Lane] | None = None,
+                  priorities: Sequence[str] | None = None) -> tuple[list[bool], list[Claim]]:
         """Ack ``claims`` and, when ``claim_next`` > 0, lease up to that many more single-pod tasks
-        of ``executors`` (or of ``lanes``) for ``worker_id``, all in one round trip. Returns (acked
-        flags, new claims)."""
+        of ``executors`` (or of ``lanes``; of ``priorities``, default every one) for ``worker_id``, all
+        in one round trip. Returns (acked flags, new claims)."""
         args: list = [len(claims)]
         for c in claims:
             args += [c.task_id, c.token]
         if claim_next > 0:
             if worker_id is None:
                 raise ValueError("claim_next needs worker_id")
-            args += [worker_id, uuid.uuid4().hex[:16], self.lease_seconds, int(claim_next), _lanes(executors, 1, lanes)]
+            args += [worker_id, uuid.uuid4().hex[:16], self.lease_seconds, int(claim_next),
+                     _lanes(executors, 1, lanes, priorities)]
         acked, new = self._call_replicated("ack_many", *args)
         return [a == "1" for a in acked], [Claim.from_reply(r) for r in new]
 
     def ack_and_claim(self, claim: Claim, worker_id: str, executors: Sequence[str] = ("torchrun",),
-                      lanes: Sequence[Lane] | None = None) -> tuple[bool, Claim | None]:
-        """Ack ``claim`` and lease the next task in one round trip."""
-        acked, new = self.ack_batch([claim], worker_id=worker_id, claim_next=1, executors=executors, lanes=lanes)
+                      lanes: Sequence[Lane] | None = None,
+                      priorities: Sequence[str] | None = None) -> tuple[bool, Claim | None]:
+        """Ack ``claim`` and lease the next task (of ``priorities``, default every one) in one round trip."""
+        acked, new = self.ack_batch([claim], worker_id=worker_id, claim_next=1, executors=executors, lanes=lanes,
+                                    priorities=priorities)
         return acked[0], (new[0] if new else None)
 
     def heartbeat(self, claim: Claim, worker_id: str) -> Heartbeat:

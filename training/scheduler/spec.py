@@ -66,7 +66,7 @@ from typing import Any, Mapping
 from contract.mappings import deep_merge
 from training.config.run import RunConfig, load_run_config, nest
 from training.config.sections import MODEL_PATH_KEYS, STAGES, ConfigError
-from contract.lanes import EXECUTORS, MAX_NODES, POOLS_ENV, PRIORITIES, Executor, Lane, LaneError, declared_pools
+from contract.lanes import DEFAULT_PRIORITY, EXECUTORS, MAX_NODES, POOLS_ENV, PRIORITIES, Executor, Lane, LaneError, declared_pools
 from contract.messages import shown
 from contract.paths import RUN_ID_RULE, PathError, confine, is_valid_run_id, shared_root_from_env
 
@@ -129,8 +129,8 @@ class RunSpec:
     """An elastic run (``nodes: {min, max}``): the fewest pods it trains on (``--nnodes MIN:MAX``); None = fixed."""
     gpus_per_node: int | None = None
     """Processes per pod (torchrun ``--nproc-per-node``); None = the pod's GPU count, 1 on CPU."""
-    priority: str = "normal"
-    """Queue priority: ``high``, ``normal`` or ``low``."""
+    priority: str = DEFAULT_PRIORITY
+    """Queue priority: ``high``, ``normal`` or ``low`` (contract/lanes.py ``PRIORITIES``)."""
     max_attempts: int = 3
     """Attempts (claims that fail) before the task goes to the dead-letter list."""
     timeout_seconds: int = 86400

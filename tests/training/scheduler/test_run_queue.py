@@ -52,6 +52,30 @@ def test_priorities_then_fifo(make_queue):
     assert order == ["h1", "h2", "n1", "n2", "l1"]
 
 
+def test_a_worker_of_some_priorities_claims_only_their_runs(make_queue):
+    """A per-priority ScaledJob's worker (``RAGPOOL_PRIORITIES``) claims only its priorities' runs, through
+    claim, claim_batch and ack_batch alike; the default (every priority) sends the plain list as before."""
+    from training.scheduler.run_queue import _lanes
+
+    assert _lanes(("torchrun",), 1) == _lanes(("torchrun",), 1, priorities=("low", "high", "normal")) == '[""]'
+    assert _lanes(("torchrun",), 1, priorities=["low", "high"]) == '{"lanes": [""], "priorities": ["high", "low"]}'
+    for bad in ([], ["urgent"]):
+        with pytest.raises(ValueError, match="priorities must be some of"):
+            _lanes(("torchrun",), 1, priorities=bad)
+    q = make_queue()
+    for run_id, prio in [("l1", "low"), ("n1", "normal"), ("h1", "high"), ("n2", "normal"), ("h2", "high")]:
+        q.submit(make_spec(run_id, priority=prio))
+    assert q.claim("hi", priorities=["high"]).task_id == "h1"
+    assert q.claim("lo", priorities=["low"], run_id="n1") is None, "a run of another priority, even by id"
+    batch = q.claim_batch("n", 5, priorities=["normal"])
+    assert [c.task_id for c in batch] == ["n1", "n2"]
+    acked, more = q.ack_batch(batch, worker_id="n", claim_next=5, priorities=["normal", "low"])
+    assert acked == [True, True] and [c.task_id for c in more] == ["l1"]
+    ok, last = q.ack_and_claim(more[0], "n", priorities=["normal", "low"])
+    assert ok and last is None and q.get("h2").state == "queued", "the high run waits for a high worker"
+    assert q.claim("any").task_id == "h2"
+
+
 def test_blocking_claim_is_woken_by_submit(make_queue):
     q = make_queue()
     submitter = threading.Timer(0.3, lambda: make_queue().submit(make_spec("late")))

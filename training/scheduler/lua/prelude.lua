@@ -125,21 +125,25 @@ local function housekeeping(max_leases, max_delayed)
 end
 
 -- Lease one task to worker (highest priority first, then the worker's lanes in order, oldest
--- first; or only_id when it waits in one of those lanes); false when none.
-local function take(worker, nonce, lease, only_id, lanes)
+-- first; or only_id when it waits in one of those lanes); false when none. prios: the priorities
+-- it claims, highest first (a subset of PRIOS).
+local function take(worker, nonce, lease, only_id, lanes, prios)
   local id = false
   if only_id ~= '' then
     local tk = K.task .. only_id
     local st = redis.call('HMGET', tk, 'state', 'ready', 'priority')
     if st[1] == 'queued' then
-      for _, lane in ipairs(lanes) do
-        if st[2] == cfg.keys.ready .. st[3] .. lane then id = only_id break end
+      for _, prio in ipairs(prios) do
+        for _, lane in ipairs(lanes) do
+          if st[2] == cfg.keys.ready .. prio .. lane then id = only_id break end
+        end
+        if id then break end
       end
       if id then redis.call('LREM', p .. st[2], 1, only_id) end
     end
   else
     for _ = 1, 64 do
-      for _, prio in ipairs(PRIOS) do
+      for _, prio in ipairs(prios) do
         for _, lane in ipairs(lanes) do
           id = redis.call('RPOP', K.ready .. prio .. lane)
           if id then break end
@@ -168,13 +172,24 @@ end
 
 -- Housekeeping, then lease up to n tasks from the lanes (a JSON list, see run_queue.lane);
 -- clears stale wake tokens when the queue is empty.
+-- lanes_json: the lanes' suffixes (a JSON list: every priority), or {"lanes": [...], "priorities": [...]}
+-- (only those priorities: a worker started for one priority's runs, contract/lanes.py PRIORITIES_ENV).
 local function claim(worker, nonce, lease, only_id, n, lanes_json)
-  local lanes = cjson.decode(lanes_json)
+  local lanes, prios = cjson.decode(lanes_json), PRIOS
+  if lanes.lanes then
+    local wanted = {}
+    for _, prio in ipairs(lanes.priorities or PRIOS) do wanted[prio] = true end
+    prios = {}
+    for _, prio in ipairs(PRIOS) do
+      if wanted[prio] then prios[#prios + 1] = prio end
+    end
+    lanes = lanes.lanes
+  end
   housekeeping()
   redis.call('HSET', K.workers, worker, nows)
   local out = {}
   for i = 1, n do
-    local c = take(worker, nonce .. i, lease, only_id, lanes)
+    local c = take(worker, nonce .. i, lease, only_id, lanes, prios)
     if not c then break end
     out[i] = c
     if only_id ~= '' then break end

@@ -67,7 +67,9 @@ Environment: ``REDIS_URL``/``REDIS_PASSWORD``/``REDIS_PASSWORD_FILE`` (see
 lane names, comma-separated, see ``contract/lanes.py``; ``lanes.worker_env`` builds
 it), else ``RAGPOOL_EXECUTORS`` (which runs it claims: ``torchrun``, the default, and/or
 ``ray``, from the unpinned lanes; a ray run is followed as a Ray job,
-``python -m training.ray.job``, on the Ray cluster at ``RAY_ADDRESS``).
+``python -m training.ray.job``, on the Ray cluster at ``RAY_ADDRESS``), ``RAGPOOL_PRIORITIES`` (the
+priorities whose runs it claims, comma-separated, default every one: a per-priority ScaledJob's
+worker claims only the priority its Job was admitted by Kueue for; ``lanes.worker_env`` sets it).
 
 The child builder, the worker's one injection point (never set in a Job): the function that turns a
 claimed run into the child's argv and environment (``child.ChildBuilder``) is the ``module:function``

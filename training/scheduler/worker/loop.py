@@ -80,6 +80,7 @@ class Worker(ChildSupervisor, GangMember, OutageRetry):
             idle_left = self.config.idle_exit_seconds - (time.monotonic() - idle_since)
             return self.queue.claim(self.config.worker_id, run_id=self.config.run_id,
                                     nodes=self.config.nnodes, lanes=self.config.lanes,
+                                    priorities=self.config.priorities,
                                     block_s=max(0.0, min(self.config.poll_seconds, idle_left)),
                                     poll_s=self.config.poll_seconds)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from contract.defaults import DEFAULT_BACKOFF_BASE_S, DEFAULT_BACKOFF_MAX_S, DEFAULT_GANG_DEADLINE_S, DEFAULT_LEASE_S
 from contract.env import (EXECUTORS_ENV, GANG_DEADLINE_ENV, METRICS_PORT_ENV, NNODES_ENV, RDZV_HOST_ENV, RDZV_PORT_ENV,
                           WORKER_GROUP_ENV, WORKER_ID_ENV)
-from contract.lanes import EXECUTORS, Lane, format_lanes, lanes_from_env
+from contract.lanes import EXECUTORS, Lane, format_lanes, lanes_from_env, priorities_from_env
 from contract.paths import shared_root_from_env
 from contract.ports import RDZV_PORT
 from training.scheduler.run_queue import namespace_from_env
@@ -80,6 +80,9 @@ class WorkerConfig:
     lanes: tuple[Lane, ...] = ()
     """The lanes it claims, exactly (``RAGPOOL_LANES``, lane names, see contract/lanes.py);
     empty = from the environment, else the unpinned lanes of ``executors`` and ``nnodes``."""
+    priorities: tuple[str, ...] = field(default_factory=lambda: priorities_from_env())
+    """The priorities whose runs it claims, highest first (``RAGPOOL_PRIORITIES``, contract/lanes.py; default every
+    one): a ScaledJob's worker claims only the priority its Job was started, and admitted by Kueue, for."""
     gang_deadline_seconds: float = field(
         default_factory=lambda: float(os.environ.get(GANG_DEADLINE_ENV) or DEFAULT_GANG_DEADLINE_S))
     """Multi-node: how long all pods of the gang get to join before it is given up (the run handed

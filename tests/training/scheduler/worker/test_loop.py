@@ -210,6 +210,25 @@ def test_worker_rejects_bad_settings_without_claiming(redis_server, namespace, m
 
 
 @pytest.mark.slow
+def test_a_worker_of_one_priority_claims_only_its_runs(redis_server, namespace, make_queue, tmp_path):
+    """A per-priority ScaledJob's worker (``RAGPOOL_PRIORITIES``, infra/keda.py) runs only runs of its priority,
+    the highest first; the others wait for theirs. An unknown priority stops it at start (exit 2)."""
+    from contract.lanes import PRIORITIES_ENV
+
+    q = make_queue()
+    for run_id, prio in [("n1", "normal"), ("h1", "high"), ("l1", "low"), ("h2", "high")]:
+        q.submit(make_spec(run_id, priority=prio))
+    code, out = finish(start_worker(redis_server, namespace, tmp_path, sh("true"), **{PRIORITIES_ENV: "low,high"}))
+    assert code == 0, out
+    assert {r: q.get(r).state for r in ("h1", "h2", "l1", "n1")} == {
+        "h1": "succeeded", "h2": "succeeded", "l1": "succeeded", "n1": "queued"}
+    assert q.get("l1").claimed_at > q.get("h2").claimed_at > q.get("h1").claimed_at
+    code, out = finish(start_worker(redis_server, namespace, tmp_path, sh("true"), **{PRIORITIES_ENV: "urgent"}))
+    assert code == 2 and PRIORITIES_ENV in out and "Traceback" not in out, out
+    assert q.get("n1").state == "queued"
+
+
+@pytest.mark.slow
 def test_indexed_job_group_runs_one_task_on_every_index(redis_server, namespace, make_queue, tmp_path):
     q = make_queue()
     q.submit(make_spec("single"))
