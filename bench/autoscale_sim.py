@@ -308,6 +308,8 @@ class Job:
     """Index -> its counted and ignored pod failures (what its next pod's annotations carry)."""
     suspended: bool = False
     """``spec.suspend``: under Kueue (:mod:`bench.kueue_gate`) until admitted, and again once evicted."""
+    labels: dict[str, str] = field(default_factory=dict)
+    """The Job's own labels (:func:`job_labels`: its ScaledJob's, as KEDA copies them)."""
 
     @property
     def namespace(self) -> str:
@@ -500,7 +502,8 @@ class Cluster:
 
     def create_job(self, sj: ScaledJob, now: float) -> Job:
         spec = json.loads(json.dumps(sj.spec["jobTargetRef"]))
-        job = Job(scaled_job=sj, name=f"{sj.name}-{_suffix()}", created_at=now, spec=spec)
+        job = Job(scaled_job=sj, name=f"{sj.name}-{_suffix()}", created_at=now, spec=spec,
+                  labels=job_labels(sj.manifest))
         sj.jobs.append(job)
         if sj in self.scaled_jobs:
             self.created.append(job)
@@ -1207,6 +1210,21 @@ def scaled_jobs_from_plan(plan: dict, namespace: str | None = None) -> list[dict
     if not out:
         raise ValueError(f"the plan declares no ScaledJob{' in ' + namespace if namespace else ''}")
     return out
+
+
+def job_labels(manifest: dict) -> dict[str, str]:
+    """The labels KEDA gives each Job of the ScaledJob ``manifest``: its own (less ``app.kubernetes.io/version``, the
+    operator's), then the ScaledJob's labels but
+    those its excluded-labels annotation lists (kedacore/keda v2.20.2 pkg/scaling/executor/scale_jobs.go
+    ``generateJobs``: the annotation split on commas, untrimmed)."""
+    from contract.names import KEDA_EXCLUDED_LABELS
+
+    meta = manifest.get("metadata", {})
+    name = meta.get("name", "")
+    excluded = set((meta.get("annotations") or {}).get(KEDA_EXCLUDED_LABELS, "").split(","))
+    return {"app.kubernetes.io/name": name, "app.kubernetes.io/part-of": name,
+            "app.kubernetes.io/managed-by": "keda-operator", "scaledjob.keda.sh/name": name,
+            **{k: v for k, v in (meta.get("labels") or {}).items() if k not in excluded}}
 
 
 def container_env(manifest: dict, name: str) -> str | None:

@@ -26,11 +26,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from bench import kueue_admission as kq
-from contract.names import GPU_RESOURCE, KUEUE_QUEUE_LABEL
-
-PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
-"""The Job label naming a WorkloadPriorityClass (pkg/controller/constants/constants.go
-``WorkloadPriorityClassLabel`` at v0.19.2)."""
+from contract.names import GPU_RESOURCE, KUEUE_PRIORITY_CLASS_LABEL, KUEUE_QUEUE_LABEL
 
 
 @dataclass
@@ -64,8 +60,9 @@ class KueueGate:
     # -- the Job's side ----------------------------------------------------------------------
 
     def cluster_queue_of(self, job) -> str:
-        labels = job.spec["template"].get("metadata", {}).get("labels", {})
-        queue = labels.get(KUEUE_QUEUE_LABEL)
+        """The ClusterQueue of the LocalQueue the Job's own labels name (``job.labels``: KEDA gives a Job its
+        ScaledJob's labels; Kueue does not read the pod template's), else of its namespace's only LocalQueue."""
+        queue = job.labels.get(KUEUE_QUEUE_LABEL)
         if queue is None:  # the namespace's defaulting LocalQueue: there is one per training namespace
             names = [lq for (ns, lq) in self.cluster.local_queues if ns == job.namespace]
             if len(names) != 1:
@@ -79,7 +76,9 @@ class KueueGate:
         template = job.spec["template"]
         container = template["spec"]["containers"][0]
         gpus = int(container.get("resources", {}).get("requests", {}).get(GPU_RESOURCE, 0))
-        label = template.get("metadata", {}).get("labels", {}).get(PRIORITY_CLASS_LABEL)
+        # The Job's WorkloadPriorityClass label, else 0 (the sim has no PriorityClass objects: a Job without the label
+        # ranks by its pods' PriorityClass in Kueue, pkg/controller/jobframework/reconciler.go ExtractPriority).
+        label = job.labels.get(KUEUE_PRIORITY_CLASS_LABEL)
         wl = kq.Workload(job.name, self.cluster_queue_of(job), [kq.PodSet(int(job.spec.get("parallelism", 1)),
                                                                            {GPU_RESOURCE: gpus} if gpus else {})],
                          priority=self.priorities.get(label, 0), created=now, uid=job.name)

@@ -17,6 +17,11 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 """The label that puts a Job under Kueue: the LocalQueue of its namespace that admits it (kubernetes-sigs/kueue
 v0.19.2 pkg/controller/constants/constants.go QueueLabel). The worker Jobs KEDA creates carry it
 (infra/worker_jobs.py); infra/kueue_objects.py declares the queue; policy/checks/kueue.py checks both."""
+KUEUE_PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
+"""The Job label naming the WorkloadPriorityClass whose ``value`` is its Workload's priority (kubernetes-sigs/kueue
+v0.19.2 pkg/controller/constants/constants.go WorkloadPriorityClassLabel, read from the Job's own labels by
+pkg/controller/jobframework/utils.go WorkloadPriorityClassName). A per-priority ScaledJob carries it
+(infra/keda.py ``scaled_job_labels``); bench/kueue_gate.py reads it."""
 KUEUE_API_VERSION = "kueue.x-k8s.io/v1beta2"
 """Kueue's API group/version ragpool declares and reads (the storage version at the pin, kubernetes-sigs/kueue v0.19.2
 apis/kueue/v1beta2; v1beta1 is served, deprecated): infra/kueue_objects.py, training/scheduler/quota_wait.py."""

@@ -18,7 +18,9 @@
 The ScaledJobs themselves are built here (:func:`scaled_job_spec`, :func:`worker_kinds`) and
 declared per training namespace by infra/worker_jobs.py around the worker Job it builds.
 Why the trigger counts exactly the runs that need a worker, and why ``accurate`` with
-``pendingPodConditions: [Ready]``: docs/DESIGN.md, "From the queue to a GPU node".
+``pendingPodConditions: [Ready]``: docs/DESIGN.md, "From the queue to a GPU node". One ScaledJob per
+(kind, priority), whose Jobs carry their runs' Kueue priority (:func:`scaled_job_kinds`,
+:data:`PRIORITY_SCALED_JOBS`): docs/DESIGN.md, "Run priorities in Kueue".
 """
 
 from __future__ import annotations
@@ -42,8 +44,11 @@ from infra.peers import REDIS_SERVICE, redis_peer
 from infra.queue_redis import CONNECTION_SECRET
 from infra.training_namespace import baseline_policies
 from contract.defaults import DEFAULT_LEASE_S, KEEPER_INTERVAL_S
-from contract.lanes import MAX_NODES, Lane, format_lane_set, worker_lanes
+from contract.lanes import (DEFAULT_PRIORITY, MAX_NODES, PRIORITIES, PRIORITIES_ENV, Lane, format_lane_set,
+                            format_priorities, parse_priorities, worker_lanes)
 from contract.names import KEDA_EXCLUDED_LABELS  # noqa: F401  (re-exported: infra/worker_jobs.py imports it from here)
+from contract.names import KUEUE_PRIORITY_CLASS_LABEL
+from infra.kueue_objects import priority_class_name
 from contract.ports import REDIS_PORT
 
 KEDA_NAMESPACE = "keda"
@@ -77,6 +82,11 @@ SCALED_JOB_MAX_TASKS = 1
 # (podFailurePolicy Ignore on DisruptionTarget) sees that run requeued once its lease lapses and the
 # keeper ticks, and takes it.
 SCALED_JOB_IDLE_EXIT_SECONDS = DEFAULT_LEASE_S + KEEPER_INTERVAL_S + POLLING_INTERVAL_SECONDS
+# One ScaledJob per (worker kind, priority) (:func:`scaled_job_kinds`): its Jobs carry their runs' Kueue priority,
+# and its worker claims only that priority's runs (RAGPOOL_PRIORITIES, which the claim honours:
+# training/scheduler/run_queue.py passes the worker's priorities to the claim script; docs/DESIGN.md, "Run
+# priorities in Kueue"), so a high run is never run by a low-priority Job. Off: one ScaledJob per kind, every priority.
+PRIORITY_SCALED_JOBS = True
 
 
 def operator_metrics_port() -> int:
@@ -119,6 +129,12 @@ class WorkerKind:
     nodes: int
     lanes: tuple[Lane, ...]
     max_jobs: int
+    priority: str | None = None
+    """The one priority whose runs it takes (a per-priority ScaledJob, :func:`scaled_job_kinds`); None: every one."""
+
+    @property
+    def priorities(self) -> tuple[str, ...]:
+        return PRIORITIES if self.priority is None else (self.priority,)
 
 
 def pool_workers(pool: GpuPoolConfig, gpu_quota: int | None) -> int:
@@ -147,6 +163,24 @@ def worker_kinds(cfg: StackConfig, gpu_quota: int | None, ray_max_jobs: int | No
     return kinds
 
 
+def scaled_job_kinds(kinds: Iterable[WorkerKind], per_priority: bool | None = None) -> list[WorkerKind]:
+    """The ScaledJobs' kinds of a namespace whose workers are ``kinds``: each kind as it is, or (``per_priority``,
+    default :data:`PRIORITY_SCALED_JOBS`) one per priority, each with the kind's ``max_jobs`` (every queued run may
+    be of one priority, and a Job Kueue does not admit yet is suspended, no pod). The default priority's keeps the
+    kind's name, the others are ``<kind>-<priority>``: switching it on updates the ScaledJob that holds most running
+    workers in place (a deleted ScaledJob's Jobs are garbage-collected with it, their runs interrupted)."""
+    per_priority = PRIORITY_SCALED_JOBS if per_priority is None else per_priority
+    return [WorkerKind(kind.name if prio == DEFAULT_PRIORITY else f"{kind.name}-{prio}", kind.pool, kind.nodes,
+                       kind.lanes, kind.max_jobs, prio)
+            for kind in kinds for prio in PRIORITIES] if per_priority else list(kinds)
+
+
+def scaled_job_labels(kind: WorkerKind) -> dict[str, str]:
+    """The Kueue labels a ScaledJob of ``kind`` adds to its Jobs (KEDA copies a ScaledJob's labels onto each Job it
+    creates; Kueue reads them from the Job): its priority's WorkloadPriorityClass, if it has one priority."""
+    return {} if kind.priority is None else {KUEUE_PRIORITY_CLASS_LABEL: priority_class_name(kind.priority)}
+
+
 def jobs_quota(kinds: Iterable[WorkerKind]) -> int:
     """The namespace's ``count/jobs.batch``: what its ScaledJobs can hold at once (per ScaledJob, the finished
     Jobs KEDA keeps, :data:`SUCCESSFUL_JOBS_HISTORY` + :data:`FAILED_JOBS_HISTORY`, and up to ``maxReplicaCount``
@@ -169,18 +203,31 @@ def served_lanes(kinds: Iterable[WorkerKind]) -> str:
     return format_lane_set(lane for kind in kinds for lane in kind.lanes)
 
 
-def redis_triggers(lanes: tuple[Lane, ...], queue_namespace: str, queue: KedaQueue) -> list[dict[str, Any]]:
-    """One Redis trigger per ready list of ``lanes`` (every priority) in ``queue_namespace``.
+def redis_triggers(lanes: tuple[Lane, ...], queue_namespace: str, queue: KedaQueue,
+                   priorities: tuple[str, ...] = PRIORITIES) -> list[dict[str, Any]]:
+    """One Redis trigger per ready list of ``lanes`` (of ``priorities``, default every one) in ``queue_namespace``.
 
     ``listLength: 1``: each run is one Job's work (the scaler's target per Job; its value is
     LLEN, pkg/scalers/redis_scaler.go); ``activationListLength: 0``: active with one run."""
-    keys = [key for lane in lanes for key in lane.ready_keys(queue_namespace)]
+    keys = [key for lane in lanes for key in lane.ready_keys(queue_namespace, priorities)]
     return [{"type": "redis",
              "metadata": {"address": queue.address, "databaseIndex": str(queue.database),
                           "enableTLS": "true" if queue.tls else "false",
                           "listName": key, "listLength": "1", "activationListLength": "0"},
              "authenticationRef": {"name": TRIGGER_AUTHENTICATION, "kind": "ClusterTriggerAuthentication"}}
             for key in keys]
+
+
+def for_priority(job_spec: dict[str, Any], priority: str | None) -> dict[str, Any]:
+    """``job_spec`` whose worker claims only runs of ``priority`` (``RAGPOOL_PRIORITIES``); None: unchanged."""
+    if priority is None:
+        return job_spec
+    out = copy.deepcopy(job_spec)
+    for container in out["template"]["spec"]["containers"]:
+        if container.get("command", [])[-1:] == ["training.worker"]:
+            container["env"] = [*(e for e in container.get("env", []) if e["name"] != PRIORITIES_ENV),
+                                {"name": PRIORITIES_ENV, "value": format_priorities(parse_priorities(priority))}]
+    return out
 
 
 def one_run_per_job(job_spec: dict[str, Any]) -> dict[str, Any]:
@@ -208,7 +255,7 @@ def scaled_job_spec(job_spec: dict[str, Any], kind: WorkerKind, queue_namespace:
     apis/keda/v1alpha1/scaledjob_types.go; vendored CRD infra/crds/keda/keda.sh_scaledjobs.yaml)."""
     return {
         # One run per Job: with `accurate` below, KEDA's count is then exact (docs/DESIGN.md).
-        "jobTargetRef": one_run_per_job(job_spec),
+        "jobTargetRef": one_run_per_job(for_priority(job_spec, kind.priority)),
         "pollingInterval": POLLING_INTERVAL_SECONDS,
         "successfulJobsHistoryLimit": SUCCESSFUL_JOBS_HISTORY,
         "failedJobsHistoryLimit": FAILED_JOBS_HISTORY,
@@ -222,7 +269,7 @@ def scaled_job_spec(job_spec: dict[str, Any], kind: WorkerKind, queue_namespace:
         # claim), capped at maxReplicaCount - unfinished Jobs (scale_jobs.go accurateScalingStrategy).
         "scalingStrategy": {"strategy": "accurate", "multipleScalersCalculation": "sum",
                             "pendingPodConditions": ["Ready"]},
-        "triggers": redis_triggers(kind.lanes, queue_namespace, queue),
+        "triggers": redis_triggers(kind.lanes, queue_namespace, queue, kind.priorities),
     }
 
 

@@ -37,8 +37,8 @@ from infra.config_gpu import STOP_MARGIN_S, TERMINATION_GRACE_S, GpuPoolConfig, 
 from infra.efa_devices import efa_env, pool_efa_devices
 from infra.gpu_memory import pod_memory
 from infra.keda import (
-    KEDA_EXCLUDED_LABELS, KedaQueue, WorkerKind, jobs_quota, ray_worker_lanes, scaled_job_spec, served_lanes,
-    worker_kinds,
+    KEDA_EXCLUDED_LABELS, KedaQueue, WorkerKind, jobs_quota, ray_worker_lanes, scaled_job_kinds, scaled_job_labels,
+    scaled_job_spec, served_lanes, worker_kinds,
 )
 from infra.keeper import KEEPER_NAME, keeper_deployment_spec, keeper_network_policy
 from infra.kueue_objects import LOCAL_QUEUE
@@ -362,7 +362,8 @@ class WorkerJobs(RagpoolComponent):
         k8s.core.v1.ResourceQuota(
             f"{name}-jobs-quota", metadata={"name": JOBS_QUOTA, "namespace": args.namespace,
                                             "labels": k8s_labels("worker", JOBS_QUOTA)},
-            spec={"hard": {"count/jobs.batch": str(jobs_quota(kinds))}}, opts=child(self, depends_on=args.depends_on))
+            spec={"hard": {"count/jobs.batch": str(jobs_quota(scaled_job_kinds(kinds)))}},
+            opts=child(self, depends_on=args.depends_on))
         for kind in kinds:
             if kind.pool is None:
                 job = pulumi.Output.from_input(args.image).apply(
@@ -379,19 +380,21 @@ class WorkerJobs(RagpoolComponent):
                 resource, metadata={"name": kind.name, "namespace": args.namespace, "labels": labels},
                 spec=job.apply(worker_cronjob), opts=child(self, depends_on=args.depends_on))
             self.templates.append(kind.name)
-            if args.keda is not None:
+            for sj in (scaled_job_kinds([kind]) if args.keda is not None else []):
                 # KEDA copies these labels onto every Job it creates (scale_jobs.go generateJobs), the queue label
-                # too: Kueue reads it from the Job's own labels (docs/DESIGN.md, "KEDA and Kueue").
+                # and a per-priority ScaledJob's priority class too: Kueue reads them from the Job's own labels
+                # (docs/DESIGN.md, "KEDA and Kueue"). The default priority's keeps the kind's names (scaled_job_kinds).
                 k8s.apiextensions.CustomResource(
-                    f"{resource}-scaledjob", api_version="keda.sh/v1alpha1", kind="ScaledJob",
-                    metadata={"name": kind.name, "namespace": args.namespace,
-                              "labels": {**k8s_labels("worker", kind.name), **({POOL_LABEL: kind.pool.name} if kind.pool else {}),
-                                         **lane_labels(kind.lanes), KUEUE_QUEUE_LABEL: LOCAL_QUEUE},
+                    f"{resource}{sj.name[len(kind.name):]}-scaledjob", api_version="keda.sh/v1alpha1",
+                    kind="ScaledJob",
+                    metadata={"name": sj.name, "namespace": args.namespace,
+                              "labels": {**k8s_labels("worker", sj.name), **({POOL_LABEL: kind.pool.name} if kind.pool else {}),
+                                         **lane_labels(kind.lanes), KUEUE_QUEUE_LABEL: LOCAL_QUEUE, **scaled_job_labels(sj)},
                               # ... except managed-by: KEDA manages those Jobs, not Pulumi (the annotation's
                               # name: apis/keda/v1alpha1/scaledjob_types.go ScaledJobExcludedLabelsAnnotation).
                               "annotations": {KEDA_EXCLUDED_LABELS: "app.kubernetes.io/managed-by"}},
                     spec=pulumi.Output.all(job, args.keda).apply(
-                        lambda a, kind=kind: scaled_job_spec(a[0], kind, args.queue_namespace, a[1])),
+                        lambda a, sj=sj: scaled_job_spec(a[0], sj, args.queue_namespace, a[1])),
                     opts=child(self, depends_on=args.depends_on))
         if args.keeper_queue_namespaces:
             meta = {"name": KEEPER_NAME, "namespace": args.namespace, "labels": k8s_labels("queue-keeper", KEEPER_NAME)}

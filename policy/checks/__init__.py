@@ -146,8 +146,8 @@ RULES: tuple[Rule, ...] = (
          "Give the add-on configurationValues {dcgmAgent: {tolerations: [nvidia.com/gpu Exists NoSchedule]}}.",
          check_node_monitoring_agent_tolerates_gpu, scope="stack"),
     Rule("lane-has-one-scaledjob",
-         "In every training namespace, every lane that can hold a run has exactly one KEDA ScaledJob, "
-         "triggered by exactly its ready lists, summed.", MANDATORY,
+         "In every training namespace, every lane that can hold a run has exactly one KEDA ScaledJob per "
+         "priority, triggered by exactly its ready lists of that priority, summed.", MANDATORY,
          "Declare the namespace's worker kinds with infra/worker_jobs.py (infra/keda.py worker_kinds, scaled_job_spec).",
          check_lanes_have_one_scaled_job, scope="stack", config_schema=_NAMESPACES_SCHEMA),
     Rule("jobs-quota-covers-scaledjobs",
@@ -159,7 +159,9 @@ RULES: tuple[Rule, ...] = (
          MANDATORY, "Keep trainingTeams' gpuQuota total within the pools' gpuLimit (infra/kueue_objects.py nominal_quotas).",
          check_kueue_quota_within_pools, scope="stack"),
     Rule("scaledjob-kueue-managed",
-         "Every ScaledJob labels its Jobs with kueue.x-k8s.io/queue-name naming a LocalQueue of its namespace.",
+         "Every ScaledJob labels its Jobs with kueue.x-k8s.io/queue-name naming a LocalQueue of its namespace, "
+         "and one whose workers claim a single priority with kueue.x-k8s.io/priority-class naming its "
+         "WorkloadPriorityClass.",
          MANDATORY, "Label the ScaledJob with its namespace's LocalQueue (infra/worker_jobs.py, infra/kueue_objects.py).",
          check_scaled_jobs_kueue_managed, scope="stack"),
     Rule("efa-pool-requests-devices",

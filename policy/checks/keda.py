@@ -37,16 +37,27 @@ def _claimed_lanes(pod_spec: Any) -> tuple[Any, ...]:
         return ()
 
 
+def claimed_priorities(pod_spec: Any) -> tuple[str, ...]:
+    """The priorities a worker pod claims (its RAGPOOL_PRIORITIES; every one when unset); () when they do not parse."""
+    from contract.lanes import PRIORITIES_ENV, LaneError, parse_priorities
+
+    try:
+        return parse_priorities(_worker_env(pod_spec).get(PRIORITIES_ENV, ""))
+    except LaneError:
+        return ()
+
+
 def check_lanes_have_one_scaled_job(resources: Sequence[Resource], ctx: Context) -> Iterator[tuple[Resource | None, str]]:
-    """In every training namespace, every lane that can hold a run has exactly one ScaledJob, and
-    each ScaledJob triggers on exactly its lanes' ready lists (every priority) of its own queue,
+    """In every training namespace, every lane that can hold a run has exactly one ScaledJob per priority (one
+    for every priority, or one per priority whose worker claims only it, RAGPOOL_PRIORITIES), and
+    each ScaledJob triggers on exactly its lanes' ready lists (of its priorities) of its own queue,
     summed. Lanes that can hold a run, for every GPU NodePool P of which at least one worker fits
     (its GPU limit, within the namespace's GPU quota, over the GPUs of P's worker pod): ``pool.<P>``
     and ``pool.<P>.n<N>`` for N from 2 to the workers P holds, and for the default pool (the one
     whose workers take the unpinned lane, the stack's first) ``torchrun`` and ``torchrun.n<N>``
     likewise; ``ray`` where a RayCluster runs. (A namespace whose quota fits no worker of a pool
     has no lane of it: such runs are the submitter's to pin elsewhere.)"""
-    from contract.lanes import LANES_ENV, MAX_NODES, Lane
+    from contract.lanes import LANES_ENV, MAX_NODES, PRIORITIES, PRIORITIES_ENV, Lane
     from contract.env import NAMESPACE_ENV
     from contract.names import DEFAULT_NAMESPACE
 
@@ -94,7 +105,7 @@ def check_lanes_have_one_scaled_job(resources: Sequence[Resource], ctx: Context)
                     expected.add(Lane(nodes=nodes))
         if any(r.type in RAYCLUSTER_TYPES and here(r) for r in resources):
             expected.add(Lane("ray"))
-        owners: dict[Any, list[str]] = {lane: [] for lane in expected}
+        owners: dict[Any, list[str]] = {(lane, prio): [] for lane in expected for prio in PRIORITIES}
         for r in scaled:
             spec = _get(r.inputs, "spec")
             pod = _get(spec, "jobTargetRef", "template", "spec")
@@ -105,10 +116,16 @@ def check_lanes_have_one_scaled_job(resources: Sequence[Resource], ctx: Context)
                           "container): KEDA would start workers that claim lanes nobody counted; build the Job "
                           "with infra/worker_jobs.py (worker_env of its lanes)")
                 continue
+            prios = claimed_priorities(pod)
+            if not prios:
+                yield r, (f"ScaledJob {ns}/{name}: its worker's {PRIORITIES_ENV} names no valid priority (one or more "
+                          f"of {', '.join(PRIORITIES)}, or unset for every one)")
+                continue
             for lane in lanes:
-                owners.setdefault(lane, []).append(name)
+                for prio in prios:
+                    owners.setdefault((lane, prio), []).append(name)
             queue = _worker_env(pod).get(NAMESPACE_ENV) or DEFAULT_NAMESPACE
-            want = sorted(key for lane in lanes for key in lane.ready_keys(queue))
+            want = sorted(key for lane in lanes for key in lane.ready_keys(queue, prios))
             triggers = _as_list(_get(spec, "triggers"))
             got = sorted(str(_get(t, "metadata", "listName")) for t in triggers)
             if got != want or any(_get(t, "type") not in ("redis", "redis-sentinel") for t in triggers):
@@ -119,10 +136,16 @@ def check_lanes_have_one_scaled_job(resources: Sequence[Resource], ctx: Context)
             if len(triggers) > 1 and calc != "sum":
                 yield r, (f"ScaledJob {ns}/{name}: scalingStrategy.multipleScalersCalculation is {calc!r}: its "
                           "lists together hold the runs that need a worker; set sum")
-        for lane, names in sorted(owners.items(), key=lambda item: item[0].name):
-            if len(names) != 1:
-                found = f"{len(names)} ({', '.join(sorted(names))})" if names else "none"
-                yield None, (f"lane {lane.name!r} in namespace {ns!r} can hold a run but has {found} ScaledJobs: "
+        for lane in sorted({lane for lane, _ in owners}, key=lambda lane: lane.name):
+            per_prio = {prio: sorted(owners.get((lane, prio), [])) for prio in PRIORITIES}
+            # One message for the lane when every priority is off alike (one ScaledJob for every priority).
+            groups = [("", per_prio[PRIORITIES[0]])] if len({tuple(v) for v in per_prio.values()}) == 1 else [
+                (f" {prio}", names) for prio, names in per_prio.items()]
+            for what, names in groups:
+                if len(names) == 1:
+                    continue
+                found = f"{len(names)} ({', '.join(names)})" if names else "none"
+                yield None, (f"lane {lane.name!r} in namespace {ns!r} can hold a{what} run but has {found} ScaledJobs: "
                              "exactly one must start its workers, or its runs wait forever (none) or get two "
                              "Jobs each (two); declare one per worker kind (infra/keda.py worker_kinds)")
 

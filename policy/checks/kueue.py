@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from contract.names import GPU_RESOURCE, KEDA_EXCLUDED_LABELS, KUEUE_QUEUE_LABEL, POOL_LABEL
+from contract.names import (GPU_RESOURCE, KEDA_EXCLUDED_LABELS, KUEUE_PRIORITY_CLASS_LABEL, KUEUE_QUEUE_LABEL,
+                            POOL_LABEL)
 from policy.checks.karpenter import is_gpu_nodepool
 from policy.checks.model import Context, Resource
 from policy.checks.values import _metadata_name, _number
@@ -22,6 +23,7 @@ KUEUE_VERSIONS = ("v1beta2", "v1beta1")
 CLUSTER_QUEUE_TYPES = frozenset(f"kubernetes:kueue.x-k8s.io/{v}:ClusterQueue" for v in KUEUE_VERSIONS)
 LOCAL_QUEUE_TYPES = frozenset(f"kubernetes:kueue.x-k8s.io/{v}:LocalQueue" for v in KUEUE_VERSIONS)
 RESOURCE_FLAVOR_TYPES = frozenset(f"kubernetes:kueue.x-k8s.io/{v}:ResourceFlavor" for v in KUEUE_VERSIONS)
+WORKLOAD_PRIORITY_CLASS_TYPES = frozenset(f"kubernetes:kueue.x-k8s.io/{v}:WorkloadPriorityClass" for v in KUEUE_VERSIONS)
 
 
 def check_kueue_quota_within_pools(resources: Sequence[Resource], ctx: Context) -> Iterator[tuple[Resource | None, str]]:
@@ -74,14 +76,33 @@ def check_kueue_quota_within_pools(resources: Sequence[Resource], ctx: Context) 
 def check_scaled_jobs_kueue_managed(resources: Sequence[Resource], ctx: Context) -> Iterator[tuple[Resource | None, str]]:
     """Every ScaledJob gives its Jobs the label ``kueue.x-k8s.io/queue-name`` (in its own labels, which KEDA
     copies onto each Job, and not excluded from the copy) naming a LocalQueue declared in its namespace: a Job
-    without it runs outside every quota, one naming no LocalQueue waits forever."""
+    without it runs outside every quota, one naming no LocalQueue waits forever. A ScaledJob whose worker claims
+    one priority only (RAGPOOL_PRIORITIES) labels its Jobs ``kueue.x-k8s.io/priority-class`` with a declared
+    WorkloadPriorityClass, so Kueue orders and preempts them by their runs' priority; one whose worker claims
+    several does not (its Jobs' priority would not be their runs')."""
+    from policy.checks.keda import claimed_priorities
+
     local = {(_get(r.inputs, "metadata", "namespace"), _metadata_name(r)) for r in resources if r.type in LOCAL_QUEUE_TYPES}
+    classes = {_metadata_name(r) for r in resources if r.type in WORKLOAD_PRIORITY_CLASS_TYPES}
     for r in resources:
         if r.type != SCALED_JOB_TYPE:
             continue
         ns, name = _get(r.inputs, "metadata", "namespace"), _metadata_name(r)
         queue = _get(r.inputs, "metadata", "labels", KUEUE_QUEUE_LABEL)
         excluded = str(_get(r.inputs, "metadata", "annotations", KEDA_EXCLUDED_LABELS) or "").split(",")
+        wpc = _get(r.inputs, "metadata", "labels", KUEUE_PRIORITY_CLASS_LABEL)
+        prios = claimed_priorities(_get(r.inputs, "spec", "jobTargetRef", "template", "spec"))
+        if len(prios) == 1 and (not wpc or KUEUE_PRIORITY_CLASS_LABEL in (e.strip() for e in excluded)):
+            yield r, (f"ScaledJob {ns}/{name}: its workers claim only {prios[0]} runs but its Jobs carry no "
+                      f"{KUEUE_PRIORITY_CLASS_LABEL}, so Kueue ranks them all alike; label the ScaledJob with the "
+                      f"priority's WorkloadPriorityClass (infra/keda.py scaled_job_labels)")
+        elif wpc and len(prios) != 1:
+            yield r, (f"ScaledJob {ns}/{name}: {KUEUE_PRIORITY_CLASS_LABEL} is {wpc!r} but its workers claim runs of "
+                      f"{len(prios)} priorities: remove the label, or set the worker's RAGPOOL_PRIORITIES to one")
+        elif wpc and wpc not in classes:
+            yield r, (f"ScaledJob {ns}/{name}: {KUEUE_PRIORITY_CLASS_LABEL} is {wpc!r}, but no WorkloadPriorityClass "
+                      f"of that name is declared ({sorted(classes)}); Kueue cannot make their Workloads and they stay suspended "
+                      "(infra/kueue_objects.py workload_priority_classes)")
         if not isinstance(queue, str) or not queue:
             yield r, (f"ScaledJob {ns}/{name}: no {KUEUE_QUEUE_LABEL} label, so the Jobs KEDA creates bypass Kueue; "
                       "label the ScaledJob with its namespace's LocalQueue (infra/worker_jobs.py)")

@@ -14,12 +14,12 @@ import pytest
 
 from bench.autoscale import burst_runs, lose_a_node
 from bench.autoscale_sim import (
-    POD_BACKOFF_S, Job, ScaledJob, Settings, Simulation, Submitted, expand, failed_pod_outcome, lanes_of, localize,
-    queue_namespace, replaces_terminating, set_flag, stack_from_plan,
+    POD_BACKOFF_S, Job, ScaledJob, Settings, Simulation, Submitted, container_env, expand, failed_pod_outcome,
+    lanes_of, localize, queue_namespace, replaces_terminating, set_flag, stack_from_plan,
 )
 from tests.support.redis_fixtures import requires_redis
 from contract import exit_codes
-from contract.lanes import LANES_ENV, Lane, format_lanes
+from contract.lanes import DEFAULT_PRIORITY, LANES_ENV, PRIORITIES_ENV, Lane, format_lanes
 from training.scheduler.queue_records import GANG_TIMEOUTS_STAT, Key
 
 
@@ -38,10 +38,16 @@ def plan():
     return make_plan("dev", overrides={"trainingTeams": [{"name": TEAM, "gpuQuota": TEAM_QUOTA, "borrowingLimit": 0}]})
 
 
+def of_default_priority(manifest: dict) -> bool:
+    """The ScaledJob starts workers for runs of the default priority (the runs these tests submit): one per (kind,
+    priority), infra/keda.py ``PRIORITY_SCALED_JOBS``; or one for every priority."""
+    return container_env(manifest, PRIORITIES_ENV) in (None, DEFAULT_PRIORITY)
+
+
 def the_scaled_job(stack, *, nodes: int) -> dict:
-    """The GPU ScaledJob of the default pool whose Jobs have ``nodes`` pods."""
-    return next(m for m in stack.scaled_jobs
-                if all(lane.executor == "torchrun" and lane.nodes == nodes for lane in lanes_of(m)))
+    """The GPU ScaledJob of the default pool whose Jobs have ``nodes`` pods, for runs of the default priority."""
+    return next(m for m in stack.scaled_jobs if of_default_priority(m)
+                and all(lane.executor == "torchrun" and lane.nodes == nodes for lane in lanes_of(m)))
 
 
 def assert_within_bounds(sim: Simulation) -> None:
@@ -244,7 +250,7 @@ def test_a_ray_worker_that_finds_ray_unavailable_fails_its_job_and_the_run_waits
     never retried inside it); KEDA starts a fresh Job while the run stays queued. Once Ray is back
     the next Job runs it, once, and the pool ends at zero."""
     full = stack_from_plan(plan, MAIN_NAMESPACE)
-    ray = next(m for m in full.scaled_jobs if any(lane.executor == "ray" for lane in lanes_of(m)))
+    ray = next(m for m in full.scaled_jobs if of_default_priority(m) and any(lane.executor == "ray" for lane in lanes_of(m)))
     stack = dataclasses.replace(full, scaled_jobs=[ray])
     with Simulation(tmp_path / "sim", stack, SETTINGS) as sim:
         namespace = queue_namespace(ray)
@@ -382,3 +388,35 @@ def test_a_drained_workers_index_gets_its_next_pod_only_once_the_pod_is_gone(pla
         assert info.attempts == 1, info
         assert len(sim.claimer_pods("drained")) == 2 and sim.claimer_pods("drained")[0] == pod.name
         assert int(sim.run_log("drained")[1].rsplit(" ", 1)[1]) >= 2, sim.run_log("drained")
+
+
+@pytest.mark.slow
+@requires_redis
+def test_a_high_run_preempts_a_normal_one_in_its_clusterqueue_and_nothing_is_lost_or_run_twice(plan, tmp_path):
+    """Issue 41, end to end: with a ScaledJob per (kind, priority) a high run's Job carries the high
+    WorkloadPriorityClass, so Kueue (bench/kueue_gate.py over the plan's objects) preempts the newest normal Job of the
+    team's full ClusterQueue for it; that worker hands its run back unspent, the Job is suspended and readmitted
+    once the high one finished, and its run resumes from its checkpoint. Each run succeeds once, each on a Job of
+    its own priority (a normal worker never claims the high run)."""
+    stack = stack_from_plan(plan, TEAM_NAMESPACE)
+    single = {container_env(m, PRIORITIES_ENV): m["metadata"]["name"] for m in stack.scaled_jobs
+              if all(lane.executor == "torchrun" and lane.nodes == 1 for lane in lanes_of(m))}
+    assert set(single) == {"high", "normal", "low"}, single
+    with Simulation(tmp_path / "sim", stack, SETTINGS, kueue=True) as sim:
+        namespace = queue_namespace(stack.scaled_jobs[0])
+        normal = [sim.submit(namespace, f"normal-{i}", max_steps=24).run_id for i in range(TEAM_QUOTA)]
+        sim.wait_for(lambda: all(sim.checkpoint(r) >= 1 for r in normal), 60, "both normal runs to take a step")
+        high = sim.submit(namespace, "high", priority="high", max_steps=2).run_id
+        sim.settle(SETTLE_S)
+        assert_each_run_once(sim, [*normal, high])
+        [eviction] = sim.cluster.kueue.evictions
+        assert eviction.reason == "InClusterQueue" and eviction.by.startswith(single["high"] + "-"), eviction
+        [preempted] = [r for r in normal if len(sim.claimer_pods(r)) == 2]
+        assert sim.info(preempted).attempts == 1, "a preempted run spends no attempt"
+        resumed_from = int(sim.run_log(preempted)[1].rsplit(" ", 1)[1])
+        assert resumed_from >= 1, sim.run_log(preempted)  # from its checkpoint, not from step 0
+        assert sim.cluster.max_gpus[TEAM_NAMESPACE] <= TEAM_QUOTA
+        for run_id in [*normal, high]:  # each run's pods are Jobs of its priority's ScaledJob
+            scaled = {sim.cluster.pod_named(pod).job.scaled_job.name for pod in sim.claimer_pods(run_id)}
+            assert scaled == {single[sim.info(run_id).priority]}, (run_id, scaled)
+        assert sim.cluster.kueue.workloads[eviction.by].priority > sim.cluster.kueue.workloads[eviction.job].priority

@@ -162,3 +162,18 @@ def subchart_schema_problems(values: dict[str, Any], subchart_versions: dict[str
         validator = jsonschema.Draft202012Validator(json.loads(schema_path.read_text()))
         problems += [f"{sub}: {'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(merged)]
     return problems
+
+
+def per_kind_plan(stack: str) -> dict[str, Any]:
+    """The plan of ``stack`` with one ScaledJob per worker kind, every priority (infra/keda.py ``PRIORITY_SCALED_JOBS``
+    off, as before it was on), the program run in this interpreter so the switch can be flipped (``plan`` runs a
+    fresh one)."""
+    import pytest
+
+    from infra import plan as plan_module
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("infra.keda.PRIORITY_SCALED_JOBS", False)
+        settings = plan_module.load_stack(stack)
+        plan_module.validate_stack(settings)
+        return plan_module.render_plan(settings, plan_module.run_program(settings))

@@ -22,6 +22,7 @@ from infra.keda import (
     SCALED_JOB_IDLE_EXIT_SECONDS,
     SCALED_JOB_MAX_TASKS,
     KedaQueue,
+    for_priority,
     one_run_per_job,
     pool_workers,
     worker_kinds,
@@ -30,7 +31,7 @@ from infra.plan import plan
 from contract.defaults import KEEPER_INTERVAL_S
 from tests.infra.harness import SCHEMAS_DIR, inputs_of, schema_text, strict_crd_schemas
 from contract.ports import READY_PATH
-from contract.lanes import LANES_ENV, Lane, lane_selector, parse_lanes
+from contract.lanes import DEFAULT_PRIORITY, LANES_ENV, PRIORITIES, PRIORITIES_ENV, Lane, lane_selector, parse_lanes
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 INFRA_DIR = REPO_ROOT / "infra"
@@ -52,6 +53,24 @@ def scaled_jobs(doc: dict, namespace: str = "ragpool-training") -> dict[str, dic
 
 def worker_env(job_spec: dict) -> dict[str, str]:
     return {e["name"]: e.get("value") for e in job_spec["template"]["spec"]["containers"][0]["env"]}
+
+
+def priority_of(job: dict) -> str:
+    """The one priority a ScaledJob's worker claims (a ScaledJob per (kind, priority): infra/keda.py
+    ``PRIORITY_SCALED_JOBS``)."""
+    return worker_env(job["spec"]["jobTargetRef"])[PRIORITIES_ENV]
+
+
+def kind_of(name: str, job: dict) -> str:
+    """The worker kind (its CronJob's name) of the ScaledJob ``name``: ``<kind>-<priority>``, the default
+    priority's ``<kind>``."""
+    prio = priority_of(job)
+    return name if prio == DEFAULT_PRIORITY else name.removesuffix(f"-{prio}")
+
+
+def per_priority(bounds: dict[str, int]) -> dict[str, int]:
+    """``bounds`` by worker kind as they are by ScaledJob: each kind's for each of its priorities."""
+    return {name if prio == DEFAULT_PRIORITY else f"{name}-{prio}": n for name, n in bounds.items() for prio in PRIORITIES}
 
 
 # ------------------------------------------------------------------ the pin and the vendored files
@@ -180,19 +199,21 @@ def test_triggers_read_the_queue_with_tls_and_the_auth_token_in_prod(committed_p
                 assert re.fullmatch(r"ragpool-prod-queue\.[a-z0-9.-]+:6379", meta["address"]), meta["address"]
 
 
-# ------------------------------------------------------------------ one ScaledJob per worker kind
+# ------------------------------------------------------------------ one ScaledJob per worker kind and priority
 
 
 @pytest.mark.parametrize("stack", ["dev", "prod"])
-def test_one_scaledjob_per_worker_kind_on_exactly_its_lanes(committed_plans, stack):
+def test_one_scaledjob_per_worker_kind_and_priority_on_exactly_its_lanes(committed_plans, stack):
     jobs = scaled_jobs(committed_plans[stack])
     crons = {c["metadata"]["name"]: c["spec"] for c in inputs_of(committed_plans[stack], CRONJOB, "ragpool-training")}
-    assert set(jobs) == set(crons)  # the same kinds, manual templates included
-    seen: dict[Lane, str] = {}
+    assert {kind_of(n, j) for n, j in jobs.items()} == set(crons)  # the same kinds, manual templates included
+    assert len(jobs) == len(crons) * len(PRIORITIES)
+    seen: dict[tuple[Lane, str], str] = {}
     for name, job in jobs.items():
-        spec = job["spec"]
-        # One Job, two ways to start it (KEDA's takes one run: test_a_scaledjob_job_is_one_run).
-        assert spec["jobTargetRef"] == one_run_per_job(crons[name]["jobTemplate"]["spec"])
+        spec, prio = job["spec"], priority_of(job)
+        # One Job, two ways to start it (KEDA's takes one run of its priority: test_a_scaledjob_job_is_one_run).
+        assert spec["jobTargetRef"] == one_run_per_job(for_priority(crons[kind_of(name, job)]["jobTemplate"]["spec"],
+                                                                    prio))
         assert spec["scalingStrategy"] == {"strategy": "accurate", "multipleScalersCalculation": "sum",
                                            "pendingPodConditions": ["Ready"]}
         assert spec["minReplicaCount"] == 0 and spec["rollout"] == {"strategy": "gradual"}
@@ -207,14 +228,14 @@ def test_one_scaledjob_per_worker_kind_on_exactly_its_lanes(committed_plans, sta
         assert spec["jobTargetRef"]["completions"] == spec["jobTargetRef"]["parallelism"] == nodes
         assert spec["jobTargetRef"]["completionMode"] == "Indexed"
         assert sorted(t["metadata"]["listName"] for t in spec["triggers"]) == sorted(
-            key for lane in lanes for key in lane.ready_keys("ragpool"))
+            key for lane in lanes for key in lane.ready_keys("ragpool", (prio,)))
         for lane in lanes:
-            assert lane not in seen, f"{lane.name} in {seen.get(lane)} and {name}"
-            seen[lane] = name
+            assert (lane, prio) not in seen, f"{lane.name} {prio} in {seen.get((lane, prio))} and {name}"
+            seen[lane, prio] = name
         container = spec["jobTargetRef"]["template"]["spec"]["containers"][0]
         assert container["readinessProbe"]["httpGet"] == {"path": READY_PATH, "port": "queue-metrics"}
         assert "queue-metrics" in {p["name"] for p in container["ports"]}
-    assert Lane() in seen and Lane("ray") in seen
+    assert all((lane, prio) in seen for lane in (Lane(), Lane("ray")) for prio in PRIORITIES)
 
 
 def worker_config(job_spec: dict):
@@ -237,10 +258,10 @@ def test_a_scaledjob_job_is_one_run(committed_plans, team_plan, stack):
     for namespace in namespaces:
         crons = {c["metadata"]["name"]: c["spec"] for c in inputs_of(doc, CRONJOB, namespace)}
         jobs = scaled_jobs(doc, namespace)
-        assert jobs and set(jobs) == set(crons), namespace
+        assert jobs and {kind_of(n, j) for n, j in jobs.items()} == set(crons), namespace
         for name, job in jobs.items():
             keda_worker = worker_config(job["spec"]["jobTargetRef"])
-            manual = worker_config(crons[name]["jobTemplate"]["spec"])
+            manual = worker_config(crons[kind_of(name, job)]["jobTemplate"]["spec"])
             assert keda_worker.max_tasks == SCALED_JOB_MAX_TASKS == 1, name
             assert manual.max_tasks == 0, f"{name}: the manual template takes runs until its lanes stay empty"
             assert keda_worker.idle_exit_seconds == SCALED_JOB_IDLE_EXIT_SECONDS < manual.idle_exit_seconds, name
@@ -278,38 +299,44 @@ def selects(selector: str, labels: dict[str, str]) -> bool:
 @pytest.mark.parametrize("stack", ["dev", "prod"])
 def test_ragpool_status_finds_the_jobs_and_pods_of_every_lane(committed_plans, team_plan, stack):
     """``ragpool status --cluster`` selects a lane's Jobs and pods by ``lanes.lane_selector``: it must
-    select exactly the worker kind that claims the lane, the unpinned lanes of the default pool
-    included, on the Jobs KEDA creates (the ScaledJob's labels) and their pods (the template's)."""
+    select exactly the worker kind that claims the lane (its ScaledJob of each priority), the unpinned lanes of
+    the default pool included, on the Jobs KEDA creates (the ScaledJob's labels) and their pods (the template's)."""
     doc = committed_plans[stack] if stack == "prod" else team_plan
     namespaces = ["ragpool-training"] + ([f"ragpool-team-{t['name']}" for t in TEAMS] if stack == "dev" else [])
     for namespace in namespaces:
         jobs = scaled_jobs(doc, namespace)
         crons = {c["metadata"]["name"]: c["spec"] for c in inputs_of(doc, CRONJOB, namespace)}
-        claimed = {lane: name for name, job in jobs.items()
-                   for lane in parse_lanes(worker_env(job["spec"]["jobTargetRef"])[LANES_ENV])}
+        claimed: dict[Lane, list[str]] = {}
+        for name, job in jobs.items():
+            for lane in parse_lanes(worker_env(job["spec"]["jobTargetRef"])[LANES_ENV]):
+                claimed.setdefault(lane, []).append(name)
         assert Lane() in claimed and Lane(nodes=2) in claimed and Lane("ray") in claimed
-        for lane, owner in claimed.items():
+        for lane, owners in claimed.items():
+            assert len(owners) == len(PRIORITIES) and len({kind_of(n, jobs[n]) for n in owners}) == 1, owners
             selector = lane_selector(lane)
             job_labels = {n: j["metadata"]["labels"] for n, j in jobs.items()}
             pod_labels = {n: j["spec"]["jobTargetRef"]["template"]["metadata"]["labels"] for n, j in jobs.items()}
             manual = {n: c["jobTemplate"]["metadata"]["labels"] for n, c in crons.items()}
-            for what, labels in (("Jobs", job_labels), ("pods", pod_labels), ("manual Jobs", manual)):
-                assert [n for n, ls in labels.items() if selects(selector, ls)] == [owner], (namespace, lane.name, what)
+            for what, labels, want in (("Jobs", job_labels, owners), ("pods", pod_labels, owners),
+                                       ("manual Jobs", manual, [kind_of(owners[0], jobs[owners[0]])])):
+                assert sorted(n for n, ls in labels.items() if selects(selector, ls)) == sorted(want), (
+                    namespace, lane.name, what)
 
 
 def test_bounds_follow_the_pools_gpu_limit_and_gpus_per_worker(committed_plans):
     dev = {n: j["spec"]["maxReplicaCount"] for n, j in scaled_jobs(committed_plans["dev"]).items()}
     # dev: gpu-spot gpuLimit 8, one GPU per worker: 8 single-pod Jobs, 8 // N gangs of N pods.
-    assert dev == {"ragpool-worker-gpu-spot": 8, **{f"ragpool-worker-gpu-spot-n{n}": 8 // n for n in range(2, 9)},
-                   "ragpool-worker-ray": 8}
+    assert dev == per_priority({"ragpool-worker-gpu-spot": 8, **{f"ragpool-worker-gpu-spot-n{n}": 8 // n
+                                                                 for n in range(2, 9)}, "ragpool-worker-ray": 8})
     prod = {n: j["spec"]["maxReplicaCount"] for n, j in scaled_jobs(committed_plans["prod"]).items()}
     # prod: gpu-ondemand 32 GPUs / 8 per worker, gpu-spot 16 / 4: 4 workers each; gpu-ondemand-p5 16 / 8: 2.
     # The Ray worker: as many Jobs as all the pools' workers.
-    assert prod == {"ragpool-worker-gpu-ondemand": 4, "ragpool-worker-gpu-ondemand-n2": 2,
-                    "ragpool-worker-gpu-ondemand-n3": 1, "ragpool-worker-gpu-ondemand-n4": 1,
-                    "ragpool-worker-gpu-ondemand-p5": 2, "ragpool-worker-gpu-ondemand-p5-n2": 1,
-                    "ragpool-worker-gpu-spot": 4, "ragpool-worker-gpu-spot-n2": 2, "ragpool-worker-gpu-spot-n3": 1,
-                    "ragpool-worker-gpu-spot-n4": 1, "ragpool-worker-ray": 4 + 2 + 4}
+    assert prod == per_priority({"ragpool-worker-gpu-ondemand": 4, "ragpool-worker-gpu-ondemand-n2": 2,
+                                 "ragpool-worker-gpu-ondemand-n3": 1, "ragpool-worker-gpu-ondemand-n4": 1,
+                                 "ragpool-worker-gpu-ondemand-p5": 2, "ragpool-worker-gpu-ondemand-p5-n2": 1,
+                                 "ragpool-worker-gpu-spot": 4, "ragpool-worker-gpu-spot-n2": 2,
+                                 "ragpool-worker-gpu-spot-n3": 1, "ragpool-worker-gpu-spot-n4": 1,
+                                 "ragpool-worker-ray": 4 + 2 + 4})
     # The first pool is the default: it alone takes the unpinned lanes.
     lanes = {n: parse_lanes(worker_env(j["spec"]["jobTargetRef"])[LANES_ENV])
              for n, j in scaled_jobs(committed_plans["prod"]).items()}
@@ -322,9 +349,11 @@ def test_bounds_follow_the_pools_gpu_limit_and_gpus_per_worker(committed_plans):
 def test_a_team_never_starts_more_gpu_workers_than_its_quota(team_plan):
     jobs = scaled_jobs(team_plan, "ragpool-team-search")
     quota = TEAMS[0]["gpuQuota"]
-    assert {n: j["spec"]["maxReplicaCount"] for n, j in jobs.items()} == {
+    assert {n: j["spec"]["maxReplicaCount"] for n, j in jobs.items()} == per_priority({
         "ragpool-worker-gpu-spot": 3, "ragpool-worker-gpu-spot-n2": 1, "ragpool-worker-gpu-spot-n3": 1,
-        "ragpool-worker-ray": 3}
+        "ragpool-worker-ray": 3})
+    # Each ScaledJob alone stays within the quota; its kind's three (one per priority) together are held to it by
+    # Kueue (Jobs created suspended) and the ResourceQuota.
     for name, job in jobs.items():
         pod = job["spec"]["jobTargetRef"]
         gpus = int(pod["template"]["spec"]["containers"][0]["resources"]["requests"].get("nvidia.com/gpu", 0))
@@ -347,6 +376,48 @@ def test_worker_kinds_arithmetic_at_the_edges():
     assert kinds["ragpool-worker-b-n64"].max_jobs == 3 and "ragpool-worker-ray" not in kinds
     assert kinds["ragpool-worker-a"].lanes == (Lane(pool="a"), Lane())  # the first pool is the default
     assert worker_kinds(cfg, 0, None) == []  # a team without GPUs gets no GPU workers
+
+
+
+def test_a_scaledjob_per_priority_starts_jobs_at_their_runs_kueue_priority(committed_plans):
+    """One ScaledJob per (kind, priority) (PRIORITY_SCALED_JOBS, the committed plans; compared with one per kind):
+    named ``<kind>-<priority>`` (the default priority's: ``<kind>``), triggered by that priority's lists only, its worker claiming only that priority,
+    its Jobs labelled with the priority's WorkloadPriorityClass, each as many Jobs as the kind; the count/jobs.batch
+    quota grows with them. Strictly valid against the vendored CRD."""
+    from contract.lanes import DEFAULT_PRIORITY, PRIORITIES, PRIORITIES_ENV
+    from contract.names import KUEUE_PRIORITY_CLASS_LABEL
+    from infra.keda import PRIORITY_SCALED_JOBS
+    from infra.kueue_objects import priority_class_name
+    from tests.infra.harness import per_kind_plan, validate_custom
+
+    assert PRIORITY_SCALED_JOBS is True  # the committed plans: one ScaledJob per (kind, priority)
+    doc, per_kind = committed_plans["dev"], per_kind_plan("dev")
+    before, after = scaled_jobs(per_kind), scaled_jobs(doc)
+    def split_name(name: str, prio: str) -> str:  # the default priority's keeps the kind's name: updated in place
+        return name if prio == DEFAULT_PRIORITY else f"{name}-{prio}"
+
+    assert set(after) == {split_name(name, prio) for name in before for prio in PRIORITIES}
+    classes = {o["metadata"]["name"] for o in inputs_of(doc, "kubernetes:kueue.x-k8s.io/v1beta2:WorkloadPriorityClass")}
+    for name, job in before.items():
+        for prio in PRIORITIES:
+            split = after[split_name(name, prio)]
+            validate_custom({"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledJob", **split})
+            assert split["metadata"]["labels"][KUEUE_PRIORITY_CLASS_LABEL] == priority_class_name(prio) in classes
+            env = worker_env(split["spec"]["jobTargetRef"])
+            assert env[PRIORITIES_ENV] == prio and env[LANES_ENV] == worker_env(job["spec"]["jobTargetRef"])[LANES_ENV]
+            assert sorted(t["metadata"]["listName"] for t in split["spec"]["triggers"]) == sorted(
+                t["metadata"]["listName"] for t in job["spec"]["triggers"] if t["metadata"]["listName"].split(":")[2] == prio)
+            assert split["spec"]["maxReplicaCount"] == job["spec"]["maxReplicaCount"]
+    assert not any(KUEUE_PRIORITY_CLASS_LABEL in j["metadata"]["labels"] for j in before.values())
+
+    def jobs_quota_of(plan_doc: dict) -> int:
+        return next(int(q["spec"]["hard"]["count/jobs.batch"])
+                    for q in inputs_of(plan_doc, "kubernetes:core/v1:ResourceQuota", "ragpool-training")
+                    if "count/jobs.batch" in q["spec"]["hard"])
+
+    from infra.keda import OTHER_JOBS_HEADROOM  # counted once per namespace
+
+    assert jobs_quota_of(doc) - OTHER_JOBS_HEADROOM == 3 * (jobs_quota_of(per_kind) - OTHER_JOBS_HEADROOM)
 
 
 # ------------------------------------------------------------------ the keeper

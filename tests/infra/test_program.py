@@ -258,10 +258,10 @@ def test_dev_and_prod_differ_exactly_as_configured(committed_plans):
         # prod's pools: gpu-ondemand (p4d), gpu-ondemand-p5 (one pool per EFA count) and gpu-spot
         "kubernetes:karpenter.sh/v1:NodePool": 2, "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass": 2,
         "kubernetes:kueue.x-k8s.io/v1beta2:ResourceFlavor": 2,  # Kueue: a ResourceFlavor per pool
-        # Worker kinds (a CronJob and a ScaledJob each): dev's gpu-spot holds 8 one-GPU workers (n1..n8), plus
-        # the Ray worker: 9; prod's p4d pool 4 eight-GPU workers (n1..n4), its p5 pool 2 (n1, n2) and its spot
-        # pool 4 four-GPU workers (n1..n4), plus the Ray worker: 11.
-        "kubernetes:batch/v1:CronJob": 2, "kubernetes:keda.sh/v1alpha1:ScaledJob": 2,
+        # Worker kinds (a CronJob each, and a ScaledJob per priority: 3): dev's gpu-spot holds 8 one-GPU workers
+        # (n1..n8), plus the Ray worker: 9; prod's p4d pool 4 eight-GPU workers (n1..n4), its p5 pool 2 (n1, n2) and
+        # its spot pool 4 four-GPU workers (n1..n4), plus the Ray worker: 11.
+        "kubernetes:batch/v1:CronJob": 2, "kubernetes:keda.sh/v1alpha1:ScaledJob": 2 * 3,
         "kubernetes:networking.k8s.io/v1:NetworkPolicy": -1,  # dev's Valkey admits KEDA's operator
         # the queue: ElastiCache in prod instead of the in-cluster StatefulSet
         "aws:elasticache/replicationGroup:ReplicationGroup": 1, "aws:elasticache/subnetGroup:SubnetGroup": 1,

@@ -105,7 +105,7 @@ def test_a_nodepool_whose_types_give_different_counts_fails_every_template_of_it
     violations = run(doc)
     pinned = {r["name"] for r in doc["resources"] if r["type"] in (SCALED_JOB, CRONJOB, RAYCLUSTER)
               and json.dumps({POOL_LABEL: "gpu-ondemand"})[1:-1] in json.dumps(r["inputs"])}
-    assert len(pinned) == 9  # the 1- to 4-node ScaledJobs and CronJobs, the RayCluster
+    assert len(pinned) == 17  # the 1- to 4-node ScaledJobs (one per priority) and CronJobs, the RayCluster
     assert {v.resource_name for v in violations} == pinned
     assert all("p4d.24xlarge 4, p5.48xlarge 32" in v.message and "split the pool" in v.message for v in violations)
 

@@ -71,11 +71,11 @@ def test_two_scaledjobs_for_one_lane_fail(plan_of):
 
 def test_a_trigger_per_priority_is_required(plan_of):
     doc = plan_of("dev")
-    job = scaled_job(doc, "ragpool-worker-gpu-spot")
+    job = scaled_job(doc, "ragpool-worker-gpu-spot-low")
     dropped = job["inputs"]["spec"]["triggers"].pop()["metadata"]["listName"]
-    assert dropped == "ragpool:ready:low"  # the unpinned lane's lowest priority
+    assert dropped == "ragpool:ready:low"  # the unpinned lane's list of the ScaledJob's priority
     [message] = run(doc)
-    assert "ragpool-worker-gpu-spot: triggers on" in message
+    assert "ragpool-worker-gpu-spot-low: triggers on" in message
     assert message.count(f"'{dropped}'") == 1  # listed among the ready lists only, not among the triggers
 
 
@@ -117,3 +117,19 @@ def test_a_larger_pool_needs_more_multi_node_lanes(plan_of):
     quota["inputs"]["spec"]["hard"]["requests.nvidia.com/gpu"] = "9"
     messages = run(doc)
     assert sorted(m.split("'")[1] for m in messages) == ["pool.gpu-spot.n9", "torchrun.n9"]
+
+
+@pytest.fixture
+def per_priority_dev(plan_of) -> dict:
+    return plan_of("dev")  # the committed plans: a ScaledJob per (kind, priority)
+
+
+def test_one_scaledjob_per_lane_and_priority_passes_and_a_missing_priority_is_seen(per_priority_dev):
+    """With a ScaledJob per (kind, priority) (infra/keda.py PRIORITY_SCALED_JOBS) the dev stack passes every
+    mandatory policy; without the low one of a lane, that lane's low runs have no worker."""
+    assert [v.message for v in evaluate(per_priority_dev) if v.enforcement == "mandatory"] == []
+    doc = copy.deepcopy(per_priority_dev)
+    doc["resources"].remove(scaled_job(doc, "ragpool-worker-gpu-spot-low"))
+    messages = run(doc)
+    assert any("lane 'pool.gpu-spot'" in m and "can hold a low run but has none ScaledJobs" in m for m in messages)
+    assert not any(" high run" in m or " normal run" in m for m in messages), messages

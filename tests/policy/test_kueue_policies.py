@@ -62,3 +62,31 @@ def test_a_scaled_job_whose_jobs_bypass_or_miss_the_queue_is_refused(dev):
     assert f"no {KUEUE_QUEUE_LABEL} label, so the Jobs KEDA creates bypass Kueue" in messages[0]
     assert "is 'nowhere', but namespace 'ragpool-training' has no LocalQueue of that name (declared: ['ragpool'])" in messages[1]
     assert "so KEDA drops it from the Jobs it creates" in messages[2]
+
+
+def test_a_single_priority_scaled_job_must_carry_its_workload_priority_class(dev):
+    """A ScaledJob whose worker claims one priority (RAGPOOL_PRIORITIES) labels its Jobs with a declared
+    WorkloadPriorityClass; one whose worker claims every priority carries none."""
+    from contract.lanes import PRIORITIES_ENV
+    from contract.names import KUEUE_PRIORITY_CLASS_LABEL
+
+    jobs = {job["metadata"]["name"]: job for job in resources(dev, SCALED_JOB)}
+    # The committed plans: a ScaledJob per (kind, priority), each claiming its priority under its class (passes).
+    high, normal, low = (jobs[f"ragpool-worker-gpu-spot{suffix}"] for suffix in ("-high", "", "-low"))
+    assert run(dev, LABEL_RULE) == []
+    del high["metadata"]["labels"][KUEUE_PRIORITY_CLASS_LABEL]                   # claims high, no label
+    container = normal["spec"]["jobTargetRef"]["template"]["spec"]["containers"][0]
+    container["env"] = [e for e in container["env"] if e["name"] != PRIORITIES_ENV]  # every priority, one label
+    low["metadata"]["labels"][KUEUE_PRIORITY_CLASS_LABEL] = "ragpool-urgent"     # no such class
+    messages = run(dev, LABEL_RULE)
+    assert len(messages) == 3, messages
+
+    def about(job: dict) -> str:
+        [message] = [m for m in messages if f"ScaledJob ragpool-training/{job['metadata']['name']}:" in m]
+        return message
+
+    assert f"claim only high runs but its Jobs carry no {KUEUE_PRIORITY_CLASS_LABEL}" in about(high)
+    assert "is 'ragpool-normal' but its workers claim runs of 3 priorities" in about(normal)
+    assert "is 'ragpool-urgent', but no WorkloadPriorityClass of that name is declared" in about(low)
+    low["metadata"]["labels"][KUEUE_PRIORITY_CLASS_LABEL] = "ragpool-low"
+    assert len(run(dev, LABEL_RULE)) == 2
