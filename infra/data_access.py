@@ -1,6 +1,6 @@
 """Data access: the role, service account and NetworkPolicy of dataset imports and exports, and the import Job.
 
-With ``dataBuckets`` or ``dataExport`` set (infra/config.py ``DataConfig``), every training namespace gets the
+With ``dataBuckets`` or ``dataExport`` set (infra/config_access.py ``DataConfig``), every training namespace gets the
 service account ``ragpool-data`` (contract/datasets.py), which EKS Pod Identity maps to one IAM role that may:
 
 - ``s3:ListBucket`` the declared buckets and ``s3:GetObject`` their objects, nothing else of S3;
@@ -43,7 +43,8 @@ import pulumi_kubernetes as k8s
 from infra import iam
 from infra.common import SHARED_MOUNT_PATH, SYSTEM_NODE_SELECTOR, TRAINING_UID, aws_tags, child, k8s_labels
 from infra.component import RagpoolComponent
-from infra.config import DataConfig, StackConfig
+from infra.config import StackConfig
+from infra.config_access import DataConfig
 from infra.pod_security import container_security_context, pod_security_context
 from infra.storage import SHARED_PVC
 from contract import exit_codes

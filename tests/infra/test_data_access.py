@@ -10,7 +10,7 @@ import pytest
 from contract.api import RUN_API_NAME
 from contract.datasets import DATA_BUCKETS_ENV, DATA_SERVICE_ACCOUNT
 from infra.data_access import NETWORK_POLICY, data_policy, import_job, run_api_export_policy
-from infra.config import DataBucket, DataConfig
+from infra.config_access import DataBucket, DataConfig
 from infra.plan import MOCK_ACCOUNT
 from infra.pod_security import restricted_problems
 from infra.stack import load_stack, validate_stack
