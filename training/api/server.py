@@ -13,8 +13,8 @@ or bad one: exit 2 naming it.
 
 Per-team queues: every verb acts on the caller's team's queue (a trainingTeams team's own key prefix, which its
 workers read; otherwise the main one), a submit checked against that namespace's facts and files, ``logs``,
-``report`` and ``tune`` results read from its shared root (and ``export`` uploads from it: training/api/exports.py,
-below the stack's ``RAGPOOL_DATA_EXPORT``), Kueue asked in its namespace; an admin names a team with
+``report`` and ``tune`` results read from its shared root (and ``export`` uploads from it: training/api/export_routes.py
+and exports.py, below the stack's ``RAGPOOL_DATA_EXPORT``), Kueue asked in its namespace; an admin names a team with
 ``?team=`` (submit: ``"team"``), a member may name only its own, a team that does not exist is bad input.
 
 Every route but ``/openapi.json``, ``/healthz``, ``/readyz`` and ``/v1/info`` needs ``Authorization: Bearer
@@ -22,7 +22,7 @@ Every route but ``/openapi.json``, ``/healthz``, ``/readyz`` and ``/v1/info`` ne
 per team); an admin on every run. Runs record their owner and team; submit, tune, cancel and retry are audited
 (training/api/audit.py). Each verb is training/scheduler/verbs.py, the CLI's own. Answers are JSON:
 ``{"message", "data"}``, or ``{"error": {"code", "message", "key"?}}`` with the status of
-``contract.api.ERROR_STATUS``. Bounded: request line and headers (training/api/connections.py
+``contract.api.ERROR_STATUS`` (training/api/answers.py). Bounded: request line and headers (training/api/connections.py
 ``HEADER_TIMEOUT_S``), bodies (``MAX_BODY_BYTES``, read within ``BODY_TIMEOUT_S``), each verb's time
 (``VERB_TIMEOUT_S``), Redis commands (``REDIS_TIMEOUT_S``), STS calls (identity.STS_TIMEOUT_S).
 """
@@ -32,11 +32,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import logging
 import os
 import sys
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -45,8 +43,7 @@ from typing import Any
 from aiohttp import web
 
 from contract import exit_codes
-from contract.api import (API_VERSION, ERROR_STATUS, MAX_BODY_BYTES, STATUS_OF_EXIT, TEAM_QUERY, TOKEN_HEADER,
-                          TeamsError, fact_keys)
+from contract.api import API_VERSION, ERROR_STATUS, MAX_BODY_BYTES, TEAM_QUERY, TOKEN_HEADER, TeamsError, fact_keys
 from contract.env import NAMESPACE_ENV
 from contract.lanes import POOLS_ENV, SERVED_LANES_ENV
 from contract.messages import shown
@@ -54,29 +51,17 @@ from contract.paths import is_valid_run_id
 from contract.pool_gpus import POOL_GPUS_ENV
 from contract.ports import RUN_API_PORT
 from contract.ray_pools import POOLS_ENV as RAY_POOLS_ENV
+from training.api.answers import VERB_TIMEOUT_S, ApiError, answer_of, errors, int_query, json_body, log
+from training.api.export_routes import ExportRoutes
 from training.api.exports import Exporter
 from training.api.identity import Identity, StsUnavailable, TokenError, Verifier
 from training.api.settings import ApiConfigError, ApiSettings, settings_from_env
 from training.scheduler import verbs
 
-BODY_TIMEOUT_S = 10.0
-"""Longest a client may take to send its body (a slow client gets 408)."""
-VERB_TIMEOUT_S = 30.0
-"""Longest one verb may take (Redis, the shared root) before the answer is 503."""
 REDIS_TIMEOUT_S = 5.0
 """The socket timeout of the API's Redis commands."""
 WORKER_THREADS = 32
 """Threads that run the (blocking) verbs and STS calls."""
-
-log = logging.getLogger("ragpool.api")
-
-
-class ApiError(Exception):
-    """An error answer: ``code`` (``contract.api.ERROR_STATUS``), a message, and the key it concerns."""
-
-    def __init__(self, code: str, message: str, key: str | None = None) -> None:
-        super().__init__(message)
-        self.code, self.message, self.key = code, message, key
 
 
 @dataclass(frozen=True)
@@ -111,47 +96,7 @@ class Route:
     own)."""
 
 
-def _error(code: str, message: str, key: str | None = None, request_id: str = "") -> web.Response:
-    body: dict[str, Any] = {"code": code, "message": message}
-    if key:
-        body["key"] = key
-    return web.json_response({"error": body, "request_id": request_id}, status=ERROR_STATUS[code])
-
-
-_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "too_large", 400: "bad_input", 408: "timeout",
-               415: "unsupported_media_type"}
-
-
-@web.middleware
-async def _errors(request: web.Request, handler):
-    """Every failure as a JSON error; a bug is a 500 with a request id (logged with its traceback), never a
-    traceback to the client."""
-    request["request_id"] = uuid.uuid4().hex[:16]
-    rid = request["request_id"]
-    try:
-        return await handler(request)
-    except ApiError as exc:
-        return _error(exc.code, exc.message, exc.key, rid)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        code = _HTTP_CODES.get(exc.status, "bad_input" if exc.status < 500 else "internal")
-        return _error(code, exc.reason or code, None, rid)
-    except asyncio.TimeoutError:
-        return _error("unavailable", f"the queue did not answer within {VERB_TIMEOUT_S:.0f}s; try again later",
-                      None, rid)
-    except Exception as exc:
-        import redis
-
-        if isinstance(exc, (redis.RedisError, verbs.Unconfirmed)):
-            what = exc.what + " could not be confirmed; " + exc.retry_hint if isinstance(exc, verbs.Unconfirmed) \
-                else f"the queue is unavailable ({type(exc).__name__}); try again later"
-            return _error("unavailable", what, None, rid)
-        log.exception("request %s failed", rid)
-        return _error("internal", f"internal error (request {rid}); the API's log has it", None, rid)
-
-
-class RunApi:
+class RunApi(ExportRoutes):
     """The application: routes, the queue, the verifier, the audit trail."""
 
     def __init__(self, settings: ApiSettings, queue, *, verifier: Verifier | None = None, audit_stream=None,
@@ -176,7 +121,7 @@ class RunApi:
     def app(self) -> web.Application:
         from training.api.openapi import openapi
 
-        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_errors])
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[errors])
         v = f"/{API_VERSION}"
         spec = openapi()
 
@@ -292,17 +237,7 @@ class RunApi:
                                         f"act on team {caller.team!r}'s runs only")
         return run_id, info
 
-    # -- answers ------------------------------------------------------------------------------
-
-    @staticmethod
-    def _answer(outcome: verbs.Outcome, *, created: bool = False) -> web.Response:
-        if outcome.ok:
-            return web.json_response({"message": outcome.message, "data": outcome.data}, status=201 if created else 200)
-        code = outcome.error or {v: k for k, v in ERROR_STATUS.items()}[STATUS_OF_EXIT[outcome.code]]
-        key = outcome.data.get("key") if isinstance(outcome.data, dict) else None
-        body = {"error": {"code": code, "message": outcome.message, **({"key": key} if key else {})},
-                "data": outcome.data}
-        return web.json_response(body, status=ERROR_STATUS[code])
+    # -- routes -------------------------------------------------------------------------------
 
     async def readyz(self, request: web.Request) -> web.Response:
         try:
@@ -339,7 +274,7 @@ class RunApi:
         caller = await self.caller(request, "audit")
         if not caller.admin:
             raise ApiError("forbidden", f"the audit trail is the admins' ({caller.arn} is not one)")
-        count = _int_query(request, "count", 100)
+        count = int_query(request, "count", 100)
         if not 1 <= count <= 1000:
             raise ApiError("bad_input", "count: 1 to 1000", "count")
         return web.json_response({"message": "", "data": await self._run(self.audit.events, count)})
@@ -347,14 +282,14 @@ class RunApi:
     async def overview(self, request: web.Request) -> web.Response:
         caller = await self.caller(request, "status")
         route = self._route_of(request, caller)
-        return self._answer(await self._run(lambda: verbs.overview(route.queue, teams=caller.teams())))
+        return answer_of(await self._run(lambda: verbs.overview(route.queue, teams=caller.teams())))
 
     async def list_runs(self, request: web.Request) -> web.Response:
         caller = await self.caller(request, "list")
         states = request.query.getall("state", []) or None
-        limit = _int_query(request, "limit", 50)
+        limit = int_query(request, "limit", 50)
         route = self._route_of(request, caller)
-        return self._answer(await self._run(lambda: verbs.list_runs(route.queue, states=states, limit=limit,
+        return answer_of(await self._run(lambda: verbs.list_runs(route.queue, states=states, limit=limit,
                                                                      teams=caller.teams())))
 
     async def status(self, request: web.Request) -> web.Response:
@@ -363,23 +298,23 @@ class RunApi:
         run_id, _info = await self._run_of(request, caller, route)
         # Kueue is asked in the namespace whose workers serve the run's queue (the API's, or the team's)
         kube = self.kube if self.kube is None or route.main else self.kube.in_namespace(route.namespace)
-        return self._answer(await self._run(lambda: verbs.status(route.queue, run_id, shared_root=route.root,
+        return answer_of(await self._run(lambda: verbs.status(route.queue, run_id, shared_root=route.root,
                                                                   kube=kube)))
 
     async def show(self, request: web.Request) -> web.Response:
         caller = await self.caller(request, "show")
         route = self._route_of(request, caller)
         run_id, _info = await self._run_of(request, caller, route)
-        return self._answer(await self._run(verbs.show, route.queue, run_id))
+        return answer_of(await self._run(verbs.show, route.queue, run_id))
 
     async def logs(self, request: web.Request) -> web.Response:
         caller = await self.caller(request, "logs")
         route = self._route_of(request, caller)
         run_id, _info = await self._run_of(request, caller, route)
-        offset, limit = _int_query(request, "offset", 0), _int_query(request, "limit", 1000)
-        rank = _int_query(request, "rank", None)
+        offset, limit = int_query(request, "offset", 0), int_query(request, "limit", 1000)
+        rank = int_query(request, "rank", None)
         stage = request.query.get("stage") or None
-        return self._answer(await self._run(lambda: verbs.logs(route.root, run_id, offset=offset,
+        return answer_of(await self._run(lambda: verbs.logs(route.root, run_id, offset=offset,
                                                                 limit=limit, stage=stage, rank=rank)))
 
     async def _change(self, request: web.Request, what: str, verb) -> web.Response:
@@ -392,7 +327,7 @@ class RunApi:
                               exc.code, exc.message)
             raise
         outcome = await self._run(verb, route.queue, run_id)
-        answer = self._answer(outcome)
+        answer = answer_of(outcome)
         await self._audit(request, caller, what, run_id, answer.status, outcome.error or "ok", outcome.message)
         return answer
 
@@ -430,81 +365,6 @@ class RunApi:
                                         "trials.json); ragpool logs -f follows its search")
         return web.json_response({"message": "", "data": found})
 
-    async def export(self, request: web.Request) -> web.Response:
-        """``ragpool export RUN [s3://BUCKET/PREFIX]``: upload a succeeded run's models and index from its team's
-        shared root to ``destination`` (body; default: the stack's declared export prefix), below which they land
-        as ``RUN/...``, manifest last (training/api/exports.py): 202 with the record and its status URL; the live
-        export of the run, if one is running to the same place (200; elsewhere: 409). Audited."""
-        caller = await self.caller(request, "export")
-        try:
-            route = self._route_of(request, caller)
-            run_id, info = await self._run_of(request, caller, route)
-            prefix = await self._export_checks(request, run_id, info, route)
-            record, started = await self._run(lambda: self.exporter.start(
-                route.queue, run_id, prefix, root=route.root, export_url=self.settings.data_export, who=caller.arn))
-            if not started and record["destination"] != f"{prefix}{run_id}/":
-                raise ApiError("refused", f"run {run_id} is being exported to {record['destination']} "
-                                          f"({record['state']}); wait for it (ragpool export {run_id} --status "
-                                          "--wait), then export again")
-        except ApiError as exc:
-            await self._audit(request, caller, "export", request.match_info["run_id"][:63], ERROR_STATUS[exc.code],
-                              exc.code, exc.message)
-            raise
-        url = f"/{API_VERSION}/runs/{run_id}/export"
-        data = {**record, "status_url": url}
-        message = (f"exporting run {run_id} to {record['destination']}" if started else
-                   f"run {run_id} is already being exported to {record['destination']} ({record['state']})")
-        status = 202 if started else 200
-        await self._audit(request, caller, "export", run_id, status, "ok", message)
-        return web.json_response({"message": f"{message}; follow it: ragpool export {run_id} --status --wait",
-                                  "data": data}, status=status, headers={"Location": url})
-
-    async def _export_checks(self, request: web.Request, run_id: str, info, route: Route) -> str:
-        """The export prefix ``s3://B/P/`` of the request (bad input naming ``destination``), once the run has
-        succeeded (409) and has something to export (404)."""
-        from contract.datasets import DATA_EXPORT_ENV, parse_s3_url
-        from contract.paths import run_dir
-        from training.datasets.export import EXPORTED_PARTS
-        from training.scheduler.queue_records import State
-
-        body = await _json_body(request) if request.body_exists else {}
-        allowed = self.settings.data_export
-        if not allowed:
-            raise ApiError("bad_input", f"destination: this stack declares no export destination (the run API's "
-                                        f"{DATA_EXPORT_ENV} is unset): its admins set ragpool:dataExport",
-                           "destination")
-        wanted = allowed if body.get("destination") is None else body["destination"]
-        try:
-            dest = parse_s3_url(wanted, need_prefix=True)
-        except ValueError as exc:
-            raise ApiError("bad_input", f"destination: {shown(wanted)} {exc}", "destination") from None
-        if not parse_s3_url(allowed).contains(dest):
-            raise ApiError("bad_input", f"destination: {dest.url} is outside the stack's declared export "
-                                        f"destination {allowed}; name a prefix inside it, or none (it)",
-                           "destination")
-        if info.state != State.SUCCEEDED:
-            raise ApiError("refused", f"run {run_id} is {info.state}: only a succeeded run is exported (ragpool "
-                                      f"submit --wait, ragpool status {run_id})")
-        run = run_dir(route.root, run_id)
-        if not await self._run(lambda: any((run / p).is_dir() for p in EXPORTED_PARTS)):
-            raise ApiError("not_found", f"run {run_id} has nothing to export: none of {', '.join(EXPORTED_PARTS)} "
-                                        "in its run directory")
-        return dest.url
-
-    async def export_status(self, request: web.Request) -> web.Response:
-        """The run's latest export: state, objects and bytes done and in all, destination, error."""
-        from training.api.exports import read
-
-        caller = await self.caller(request, "export")
-        route = self._route_of(request, caller)
-        run_id, _info = await self._run_of(request, caller, route)
-        record = await self._run(read, route.queue, run_id)
-        if record is None:
-            raise ApiError("not_found", f"run {run_id} has not been exported (or its export is older than a week): "
-                                        f"ragpool export {run_id} starts one")
-        return web.json_response({"message": f"export of {run_id} to {record.get('destination')}: "
-                                             f"{record.get('state')}", "data": record})
-
     async def tune(self, request: web.Request) -> web.Response:
         """``ragpool tune``: submit (as :meth:`submit`, audited as ``tune``) an ``executor: ray`` spec whose Ray
         job runs the search (``ray.tune.search``: ``only``; ``then_run`` with ``"start": true``)."""
@@ -512,7 +372,7 @@ class RunApi:
 
     async def submit(self, request: web.Request, what: str = "submit") -> web.Response:
         caller = await self.caller(request, what)
-        body = await _json_body(request)
+        body = await json_body(request)
         text, source, team = body.get("spec"), body.get("source", "run spec"), body.get("team")
         if not isinstance(text, str):
             raise ApiError("bad_input", "spec: must be the run spec's text (YAML or JSON) as a string", "spec")
@@ -524,7 +384,7 @@ class RunApi:
             raise ApiError("bad_input", "start: must be true or false", "start")
         search = ("then_run" if start else "only") if what == "tune" else None
         outcome, run_id = await self._run(self._submit, caller, text, source, route, search)
-        answer = self._answer(outcome, created=bool(outcome.ok and outcome.data.get("created")))
+        answer = answer_of(outcome, created=bool(outcome.ok and outcome.data.get("created")))
         await self._audit(request, caller, what, run_id, answer.status, outcome.error or "ok", outcome.message)
         return answer
 
@@ -584,31 +444,6 @@ def _tuning(spec, search: str, source: str, root: str, environ: Mapping[str, str
     except ConfigError as exc:
         raise SpecError([(getattr(exc, "key", None) or "ray.tune", str(exc))], source) from None
     return tuned
-
-
-def _int_query(request: web.Request, key: str, default):
-    raw = request.query.get(key)
-    if raw is None:
-        return default
-    if not raw.isdigit() or len(raw) > 9:
-        raise ApiError("bad_input", f"{key}: {shown(raw)} is not a whole number", key)
-    return int(raw)
-
-
-async def _json_body(request: web.Request) -> dict:
-    if request.content_type != "application/json":
-        raise ApiError("unsupported_media_type", "send the body as application/json")
-    try:
-        raw = await asyncio.wait_for(request.read(), BODY_TIMEOUT_S)
-    except asyncio.TimeoutError:
-        raise ApiError("timeout", f"the body did not arrive within {BODY_TIMEOUT_S:.0f}s") from None
-    try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError):
-        raise ApiError("bad_input", "(body): not JSON", "(body)") from None
-    if not isinstance(body, dict):
-        raise ApiError("bad_input", "(body): must be a JSON object", "(body)")
-    return body
 
 
 def open_api(settings: ApiSettings | None = None, **kwargs) -> RunApi:

@@ -78,9 +78,9 @@ def _slow_post(endpoint: str, token: str, sent: bytes, length: int, wait_s: floa
 
 
 def test_a_slow_client_gets_408_and_nothing_is_written(local_api, monkeypatch):
-    from training.api import server
+    from training.api import answers
 
-    monkeypatch.setattr(server, "BODY_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(answers, "BODY_TIMEOUT_S", 1.0)
     started = time.monotonic()
     answer = _slow_post(local_api.endpoint, local_api.client("alice").token(), b'{"spec": "run_id', 4000, 5)
     assert b" 408 " in answer.split(b"\r\n", 1)[0] and b'"timeout"' in answer, answer[:300]
