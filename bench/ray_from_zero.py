@@ -88,13 +88,14 @@ def measure(tmp_dir: Path) -> float:
     environment is as it was afterwards)."""
     from training.demo.ray_autoscaling import LocalAutoscalingCluster, connected
     from contract.paths import child_env
+    from contract.ray_auth import AUTH_MODE_ENV
 
     tmp_dir = Path(tmp_dir)
     tmp_dir.mkdir(parents=True, exist_ok=True)
     saved = dict(os.environ)
     try:
         os.environ.update(child_env())  # the driver's tasks import this checkout's training package
-        os.environ["RAY_AUTH_MODE"] = "disabled"  # the cluster runs without token auth (ray_autoscaling)
+        os.environ[AUTH_MODE_ENV] = "disabled"  # the cluster runs without token auth (ray_autoscaling)
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         with connected(LocalAutoscalingCluster(node_types=node_types())) as cluster:
             return first_stage_s(cluster, tmp_dir)

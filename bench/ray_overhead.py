@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from training.demo import synthetic
     from contract.paths import child_env
+    from contract.ray_auth import AUTH_MODE_ENV
     from training.scheduler.worker.child import stage_entry, torchrun_argv
 
     out = Path(args.out).resolve()
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     synthetic.write(out / "datasets" / "synthetic", seed=0, n_entities=args.n_entities)
     index_root = out / "index-corpus"
     synthetic.write(index_root / "datasets" / "synthetic", seed=0, n_entities=args.index_entities)
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault(AUTH_MODE_ENV, "disabled")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.update(child_env())  # Ray's workers import this checkout's training package
 

@@ -50,7 +50,7 @@ from bench import recovery_pause
 from bench.report import finish
 from training.components.loop import HOOKS_ENV
 from training.demo.tiny_models import build_tiny_encoder
-from contract.env import EXPECTED_GPUS_ENV, WORKER_ID_ENV
+from contract.env import EXPECTED_GPUS_ENV, RUN_ID_ENV, WORKER_ID_ENV
 from contract.paths import child_env
 
 STEP_LINE = re.compile(r"\bstep (\d+)/(\d+)\b")
@@ -61,7 +61,7 @@ SMOKE_PHASE_S = 300.0
 
 def _env(**extra: str) -> dict[str, str]:
     env = child_env(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **extra)
-    for name in ("RAGPOOL_TEST_HOOKS", "RAGPOOL_HEALTH_TEST_FAULT", EXPECTED_GPUS_ENV, "RAGPOOL_RUN_ID"):
+    for name in ("RAGPOOL_TEST_HOOKS", "RAGPOOL_HEALTH_TEST_FAULT", EXPECTED_GPUS_ENV, RUN_ID_ENV):
         env.pop(name, None)
     return env
 

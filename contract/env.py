@@ -8,6 +8,18 @@ token authentication (contract/ray_auth.py) and the shared root (contract/paths.
 strings and numbers, named here. tests/contract/test_env.py finds a name written as a literal elsewhere.
 """
 
+# ------------------------------------------------------------------ the run a worker's child runs
+
+RUN_ID_ENV = "RAGPOOL_RUN_ID"
+"""The run id of the run a worker's child (torchrun, the Ray job client) belongs to: its log lines' ``run_id``
+(training/components/logs.py) and the Ray job's submission id (training/ray/job.py)."""
+ATTEMPT_ENV = "RAGPOOL_ATTEMPT"
+"""The attempt of that run (1 for the first), set by the worker beside :data:`RUN_ID_ENV`."""
+RUN_CONFIG_ENV = "RAGPOOL_RUN_CONFIG"
+"""The path of the run's training config the worker wrote for its child."""
+NODE_INDEX_ENV = "RAGPOOL_NODE_INDEX"
+"""The child's pod index within its run's gang (0 on a one-pod run)."""
+
 # ------------------------------------------------------------------ the queue's Redis (every client)
 
 REDIS_URL_ENV = "REDIS_URL"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from contract.ray_auth import AUTH_MODE_ENV as _RAY_AUTH_MODE_ENV
+from contract.ray_auth import TOKEN_ENV as _RAY_AUTH_TOKEN_ENV
 from policy.checks.model import Context, Resource
 from policy.checks.values import _is_blank
 from policy.pod_templates import RAY_CLUSTER_SPEC_PATHS
@@ -12,8 +14,6 @@ from policy.pod_templates import containers as _containers
 from policy.pod_templates import get as _get
 
 
-_RAY_AUTH_MODE_ENV = "RAY_AUTH_MODE"
-_RAY_AUTH_TOKEN_ENV = "RAY_AUTH_TOKEN"
 
 
 def check_ray_token_auth(resource: Resource, ctx: Context) -> Iterator[str]:

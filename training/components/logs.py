@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from contract.env import RUN_ID_ENV
+
 LOG_FORMAT_ENV = "RAGPOOL_LOG_FORMAT"
 """``json`` or ``text``; default: ``text`` on a terminal, ``json`` otherwise (pods, pipes)."""
 STAGE_LOG = "log.jsonl"
@@ -40,7 +42,7 @@ class LogContext:
     run_dir: Path | None = None
 
 
-_CONTEXT = LogContext(run_id=os.environ.get("RAGPOOL_RUN_ID", ""), rank=int(os.environ.get("RANK") or 0))
+_CONTEXT = LogContext(run_id=os.environ.get(RUN_ID_ENV, ""), rank=int(os.environ.get("RANK") or 0))
 
 
 def set_context(run_id: str, rank: int, run_dir: Path | None = None) -> None:

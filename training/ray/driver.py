@@ -54,6 +54,7 @@ from training.ray.placement import TRAINING_STAGES, PlacementError, StagePlaceme
 from training.ray.tasks import (StageFailed, add_part_task, corpus_rows, encode_part_task, evaluate_task,
                                 finish_index_task, remote_task, train_index_task, train_worker, validate_file)
 from contract.env import ELASTIC_NODES_ENV
+from contract.paths import SHARED_ROOT_ENV
 from contract.ray_pools import POOLS_ENV
 
 PREPARE = "prepare"
@@ -63,7 +64,7 @@ RAY_STORAGE_DIR = "ray"
 # import path, the namespace's declared pools (the stage tasks plan against them: placement.plan), the
 # training loop's step-hook modules (its HOOKS_ENV; tests inject faults through them) and the hooks' own
 # variables (RAGPOOL_FAULT_*).
-_WORKER_ENV = ("HF_HUB_OFFLINE", "PYTHONPATH", "RAGPOOL_SHARED_ROOT", POOLS_ENV)
+_WORKER_ENV = ("HF_HUB_OFFLINE", "PYTHONPATH", SHARED_ROOT_ENV, POOLS_ENV)
 _WORKER_ENV_PREFIXES = ("RAGPOOL_FAULT_",)
 
 

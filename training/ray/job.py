@@ -34,6 +34,8 @@ import time
 from typing import Any
 
 from contract.exit_codes import BAD_INPUT, FAILED, OK, RETRIABLE, UNAVAILABLE
+from contract.env import ATTEMPT_ENV, RUN_ID_ENV
+from contract.paths import SHARED_ROOT_ENV
 from contract.ray_pools import POOLS_ENV
 
 POLL_S = 1.0
@@ -143,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.address:
         print("ragpool ray job: no Ray cluster address (--address or RAY_ADDRESS)", file=sys.stderr)
         return BAD_INPUT
-    run_id = os.environ.get("RAGPOOL_RUN_ID") or os.path.basename(os.path.dirname(args.config)) or "run"
+    run_id = os.environ.get(RUN_ID_ENV) or os.path.basename(os.path.dirname(args.config)) or "run"
     submission_id = args.submission_id or f"{run_id}-a{os.environ.get('RAGPOOL_ATTEMPT', '1')}"
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -173,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                 return UNAVAILABLE
             stop.wait(2.0)
     # The driver plans each stage against this namespace's declared pools (training/ray/placement.py).
-    env = {k: os.environ[k] for k in ("RAGPOOL_SHARED_ROOT", "RAGPOOL_RUN_ID", "RAGPOOL_ATTEMPT", POOLS_ENV)
+    env = {k: os.environ[k] for k in (SHARED_ROOT_ENV, RUN_ID_ENV, ATTEMPT_ENV, POOLS_ENV)
            if k in os.environ}
     try:
         return run_job(client, args.config, submission_id, stop, runtime_env={"env_vars": env})

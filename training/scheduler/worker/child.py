@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import Protocol
 
 from contract.defaults import ELASTIC_MAX_RESTARTS
-from contract.env import CHILD_BUILDER_ENV
-from contract.paths import child_env, run_dir
+from contract.env import ATTEMPT_ENV, CHILD_BUILDER_ENV, NODE_INDEX_ENV, RUN_CONFIG_ENV, RUN_ID_ENV
+from contract.paths import SHARED_ROOT_ENV, child_env, run_dir
 from contract.ports import RDZV_PORT
 from training.scheduler.spec import RunSpec
 
@@ -127,8 +127,8 @@ def run_env(spec: RunSpec, config: Path, attempt: int, *, shared_root: str, node
     """The child's environment: this process's plus ``RAGPOOL_RUN_ID``, ``RAGPOOL_RUN_CONFIG``,
     ``RAGPOOL_ATTEMPT``, ``RAGPOOL_SHARED_ROOT``, ``RAGPOOL_NODE_INDEX`` (and the package on
     ``PYTHONPATH``: the child imports the same training package as the worker)."""
-    return child_env(RAGPOOL_RUN_ID=spec.run_id, RAGPOOL_RUN_CONFIG=str(config), RAGPOOL_ATTEMPT=str(attempt),
-                     RAGPOOL_SHARED_ROOT=shared_root, RAGPOOL_NODE_INDEX=str(node_index))
+    return child_env(**{RUN_ID_ENV: spec.run_id, RUN_CONFIG_ENV: str(config), ATTEMPT_ENV: str(attempt),
+                        SHARED_ROOT_ENV: shared_root, NODE_INDEX_ENV: str(node_index)})
 
 
 def torchrun_command(spec: RunSpec, entry: list[str], attempt: int, *, node_index: int = 0,

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from contract.defaults import DEFAULT_BACKOFF_BASE_S, DEFAULT_BACKOFF_MAX_S, DEFAULT_GANG_DEADLINE_S, DEFAULT_LEASE_S
 from contract.env import (EXECUTORS_ENV, GANG_DEADLINE_ENV, METRICS_PORT_ENV, NNODES_ENV, RDZV_HOST_ENV, RDZV_PORT_ENV,
-                          WORKER_GROUP_ENV, WORKER_ID_ENV)
+                          RUN_ID_ENV, WORKER_GROUP_ENV, WORKER_ID_ENV)
 from contract.lanes import EXECUTORS, Lane, format_lanes, lanes_from_env, priorities_from_env
 from contract.paths import shared_root_from_env
 from contract.ports import RDZV_PORT
@@ -61,7 +61,7 @@ class WorkerConfig:
     metrics_port: int = field(default_factory=lambda: int(os.environ.get(METRICS_PORT_ENV) or 0))
     """Serve queue metrics on this port (0 = off; env RAGPOOL_QUEUE_METRICS_PORT).
     Also ``/ready``; the worker Jobs pass ``QUEUE_METRICS_PORT`` (9300, contract/ports.py)."""
-    run_id: str | None = field(default_factory=lambda: os.environ.get("RAGPOOL_RUN_ID") or None)
+    run_id: str | None = field(default_factory=lambda: os.environ.get(RUN_ID_ENV) or None)
     """Only claim this run (a Job dedicated to one run)."""
     nnodes: int = field(default_factory=lambda: int(os.environ.get(NNODES_ENV) or 1))
     """Pods in this worker's group (Indexed Job size); 1 for ordinary workers."""
