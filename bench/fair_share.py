@@ -9,7 +9,7 @@ namespace's ClusterQueue holds the rest of the pool's ``gpuLimit``, ``--pool-gpu
 (bench/autoscale_sim.py: KEDA v2.20.2's job-count algorithm, a fake Job controller whose pods are real
 ``python -m training.worker`` processes on a real redis-server) with Kueue in front of the Job
 controller (bench/kueue_gate.py: Jobs created suspended, admitted or evicted by Kueue v0.19.2's
-transcribed scheduler, bench/kueue_admission.py, over the plan's own ClusterQueues, Cohort and
+transcribed scheduler, bench/kueue/scheduler.py, over the plan's own ClusterQueues, Cohort and
 LocalQueues; the ScaledJobs' ``maxReplicaCount`` and the namespaces' ResourceQuotas as the plan sets them:
 what a team can reach by borrowing).
 

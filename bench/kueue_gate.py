@@ -1,5 +1,5 @@
 """Kueue in front of the simulated Job controller (bench/autoscale_sim.py): Jobs are created
-suspended, the transcribed scheduler (bench/kueue_admission.py, Kueue v0.19.2) admits them, and a
+suspended, the transcribed scheduler (bench/kueue/, Kueue v0.19.2) admits them, and a
 preempted Job is suspended again, its pods deleted (SIGTERM, then SIGKILL after the grace).
 
 What Kueue's job integration does, and what is simulated of it (kubernetes-sigs/kueue v0.19.2):
@@ -25,7 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from bench import kueue_admission as kq
+from bench.kueue.cluster import Cluster, PodSet, Workload
+from bench.kueue.quota import potential_available
+from bench.kueue.scheduler import Scheduler
 from contract.names import GPU_RESOURCE, KUEUE_PRIORITY_CLASS_LABEL, KUEUE_QUEUE_LABEL
 
 
@@ -41,16 +43,16 @@ class Eviction:
 
 
 class KueueGate:
-    """Workloads for the simulation's Jobs, admitted by :class:`bench.kueue_admission.Scheduler`."""
+    """Workloads for the simulation's Jobs, admitted by :class:`bench.kueue.scheduler.Scheduler`."""
 
     def __init__(self, objects: list[dict], *, fair_sharing: bool = False,
                  on_evict: Callable[[Eviction], None] | None = None) -> None:
         def kind(k: str) -> list[dict]:
             return [o for o in objects if o.get("kind") == k]
-        self.cluster = kq.Cluster(kind("ClusterQueue"), kind("Cohort"), kind("LocalQueue"))
-        self.scheduler = kq.Scheduler(self.cluster, fair_sharing=fair_sharing)
+        self.cluster = Cluster(kind("ClusterQueue"), kind("Cohort"), kind("LocalQueue"))
+        self.scheduler = Scheduler(self.cluster, fair_sharing=fair_sharing)
         self.priorities = {o["metadata"]["name"]: int(o.get("value", 0)) for o in kind("WorkloadPriorityClass")}
-        self.workloads: dict[str, kq.Workload] = {}
+        self.workloads: dict[str, Workload] = {}
         """Job name -> its Workload."""
         self.evictions: list[Eviction] = []
         self.on_evict = on_evict
@@ -71,7 +73,7 @@ class KueueGate:
             queue = names[0]
         return self.cluster.cluster_queue_of(job.namespace, queue)
 
-    def job_created(self, job, now: float) -> kq.Workload:
+    def job_created(self, job, now: float) -> Workload:
         """The Job's Workload, queued (the Job stays suspended until it is admitted)."""
         template = job.spec["template"]
         container = template["spec"]["containers"][0]
@@ -79,7 +81,7 @@ class KueueGate:
         # The Job's WorkloadPriorityClass label, else 0 (the sim has no PriorityClass objects: a Job without the label
         # ranks by its pods' PriorityClass in Kueue, pkg/controller/jobframework/reconciler.go ExtractPriority).
         label = job.labels.get(KUEUE_PRIORITY_CLASS_LABEL)
-        wl = kq.Workload(job.name, self.cluster_queue_of(job), [kq.PodSet(int(job.spec.get("parallelism", 1)),
+        wl = Workload(job.name, self.cluster_queue_of(job), [PodSet(int(job.spec.get("parallelism", 1)),
                                                                            {GPU_RESOURCE: gpus} if gpus else {})],
                          priority=self.priorities.get(label, 0), created=now, uid=job.name)
         self.workloads[job.name] = wl
@@ -119,7 +121,7 @@ class KueueGate:
     def gpus_reachable(self, namespace: str, pool: str) -> int:
         """The most GPUs of ``pool`` the namespace's ClusterQueue can hold (``potentialAvailable``)."""
         cq_name = next(cq for (ns, _), cq in self.cluster.local_queues.items() if ns == namespace)
-        return kq.potential_available(self.cluster.cqs[cq_name], (pool, GPU_RESOURCE))
+        return potential_available(self.cluster.cqs[cq_name], (pool, GPU_RESOURCE))
 
     def nominal_gpus(self, namespace: str, pool: str) -> int:
         cq_name = next(cq for (ns, _), cq in self.cluster.local_queues.items() if ns == namespace)
