@@ -65,7 +65,7 @@ PHASE_TIMEOUT_S = 300.0
 def burst_runs(sim, manifests: list, n: int, steps: int = 4) -> list[str]:
     """Submit ``n`` mixed runs of ``steps`` to ``steps + 2`` workload steps: priorities in turn, one 2-node run when a ScaledJob takes 2-node
     runs, ray runs when one takes those, runs pinned to the default pool's name, the rest unpinned."""
-    from bench.autoscale_sim import lanes_of, queue_namespace
+    from bench.autoscale_sim_plan import lanes_of, queue_namespace
     from contract.lanes import PRIORITIES
 
     lanes = {lane for m in manifests for lane in lanes_of(m)}
@@ -90,7 +90,7 @@ def burst_runs(sim, manifests: list, n: int, steps: int = 4) -> list[str]:
 
 def lose_a_node(sim, manifests: list, *, max_steps: int = 40, at_step: int = 3) -> dict:
     """Phase 2: a longer run, its holder lost at ``at_step``; the figures of its replacement."""
-    from bench.autoscale_sim import queue_namespace
+    from bench.autoscale_sim_plan import queue_namespace
 
     namespace = queue_namespace(manifests[0])
     sim.submit(namespace, "lost-node", max_steps=max_steps)
@@ -119,7 +119,8 @@ def ray_from_zero(out: Path, skip: str | None) -> tuple[float | None, str]:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from bench.autoscale_sim import Settings, Simulation, stack_from_plan
+    from bench.autoscale_sim import Simulation
+    from bench.autoscale_sim_plan import Settings, stack_from_plan
     from infra.plan import plan
     from infra.peers import TRAINING_NAMESPACE
 

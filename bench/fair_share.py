@@ -118,7 +118,7 @@ def job_gpus(manifest: dict) -> tuple[str | None, int]:
 
 def lane_namespace(stack, team: str, nodes: int) -> str:
     """The queue namespace of the team's GPU torchrun ScaledJob for ``nodes``-node runs."""
-    from bench.autoscale_sim import lanes_of, queue_namespace
+    from bench.autoscale_sim_plan import lanes_of, queue_namespace
 
     ns = team_namespace(team)
     for m in stack.scaled_jobs:
@@ -227,7 +227,8 @@ POOL = "gpu-spot"
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from bench.autoscale_sim import Settings, Simulation, stack_from_plan
+    from bench.autoscale_sim import Simulation
+    from bench.autoscale_sim_plan import Settings, stack_from_plan
     from bench.kueue_gate import KueueGate
     from infra.plan import plan
 

@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 from bench.autoscale import burst_runs, lose_a_node
-from bench.autoscale_sim import (
-    POD_BACKOFF_S, Job, ScaledJob, Settings, Simulation, Submitted, container_env, expand, failed_pod_outcome,
-    lanes_of, localize, queue_namespace, replaces_terminating, set_flag, stack_from_plan,
+from bench.autoscale_sim import Simulation, Submitted
+from bench.autoscale_sim_jobs import POD_BACKOFF_S, Job, ScaledJob, failed_pod_outcome, replaces_terminating
+from bench.autoscale_sim_plan import (
+    Settings, container_env, lanes_of, localize, queue_namespace, set_flag, stack_from_plan,
 )
 from tests.support.redis_fixtures import requires_redis
 from contract import exit_codes
@@ -64,13 +65,6 @@ def assert_each_run_once(sim: Simulation, run_ids) -> None:
         assert info.state == "succeeded" and info.completions == 1, (run_id, info)
         for node in range(sim.submitted[run_id].nodes):
             assert sim.executions(run_id, node) == 1, (run_id, node, sim.run_log(run_id))
-
-
-def test_env_values_expand_like_the_kubelet():
-    env = {"RAGPOOL_WORKER_GROUP": "ragpool-worker-gpu-spot-n2-abcde"}
-    assert expand("$(RAGPOOL_WORKER_GROUP)-0.ragpool-workers.ns.svc", env) == \
-        "ragpool-worker-gpu-spot-n2-abcde-0.ragpool-workers.ns.svc"
-    assert expand("$$(RAGPOOL_WORKER_GROUP) $(UNDEFINED)", env) == "$(RAGPOOL_WORKER_GROUP) $(UNDEFINED)"
 
 
 def test_submit_to_job_counts_runs_by_kedas_jobs_and_splits_off_capacity_waits():
@@ -328,7 +322,8 @@ SIGKILLED = 128 + 9
 
 def test_the_job_controllers_replacement_rules_read_against_the_worker_templates(plan):
     """Issue 42: a lost node of a gang is replaced index by index and a bad one fails alone, by the Job controller's
-    rules (bench/autoscale_sim.py ``failed_pod_outcome``, ``replaces_terminating``) read on the Jobs the plan declares."""
+    rules (bench/autoscale_sim_jobs.py ``failed_pod_outcome``, ``replaces_terminating``) read on the Jobs the plan
+    declares."""
     stack = stack_from_plan(plan, MAIN_NAMESPACE)
     two = the_scaled_job(stack, nodes=2)["spec"]["jobTargetRef"]
     per_index = two["backoffLimitPerIndex"]

@@ -276,8 +276,8 @@ def test_a_worker_that_finds_ray_unavailable_fails_its_job_at_once(committed_pla
     """Exit UNAVAILABLE (the Ray cluster unreachable or refusing the token; the run handed back
     unspent): FailJob, never counted and retried inside the Job (each retry would take a ray run
     and hand it back). KEDA starts a fresh Job only while runs are queued. The Job controller's
-    rule matching: bench/autoscale_sim.py pod_failure_action (first match; none: Count)."""
-    from bench.autoscale_sim import pod_failure_action
+    rule matching: bench/autoscale_sim_jobs.py pod_failure_action (first match; none: Count)."""
+    from bench.autoscale_sim_jobs import pod_failure_action
     from contract import exit_codes
 
     jobs = scaled_jobs(committed_plans[stack])

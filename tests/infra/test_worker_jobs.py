@@ -1,6 +1,6 @@
 """The worker Job's retry fields (infra/worker_jobs.py ``worker_job_spec``): served by every Kubernetes version the
 stack takes and within the Job API's rules for them. How the Job controller applies them to a lost or failing pod:
-tests/bench/test_autoscale_sim.py (bench/autoscale_sim.py ``failed_pod_outcome``)."""
+tests/bench/test_autoscale_sim.py (bench/autoscale_sim_jobs.py ``failed_pod_outcome``)."""
 
 from __future__ import annotations
 
