@@ -102,11 +102,12 @@ def _lanes(executors: Sequence[str], nodes: int, lanes: Sequence[Lane] | None = 
         return json.dumps(suffixes)
     return json.dumps({"lanes": suffixes, "priorities": chosen})
 
-SINGLE_ATTEMPT_SCRIPTS = frozenset({"claim", "ack", "ack_many", "fail", "release"})
+SINGLE_ATTEMPT_SCRIPTS = frozenset({"claim", "ack", "ack_many", "fail", "release", "takeover"})
 """Scripts sent at most once per call (``redis_conn.single_attempt``): resending a claim whose
 reply was lost would lease a second task, and a resent ack/fail/release would report the
-fence's "not yours" for a change it made itself. Their callers handle the error (the worker
-keeps the outcome and repeats the fenced call). The others are idempotent and retried."""
+fence's "not yours" for a change it made itself (a resent takeover: "held" for its own). Their callers
+handle the error (the worker keeps the outcome and repeats the fenced call). The others are idempotent
+and retried."""
 
 
 TICK_LIMIT = 100_000
@@ -294,6 +295,20 @@ class TaskQueue:
     def heartbeat(self, claim: Claim, worker_id: str) -> Heartbeat:
         """Extend the lease (see :class:`Heartbeat` for the replies)."""
         return Heartbeat(self._call("heartbeat", claim.task_id, claim.token, self.lease_seconds, worker_id))
+
+    def take_over(self, task_id: str, attempt: int, worker_id: str, *, stale_s: float) -> Claim | str:
+        """An elastic run's survivor takes over the lease of ``attempt`` (``lua/takeover.lua``) when its holder's
+        heartbeat is at least ``stale_s`` old (the holder's pod died: torch elastic trains on without it). The
+        same attempt, a new token: the old holder is fenced (its heartbeat answers lost). Returns the new
+        :class:`Claim`, or why not: ``held`` (the holder is live, or another survivor won), ``lost`` (the
+        attempt is over) or ``fixed`` (a fixed-size run: refused). The holder's token is read here; the
+        script's compare-and-set on it and on the heartbeat's age lets exactly one of two survivors win."""
+        if stale_s <= 0:
+            raise ValueError(f"stale_s must be > 0 (a fresh lease is never taken), got {stale_s}")
+        holder = self.client.hget(self.key(Key.TASK, task_id), "lease_token") or ""
+        status, *rest = self._call("takeover", task_id, int(attempt), holder, uuid.uuid4().hex[:16],
+                                   self.lease_seconds, worker_id, float(stale_s))
+        return Claim.from_reply(rest[0]) if status == "taken" else status
 
     def ack(self, claim: Claim, *, again: bool = False) -> bool:
         """Record success; False when the lease is no longer ours (nothing recorded).

@@ -544,3 +544,55 @@ def test_the_worker_and_the_queue_share_one_lease_and_backoff_default():
                           ("backoff_max_s", defaults.DEFAULT_BACKOFF_MAX_S)):
         assert queue[name] == worker[name] == default, (name, queue[name], worker[name], default)
     assert 0 < defaults.DEFAULT_BACKOFF_BASE_S <= defaults.DEFAULT_BACKOFF_MAX_S
+
+
+def _elastic_spec(run_id: str):
+    return make_spec(run_id, nodes={"min": 2, "max": 3},
+                     hyperparameters={"retriever": {"global_batch_size": 12, "grad_accum": 2}})
+
+
+def test_a_survivor_takes_over_an_elastic_runs_stale_lease_exactly_once_and_fences_the_holder(make_queue):
+    """``lua/takeover.lua``: of two survivors racing for a stale holder's lease exactly one wins, on the same
+    attempt; the old holder's heartbeat, ack and fail then find it gone, and the winner acks the run once."""
+    q = make_queue(lease_seconds=30)
+    q.submit(_elastic_spec("el"))
+    holder = q.claim("pod-0", nodes=3)
+    assert q.take_over("el", holder.attempt, "pod-1", stale_s=60) == "held", "a live holder keeps its lease"
+    time.sleep(0.6)  # the holder's pod died: no heartbeat for longer than the survivors' stale_s
+    barrier = threading.Barrier(2)
+    results: dict[str, object] = {}
+
+    def candidate(worker: str) -> None:
+        barrier.wait(timeout=10)
+        try:
+            results[worker] = q.take_over("el", holder.attempt, worker, stale_s=0.5)
+        except Exception as exc:  # noqa: BLE001 (shown by the assertion below)
+            results[worker] = repr(exc)
+
+    threads = [threading.Thread(target=candidate, args=(w,)) for w in ("pod-1", "pod-2")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    won = {w: r for w, r in results.items() if not isinstance(r, str)}
+    assert len(won) == 1 and sorted(r for r in results.values() if isinstance(r, str)) == ["held"], list(results)
+    (winner, claim), = won.items()
+    assert claim.attempt == holder.attempt == 1 and claim.token != holder.token and claim.spec_json == holder.spec_json
+    assert q.heartbeat(holder, "pod-0") == "lost" and not q.ack(holder) and q.fail(holder, "x") == "stale"
+    assert q.heartbeat(claim, winner) == "ok"
+    info = q.get("el")
+    assert info.state == "running" and info.worker == winner and info.attempts == 1
+    assert q.ack(claim) and q.get("el").completions == 1 and q.get("el").attempts == 1
+    assert q.take_over("el", 1, "pod-0", stale_s=0.5) == "lost", "an ended attempt cannot be taken"
+    assert q.stats().counters["takeovers_total"] == 1
+
+
+def test_a_fixed_size_run_refuses_takeover_and_another_attempt_is_lost(make_queue):
+    q = make_queue(lease_seconds=30)
+    q.submit(make_spec("fixed", nodes=2))
+    holder = q.claim("pod-0", nodes=2)
+    assert q.take_over("fixed", holder.attempt, "pod-1", stale_s=0.01) == "fixed"
+    assert q.heartbeat(holder, "pod-0") == "ok", "the refused takeover left the holder's lease alone"
+    q.submit(_elastic_spec("el2"))
+    el = q.claim("pod-0", nodes=3)
+    assert q.take_over("el2", el.attempt + 1, "pod-1", stale_s=0.01) == "lost", "only the survivor's own attempt"

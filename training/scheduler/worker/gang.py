@@ -14,7 +14,7 @@ from training.scheduler.spec import RunSpec
 from training.scheduler.worker import log
 from training.scheduler.worker.group import GangGroup
 from training.scheduler.worker.outage import STOPPED, is_redis_error
-from training.scheduler.worker.outcome import Outcome
+from training.scheduler.worker.outcome import ChildExit, Outcome, StopReason
 
 
 class Gang(StrEnum):
@@ -33,6 +33,13 @@ GANG_POLL_S = 0.2
 GANG_GO_MEMBER = "go"
 """Index 0 adds ``<task>-a<attempt>/go`` to the joined set when the gang forms (a follower that
 polls after a short run already ended still knows it went)."""
+
+
+def takeover_stale_s(config) -> float:
+    """How old the holder's heartbeat must be before an elastic run's survivor takes its lease over: halfway
+    between one missed heartbeat and the lease's lapse (60 s leases, 20 s heartbeats: 40 s), so a live holder
+    is never pushed aside and a survivor polling every ``poll_seconds`` comes before the keeper reaps it."""
+    return config.heartbeat_seconds + (config.lease_seconds - config.heartbeat_seconds) / 2
 
 
 def gang_member(key: tuple, index: int | str) -> str:
@@ -66,16 +73,7 @@ class GangMember:
                                 self.config.node_index, key[0])
                     return exit_codes.GANG_TIMEOUT
                 self.ready.set()
-                # Index 0 validated the spec when it claimed it and wrote its run.yaml: this pod only builds
-                # its own torchrun command from it.
-                spec = RunSpec.from_validated_json(group["spec_json"])
-                cmd, env = self._command(spec, Path(group["config"]), group["attempt"])
-                # Index 0 holds the lease and heartbeats it: this pod only runs its share.
-                ended = self._supervise(cmd, env, run_id=spec.run_id, attempt=group["attempt"],
-                                        timeout_s=spec.timeout_seconds, lease=None,
-                                        still_ours=lambda: self._attempt_current(key))
-                log.info("worker %s (index %d): run %s exited %s", self.config.worker_id,
-                         self.config.node_index, spec.run_id, ended.code)
+                self._run_share(group, key)
                 self.tasks_done += 1
                 self.ready.clear()
                 idle_since = time.monotonic()
@@ -109,6 +107,81 @@ class GangMember:
                 return True
             raise
         return info is not None and info.state in (State.RUNNING, State.SUCCEEDED) and info.attempts == key[1]
+
+    def _run_share(self, group: dict, key: tuple) -> ChildExit:
+        """This pod's share of the run ``group`` publishes (``key``: task, attempt), to its end."""
+        # Index 0 validated the spec when it claimed it and wrote its run.yaml: this pod only builds
+        # its own torchrun command from it.
+        spec = RunSpec.from_validated_json(group["spec_json"])
+        cmd, env = self._command(spec, Path(group["config"]), group["attempt"])
+        # Index 0 holds the lease and heartbeats it: this pod only runs its share. Of an elastic run
+        # (torch trains on without a lost pod) a survivor takes the lease over when index 0's pod dies,
+        # and then records the run's end as index 0 would have.
+        taken: list[Claim] = []
+        ended = self._supervise(cmd, env, run_id=spec.run_id, attempt=group["attempt"],
+                                timeout_s=spec.timeout_seconds, lease=None,
+                                still_ours=lambda: self._attempt_current(key),
+                                take_over=(lambda: self._take_over(key, taken))
+                                if spec.min_nodes is not None else None)
+        log.info("worker %s (index %d): run %s exited %s", self.config.worker_id,
+                 self.config.node_index, spec.run_id, ended.code)
+        if taken:
+            self._clear_group(ended, elastic=True)
+            self._record(taken[-1], ended, spec)
+        return ended
+
+    def _rejoin_elastic_run(self) -> bool:
+        """Index 0 starting (a replacement pod: the Job replaced a lost one): when its gang already trains an
+        elastic run (published ``go``, its attempt still running, its lease taken over by a survivor), this pod
+        joins that run as a follower does, so the run grows back instead of this pod claiming another; True
+        when it did. A fixed-size run's gang, or none, leaves it to claim as before."""
+        try:
+            group = self.gang_group.read()
+        except Exception as exc:
+            if not is_redis_error(exc):
+                raise
+            return False
+        if not group or group.get("state", Gang.GO) != Gang.GO:
+            return False
+        key = (group["task_id"], group["attempt"])
+        if RunSpec.from_validated_json(group["spec_json"]).min_nodes is None or not self._attempt_current(key):
+            return False
+        log.info("worker %s (index 0): its gang trains elastic run %s (attempt %d) without it; joining it",
+                 self.config.worker_id, key[0], key[1])
+        self.ready.set()
+        self._run_share(group, key)
+        self.ready.clear()
+        return True
+
+    def _take_over(self, key: tuple, taken: list[Claim]) -> Claim | None:
+        """Follower of an elastic run: take the lease of run ``key`` (task, attempt) over when its holder's
+        heartbeat is stale (``TaskQueue.take_over``: the same attempt, the old holder fenced); the claim (also
+        appended to ``taken``), or None (the holder is live, another survivor won, Redis is away)."""
+        cfg = self.config
+        try:
+            reply = self.queue.take_over(key[0], key[1], cfg.worker_id, stale_s=takeover_stale_s(cfg))
+        except Exception as exc:
+            if not is_redis_error(exc):
+                raise
+            return None
+        if isinstance(reply, str):
+            return None
+        log.warning("worker %s (index %d): the holder of run %s (attempt %d) stopped heartbeating; this pod took "
+                    "its lease over and records the run's end", cfg.worker_id, cfg.node_index, key[0], key[1])
+        taken.append(reply)
+        return reply
+
+    def _clear_group(self, ended: ChildExit | None, *, elastic: bool) -> None:
+        """The holder's run ended: the followers see no run (the key expires on its own otherwise,
+        ``GangGroup.ttl_s``). A holder fenced off an elastic run (``StopReason.LOST``: a survivor may have taken
+        its lease over, and the run goes on) leaves it to the new holder."""
+        if elastic and ended is not None and ended.stopped == StopReason.LOST:
+            return
+        try:
+            self.gang_group.clear()
+        except Exception as exc:
+            if not is_redis_error(exc):
+                raise
 
     def _join_gang(self, key: tuple) -> bool:
         """Follower: join the gang index 0 is gathering for run ``key`` (task, attempt) and wait for

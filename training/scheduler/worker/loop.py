@@ -74,6 +74,8 @@ class Worker(ChildSupervisor, GangMember, OutageRetry):
     def _run_claimer(self) -> int:
         self._register(WorkerState.WAITING)
         interrupted = False
+        if self.config.nnodes > 1 and self._rejoin_elastic_run():  # a replaced index 0: its elastic run grows back
+            self.tasks_done += 1
         idle_since = time.monotonic()
 
         def claim_once(_again: bool) -> Claim | None:
@@ -144,16 +146,13 @@ class Worker(ChildSupervisor, GangMember, OutageRetry):
                                     min_nodes=spec.min_nodes)
             if gathered is not None:
                 return gathered
+        ended = None
         try:
             ended = self._supervise(cmd, env, run_id=spec.run_id, attempt=claim.attempt,
                                     timeout_s=claim.timeout_s, lease=claim)
         finally:
             if cfg.nnodes > 1:
-                try:
-                    self.gang_group.clear()
-                except Exception as exc:  # the key expires on its own (GangGroup.ttl_s)
-                    if not is_redis_error(exc):
-                        raise
+                self._clear_group(ended, elastic=spec.min_nodes is not None)
         return self._record(claim, ended, spec)
 
     def _record(self, claim: Claim, ended: ChildExit, spec: RunSpec) -> Outcome:

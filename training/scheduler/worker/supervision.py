@@ -44,12 +44,16 @@ class ChildSupervisor:
                 self._sigterm_sent_to = child.pid
 
     def _supervise(self, cmd: list[str], env: dict[str, str], *, run_id: str, attempt: int, timeout_s: float,
-                   lease: Claim | None, still_ours: Callable[[], bool] | None = None) -> ChildExit:
+                   lease: Claim | None, still_ours: Callable[[], bool] | None = None,
+                   take_over: Callable[[], Claim | None] | None = None) -> ChildExit:
         """Run the child to its exit, enforcing timeout and shutdown. ``lease`` is the claim this
         pod holds: it is heartbeated, and a cancel or lost lease stops the child. A follower pod of
         a multi-node run passes None (index 0 holds the lease) and ``still_ours``, asked every poll interval:
         False (index 0's lease is gone: the run went back to its lane or ended) stops the child as a lost
-        lease does, so a run whose index 0 died is never trained twice."""
+        lease does, so a run whose index 0 died is never trained twice. A follower of an elastic run also
+        passes ``take_over``, asked at the same polls while it holds no lease: the claim it returns (the
+        holder's heartbeat went stale and this pod took the lease over, ``gang._take_over``) is heartbeated
+        from then on, as ``lease`` is."""
         cfg = self.config
         log_dir = run_dir(cfg.shared_root, run_id) / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -92,6 +96,11 @@ class ChildSupervisor:
                             log.warning("run %s: attempt %d no longer holds the run (its index 0 is gone); "
                                         "stopping this pod's share", run_id, attempt)
                             stopped = StopReason.LOST
+                        elif lease is None and take_over is not None:
+                            lease = take_over()
+                            if lease is not None:
+                                threading.Thread(target=self._heartbeat_loop, args=(lease, stop_heartbeat, verdict),
+                                                 daemon=True).start()
                     if stopped:
                         # Once only: a second SIGTERM would cut torchrun's own shutdown short.
                         if self._sigterm_sent_to != child.pid:

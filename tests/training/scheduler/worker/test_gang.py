@@ -157,6 +157,47 @@ def test_followers_stop_their_share_once_index_0_is_gone_and_the_run_went_back(r
     assert info.state == "queued" and info.attempts == 1
 
 
+@pytest.mark.slow
+def test_a_survivor_takes_over_the_lease_of_an_elastic_run_whose_index_0_died(redis_server, namespace, make_queue,
+                                                                             tmp_path):
+    """``nodes: {min: 2, max: 3}``: index 0 (the lease's holder) is SIGKILLed mid-run. A survivor takes the
+    lease over before it lapses (the keeper's reaps find nothing to put back), the run trains on, the Job's
+    replacement index 0 joins it (instead of claiming another run), and the survivor acks it when its share
+    ends: succeeded on its first attempt."""
+    q = make_queue()
+    q.submit(make_spec("el-take", nodes={"min": 2, "max": 3},
+                       hyperparameters={"retriever": {"global_batch_size": 12, "grad_accum": 2}}))
+    out_dir = tmp_path / "nodes"
+    out_dir.mkdir()
+    done = tmp_path / "done"
+    cmd = sh(f"touch {out_dir}/{{run_id}}-{{node_index}}-$$; "
+             f"for i in $(seq 600); do [ -e {done} ] && break; sleep 0.1; done")
+    pods = [start_worker(redis_server, namespace, tmp_path, cmd, lease=3.0, idle=1, **_gang(3, "job-take", i))
+            for i in range(3)]
+    wait_for(lambda: len(list(out_dir.iterdir())) == 3, 30, "every index to start its share",
+             seen=lambda: sorted(p.name for p in out_dir.iterdir()))
+    holder = q.get("el-take").worker
+    pods[0].send_signal(signal.SIGKILL)
+    pods[0].wait(timeout=10)
+    # The keeper's reaps meanwhile (q.reap) would put the run back had its lease lapsed.
+    wait_for(lambda: (q.reap(), q.get("el-take"))[1].worker != holder, 20, "a survivor to take the lease over",
+             seen=lambda: (q.get("el-take").state, q.get("el-take").worker))
+    for _ in range(3):  # a few heartbeats of the new holder: the lease stays live
+        q.reap()
+        time.sleep(1.0)
+    assert q.get("el-take").state == "running"
+    pods.append(start_worker(redis_server, namespace, tmp_path, cmd, lease=3.0, idle=1, **_gang(3, "job-take", 0)))
+    wait_for(lambda: len(list(out_dir.glob("el-take-0-*"))) == 2, 30, "the replacement index 0 to join the run",
+             seen=lambda: sorted(p.name for p in out_dir.iterdir()))
+    done.touch()
+    logs = [finish(pod) for pod in pods[1:]]
+    assert [code for code, _ in logs] == [0, 0, 0], logs
+    assert sum("took its lease over" in text for _, text in logs[:2]) == 1, logs
+    assert "joining it" in logs[2][1], logs[2][1]
+    info = q.get("el-take")
+    assert info.state == "succeeded" and info.attempts == 1 and info.completions == 1, info
+
+
 def _ready(port: int) -> int | None:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{READY_PATH}", timeout=2) as resp:
