@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from contract.api import parse_api_teams
 from tests.support.redis_fixtures import write_spec_data
 from training.localdev.sts_server import User, sts_server
 
@@ -67,9 +66,7 @@ def local_sts():
 def _local_api(sts, redis_server, namespace, tmp_path, team_queues=None):
     """The run API (training/api/server.py) on a free port of 127.0.0.1 (``team_queues``: its
     ``ApiSettings.team_queues``)."""
-    from training.api.server import RunApi
-    from training.api.settings import ApiSettings
-    from training.localdev.run_api import run_api_server
+    from training.localdev.run_api import local_run_api
     from training.scheduler.run_queue import TaskQueue
 
     users = {name: sts.user(name) for name in USERS}
@@ -77,14 +74,13 @@ def _local_api(sts, redis_server, namespace, tmp_path, team_queues=None):
     for tq in (team_queues or {}).values():
         if tq.shared_root:
             write_spec_data(Path(tq.shared_root))  # a team's own storage has its own copy
-    settings = ApiSettings(cluster_id=CLUSTER_ID, sts_endpoint=sts.endpoint, teams=parse_api_teams(TEAMS),
-                           shared_root=str(tmp_path / "shared"), region="us-west-2", team_queues=team_queues or {})
     client = redis_server.client()
     queue = TaskQueue(client, namespace=namespace)
     lines = io.StringIO()
-    api = RunApi(settings, queue, audit_stream=lines)
     try:
-        with run_api_server(api) as endpoint:
+        with local_run_api(queue, sts_endpoint=sts.endpoint, cluster_id=CLUSTER_ID, teams=TEAMS,
+                           shared_root=str(tmp_path / "shared"), region="us-west-2", team_queues=team_queues,
+                           audit_stream=lines) as (endpoint, api):
             yield LocalApi(endpoint, sts.endpoint, users, queue, api, lines)
     finally:
         client.close()

@@ -1,5 +1,7 @@
 """The run API on 127.0.0.1 in a thread of this process, for the tests, the benchmark and a local demo: the
-real aiohttp server (training/api/server.py) on a free port, stopped on exit."""
+real aiohttp server (training/api/server.py) on a free port, stopped on exit (:func:`run_api_server`), and the
+whole local API the tests and ``make demo`` talk to (:func:`local_run_api`: its settings, a queue, identities
+verified by a local STS, training/localdev/sts_server.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from contract.ports import free_port
+from training.localdev.sts_server import REGION
 
 START_TIMEOUT_S = 30.0
 """Longest the server may take to listen."""
@@ -57,3 +60,24 @@ def run_api_server(api, *, host: str = "127.0.0.1", port: int | None = None, ssl
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(START_TIMEOUT_S)
+
+
+@contextmanager
+def local_run_api(queue, *, sts_endpoint: str, cluster_id: str, teams: dict, shared_root: str,
+                  region: str = REGION, team_queues: dict | None = None, audit_stream=None) -> Iterator[tuple]:
+    """The run API (``training.api.server.RunApi``) on ``queue`` (a ``TaskQueue``), served by
+    :func:`run_api_server`; yields ``(endpoint URL, RunApi)``.
+
+    Tokens must be signed for ``cluster_id`` and presigned for ``sts_endpoint`` (a local STS:
+    ``training.localdev.sts_server.sts_server``); ``teams`` is the stack's ``apiTeams`` mapping
+    (``{"teams": {team: [ARN pattern]}, "admins": [...]}``); ``shared_root`` the storage submit checks;
+    ``team_queues`` the ``ApiSettings.team_queues``; ``audit_stream`` where the audit lines go (None: stdout)."""
+    from contract.api import parse_api_teams
+    from training.api.server import RunApi
+    from training.api.settings import ApiSettings
+
+    settings = ApiSettings(cluster_id=cluster_id, sts_endpoint=sts_endpoint, teams=parse_api_teams(teams),
+                           shared_root=shared_root, region=region, team_queues=team_queues or {})
+    api = RunApi(settings, queue, audit_stream=audit_stream)
+    with run_api_server(api) as endpoint:
+        yield endpoint, api

@@ -44,6 +44,13 @@ class User:
 
         return Credentials(self.access_key_id, self.secret_access_key)
 
+    def env(self, nowhere: str) -> dict[str, str]:
+        """What a laptop signed in as this user has in its environment for the default credential chain: these
+        keys, and the AWS config and credentials files pointed at ``nowhere`` (a path that does not exist) so that
+        no profile of the machine's own signs instead. Drop ``AWS_PROFILE`` from the environment too."""
+        return {"AWS_ACCESS_KEY_ID": self.access_key_id, "AWS_SECRET_ACCESS_KEY": self.secret_access_key,
+                "AWS_CONFIG_FILE": nowhere, "AWS_SHARED_CREDENTIALS_FILE": nowhere}
+
 
 @dataclass(frozen=True)
 class StsServer:
@@ -152,8 +159,9 @@ def sts_server() -> Iterator[StsServer]:
     from moto.server import ThreadedMotoServer
     from moto.sts.responses import TokenResponse
 
-    _ORIGINAL = TokenResponse.get_caller_identity
-    _ORIGINAL_ROUTE = DomainDispatcherApplication.infer_service_region_host
+    if TokenResponse.get_caller_identity is not _presigned_identity:  # not inside another sts_server of this process
+        _ORIGINAL = TokenResponse.get_caller_identity
+        _ORIGINAL_ROUTE = DomainDispatcherApplication.infer_service_region_host
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     with mock.patch.object(TokenResponse, "get_caller_identity", _presigned_identity), \
