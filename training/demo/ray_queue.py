@@ -7,8 +7,8 @@ local redis-server runs, after the torchrun run:
    ports with the Jobs API and Ray token authentication, 2 logical CPUs, node label ``ragpool.io/pool=gpu-spot`` standing in for the
    GPU pool of a real cluster), or waits for the one :func:`launch_head` began (``make demo`` launches
    it before its torchrun run, so the head's ~15 s start-up overlaps that run);
-2. ``ragpool submit`` of the demo run as ``executor: ray`` (run id ``demo-ray``: the same data and
-   stages, fewer steps; every stage placed on pool ``gpu-spot``, two Ray Train workers per training
+2. ``ragpool submit`` of the demo run as ``executor: ray`` (through the run API: ``make demo`` signed in; run
+   id ``demo-ray``: the same data and stages, fewer steps; every stage placed on pool ``gpu-spot``, two Ray Train workers per training
    stage, two index tasks);
 3. one worker with ``RAGPOOL_EXECUTORS=ray``, ``RAY_ADDRESS=<the head's Jobs API>`` and the head's token
    (``RAY_AUTH_MODE=token``, ``RAY_AUTH_TOKEN_PATH``) claims it and runs ``python -m training.ray.job``,
@@ -98,7 +98,7 @@ def run(out: Path, shared: Path, env: dict[str, str], run_worker, tune_trials: i
     from training.localdev.ray_head import RayHeadError
     from contract.ray_pools import POOLS_ENV
     from training.scheduler import cli as runs_cli
-    from training.scheduler.redis_conn import connect
+    from training.scheduler.redis_conn import connect, settings_from_env
     from training.scheduler.run_queue import TaskQueue
 
     ray_spec = _write(out / f"{RAY_RUN_ID}.yaml", ray_demo_spec(shared))
@@ -129,7 +129,8 @@ def run(out: Path, shared: Path, env: dict[str, str], run_worker, tune_trials: i
         print(f"== Ray worker exited {worker_code}", flush=True)
         print(f"\n== ragpool status {RAY_RUN_ID}", flush=True)
         runs_cli.main(["status", RAY_RUN_ID])
-        info = TaskQueue(connect(), namespace=env[NAMESPACE_ENV]).get(RAY_RUN_ID)
+        # The verdict from the workers' Redis (``env``): this process may be a laptop with no REDIS_URL.
+        info = TaskQueue(connect(settings_from_env(env)), namespace=env[NAMESPACE_ENV]).get(RAY_RUN_ID)
         report = shared / "runs" / RAY_RUN_ID / "evaluate" / "report.json"
         print(f"== Ray run artifacts: {shared / 'runs' / RAY_RUN_ID}  (report {report}"
               f"{'' if report.is_file() else ', missing'})", flush=True)
