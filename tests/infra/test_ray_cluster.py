@@ -497,6 +497,7 @@ def _env(container: dict) -> dict[str, dict]:
 
 def test_every_raycluster_runs_with_token_auth_from_its_namespaces_own_secret(committed_plans, team_plan):
     from infra.ray_cluster import RAY_AUTH_SECRET
+    from contract.lanes import PRIORITIES
     from infra.worker_jobs import RAY_WORKER_TEMPLATE
     from contract.ray_auth import SECRET_ENV, TOKEN_PATH_ENV, TOKEN_SECRET_KEY
 
@@ -532,11 +533,13 @@ def test_every_raycluster_runs_with_token_auth_from_its_namespaces_own_secret(co
         tokens = [r["name"] for r in doc["resources"] if r["type"] == "random:index/randomPassword:RandomPassword"
                   and r["name"].startswith("ray-token-")]
         assert sorted(tokens) == sorted(f"ray-token-{ns}" for ns in namespaces)
-        # Nothing else mounts the token or names its Secret: only the Ray pods and the Ray worker template.
+        # Nothing else mounts the token or names its Secret: only the Ray pods and the Ray worker template (its
+        # CronJob and its ScaledJob per priority: infra/keda.py scaled_job_kinds).
+        ray_workers = {RAY_WORKER_TEMPLATE, *(f"{RAY_WORKER_TEMPLATE}-{p}" for p in PRIORITIES)}
         for r, obj in kubernetes_objects(doc):
             if RAY_AUTH_SECRET in json.dumps(obj):
                 assert ((r["type"], obj["metadata"]["name"]) in {(SECRET, RAY_AUTH_SECRET), (RAYCLUSTER, RAY_CLUSTER_NAME)}
-                        or obj["metadata"]["name"] == RAY_WORKER_TEMPLATE), r["name"]
+                        or obj["metadata"]["name"] in ray_workers), r["name"]
 
 
 def test_the_ray_token_is_a_pulumi_secret_only_in_secrets_and_never_in_the_plan_or_its_diff(committed_plans, team_plan):

@@ -314,10 +314,16 @@ def test_a_cancelled_run_id_is_refused_on_resubmit_and_retry_resumes_it(cli, mak
 def test_submit_wait_ends_with_the_runs_exit_status(cli, make_queue, tmp_path, capsys, monkeypatch):
     import threading
 
+    from training.scheduler import verbs
+
     monkeypatch.setattr(cli_route, "FOLLOW_POLL_S", 0.05)
     q = make_queue()
     spec = write(tmp_path, "run.yaml", GOOD)
-    finisher = threading.Timer(0.3, lambda: q.ack(q.claim("w", block_s=5)))  # it ends while submit waits
+    polled = threading.Event()  # submit has read the queued run once: a fixed delay raced a slow submit
+    status = verbs.status
+    monkeypatch.setattr(verbs, "status", lambda queue, run_id: (status(queue, run_id), polled.set())[0])
+    finisher = threading.Thread(  # it ends while submit waits
+        target=lambda: polled.wait(20) and q.ack(q.claim("w", block_s=5)))
     finisher.start()
     try:
         assert cli("submit", spec, "--wait", "--wait-seconds", "20") == 0
