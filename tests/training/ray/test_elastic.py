@@ -70,12 +70,24 @@ def test_a_node_lost_shrinks_the_stage_and_a_node_back_grows_it(tmp_path, tiny_e
     decisions = [line for line in out.splitlines() if "app-controller" in line]
     print("elastic ray:", timings, *decisions, sep="\n")  # shown with -s: what each resize waited on
 
-    # Each new size resumed from the newest checkpoint (one every step: no step lost) and kept the global batch;
-    # the stage ended at its max.
-    assert [(s["step"], s["world"]) for s in pacing.steps(pace)] == [(1, 3), (2, 2), (3, 3), (4, 3), (5, 3)]
+    # Each new size resumed from the newest checkpoint (one every step) and kept the global batch; the stage
+    # ended at its max. Which step the lost node takes with it depends on whether its rank had committed that
+    # step's checkpoint when it went (seen both ways in CI): at most that one step is trained twice.
+    steps = [(s["step"], s["world"]) for s in pacing.steps(pace)]
+    worlds = [w for _, w in steps]
+    assert steps[0] == (1, 3) and steps[-1] == (MAX_STEPS, 3), steps
+    assert 2 in worlds and 3 in worlds[worlds.index(2):], steps  # shrank to 2, grew back to 3
+    assert all(b >= a for a, b in zip(worlds[worlds.index(2):], worlds[worlds.index(2) + 1:])), steps
+    assert all(later[0] >= earlier[0] for earlier, later in zip(steps, steps[1:])), steps  # never back past one
+    assert len(steps) <= MAX_STEPS + 1, steps
     stage_dir = shared / "runs" / "elastic" / "retriever"
     marks = [(m["step"], m["from_world"], m["to_world"], m["cause"]) for m in resizes.read(stage_dir)]
-    assert marks == [(1, 3, 2, resizes.LOST), (2, 2, 3, resizes.JOINED)], marks
+    first_at_2 = worlds.index(2)
+    first_back_at_3 = worlds.index(3, first_at_2)
+    shrunk_at, grown_at = steps[first_at_2][0] - 1, steps[first_back_at_3][0] - 1  # the checkpoints resumed from
+    # a resume from a checkpoint at another size is marked; one from no checkpoint (step 0) starts afresh, unmarked
+    expected = [(shrunk_at, 3, 2, resizes.LOST)] if shrunk_at else []
+    assert marks == [*expected, (grown_at, 2, 3, resizes.JOINED)], (marks, steps)
     marker = json.loads((stage_dir / "_COMPLETE").read_text())
-    assert marker["steps"] == MAX_STEPS and marker["resumed_from"] == 2, marker
+    assert marker["steps"] == MAX_STEPS and marker["resumed_from"] == grown_at, marker
     assert "2-3 x {CPU: 1} (PACK)" in timings["placement"], timings
