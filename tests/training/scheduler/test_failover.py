@@ -95,11 +95,14 @@ def test_worker_outlives_an_outage_longer_than_its_lease_and_records_once(own_re
     q = TaskQueue(server.client(), namespace="outage")
     q.submit(make_spec("long-outage"))
     log = tmp_path / "runs.log"
-    worker = start_worker({"REDIS_URL": server.url}, tmp_path, run_logging_command(log, 1.5), lease=lease, idle=3,
+    run_s = 4.0
+    worker = start_worker({"REDIS_URL": server.url}, tmp_path, run_logging_command(log, run_s), lease=lease, idle=3,
                           namespace="outage")
-    wait_for(lambda: q.get("long-outage").state == State.RUNNING, 20, "the claim", [worker])
-    server.kill()  # down while the run finishes (at ~1.5 s) ...
-    time.sleep(1.5 + lease * 2)  # ... and for more than a lease after that
+    wait_for(lambda: executions(log).get("long-outage"), 20, "the run's command to start", [worker])
+    server.kill()  # down while the run finishes (run_s after its start) ...
+    [started] = executions(log)["long-outage"]
+    assert time.time() < started + run_s, "Redis went down only after the run had ended: the machine is too slow"
+    time.sleep(max(0.0, started + run_s - time.time()) + lease * 2)  # ... and for more than a lease after that
     assert worker.poll() is None, worker.log_path.read_text()[-3000:]  # still alive, still trying
     server.start()
     q = TaskQueue(server.client(), namespace="outage")
