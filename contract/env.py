@@ -88,6 +88,10 @@ ELASTIC_NODES_ENV = "RAGPOOL_ELASTIC_NODES"
 """``MIN:MAX`` nodes of an elastic torchrun run: the launcher (``training.elastic.launch``) sets it for its ranks,
 whose training loop keeps the global batch at every world size (``training.elastic.sizes``)."""
 
+RAY_NOTICE_DIR_ENV = "RAGPOOL_RAY_NOTICE_DIR"
+"""The folder where a Ray GPU worker pod's preStop hook and the Ray Train ranks on that node meet on a spot notice
+(training/ray/notice.py; unset: its default, in the pod's ``/tmp``). The Ray driver passes it to its workers."""
+
 # ------------------------------------------------------------------ the stack's Prometheus (ragpool usage)
 
 PROMETHEUS_URL_ENV = "RAGPOOL_PROMETHEUS_URL"

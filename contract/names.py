@@ -49,3 +49,6 @@ ELASTIC_RDZV_BACKEND = "ragpool-redis"
 TEAM_NAMESPACE_PREFIX = "ragpool-team-"
 """A trainingTeams team's namespace is this plus its name (infra/config_gpu.py TeamConfig.namespace; policy/checks/
 workloads.py counts such namespaces as training namespaces; dashboards/teams.py names a team by it)."""
+RAY_NOTICE_MODULE = "training.ray.notice"
+"""The module a Ray GPU worker pod's preStop hook runs (``python -m``; infra/ray_cluster.py): it drains the pod's Ray
+node as preempted and waits for the ranks' checkpoint (training/ray/notice.py)."""

@@ -22,6 +22,7 @@ import random
 import signal
 import time
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,9 @@ HOOKS_ENV = "RAGPOOL_TEST_HOOKS"
 StepHook = Callable[["Trainer"], None]
 """Called on every rank after each optimizer step (``trainer.step`` is the step just done,
 ``trainer.losses[-1]`` its global loss) once any periodic checkpoint has been started."""
+RUNTIME_HOOKS: ContextVar[tuple[StepHook, ...]] = ContextVar("ragpool_runtime_hooks", default=())
+"""Step hooks the executor adds to every :class:`Trainer` built in its context, before any others: a Ray Train
+worker's preemption notice (training/ray/notice.py, set by training/ray/tasks.py ``train_worker``)."""
 
 
 @dataclass
@@ -186,7 +190,7 @@ class Trainer:
         self.task, self.cfg, self.env, self.stage_dir = task, cfg, env, stage_dir
         self.log = get_logger(task.stage, env.is_main)
         self.per_rank_micro, self.grad_accum = _batch_split(task, env)
-        self.hooks: list[StepHook] = hooks_from_env() if hooks is None else list(hooks)
+        self.hooks: list[StepHook] = [*RUNTIME_HOOKS.get(), *(hooks_from_env() if hooks is None else hooks)]
         metrics = process_metrics()
         metrics.serve(cfg.metrics.port, cfg.metrics.addr, env.local_rank)
         self.metrics = metrics.for_stage(cfg.run_id, task.stage, env.rank)
@@ -374,14 +378,18 @@ class Trainer:
         """SIGTERM: checkpoint this step, leave the preempted marker, exit retriable."""
         self.log.warning("SIGTERM: checkpointing at step %d and exiting with %d (retriable)", self.step, RETRIABLE)
         self.save(blocking=True)
+        self.mark_preempted()
+        D.barrier(self.env)
+        return self._result(RETRIABLE)
+
+    def mark_preempted(self) -> None:
+        """Rank 0 leaves the stage's preempted marker for the step just saved: torchrun turns any child exit code
+        into 1, so a launcher that must tell "preempted, resumable" from "failed" reads it, and the next attempt's
+        resume marks its resize as a notice (:meth:`_mark_resize`)."""
         if self.env.is_main:
-            # torchrun turns any child exit code into 1, so a launcher that must tell
-            # "preempted, resumable" from "failed" can read this marker instead.
             write_json_atomic(self.stage_dir / PREEMPTED_MARKER,
                               {"step": self.step, "exit_code": RETRIABLE, "at": time.time(),
                                "checkpoint": str(self.ckpt.root / step_dir_name(self.step))})
-        D.barrier(self.env)
-        return self._result(RETRIABLE)
 
     def save(self, blocking: bool) -> None:
         """Checkpoint the current step (a collective: every rank calls it; rank 0 writes)."""

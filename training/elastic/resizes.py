@@ -22,7 +22,7 @@ from typing import Any
 
 RESIZES_FILE = "resizes.jsonl"
 """File name of the marks in a stage directory."""
-JOINED, NOTICE, LOST = "node joined", "node stopped on SIGTERM", "node lost without notice"
+JOINED, NOTICE, LOST = "node joined", "node stopped on a spot notice", "node lost without notice"
 CAUSES = (JOINED, NOTICE, LOST)
 """What :func:`cause` can say."""
 

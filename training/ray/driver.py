@@ -53,7 +53,7 @@ from training.ray.job import DRIVER_ERROR_PREFIX
 from training.ray.placement import TRAINING_STAGES, PlacementError, StagePlacement, plan, reserved, strategy_for
 from training.ray.tasks import (StageFailed, add_part_task, corpus_rows, encode_part_task, evaluate_task,
                                 finish_index_task, remote_task, train_index_task, train_worker, validate_file)
-from contract.env import ELASTIC_NODES_ENV
+from contract.env import ELASTIC_NODES_ENV, RAY_NOTICE_DIR_ENV
 from contract.paths import SHARED_ROOT_ENV
 from contract.ray_pools import POOLS_ENV
 
@@ -64,7 +64,7 @@ RAY_STORAGE_DIR = "ray"
 # import path, the namespace's declared pools (the stage tasks plan against them: placement.plan), the
 # training loop's step-hook modules (its HOOKS_ENV; tests inject faults through them) and the hooks' own
 # variables (RAGPOOL_FAULT_*).
-_WORKER_ENV = ("HF_HUB_OFFLINE", "PYTHONPATH", SHARED_ROOT_ENV, POOLS_ENV)
+_WORKER_ENV = ("HF_HUB_OFFLINE", "PYTHONPATH", SHARED_ROOT_ENV, POOLS_ENV, RAY_NOTICE_DIR_ENV)
 _WORKER_ENV_PREFIXES = ("RAGPOOL_FAULT_",)
 
 

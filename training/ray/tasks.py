@@ -184,7 +184,9 @@ def train_worker(config: dict[str, Any]) -> None:
     import ray.train
 
     from training.components import distributed as D
+    from training.components.loop import RUNTIME_HOOKS
     from training.elastic.sizes import NodeRange
+    from training.ray import notice
 
     cfg = load_run_config(config["cfg"])
     stage = config["stage"]
@@ -195,8 +197,13 @@ def train_worker(config: dict[str, Any]) -> None:
         # split, training/elastic/sizes.py, must be the same on all).
         env = dataclasses.replace(env, local_world_size=1)
     t0 = time.monotonic()
-    with _log_context(cfg, env.rank):
-        code = importlib.import_module(f"training.{stage}").run(cfg, env)
+    # A spot notice (the node drained as preempted by its pod's preStop): checkpoint, then wait for the node to go.
+    hooks = RUNTIME_HOOKS.set(tuple(notice.step_hooks()))
+    try:
+        with _log_context(cfg, env.rank):
+            code = importlib.import_module(f"training.{stage}").run(cfg, env)
+    finally:
+        RUNTIME_HOOKS.reset(hooks)
     ray.train.report({"stage": stage, "exit_code": code, "seconds": time.monotonic() - t0,
                       "world_size": env.world_size})
     if code != OK:
