@@ -44,12 +44,12 @@ from infra.component import RagpoolComponent
 from infra.charts import KUBERAY_CRD_DIR, KUBERAY_CRD_FILES, KUBERAY_OPERATOR
 from infra.common import GPU_TOLERATION, POOL_LABEL, SHARED_MOUNT_PATH, SYSTEM_NODE_SELECTOR, TRAINING_UID, child, k8s_labels, load_values
 from infra.config import StackConfig
-from infra.config_gpu import GpuPoolConfig
+from infra.config_gpu import STOP_MARGIN_S, GpuPoolConfig, pod_grace_seconds
 from infra.efa_devices import efa_env, pool_efa_devices
 from infra.gpu_memory import pod_memory_gib
 from infra.pod_security import container_security_context, pod_security_context
 from contract.ray_auth import TOKEN_MODE, TOKEN_SECRET_KEY
-from contract.names import EFA_RESOURCE, GPU_RESOURCE, RAY_VERSION
+from contract.names import EFA_RESOURCE, GPU_RESOURCE, RAY_NOTICE_MODULE, RAY_VERSION
 from contract.paths import SHARED_ROOT_ENV
 from contract.ray_pools import format_pools
 from infra.training_namespace import (
@@ -164,6 +164,14 @@ def _volumes(shared_claim: str, shm_gib: int, ray_tmp_gib: int) -> tuple[list[di
         {"name": RAY_TMP_VOLUME, "mountPath": RAY_TMP_PATH},
     ]
     return volumes, mounts
+
+
+def notice_hook(pool: GpuPoolConfig) -> dict[str, Any]:
+    """A Ray GPU worker's preStop hook (training/ray/notice.py): drain its Ray node as preempted, the deadline the
+    pod's grace less the margin, and wait that long at most for the ranks' checkpoint and restart elsewhere."""
+    deadline = pod_grace_seconds(pool) - STOP_MARGIN_S
+    return {"preStop": {"exec": {"command": ["python", "-m", RAY_NOTICE_MODULE, "--deadline-s", str(deadline),
+                                             "--wait-s", str(deadline)]}}}
 
 
 def worker_resources(pool: GpuPoolConfig) -> dict[str, Any]:
@@ -284,10 +292,13 @@ def ray_cluster_spec(cfg: StackConfig, namespace: str, image: str, shared_claim:
                     "tolerations": [dict(GPU_TOLERATION)],
                     "priorityClassName": "ragpool-training",
                     "automountServiceAccountToken": False,
+                    # A spot notice: the preStop hook has the pod's grace to checkpoint the ranks before SIGTERM.
+                    "terminationGracePeriodSeconds": pod_grace_seconds(pool),
                     "securityContext": pod_security_context(TRAINING_UID, fs_group=TRAINING_UID),
                     "containers": [{
                         "name": WORKER_CONTAINER,
                         "image": image,
+                        "lifecycle": notice_hook(pool),
                         # EFA pools: libfabric on EFA and the pod's share of the node's EFA devices, as the
                         # pool's torchrun workers (infra/efa.py); nothing for the other pools.
                         "env": [*_env(namespace), *efa_env(pool)],

@@ -20,7 +20,7 @@ from policy.k8s_scheduling import schedulable
 from tests.conftest import TEAMS_ON_PROD
 from tests.infra.harness import inputs_of, is_core, kubernetes_objects, validate_core, validate_custom
 from tests.support.kuberay import RAYCLUSTER, pod_labels
-from contract.names import RAY_VERSION
+from contract.names import RAY_NOTICE_MODULE, RAY_VERSION
 
 TEAMS = list(TEAMS_ON_PROD)
 """The teams of ``team_plan`` (tests/conftest.py), for the tests that run the program with them themselves."""
@@ -95,6 +95,30 @@ def test_one_worker_group_per_gpu_pool_sized_from_the_pool(committed_plans, team
     search = {g["groupName"]: g["maxReplicas"]
               for g in clusters(team_plan)["ragpool-team-search"]["spec"]["workerGroupSpecs"]}
     assert search == {"gpu-ondemand": 0, "gpu-spot": 1, "gpu-ondemand-p5": 0}  # gpuQuota 4: no 8-GPU worker, one 4-GPU worker
+
+
+def test_each_gpu_worker_drains_its_ray_node_as_preempted_within_its_grace(committed_plans, team_plan):
+    """A spot notice reaches a Ray stage's ranks (training/ray/notice.py): each GPU worker's preStop hook runs the
+    notice module with arguments it parses, a deadline inside the pod's grace period; on a spot pool that grace is the
+    NodePool's terminationGracePeriod, so Karpenter deletes the pod (and runs the hook) as soon as the notice drains
+    the node (infra/config_gpu.py ``SPOT_GRACE_S``); on-demand pools keep the torchrun workers' 300 s or more."""
+    from training.ray import notice
+
+    for doc in (committed_plans["dev"], committed_plans["prod"], team_plan):
+        node_grace = {name: template_spec["terminationGracePeriod"]
+                      for name, template_spec in ((p["spec"]["template"]["metadata"]["labels"][POOL_LABEL],
+                                                   p["spec"]["template"]["spec"])
+                                                  for p in inputs_of(doc, "kubernetes:karpenter.sh/v1:NodePool"))}
+        for cluster in clusters(doc).values():
+            for group in cluster["spec"]["workerGroupSpecs"]:
+                pod = group["template"]["spec"]
+                command = pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
+                assert command[:3] == ["python", "-m", RAY_NOTICE_MODULE], command
+                args = notice.parser().parse_args(command[3:])
+                grace = pod["terminationGracePeriodSeconds"]
+                assert 0 < args.deadline_s < grace and args.wait_s <= args.deadline_s, (command, grace)
+                spot = node_grace[group["groupName"]].endswith("s")
+                assert grace == int(node_grace[group["groupName"]][:-1]) if spot else grace >= 300, (grace, node_grace)
 
 
 def test_pool_resource_is_never_read_as_gpus_by_kuberay():
