@@ -56,3 +56,20 @@ def test_the_launcher_adds_its_rendezvous_and_refuses_another(capsys) -> None:
     assert launch.main(["--nnodes", "1:2:3", "-m", "training.pipeline"]) == BAD_INPUT
     err = capsys.readouterr().err
     assert "'c10d'" in err and "MIN <= MAX" in err and "MIN:MAX" in err
+
+
+def test_the_agents_exit_barrier_is_short_and_torchrun_builds_that_agent(monkeypatch) -> None:
+    """An agent killed after its ranks finished must not hold the others for torch's 300 s: the launcher's agent
+    waits EXIT_BARRIER_S, and torch's launch_agent builds its agent from the module name the launcher replaces."""
+    from torch.distributed.elastic.agent.server.api import WorkerSpec
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.launcher import api
+
+    from training.elastic import launch
+
+    monkeypatch.setattr(api, "LocalElasticAgent", api.LocalElasticAgent)  # restored after the test
+    agent_cls = launch.short_exit_barrier()
+    assert api.LocalElasticAgent is agent_cls
+    assert "LocalElasticAgent" in api.launch_agent.__code__.co_names  # read as a module global at call time
+    spec = WorkerSpec(role="trainer", local_world_size=1, rdzv_handler=object(), entrypoint="x")
+    assert agent_cls(spec, DefaultLogsSpecs())._exit_barrier_timeout == launch.EXIT_BARRIER_S < 300
