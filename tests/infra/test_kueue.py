@@ -172,6 +172,17 @@ def test_three_teams_on_prod_validate_and_pass_every_mandatory_policy(three_team
                                              min(team["lendingLimit"], r["nominalQuota"])) for r in mine.values())
         assert queues[f"ragpool-team-{team['name']}"]["fairSharing"] == {"weight": team.get("fairShareWeight", 1)}
     assert all("borrowingLimit" not in r and "lendingLimit" not in r for r in flavors["ragpool-training"].values())
+    # Ray stays outside Kueue (docs/DESIGN.md "Ray under Kueue"): each Ray worker group of a namespace reaches at most
+    # the namespace's nominal GPUs (its flavors' total), and its ResourceQuota (what it can reach, every pool) bounds
+    # its Ray pods and its Jobs' pods together.
+    for cluster in inputs_of(three_team_plan, "kubernetes:ray.io/v1:RayCluster"):
+        ns = cluster["metadata"]["namespace"]
+        [quota] = [q for q in inputs_of(three_team_plan, "kubernetes:core/v1:ResourceQuota", ns)
+                   if f"requests.{GPU_RESOURCE}" in q["spec"]["hard"]]
+        for group in cluster["spec"]["workerGroupSpecs"]:
+            gpus = group["maxReplicas"] * int(group["resources"]["GPU"])
+            nominal = sum(r["nominalQuota"] for r in flavors[ns].values())
+            assert gpus <= nominal <= int(quota["spec"]["hard"][f"requests.{GPU_RESOURCE}"]), (ns, group["groupName"])
 
 
 def test_every_scaled_job_names_its_local_queue_and_a_team_asks_for_what_it_can_borrow(three_team_plan):
