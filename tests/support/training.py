@@ -19,8 +19,9 @@ from training.scheduler.worker.child import stage_entry, torchrun_argv
 from tests.support.faults import FAULT_ENVS, HANG_FAULT_ENV, RESUME_FAULT_ENV
 from tests.support.faults import MODULE as FAULTS_MODULE
 
-__all__ = ["HANG_FAULT_ENV", "RESUME_FAULT_ENV", "REPO", "assert_sigkill_resume_is_bit_exact", "build_tiny_encoder",
-           "stage_env", "indexed_copy", "indexed_root", "load_params", "run_stage_process", "stage_cmd", "step_losses", "write_run"]
+__all__ = ["GENERATOR_STEPS", "GRAD_ACCUM", "HANG_FAULT_ENV", "RESUME_FAULT_ENV", "REPO", "TINY_LLAMA",
+           "assert_sigkill_resume_is_bit_exact", "build_tiny_encoder", "stage_env", "indexed_copy", "indexed_root",
+           "load_params", "run_stage_process", "stage_cmd", "step_losses", "tiny_generator_spec", "write_run"]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -90,6 +91,28 @@ def indexed_root(root: Path, encoder: Path) -> Path:
     out = run_stage_process("index", spec, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     return root
+
+
+TINY_LLAMA = {"arch": "llama", "hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64}
+"""The tiny Llama of :func:`tiny_generator_spec` (no dropout: runs at different world sizes take the same steps)."""
+GENERATOR_STEPS, GRAD_ACCUM = 6, 2
+"""Steps and micro-steps per step of :func:`tiny_generator_spec` unless the caller says otherwise."""
+
+
+def tiny_generator_spec(root: Path, run_id: str, strategy: str, max_steps: int = GENERATOR_STEPS,
+                        grad_accum: int = GRAD_ACCUM, **par: object) -> Path:
+    """The run ``run_id`` under ``root`` (an ``indexed_copy``) of the tiny Llama generator with
+    ``parallelism.strategy: strategy`` (and ``par``), a checkpoint every 2 steps: the configuration of the
+    shared DDP reference (``generator_ddp_ref`` in tests/training/conftest.py) and of tests/training/test_fsdp.py.
+    Gives the run the base run's index."""
+    import shutil
+
+    shutil.copytree(root / "runs" / "base" / "index", root / "runs" / run_id / "index", dirs_exist_ok=True)
+    return write_run(root, run_id, generator={
+        "tiny": TINY_LLAMA, "max_length": 96, "global_batch_size": 8, "grad_accum": grad_accum, "max_steps": max_steps,
+        "optim": {"lr": 3e-3, "warmup_steps": 2, "grad_clip": 0.5},
+        "parallelism": {"strategy": strategy, **par}},
+        checkpoint={"every_steps": 2, "async_save": True, "keep_latest_k": 2})
 
 
 def step_losses(stage_dir: Path) -> dict[int, float]:

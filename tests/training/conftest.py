@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny local encoder, small synthetic shared roots, an indexed root and the finished tiny run."""
+"""Shared fixtures: a tiny local encoder, small synthetic shared roots, an indexed root, the 2-rank DDP run of the
+tiny generator and the finished tiny run."""
 
 from __future__ import annotations
 
@@ -43,6 +44,23 @@ def indexed_base(tmp_path_factory: pytest.TempPathFactory, worker_id: str, tiny_
 
     return once_per_run(tmp_path_factory, worker_id, "indexed_base",
                         lambda out: indexed_root(out, tiny_encoder_no_dropout))
+
+
+@pytest.fixture(scope="session")
+def generator_ddp_ref(tmp_path_factory: pytest.TempPathFactory, worker_id: str, indexed_base: Path) -> Path:
+    """The run directory of the tiny Llama generator under DDP on 2 ranks (``tiny_generator_spec``, run ``ddp``,
+    in a copy of ``indexed_base``), once per run: the reference that tests/training/test_generator.py's one
+    process and tests/training/test_fsdp.py's sharded runs must match (each 2-rank start costs seconds of
+    imports). Read-only: copy what a test changes."""
+    from tests.support.once import once_per_run
+    from tests.support.training import indexed_copy, run_stage_process, tiny_generator_spec
+
+    def build(out: Path) -> None:
+        root = indexed_copy(indexed_base, out / "shared")
+        done = run_stage_process("generator", tiny_generator_spec(root, "ddp", "ddp"), nproc=2, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    return once_per_run(tmp_path_factory, worker_id, "generator_ddp_ref", build) / "shared" / "runs" / "ddp"
 
 
 @pytest.fixture()

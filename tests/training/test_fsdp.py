@@ -7,8 +7,10 @@
   tests/training/components/test_dcp.py for the tensor-by-tensor equality of model and optimizer).
 
 Every process start costs seconds of imports, so the uninterrupted runs are shared: one DDP reference
-(``ddp_ref``) and one FSDP run (``fsdp_run``, also the straight run the SIGKILL test must match bit for
-bit), both 6 steps of 2 micro-steps, the configuration every generator run here uses unless it says otherwise.
+(``ddp_ref``: the session's ``generator_ddp_ref``, which tests/training/test_generator.py's one-process run
+matches too) and one FSDP run (``fsdp_run``, also the straight run the SIGKILL test must match bit for bit),
+both 6 steps of 2 micro-steps (``tiny_generator_spec``), the configuration every generator run here uses unless
+it says otherwise.
 """
 
 from __future__ import annotations
@@ -21,13 +23,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.support.training import (RESUME_FAULT_ENV, assert_sigkill_resume_is_bit_exact, load_params, run_stage_process,
-                                    step_losses, write_run)
+from tests.support.training import (GENERATOR_STEPS, GRAD_ACCUM, RESUME_FAULT_ENV, assert_sigkill_resume_is_bit_exact,
+                                    load_params, run_stage_process, step_losses)
 from tests.support.training import indexed_copy
+from tests.support.training import tiny_generator_spec as _spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch_multiproc]
-
-TINY = {"arch": "llama", "hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64}
 
 
 @pytest.fixture(scope="module")
@@ -36,18 +37,8 @@ def indexed_root(tmp_path_factory: pytest.TempPathFactory, indexed_base: Path) -
     return indexed_copy(indexed_base, tmp_path_factory.mktemp("fsdp_shared"))
 
 
-#: Steps and micro-steps of every run here (the shared references included), unless a test says otherwise.
-STEPS, GRAD_ACCUM = 6, 2
-
-
-def _spec(root: Path, run_id: str, strategy: str, max_steps: int = STEPS, grad_accum: int = GRAD_ACCUM,
-          **par: object) -> Path:
-    shutil.copytree(root / "runs" / "base" / "index", root / "runs" / run_id / "index", dirs_exist_ok=True)
-    return write_run(root, run_id, generator={
-        "tiny": TINY, "max_length": 96, "global_batch_size": 8, "grad_accum": grad_accum, "max_steps": max_steps,
-        "optim": {"lr": 3e-3, "warmup_steps": 2, "grad_clip": 0.5},
-        "parallelism": {"strategy": strategy, **par}},
-        checkpoint={"every_steps": 2, "async_save": True, "keep_latest_k": 2})
+#: Steps of every run here (the shared references included), unless a test says otherwise.
+STEPS = GENERATOR_STEPS
 
 
 def _run(root: Path, run_id: str, nproc: int, strategy: str, max_steps: int = STEPS, grad_accum: int = GRAD_ACCUM,
@@ -57,10 +48,9 @@ def _run(root: Path, run_id: str, nproc: int, strategy: str, max_steps: int = ST
 
 
 @pytest.fixture(scope="module")
-def ddp_ref(indexed_root: Path) -> str:
-    """The DDP run (2 ranks, 2 micro-steps per step) the sharded runs are compared with."""
-    out = _run(indexed_root, "ddp", 2, "ddp")
-    assert out.returncode == 0, out.stderr[-3000:]
+def ddp_ref(indexed_root: Path, generator_ddp_ref: Path) -> str:
+    """The DDP run (2 ranks, 2 micro-steps per step) the sharded runs are compared with: the session's, copied in."""
+    shutil.copytree(generator_ddp_ref, indexed_root / "runs" / "ddp")
     return "ddp"
 
 
