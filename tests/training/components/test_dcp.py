@@ -15,7 +15,8 @@ Every torchrun start costs seconds of imports, so the seeded ``train-save`` on 2
 (``saved_by_2``) and so does the 2 -> 1 -> 2 resharding chain (``resharded_2_1_2``); a test that changes a
 checkpoint directory works on its own copy (``_copy``). The crashes and the corrupt shard each damage their own
 copy, then one ``load-save`` on 2 ranks resumes all of them, each into a fresh model and optimizer
-(``after_faults``); the background save reads its committed checkpoint back in the process that wrote it.
+(``after_faults``); the two background-save scenarios run one after the other in one start (``async_saves``),
+each in its own directory and reading its committed checkpoint back in the process that wrote it.
 """
 
 from __future__ import annotations
@@ -125,7 +126,86 @@ def _load_dump_save(root: Path, model, opt, env) -> None:
     _save(root, step + 1, model, opt, env)
 
 
+def _async_overlap(root: Path, env, model, opt) -> None:
+    """A background save whose shards are written only once training took another step (``async-saves``)."""
+    import threading
+
+    import torch.distributed.checkpoint.filesystem as fs
+
+    real = fs.FileSystemWriter.write_data
+    stepped = threading.Event()
+    seen: dict[str, bool] = {}
+
+    def write_after_a_step(self, plan, planner):  # the shards are written only once training moved on
+        seen["step_done_before_write"] = stepped.wait(OVERLAP_WAIT_S)
+        return real(self, plan, planner)
+
+    _train(model, opt, 2)
+    _dump_full(model, opt, env, root / "full-saved-2.pt")
+    fs.FileSystemWriter.write_data = write_after_a_step
+    ckpt = _save_async(root, 2, model, opt, env)
+    _train(model, opt, 1)  # changes every weight while step 2's save is in flight
+    stepped.set()
+    ckpt.wait()
+    assert ckpt.last_saved_step == (2 if env.is_main else None)
+    (root / f"overlap-{env.rank}.json").write_text(json.dumps(seen))
+    # What was committed, read back from disk into a fresh model and optimizer (as a resume would).
+    fs.FileSystemWriter.write_data = real
+    _load_dump_save(root, *_build(env), env)
+
+
+def _sigterm_during_async_save(root: Path, env, model, opt) -> None:
+    """The SIGTERM checkpoint of step 3 while step 2's background save is still writing (``async-saves``)."""
+    import threading
+
+    import torch.distributed.checkpoint.filesystem as fs
+
+    from training.components.loop import _StopFlag
+
+    real = fs.FileSystemWriter.write_data
+    preempt_save_started = threading.Event()
+    seen: dict[str, bool] = {}
+
+    def write_once_preempted(self, plan, planner):  # step 2's shards wait for the preempted save to begin
+        if "released" not in seen:
+            seen["released"] = preempt_save_started.wait(OVERLAP_WAIT_S)
+        return real(self, plan, planner)
+
+    _train(model, opt, 2)
+    fs.FileSystemWriter.write_data = write_once_preempted
+    ckpt = _save_async(root, 2, model, opt, env)  # the periodic background save of step 2
+    _train(model, opt, 1)  # step 3
+    stop = _StopFlag()
+    stop.install()
+    os.kill(os.getpid(), signal.SIGTERM)  # torchrun forwards the pod's SIGTERM to every rank
+    import time
+
+    deadline = time.monotonic() + 10
+    while not stop.requested and time.monotonic() < deadline:  # the handler runs on the main thread
+        time.sleep(0.01)
+    assert stop.requested
+    stop.restore()
+    _dump_full(model, opt, env, root / "full-sigterm-3.pt")
+    in_flight_wait = ckpt.wait
+
+    def wait_in_flight() -> None:  # what the preempted save finds: step 2 not yet committed
+        seen["step_2_in_flight"] = not (root / "step_000002").exists()
+        preempt_save_started.set()
+        in_flight_wait()
+
+    ckpt.wait = wait_in_flight
+    # Trainer._stop_and_checkpoint -> Trainer.save(blocking=True) on a sharded run:
+    ckpt.save_dcp(3, model, opt, {"trainer": {"step": 3}}, env, blocking=True)
+    seen["step_2_committed_before_return"] = (root / "step_000002" / "manifest.json").exists()
+    assert ckpt.last_saved_step == (3 if env.is_main else None)
+    (root / f"sigterm-{env.rank}.json").write_text(json.dumps(seen))
+    fs.FileSystemWriter.write_data = real
+    _load_dump_save(root, *_build(env), env)  # resumed: the newest verified checkpoint, into a fresh model
+
+
 def worker(mode: str, root: Path, *more_roots: Path) -> None:
+    import torch
+
     env, model, opt = _setup()
     if mode == "train-save":
         _train(model, opt, 2)
@@ -155,77 +235,10 @@ def worker(mode: str, root: Path, *more_roots: Path) -> None:
             ckpt = _save_async(root, 4, model, opt, env)
             _train(model, opt, 1)
             ckpt.wait()
-    elif mode == "async-overlap":
-        import threading
-
-        import torch.distributed.checkpoint.filesystem as fs
-
-        real = fs.FileSystemWriter.write_data
-        stepped = threading.Event()
-        seen: dict[str, bool] = {}
-
-        def write_after_a_step(self, plan, planner):  # the shards are written only once training moved on
-            seen["step_done_before_write"] = stepped.wait(OVERLAP_WAIT_S)
-            return real(self, plan, planner)
-
-        _train(model, opt, 2)
-        _dump_full(model, opt, env, root / "full-saved-2.pt")
-        fs.FileSystemWriter.write_data = write_after_a_step
-        ckpt = _save_async(root, 2, model, opt, env)
-        _train(model, opt, 1)  # changes every weight while step 2's save is in flight
-        stepped.set()
-        ckpt.wait()
-        assert ckpt.last_saved_step == (2 if env.is_main else None)
-        (root / f"overlap-{env.rank}.json").write_text(json.dumps(seen))
-        # What was committed, read back from disk into a fresh model and optimizer (as a resume would).
-        fs.FileSystemWriter.write_data = real
-        _load_dump_save(root, *_build(env), env)
-    elif mode == "sigterm-during-async-save":
-        import threading
-
-        import torch.distributed.checkpoint.filesystem as fs
-
-        from training.components.loop import _StopFlag
-
-        real = fs.FileSystemWriter.write_data
-        preempt_save_started = threading.Event()
-        seen: dict[str, bool] = {}
-
-        def write_once_preempted(self, plan, planner):  # step 2's shards wait for the preempted save to begin
-            if "released" not in seen:
-                seen["released"] = preempt_save_started.wait(OVERLAP_WAIT_S)
-            return real(self, plan, planner)
-
-        _train(model, opt, 2)
-        fs.FileSystemWriter.write_data = write_once_preempted
-        ckpt = _save_async(root, 2, model, opt, env)  # the periodic background save of step 2
-        _train(model, opt, 1)  # step 3
-        stop = _StopFlag()
-        stop.install()
-        os.kill(os.getpid(), signal.SIGTERM)  # torchrun forwards the pod's SIGTERM to every rank
-        import time
-
-        deadline = time.monotonic() + 10
-        while not stop.requested and time.monotonic() < deadline:  # the handler runs on the main thread
-            time.sleep(0.01)
-        assert stop.requested
-        stop.restore()
-        _dump_full(model, opt, env, root / "full-sigterm-3.pt")
-        in_flight_wait = ckpt.wait
-
-        def wait_in_flight() -> None:  # what the preempted save finds: step 2 not yet committed
-            seen["step_2_in_flight"] = not (root / "step_000002").exists()
-            preempt_save_started.set()
-            in_flight_wait()
-
-        ckpt.wait = wait_in_flight
-        # Trainer._stop_and_checkpoint -> Trainer.save(blocking=True) on a sharded run:
-        ckpt.save_dcp(3, model, opt, {"trainer": {"step": 3}}, env, blocking=True)
-        seen["step_2_committed_before_return"] = (root / "step_000002" / "manifest.json").exists()
-        assert ckpt.last_saved_step == (3 if env.is_main else None)
-        (root / f"sigterm-{env.rank}.json").write_text(json.dumps(seen))
-        fs.FileSystemWriter.write_data = real
-        _load_dump_save(root, *_build(env), env)  # resumed: the newest verified checkpoint, into a fresh model
+    elif mode == "async-saves":  # two scenarios of one process group, each with a fresh model and optimizer
+        _async_overlap(root, env, model, opt)
+        torch.manual_seed(100 + env.rank)  # as _setup left it for the first
+        _sigterm_during_async_save(more_roots[0], env, *_build(env))
     else:
         raise SystemExit(f"unknown mode {mode}")
     from training.components import distributed as D
@@ -390,14 +403,23 @@ def test_sigkill_during_dcp_save_leaves_the_previous_checkpoint(after_faults, cr
     assert not any(p.name.startswith(".tmp-") for p in root.iterdir()), "resume cleans the crashed temp dir"
 
 
+@pytest.fixture(scope="module")
+def async_saves(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path, Path]:
+    """``async-saves`` on 2 ranks: the background-save overlap in its root, then the SIGTERM during a background
+    save in the other (each with a fresh model and optimizer, one torchrun start for both). ``(process, overlap
+    root, SIGTERM root)``."""
+    overlap, sigterm = tmp_path_factory.mktemp("dcp_async_overlap"), tmp_path_factory.mktemp("dcp_async_sigterm")
+    return _torchrun("async-saves", overlap, 2, sigterm), overlap, sigterm
+
+
 @pytest.mark.slow
 @pytest.mark.torch_multiproc
-def test_async_dcp_save_writes_while_training_steps_and_commits_the_state_it_started_at(tmp_path) -> None:
+def test_async_dcp_save_writes_while_training_steps_and_commits_the_state_it_started_at(async_saves) -> None:
     """The writer thread's ``write_data`` waits (up to OVERLAP_WAIT_S) for the training thread to finish a
     step after the save started: a blocking save would time out there. The committed step-2 checkpoint,
     read back on the 2 ranks into a fresh model and optimizer, equals the state dumped at step 2, not the state
     after the step taken meanwhile."""
-    out = _torchrun("async-overlap", tmp_path, 2)
+    out, tmp_path, _ = async_saves
     assert out.returncode == 0, out.stderr[-3000:]
     for rank in (0, 1):
         seen = json.loads((tmp_path / f"overlap-{rank}.json").read_text())
@@ -410,7 +432,7 @@ def test_async_dcp_save_writes_while_training_steps_and_commits_the_state_it_sta
 
 @pytest.mark.slow
 @pytest.mark.torch_multiproc
-def test_sigterm_during_an_async_dcp_save_waits_for_it_then_checkpoints_the_sigterm_step(tmp_path) -> None:
+def test_sigterm_during_an_async_dcp_save_waits_for_it_then_checkpoints_the_sigterm_step(async_saves) -> None:
     """The spot notice arrives while the periodic background save of step 2 is still writing (its ``write_data``
     is held until the preempted save starts). The SIGTERM checkpoint of step 3 (what ``Trainer._stop_and_checkpoint``
     calls: a blocking ``save_dcp``) first waits for step 2's commit (one save in flight at most, never two writers
@@ -418,7 +440,7 @@ def test_sigterm_during_an_async_dcp_save_waits_for_it_then_checkpoints_the_sigt
     loads step 3 exactly as it was at SIGTERM."""
     from training.components.checkpoint_dirs import verify_checkpoint_dir
 
-    out = _torchrun("sigterm-during-async-save", tmp_path, 2)
+    out, _, tmp_path = async_saves
     assert out.returncode == 0, out.stderr[-3000:]
     for rank in (0, 1):
         seen = json.loads((tmp_path / f"sigterm-{rank}.json").read_text())
