@@ -57,7 +57,12 @@ def _train(mode: str, rank: int, misuse: bool = False) -> tuple[dict[str, torch.
     return grads, getattr(ddp, "sparse_embedding_grads", None)
 
 
-def _worker(rank: int, store: str, out: str, scenario: str) -> None:
+SCENARIOS = ("exact", "misuse")
+"""What the two ranks run, in this order, in one process group (each process start costs seconds of imports):
+the misuse last, as it stops both ranks' training with an error."""
+
+
+def _worker(rank: int, store: str, out: str) -> None:
     import torch.distributed as dist
 
     from training.components.stage import exit_process
@@ -66,18 +71,19 @@ def _worker(rank: int, store: str, out: str, scenario: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     code = 1
     try:
-        if scenario == "exact":
-            dense, none = _train("never", rank)
-            sparse, state = _train("always", rank)
-            torch.save({"dense": dense, "sparse": sparse, "no_state_when_off": none is None,
-                        "rows_sent": state.rows_sent, "rows_total": state.rows_total,
-                        "tables": len(state.masks)}, f"{out}/rank{rank}.pt")
-        else:
-            try:
-                _train("always", rank, misuse=rank == 1)  # one rank is enough to stop both
-                torch.save({"error": None}, f"{out}/rank{rank}.pt")
-            except RuntimeError as e:
-                torch.save({"error": str(e)}, f"{out}/rank{rank}.pt")
+        for scenario in SCENARIOS:
+            if scenario == "exact":
+                dense, none = _train("never", rank)
+                sparse, state = _train("always", rank)
+                torch.save({"dense": dense, "sparse": sparse, "no_state_when_off": none is None,
+                            "rows_sent": state.rows_sent, "rows_total": state.rows_total,
+                            "tables": len(state.masks)}, f"{out}/{scenario}-rank{rank}.pt")
+            else:
+                try:
+                    _train("always", rank, misuse=rank == 1)  # one rank is enough to stop both
+                    torch.save({"error": None}, f"{out}/{scenario}-rank{rank}.pt")
+                except RuntimeError as e:
+                    torch.save({"error": str(e)}, f"{out}/{scenario}-rank{rank}.pt")
         code = 0
     except Exception:
         Path(f"{out}/rank{rank}.err").write_text(traceback.format_exc())
@@ -88,21 +94,23 @@ def _worker(rank: int, store: str, out: str, scenario: str) -> None:
     exit_process(code)
 
 
-def _run_two_ranks(tmp_path: Path, scenario: str) -> list[dict]:
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
+    """``SCENARIOS`` run by 2 spawned gloo ranks: scenario -> each rank's results."""
+    out = tmp_path_factory.mktemp("two_ranks")
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_worker, args=(r, str(tmp_path / "store"), str(tmp_path), scenario))
-             for r in range(2)]
+    procs = [ctx.Process(target=_worker, args=(r, str(out / "store"), str(out))) for r in range(2)]
     for p in procs:
         p.start()
     for p in procs:
         p.join(120)
-    errors = [f.read_text() for f in tmp_path.glob("rank*.err")]
+    errors = [f.read_text() for f in out.glob("rank*.err")]
     assert all(p.exitcode == 0 for p in procs), errors
-    return [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    return {scenario: [torch.load(out / f"{scenario}-rank{r}.pt") for r in range(2)] for scenario in SCENARIOS}
 
 
-def test_sparse_embedding_allreduce_equals_dense_allreduce(tmp_path: Path) -> None:
-    results = _run_two_ranks(tmp_path, "exact")
+def test_sparse_embedding_allreduce_equals_dense_allreduce(two_ranks) -> None:
+    results = two_ranks["exact"]
     for r in results:
         assert r["no_state_when_off"] and r["tables"] == 1  # only the untied, large table
         for name, dense in r["dense"].items():
@@ -114,8 +122,8 @@ def test_sparse_embedding_allreduce_equals_dense_allreduce(tmp_path: Path) -> No
     assert int((results[0]["sparse"]["table.weight"] != 0).any(1).sum()) > len(_ids(0, 3))
 
 
-def test_table_used_outside_its_forward_is_refused_on_every_rank(tmp_path: Path) -> None:
-    for r in _run_two_ranks(tmp_path, "misuse"):
+def test_table_used_outside_its_forward_is_refused_on_every_rank(two_ranks) -> None:
+    for r in two_ranks["misuse"]:
         assert r["error"] is not None and "no forward looked up" in r["error"]
         assert "sparse_embedding_grads: never" in r["error"]
 
