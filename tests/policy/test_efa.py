@@ -69,11 +69,9 @@ def test_a_pool_without_an_efa_share_must_not_request_one(plan_of):
     assert v.resource_name == spot["name"] and "drop the vpc.amazonaws.com/efa request" in v.message
 
 
-def test_prod_with_three_teams_passes():
+def test_prod_with_three_teams_passes(three_teams):
     """Every team namespace's worker templates and Ray workers of the EFA pool request the share too."""
-    from tests.policy.test_jobs_quota import three_teams
-
-    doc = three_teams()
+    doc = three_teams
     teams = {r["inputs"]["metadata"]["namespace"] for r in doc["resources"] if r["type"] == SCALED_JOB
              and EFA_RESOURCE in worker(r)["resources"]["limits"]}
     assert {"ragpool-training", "ragpool-team-search", "ragpool-team-answers"} <= teams

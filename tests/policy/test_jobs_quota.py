@@ -7,12 +7,10 @@ pool; the quota derived from the ScaledJobs (infra/keda.py jobs_quota) passes in
 from __future__ import annotations
 
 import copy
-from functools import lru_cache
 
 import pytest
 
 from infra.keda import FAILED_JOBS_HISTORY, OTHER_JOBS_HEADROOM, SUCCESSFUL_JOBS_HISTORY
-from infra.plan import plan
 from policy.checks import RULES_BY_NAME
 from policy.offline import evaluate
 from tests.infra.harness import inputs_of
@@ -22,19 +20,6 @@ pytestmark = pytest.mark.infra
 RULE = "jobs-quota-covers-scaledjobs"
 QUOTA = "kubernetes:core/v1:ResourceQuota"
 SCALED_JOB = "kubernetes:keda.sh/v1alpha1:ScaledJob"
-THREE_TEAMS = [{"name": "search", "gpuQuota": 8}, {"name": "answers", "gpuQuota": 16}, {"name": "evals", "gpuQuota": 4}]
-
-
-@lru_cache(maxsize=1)
-def three_teams() -> dict:
-    """Prod with three teams, its spot pool run one GPU per worker: 16 lanes of it (a gang of up to 16 pods),
-    so the main namespace has 23 ScaledJobs (with the p4d pool's 4, the p5 pool's 2 and the Ray worker)."""
-    from infra.stack import load_stack
-
-    pools = copy.deepcopy(load_stack("prod").raw["gpuPools"])
-    [spot] = [p for p in pools if p["name"] == "gpu-spot"]
-    spot["gpusPerWorker"] = 1
-    return plan("prod", overrides={"ragpool:trainingTeams": THREE_TEAMS, "ragpool:gpuPools": pools})
 
 
 def run(doc: dict) -> list[str]:
@@ -56,8 +41,8 @@ def test_rule_is_mandatory():
     assert RULES_BY_NAME[RULE].enforcement == "mandatory" and RULES_BY_NAME[RULE].scope == "stack"
 
 
-def test_every_namespace_of_three_teams_gets_room_for_its_scaledjobs():
-    doc = three_teams()
+def test_every_namespace_of_three_teams_gets_room_for_its_scaledjobs(three_teams):
+    doc = three_teams
     quotas = jobs_quotas(doc)
     namespaces = {s["metadata"]["namespace"] for s in inputs_of(doc, SCALED_JOB)}
     assert len(namespaces) == 4 and namespaces == set(quotas)
@@ -69,8 +54,8 @@ def test_every_namespace_of_three_teams_gets_room_for_its_scaledjobs():
     assert SUCCESSFUL_JOBS_HISTORY + FAILED_JOBS_HISTORY == 15
 
 
-def test_the_old_fixed_quota_is_refused_naming_the_namespace():
-    doc = copy.deepcopy(three_teams())
+def test_the_old_fixed_quota_is_refused_naming_the_namespace(three_teams):
+    doc = copy.deepcopy(three_teams)
     for r in doc["resources"]:
         if r["type"] == QUOTA and "count/jobs.batch" in r["inputs"]["spec"]["hard"]:
             r["inputs"]["spec"]["hard"]["count/jobs.batch"] = "200"
@@ -79,8 +64,8 @@ def test_the_old_fixed_quota_is_refused_naming_the_namespace():
                for m in messages), messages
 
 
-def test_an_unset_history_limit_counts_as_kedas_default():
-    doc = copy.deepcopy(three_teams())
+def test_an_unset_history_limit_counts_as_kedas_default(three_teams):
+    doc = copy.deepcopy(three_teams)
     [scaled] = [r for r in doc["resources"] if r["type"] == SCALED_JOB
                 and r["inputs"]["metadata"]["namespace"] == "ragpool-team-evals"][:1]
     del scaled["inputs"]["spec"]["failedJobsHistoryLimit"]  # KEDA keeps 100 failed Jobs then
