@@ -135,9 +135,20 @@ class NoticeHook:
                             ",".join(n[:12] for n in nodes))
 
 
+def watcher_enabled(environ: dict[str, str] | None = None) -> bool:
+    """Whether Ray Train's preemption watcher runs, as Ray reads its switch (ray/_common/utils.py ``env_bool``:
+    on unless set to something other than ``1``/``true``). The local head turns it off
+    (training/localdev/ray_head.py): no notice can come, so no rank need ask each step."""
+    from training.localdev.ray_head import PREEMPTION_WATCHER_ENV
+
+    value = (os.environ if environ is None else environ).get(PREEMPTION_WATCHER_ENV)
+    return value is None or value.lower() in ("1", "true")
+
+
 def step_hooks() -> list["StepHook"]:
-    """The notice hook, for a stage Ray Train runs (training/ray/tasks.py ``train_worker``)."""
-    return [NoticeHook()]
+    """The notice hook, for a stage Ray Train runs (training/ray/tasks.py ``train_worker``), unless Ray Train's
+    preemption watcher is off."""
+    return [NoticeHook()] if watcher_enabled() else []
 
 
 def _write_atomic(path: Path, text: str) -> None:

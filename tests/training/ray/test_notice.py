@@ -142,3 +142,12 @@ def test_the_notice_checkpoints_the_current_step_once(step, expected) -> None:
                               mark_preempted=lambda: calls.append("mark"))
     notice.NoticeHook._checkpoint(trainer)
     assert calls == expected
+
+
+@pytest.mark.parametrize(("value", "enabled"), [(None, True), ("1", True), ("True", True), ("0", False),
+                                                ("false", False), ("", False)])
+def test_the_ranks_ask_for_notices_only_while_rays_watcher_runs(value, enabled) -> None:
+    from training.localdev.ray_head import PREEMPTION_WATCHER_ENV
+
+    environ = {} if value is None else {PREEMPTION_WATCHER_ENV: value}
+    assert notice.watcher_enabled(environ) is enabled
