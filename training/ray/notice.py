@@ -59,7 +59,7 @@ DEFAULT_DIR = "/tmp/ragpool-notice"
 DRAIN_REASON = "DRAIN_NODE_REASON_PREEMPTION"
 """The drain reason Ray Train counts as a preemption (ray/core/generated/autoscaler_pb2 ``DrainNodeReason``)."""
 POLL_S = 0.5
-"""How often the preStop looks for ``saved`` and the waiting ranks for the drained node's end."""
+"""How often the preStop hook looks for ``saved`` and for the node's ranks, and the waiting ranks at the clock."""
 UNKNOWN_DEADLINE_S = 120.0
 """How long the ranks wait when the drain gave no deadline (Ray Train's own fallback,
 ray/train/v2/_internal/constants.py ``DEFAULT_PREEMPTION_DEADLINE_S``)."""
@@ -92,6 +92,8 @@ class NoticeHook:
     def __call__(self, trainer: "Trainer") -> None:
         import ray.train
 
+        from training.components.stage import write_json_atomic
+
         if not self.registered:
             self._register(trainer.env.rank)
         info = ray.train.get_preemption_info()
@@ -103,26 +105,25 @@ class NoticeHook:
                             ",".join(n[:12] for n in nodes), info.preempted_ranks, trainer.step)
         self._checkpoint(trainer)
         if self.node_id in nodes:
-            _write_atomic(node_dir(self.node_id) / SAVED, str(trainer.step))
+            write_json_atomic(node_dir(self.node_id) / SAVED, trainer.step)
         deadline = info.deadline_ms / 1000 if info.deadline_ms else time.time() + UNKNOWN_DEADLINE_S
         self._hold(trainer, nodes, deadline)
 
     def _register(self, rank: int) -> None:
-        folder = node_dir(self.node_id)
-        folder.mkdir(parents=True, exist_ok=True)
-        _write_atomic(folder / f"rank-{rank}.pid", str(os.getpid()))
+        from training.components.stage import write_json_atomic
+
+        write_json_atomic(node_dir(self.node_id) / f"rank-{rank}.pid", os.getpid())
         self.registered = True
 
     @staticmethod
     def _checkpoint(trainer: "Trainer") -> None:
         """The current step saved (a collective: every rank, the same step). A periodic save of this very step
-        (started just before the hooks) is only waited for."""
+        (started just before the hooks, perhaps in the background) is only waited for."""
         every = trainer.cfg.checkpoint.every_steps
         if every and trainer.step % every == 0 and trainer.step < trainer.task.max_steps:
             trainer.ckpt.wait()
         else:
-            trainer.save(blocking=True)
-            trainer.ckpt.wait()
+            trainer.save(blocking=True)  # waits for any background save first (training/components/checkpoint.py)
         trainer.mark_preempted()
 
     @staticmethod
@@ -149,12 +150,6 @@ def step_hooks() -> list["StepHook"]:
     """The notice hook, for a stage Ray Train runs (training/ray/tasks.py ``train_worker``), unless Ray Train's
     preemption watcher is off."""
     return [NoticeHook()] if watcher_enabled() else []
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 # --------------------------------------------------------------------------- the preStop hook's side
@@ -200,7 +195,7 @@ def this_node_id(address: str) -> str:
         ray.shutdown()
 
 
-def wait_for(what: str, until, wait_s: float) -> bool:
+def wait_for(until, wait_s: float) -> bool:
     """Poll ``until()`` every :data:`POLL_S` for at most ``wait_s``; whether it came true."""
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
@@ -212,9 +207,13 @@ def wait_for(what: str, until, wait_s: float) -> bool:
 
 def drain(address: str, node_id: str, deadline_s: int, message: str, timeout_s: float) -> str | None:
     """Drain ``node_id`` as preempted; None, or why it failed."""
-    done = subprocess.run(drain_command(address, node_id, deadline_s, message), capture_output=True, text=True,
-                          timeout=timeout_s)
+    try:
+        done = subprocess.run(drain_command(address, node_id, deadline_s, message), capture_output=True, text=True,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"ray drain-node gave no answer in {timeout_s:g}s"
     return None if done.returncode == 0 else (done.stderr or done.stdout).strip()[-500:]
+
 
 def parser() -> argparse.ArgumentParser:
     """The preStop hook's arguments (infra/ray_cluster.py ``notice_hook`` writes them)."""
@@ -252,13 +251,13 @@ def main(argv: list[str] | None = None) -> int:
         return FAILED
     if not live_ranks(folder):
         outcome = "no training rank on this node"
-    elif wait_for("saved", lambda: (folder / SAVED).exists() or not live_ranks(folder), left()) \
+    elif wait_for(lambda: (folder / SAVED).exists() or not live_ranks(folder), left()) \
             and (folder / SAVED).exists():
         step = (folder / SAVED).read_text().strip()
         # The deadline brought forward to now: the controller restarts the group without this node.
         error = drain(args.address, node_id, 0, f"{args.message}: checkpoint of step {step} saved",
                       timeout_s=max(10.0, left()))
-        gone = wait_for("the ranks gone", lambda: not live_ranks(folder), left())
+        gone = wait_for(lambda: not live_ranks(folder), left())
         outcome = (f"checkpoint of step {step} saved; " + ("the ranks restarted elsewhere" if gone else
                    f"the ranks still here after {args.wait_s:g}s") + (f" (second drain failed: {error})" if error else ""))
     else:

@@ -130,9 +130,9 @@ class FakeCheckpointer:
 
 
 @pytest.mark.parametrize(("step", "expected"), [
-    (2, ["save", "wait", "mark"]),  # not a periodic step: saved now
+    (2, ["save", "mark"]),  # not a periodic step: saved now
     (3, ["wait", "mark"]),  # the periodic save of this step began before the hooks: only its commit waited for
-    (6, ["save", "wait", "mark"]),  # the last step: train() saves it after the loop, so the notice does now
+    (6, ["save", "mark"]),  # the last step: train() saves it after the loop, so the notice does now
 ])
 def test_the_notice_checkpoints_the_current_step_once(step, expected) -> None:
     calls: list[str] = []
@@ -151,3 +151,11 @@ def test_the_ranks_ask_for_notices_only_while_rays_watcher_runs(value, enabled) 
 
     environ = {} if value is None else {PREEMPTION_WATCHER_ENV: value}
     assert notice.watcher_enabled(environ) is enabled
+
+
+def test_a_drain_that_never_answers_is_a_failure_not_a_hang(monkeypatch) -> None:
+    def run(*args, **kwargs):
+        raise subprocess.TimeoutExpired(args[0], kwargs["timeout"])
+
+    monkeypatch.setattr(notice.subprocess, "run", run)
+    assert notice.drain("10.0.0.1:6379", NODE, 95, "spot", timeout_s=10) == "ray drain-node gave no answer in 10s"
