@@ -298,17 +298,25 @@ class TaskQueue:
 
     def take_over(self, task_id: str, attempt: int, worker_id: str, *, stale_s: float) -> Claim | str:
         """An elastic run's survivor takes over the lease of ``attempt`` (``lua/takeover.lua``) when its holder's
-        heartbeat is at least ``stale_s`` old (the holder's pod died: torch elastic trains on without it). The
-        same attempt, a new token: the old holder is fenced (its heartbeat answers lost). Returns the new
-        :class:`Claim`, or why not: ``held`` (the holder is live, or another survivor won), ``lost`` (the
-        attempt is over) or ``fixed`` (a fixed-size run: refused). The holder's token is read here; the
-        script's compare-and-set on it and on the heartbeat's age lets exactly one of two survivors win."""
+        heartbeat is at least ``stale_s`` old (the holder's pod died: torch elastic trains on without it), or the
+        holder handed it off (:meth:`hand_off`). The same attempt, a new token: the old holder is fenced (its
+        heartbeat answers lost). Returns the new :class:`Claim`, or why not: ``held`` (the holder is live, or
+        another survivor won), ``lost`` (the attempt is over) or ``fixed`` (a fixed-size run: refused). The
+        holder's token is read here; the script's compare-and-set on it and on the heartbeat's age (or the
+        hand-off) lets exactly one of two survivors win."""
         if stale_s <= 0:
             raise ValueError(f"stale_s must be > 0 (a fresh lease is never taken), got {stale_s}")
         holder = self.client.hget(self.key(Key.TASK, task_id), "lease_token") or ""
         status, *rest = self._call("takeover", task_id, int(attempt), holder, uuid.uuid4().hex[:16],
                                    self.lease_seconds, worker_id, float(stale_s))
         return Claim.from_reply(rest[0]) if status == "taken" else status
+
+    def hand_off(self, claim: Claim) -> str:
+        """An elastic run's holder leaving on SIGTERM while its gang trains on (``lua/handoff.lua``): mark the
+        lease of ``claim`` as given up, so a survivor's :meth:`take_over` takes it at its next poll instead of
+        after ``stale_s``. ``handed``, or ``stale`` (not ours any more). The lease is otherwise unchanged: the
+        holder still releases the run if no survivor takes it."""
+        return self._call("handoff", claim.task_id, claim.token)
 
     def ack(self, claim: Claim, *, again: bool = False) -> bool:
         """Record success; False when the lease is no longer ours (nothing recorded).

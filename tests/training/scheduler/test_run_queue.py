@@ -587,6 +587,21 @@ def test_a_survivor_takes_over_an_elastic_runs_stale_lease_exactly_once_and_fenc
     assert q.stats().counters["takeovers_total"] == 1
 
 
+def test_a_holder_that_hands_off_its_lease_is_taken_over_at_once_and_fenced(make_queue):
+    """``lua/handoff.lua``: an elastic run's holder leaving on SIGTERM marks its lease as given up; a survivor's
+    takeover then wins at once, however fresh the heartbeat (no ``stale_s`` to wait), and fences the holder."""
+    q = make_queue(lease_seconds=30)
+    q.submit(_elastic_spec("el-off"))
+    holder = q.claim("pod-0", nodes=3)
+    assert q.take_over("el-off", holder.attempt, "pod-1", stale_s=60) == "held", "not handed off: a live holder"
+    assert q.hand_off(holder) == "handed" and q.hand_off(holder) == "handed", "idempotent"
+    claim = q.take_over("el-off", holder.attempt, "pod-1", stale_s=60)
+    assert not isinstance(claim, str) and claim.attempt == holder.attempt and claim.token != holder.token, claim
+    assert q.hand_off(holder) == "stale" and q.release(holder, "x") == "stale", "the old holder is fenced"
+    assert q.take_over("el-off", holder.attempt, "pod-2", stale_s=60) == "held", "the hand-off was the old token's"
+    assert q.get("el-off").worker == "pod-1" and q.get("el-off").attempts == 1
+
+
 def test_a_fixed_size_run_refuses_takeover_and_another_attempt_is_lost(make_queue):
     q = make_queue(lease_seconds=30)
     q.submit(make_spec("fixed", nodes=2))

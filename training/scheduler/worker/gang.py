@@ -14,7 +14,7 @@ from training.scheduler.spec import RunSpec
 from training.scheduler.worker import log
 from training.scheduler.worker.group import GangGroup
 from training.scheduler.worker.outage import STOPPED, is_redis_error
-from training.scheduler.worker.outcome import ChildExit, Outcome, StopReason
+from training.scheduler.worker.outcome import ChildExit, Decision, Outcome, StopReason
 
 
 class Gang(StrEnum):
@@ -33,6 +33,20 @@ GANG_POLL_S = 0.2
 GANG_GO_MEMBER = "go"
 """Index 0 adds ``<task>-a<attempt>/go`` to the joined set when the gang forms (a follower that
 polls after a short run already ended still knows it went)."""
+
+
+GANG_TRAINS_ON = frozenset({Outcome.LOST, Outcome.HANDED_OFF})
+"""Outcomes after which an elastic run trains on without this pod (its lease taken over or handed off): its
+gang is the new holder's to keep."""
+HANDOFF_WAIT_MIN_S = 5.0
+"""The least a leaving holder waits for a survivor to take its handed-off lease (:func:`handoff_wait_s`)."""
+
+
+def handoff_wait_s(config) -> float:
+    """How long an elastic run's holder, leaving on SIGTERM, waits for a survivor to take the lease it handed off
+    before it hands the run back: three of the survivors' polls (each asks for the lease once a poll), at least
+    :data:`HANDOFF_WAIT_MIN_S`; a few seconds of the pod's grace period, spent after its child has exited."""
+    return max(HANDOFF_WAIT_MIN_S, 3 * config.poll_seconds)
 
 
 def takeover_stale_s(config) -> float:
@@ -56,8 +70,10 @@ class GangMember:
         return GangGroup(self.queue, self.config.group, self.config.lease_seconds)
 
     def _run_follower(self) -> int:
-        """Index > 0 of an Indexed Job: join whatever run index 0 publishes."""
+        """Index > 0 of an Indexed Job: join whatever run index 0 publishes. Exits RETRIABLE when a SIGTERM cut its
+        share short (the Job then replaces this index: its run may train on, or come back, without it)."""
         seen: tuple | None = None
+        interrupted = False
         idle_since = time.monotonic()
         while not self.stopping.is_set():
             group = self._until_redis_answers(lambda _again: self.gang_group.read(),
@@ -73,7 +89,8 @@ class GangMember:
                                 self.config.node_index, key[0])
                     return exit_codes.GANG_TIMEOUT
                 self.ready.set()
-                self._run_share(group, key)
+                ended = self._run_share(group, key)
+                interrupted = interrupted or (ended.stopped == StopReason.SHUTDOWN and ended.code != exit_codes.OK)
                 self.tasks_done += 1
                 self.ready.clear()
                 idle_since = time.monotonic()
@@ -93,7 +110,7 @@ class GangMember:
             elif time.monotonic() - idle_since >= self.config.idle_exit_seconds:
                 break
             self.stopping.wait(min(self.config.poll_seconds, 0.5))
-        return 0
+        return self.retriable_code if interrupted else 0
 
     def _attempt_current(self, key: tuple) -> bool:
         """Whether the run of ``key`` (task, attempt) is still that attempt's: False once index 0's lease lapsed and
@@ -126,7 +143,6 @@ class GangMember:
         log.info("worker %s (index %d): run %s exited %s", self.config.worker_id,
                  self.config.node_index, spec.run_id, ended.code)
         if taken:
-            self._clear_group(ended, elastic=True)
             self._record(taken[-1], ended, spec)
         return ended
 
@@ -171,12 +187,32 @@ class GangMember:
         taken.append(reply)
         return reply
 
-    def _clear_group(self, ended: ChildExit | None, *, elastic: bool) -> None:
+    def _hand_off(self, claim: Claim, decision: Decision) -> str:
+        """The holder of an elastic run, shutting down (its pod got SIGTERM: a spot notice, a drain) after its child
+        exited, while the rest of the gang may train on: hand the lease off (``TaskQueue.hand_off``) and wait up to
+        :func:`handoff_wait_s` for a survivor to take it (``Outcome.HANDED_OFF``); when none does (every pod is
+        leaving, or none is left), release the run as ``decision`` says and return the release's reply."""
+        cfg, q = self.config, self.queue
+        if q.hand_off(claim) != "handed":
+            return "stale"
+        deadline = time.monotonic() + handoff_wait_s(cfg)
+        while time.monotonic() < deadline:
+            info = q.get(claim.task_id)
+            if info is None or info.state != State.RUNNING or info.attempts != claim.attempt:
+                return "stale"
+            if info.worker != cfg.worker_id:
+                log.info("worker %s: handed its lease of run %s (attempt %d) to %s, which trains on", cfg.worker_id,
+                         claim.task_id, claim.attempt, info.worker)
+                return Outcome.HANDED_OFF
+            time.sleep(GANG_POLL_S)
+        log.warning("worker %s: no survivor took the lease of run %s within %.0fs; handing the run back",
+                    cfg.worker_id, claim.task_id, handoff_wait_s(cfg))
+        return q.release(claim, decision.reason, kind=decision.release)
+
+    def _clear_group(self) -> None:
         """The holder's run ended: the followers see no run (the key expires on its own otherwise,
-        ``GangGroup.ttl_s``). A holder fenced off an elastic run (``StopReason.LOST``: a survivor may have taken
-        its lease over, and the run goes on) leaves it to the new holder."""
-        if elastic and ended is not None and ended.stopped == StopReason.LOST:
-            return
+        ``GangGroup.ttl_s``). Not called when an elastic run trains on without this pod (:data:`GANG_TRAINS_ON`):
+        its gang is the new holder's."""
         try:
             self.gang_group.clear()
         except Exception as exc:

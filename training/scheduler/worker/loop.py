@@ -20,7 +20,7 @@ from training.scheduler.queue_records import Claim, WorkerState
 from training.scheduler.spec import RunSpec
 from training.scheduler.worker import log
 from training.scheduler.worker.child import write_run_config
-from training.scheduler.worker.gang import GangMember
+from training.scheduler.worker.gang import GANG_TRAINS_ON, GangMember
 from training.scheduler.worker.outage import STOPPED, OutageRetry, is_redis_error
 from training.scheduler.worker.outcome import Action, ChildExit, Decision, Outcome, decide, outcome_of
 from training.scheduler.worker.settings import FLAGS, WorkerConfig, build_arg_parser
@@ -101,7 +101,7 @@ class Worker(ChildSupervisor, GangMember, OutageRetry):
             self.ready.set()
             self._register(WorkerState.RUNNING, claim.task_id)
             outcome = self.run_task(claim)
-            interrupted = outcome == Outcome.INTERRUPTED or interrupted
+            interrupted = outcome in (Outcome.INTERRUPTED, Outcome.HANDED_OFF) or interrupted
             if outcome == Outcome.GANG_TIMEOUT:  # the Job fails (podFailurePolicy): none of its pods waits on
                 log.warning("worker %s: the gang of %s did not form within %.0fs; exiting", self.config.worker_id,
                             claim.task_id, self.config.gang_deadline_seconds)
@@ -151,17 +151,20 @@ class Worker(ChildSupervisor, GangMember, OutageRetry):
             ended = self._supervise(cmd, env, run_id=spec.run_id, attempt=claim.attempt,
                                     timeout_s=claim.timeout_s, lease=claim)
         finally:
-            if cfg.nnodes > 1:
-                self._clear_group(ended, elastic=spec.min_nodes is not None)
+            if cfg.nnodes > 1 and ended is None:
+                self._clear_group()
         return self._record(claim, ended, spec)
 
     def _record(self, claim: Claim, ended: ChildExit, spec: RunSpec) -> Outcome:
-        """Record how the run ended: what :func:`outcome.decide` decides (see :meth:`_keep_trying`)."""
-        decision = decide(ended, executor=spec.executor, timeout_s=claim.timeout_s)
+        """Record how the run ended: what :func:`outcome.decide` decides (see :meth:`_keep_trying`); then,
+        unless the run trains on without this pod, clear its gang."""
+        decision = decide(ended, executor=spec.executor, timeout_s=claim.timeout_s, elastic=spec.min_nodes is not None)
         if decision.action == Action.NOTHING:
             log.warning("run %s: lease lost (reaped or taken over); not recording anything", claim.task_id)
         outcome = self._keep_trying(claim, lambda again: self._record_once(claim, decision, again=again),
-                                    heartbeat=decision.action != Action.NOTHING)
+                                    heartbeat=decision.action not in (Action.NOTHING, Action.HAND_OFF))
+        if self.config.nnodes > 1 and not (spec.min_nodes is not None and outcome in GANG_TRAINS_ON):
+            self._clear_group()
         if decision.stop_claiming:  # e.g. the Ray cluster is away: every run of these lanes would fail alike
             self.ray_unavailable = True
         return outcome
@@ -177,6 +180,8 @@ class Worker(ChildSupervisor, GangMember, OutageRetry):
             reply = q.ack(claim, again=again)
         elif decision.action == Action.RELEASE:
             reply = q.release(claim, decision.reason, kind=decision.release)
+        elif decision.action == Action.HAND_OFF:
+            reply = self._hand_off(claim, decision)
         else:
             reply = q.fail(claim, decision.reason, retriable=decision.retriable)
         return outcome_of(decision, reply)

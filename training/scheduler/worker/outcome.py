@@ -17,7 +17,9 @@ The rules, first match wins:
 - exit 0: ack (also when it finished while being stopped);
 - this worker's SIGTERM (Kueue evicting the Job, spot reclaim, drain): hand the run back as preempted,
   no attempt spent however often (torchrun exits 1 after a signal whatever the ranks return, so any
-  non-zero exit after *our* SIGTERM counts as interrupted);
+  non-zero exit after *our* SIGTERM counts as interrupted); the holder of an elastic run (``nodes: {min,
+  max}``), whose gang trains on without its pod, first hands its lease off to a survivor, and hands the run
+  back only when none takes it;
 - past the run's ``timeout_seconds``: a failed attempt (retried);
 - ``RETRIABLE`` (75: preempted, checkpointed): hand it back;
 - ``UNAVAILABLE`` (4) from a ray run's child (``python -m training.ray.job``: the Ray cluster is
@@ -58,6 +60,8 @@ class Outcome(StrEnum):
     """The queue refused the record: the lease had changed hands meanwhile."""
     GANG_TIMEOUT = "gang_timeout"
     """Multi-node: not all pods joined within the gang deadline; handed back, no attempt spent."""
+    HANDED_OFF = "handed_off"
+    """An elastic run's holder, shutting down (SIGTERM), handed its lease to a survivor: the run trains on."""
 
 
 class StopReason(StrEnum):
@@ -97,6 +101,9 @@ class Action(StrEnum):
     """``TaskQueue.release(reason, kind=release)``: hand the run back."""
     FAIL = "fail"
     """``TaskQueue.fail(reason, retriable=retriable)``: a failed attempt."""
+    HAND_OFF = "hand_off"
+    """``TaskQueue.hand_off`` and a bounded wait for a survivor's takeover; if none comes, RELEASE as
+    ``reason`` and ``release`` say."""
 
 
 @dataclass(frozen=True)
@@ -117,9 +124,9 @@ class Decision:
     """After recording, the worker claims nothing more (every run of its lanes would end the same)."""
 
 
-def decide(ended: ChildExit, *, executor: str, timeout_s: float) -> Decision:
+def decide(ended: ChildExit, *, executor: str, timeout_s: float, elastic: bool = False) -> Decision:
     """The decision for ``ended``, a child of a run of ``executor`` with ``timeout_s`` per attempt
-    (the rules are in the module docstring)."""
+    (``elastic``: a run of ``nodes: {min, max}``) (the rules are in the module docstring)."""
     code, tail, stopped = ended
     if stopped == StopReason.LOST:
         return Decision(Action.NOTHING)
@@ -128,7 +135,8 @@ def decide(ended: ChildExit, *, executor: str, timeout_s: float) -> Decision:
     if code == exit_codes.OK:
         return Decision(Action.ACK)
     if stopped == StopReason.SHUTDOWN:
-        return Decision(Action.RELEASE, f"interrupted by worker shutdown (SIGTERM); child exited {code}",
+        return Decision(Action.HAND_OFF if elastic else Action.RELEASE,
+                        f"interrupted by worker shutdown (SIGTERM); child exited {code}",
                         release=Release.PREEMPTED, interrupted=True)
     if stopped == StopReason.TIMEOUT:
         return Decision(Action.FAIL, f"timed out after {timeout_s:.0f}s\n{tail}")
@@ -144,6 +152,8 @@ def outcome_of(decision: Decision, reply: str | bool | None) -> Outcome:
     (``ack``: a bool; ``release``/``fail``/``cancelled``: the script's state word; NOTHING: None)."""
     if decision.action == Action.NOTHING:
         return Outcome.LOST
+    if decision.action == Action.HAND_OFF:  # the hand-off's word, else the release's
+        return {Outcome.HANDED_OFF: Outcome.HANDED_OFF, "stale": Outcome.LOST}.get(reply, Outcome.INTERRUPTED)
     if decision.action == Action.ACK:
         return Outcome.SUCCEEDED if reply else Outcome.LOST
     if decision.action == Action.RELEASE:

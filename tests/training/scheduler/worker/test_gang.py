@@ -198,6 +198,39 @@ def test_a_survivor_takes_over_the_lease_of_an_elastic_run_whose_index_0_died(re
     assert info.state == "succeeded" and info.attempts == 1 and info.completions == 1, info
 
 
+@pytest.mark.slow
+def test_a_holder_leaving_on_sigterm_hands_its_lease_to_a_survivor_at_once(redis_server, namespace, make_queue,
+                                                                           tmp_path):
+    """``nodes: {min: 2, max: 3}``, a 30 s lease: index 0 (the holder) gets SIGTERM (a spot notice). It hands its
+    lease off once its share exited; a survivor takes it at its next poll (not 20 s later, when the heartbeat
+    would be stale), the run trains on and succeeds on its first attempt. A pod whose share a SIGTERM cut short
+    exits RETRIABLE, so the Job replaces its index."""
+    q = make_queue()
+    q.submit(make_spec("el-off", nodes={"min": 2, "max": 3},
+                       hyperparameters={"retriever": {"global_batch_size": 12, "grad_accum": 2}}))
+    out_dir = tmp_path / "nodes"
+    out_dir.mkdir()
+    done = tmp_path / "done"
+    cmd = sh(f"touch {out_dir}/{{run_id}}-{{node_index}}-$$; "
+             f"for i in $(seq 600); do [ -e {done} ] && break; sleep 0.1; done")
+    pods = [start_worker(redis_server, namespace, tmp_path, cmd, lease=30.0, idle=1, **_gang(3, "job-off", i))
+            for i in range(3)]
+    wait_for(lambda: len(list(out_dir.iterdir())) == 3, 30, "every index to start its share",
+             seen=lambda: sorted(p.name for p in out_dir.iterdir()))
+    holder = q.get("el-off").worker
+    pods[0].send_signal(signal.SIGTERM)
+    code, text = finish(pods[0], timeout=20)
+    assert code == exit_codes.RETRIABLE and "handed its lease" in text, text
+    info = q.get("el-off")
+    assert info.state == "running" and info.worker not in ("", holder) and info.attempts == 1, info
+    pods[1].send_signal(signal.SIGTERM)  # a follower's share cut short (if it holds the lease now, handed on)
+    assert finish(pods[1], timeout=20)[0] == exit_codes.RETRIABLE
+    done.touch()
+    assert finish(pods[2])[0] == 0
+    info = q.get("el-off")
+    assert info.state == "succeeded" and info.attempts == 1 and info.completions == 1, info
+
+
 def _ready(port: int) -> int | None:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{READY_PATH}", timeout=2) as resp:

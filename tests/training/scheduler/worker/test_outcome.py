@@ -70,6 +70,10 @@ def test_a_child_the_worker_stopped(code: int | None, executor: str) -> None:
     assert of(StopReason.SHUTDOWN) == Decision(
         Action.RELEASE, f"interrupted by worker shutdown (SIGTERM); child exited {code}",
         release=Release.PREEMPTED, interrupted=True)
+    # The holder of an elastic run first hands its lease to a survivor (its gang trains on), then hands back.
+    assert decide(ChildExit(code, "tail\n", StopReason.SHUTDOWN), executor=executor, timeout_s=90,
+                  elastic=True) == Decision(Action.HAND_OFF, f"interrupted by worker shutdown (SIGTERM); child "
+                                                             f"exited {code}", release=Release.PREEMPTED, interrupted=True)
     # Past timeout_seconds: a failed attempt (retried), whatever the exit code.
     assert of(StopReason.TIMEOUT) == Decision(Action.FAIL, "timed out after 90s\ntail\n")
 
@@ -93,6 +97,11 @@ def test_a_child_that_never_started_and_was_not_stopped_is_a_failed_attempt() ->
     (Decision(Action.RELEASE, "x", release=Release.UNAVAILABLE, stop_claiming=True), "released", Outcome.RELEASED),
     (Decision(Action.RELEASE, "x", interrupted=True), "released", Outcome.INTERRUPTED),
     (Decision(Action.RELEASE, "x", interrupted=True), "dead", Outcome.INTERRUPTED),
+    # An elastic run's holder leaving: a survivor took the lease, or nobody did and the run was handed back, or
+    # the lease had changed hands before the hand-off (or before the release).
+    (Decision(Action.HAND_OFF, "x", interrupted=True), "handed_off", Outcome.HANDED_OFF),
+    (Decision(Action.HAND_OFF, "x", interrupted=True), "released", Outcome.INTERRUPTED),
+    (Decision(Action.HAND_OFF, "x", interrupted=True), "stale", Outcome.LOST),
 ])
 def test_the_queue_reply_gives_the_outcome(decision: Decision, reply, outcome: Outcome) -> None:
     assert outcome_of(decision, reply) is outcome
