@@ -3,24 +3,30 @@
     python -m bench.elastic [--max-steps 24] [--checkpoint-every 4] [--kill-at-step 6] [--timeout-s 120]
                             [--replacement-delay-s 300] [--sim-run-s 600]
 
-1. A local ``redis-server`` (training/localdev/redis_server.py) and a run of the tiny stage
-   ``bench/elastic_task.py`` (least squares through the real training loop) under ``--out``.
-2. Three agents ``python -m training.elastic.launch --nnodes 2:3`` x 1 gloo rank on CPU. The ranks wait after
-   ``--kill-at-step`` (the stage's ``hold_at``); one agent and its rank get SIGKILL (a lost node). The other two
-   go on at world 2 from the newest checkpoint and wait after the grow step; a fourth agent starts (a
-   replacement node), torch SIGTERMs the two ranks, which stop at a step boundary with a checkpoint, and three
-   ranks go on. Four steps later one agent gets SIGTERM (a spot notice; its ranks get it from torch): every rank
-   stops at the step boundary with a checkpoint and the other two finish the run at world 2.
+1. A local ``redis-server`` (training/localdev/redis_server.py), the queue on it and the run ``elastic`` of the tiny
+   stage ``bench/elastic_task.py`` (least squares through the real training loop) submitted with ``nodes: {min:
+   2, max: 3}``, the shared root under ``--out``.
+2. Three worker pods of one Indexed Job, simulated as local processes (``python -m training.worker``, index 0
+   claims and holds the lease, the gang goes at 2): each pod's child is the production elastic launch
+   ``python -m training.elastic.launch --nnodes 2:3`` of the tiny stage (:func:`child`) x 1 gloo rank on CPU. The
+   ranks wait after ``--kill-at-step`` (the stage's ``hold_at``); the pod holding the lease is SIGKILLed whole
+   (worker, agent, rank: its node is gone). The other two go on at world 2 from the newest checkpoint, one of them
+   takes the lease over, and they wait after the grow step; the Job's replacement pod for that index starts and
+   joins the run, torch SIGTERMs the two ranks, which stop at a step boundary with a checkpoint, and three ranks go
+   on. Four steps later the new holder's worker gets SIGTERM (a spot notice; it forwards it to its agent and rank):
+   every rank stops at the step boundary with a checkpoint, the worker hands its lease off, and the other two finish
+   the run at world 2, acked on its first attempt.
 3. Reference: the same run in one process; the elastic run's final weights must equal it (float tolerance).
 4. One JSON line last:
 
    - ``resize_s``: SIGKILL -> the first step at world 2 (the stage's step records' wall clock);
-   - ``grow_s``: the new agent started -> the first step at world 3 (torch import and rendezvous included);
+   - ``grow_s``: the replacement pod started -> the first step at world 3 (the worker's start, its joining the run,
+     torch import and rendezvous included);
    - ``lost_steps_sigkill``: steps done twice after the kill (the killed step - the step resumed from);
      goal <= ``checkpoint_every``; ``lost_steps_sigterm``: the same at the spot notice, goal 0;
      ``lost_steps_join``: at the join, goal 0; ``notice_resize_s``: SIGTERM -> the first step at world 2;
    - ``loss_continuity``: the first loss after each resize within [0.5 x min, 2 x max] of the 5 before it;
-   - ``final_params_match``;
+   - ``final_params_match``; ``queue``: the run's state, attempts and takeovers (goal: succeeded, 1, 2);
    - ``goodput_ratio`` (goal >= 1.5): the elastic run's samples per wall-second over the full-gang requeue's, over
      one node-loss trace, simulated from this run's measured figures (:func:`goodput`); ``goodput`` its inputs
      and outputs, ``goodput_goal_up_to_run_s`` the longest run that still meets the goal.
@@ -70,8 +76,16 @@ import yaml
 from bench import elastic_task
 from bench.recovery import wait_exit, wait_until
 from bench.report import finish
-from contract.env import NAMESPACE_ENV, REDIS_URL_ENV
-from contract.paths import child_env
+from contract import exit_codes
+from contract.env import (CHILD_BUILDER_ENV, NAMESPACE_ENV, RDZV_HOST_ENV, REDIS_URL_ENV, WORKER_GROUP_ENV,
+                          WORKER_ID_ENV)
+from contract.lanes import Lane, worker_env
+from contract.paths import SHARED_ROOT_ENV, child_env, run_dir
+from contract.ports import RDZV_PORT
+from training.scheduler.queue_records import Key
+from training.scheduler.run_queue import TaskQueue
+from training.scheduler.spec import RunSpec, parse_spec
+from training.scheduler.worker.child import elastic_argv, run_env
 
 REPO = Path(__file__).resolve().parents[1]
 RDZV_CONF = "keep_alive_interval=1,keep_alive_max_attempt=5,last_call_timeout=1,join_timeout=60,close_timeout=5"
@@ -82,21 +96,41 @@ GOODPUT_GOAL = 1.5
 """Issue 42: elastic at least 1.5x the full-gang requeue's samples per wall-second."""
 GLOBAL_BATCH, GRAD_ACCUM = 12, 2
 """6 micro-batches of 2 per step over 3 ranks x 2, over 2 ranks x 3, over 1 rank x 6: the same global batch."""
+RUN_ID = "elastic"
+LEASE_S = 6.0
+"""The workers' lease (a heartbeat every 2 s; a survivor takes a dead holder's lease over after 4 s)."""
+BUILDER = "bench.elastic:child"
+"""The pods' ``RAGPOOL_WORKER_CHILD_BUILDER`` (:func:`child`; not ``__name__``, which is ``__main__`` under -m)."""
+GROUP = "bench-elastic"
+"""The pods' Indexed Job (``RAGPOOL_WORKER_GROUP``)."""
 
 
-def write_config(root: Path, run_id: str, max_steps: int, checkpoint_every: int) -> Path:
-    """The run config of the tiny stage (metrics off, blocking checkpoints)."""
-    path = root / f"{run_id}.yaml"
-    path.write_text(yaml.safe_dump({
-        "run_id": run_id, "shared_root": str(root), "device": "cpu", "metrics": {"port": 0, "log_every": 1},
-        "retriever": {"global_batch_size": GLOBAL_BATCH, "grad_accum": GRAD_ACCUM, "max_steps": max_steps,
-                      "optim": {"lr": 0.05, "warmup_steps": 0}},
-        "checkpoint": {"every_steps": checkpoint_every, "async_save": False, "keep_latest_k": 2}}))
-    return path
+def run_spec(max_steps: int, checkpoint_every: int) -> dict:
+    """The run as ``ragpool submit`` takes it: the tiny stage on 2 to 3 nodes (metrics off, blocking checkpoints)."""
+    return {"run_id": RUN_ID, "stages": ["retriever"], "nodes": {"min": NODES[0], "max": NODES[1]},
+            "hyperparameters": {
+                "retriever": {"global_batch_size": GLOBAL_BATCH, "grad_accum": GRAD_ACCUM, "max_steps": max_steps,
+                              "optim.lr": 0.05, "optim.warmup_steps": 0},
+                "run": {"device": "cpu", "metrics.port": 0, "metrics.log_every": 1,
+                        "checkpoint.every_steps": checkpoint_every, "checkpoint.async_save": False,
+                        "checkpoint.keep_latest_k": 2}}}
+
+
+def child(spec: RunSpec, config: Path, attempt: int, *, shared_root: str, node_index: int = 0,
+          rdzv_host: str = "127.0.0.1", rdzv_port: int = RDZV_PORT) -> tuple[list[str], dict[str, str]]:
+    """The workers' child (``RAGPOOL_WORKER_CHILD_BUILDER=bench.elastic:child``): the production elastic launch
+    (``training.scheduler.worker.child.elastic_argv``) of the tiny stage instead of ``training.pipeline``, with
+    fast heartbeats (:data:`RDZV_CONF`), one gloo rank per node and one thread per rank."""
+    entry = ["--monitor-interval", "0.2", "--rdzv-conf", RDZV_CONF, "-m", elastic_task.__name__, "--config",
+             str(config)]
+    argv = elastic_argv(entry, nproc=1, min_nodes=spec.min_nodes, max_nodes=spec.nodes,
+                        rdzv_id=f"{spec.run_id}-a{attempt}", max_restarts=3)
+    env = run_env(spec, config, attempt, shared_root=shared_root, node_index=node_index)
+    return argv, {**env, "OMP_NUM_THREADS": "1", "LOGLEVEL": "INFO", "PYTHONWARNINGS": "ignore"}
 
 
 def children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid`` (an agent's ranks)."""
+    """The processes whose parent is ``pid`` (a worker's child, an agent's ranks)."""
     out = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -109,45 +143,70 @@ def children(pid: int) -> list[int]:
     return out
 
 
+def descendants(pid: int) -> list[int]:
+    """``pid``'s children, theirs, and so on."""
+    found = children(pid)
+    return found + [d for c in found for d in descendants(c)]
+
+
 @dataclass
 class ElasticRun:
-    """Agents of one elastic run of the tiny stage, started and lost on demand."""
+    """One elastic run of the tiny stage on the queue, trained by real worker pods (``python -m training.worker``,
+    an Indexed Job of 3 simulated as local processes) that are started, lost and noticed on demand."""
 
     root: Path
-    """Shared root (run config, run directory, the agents' logs)."""
+    """Shared root (the run's directory, the pods' logs)."""
     redis_url: str
-    """The queue's Redis (the rendezvous)."""
+    """The queue's Redis (also the rendezvous)."""
     namespace: str
     """Its key namespace."""
     max_steps: int = 24
     """Steps of the run."""
     checkpoint_every: int = 4
     """Checkpoint interval in steps."""
-    agents: list[subprocess.Popen] = field(default_factory=list)
-    """Every agent started, in order."""
+    pods: list[subprocess.Popen] = field(default_factory=list)
+    """Every pod started, in order."""
+    indexes: list[int] = field(default_factory=list)
+    """Each pod's Job index."""
 
     def __post_init__(self) -> None:
-        self.config = write_config(self.root, "elastic", self.max_steps, self.checkpoint_every)
-        self.out = self.root / "runs" / "elastic" / elastic_task.STAGE
+        import redis
+
+        self.client = redis.Redis.from_url(self.redis_url, decode_responses=True)
+        self.queue = TaskQueue(self.client, namespace=self.namespace, lease_seconds=LEASE_S)
+        self.queue.submit(parse_spec(run_spec(self.max_steps, self.checkpoint_every), shared_root=str(self.root)))
+        self.out = run_dir(str(self.root), RUN_ID) / elastic_task.STAGE
         self.out.mkdir(parents=True, exist_ok=True)
 
-    def start_agent(self) -> subprocess.Popen:
-        env = child_env(**{REDIS_URL_ENV: self.redis_url, NAMESPACE_ENV: self.namespace, "OMP_NUM_THREADS": "1",
-                           "LOGLEVEL": "INFO", "PYTHONWARNINGS": "ignore"})
-        cmd = [sys.executable, "-m", "training.elastic.launch", "--nnodes", f"{NODES[0]}:{NODES[1]}",
-               "--nproc-per-node", "1", "--max-restarts", "3", "--monitor-interval", "0.2",
-               "--rdzv-id", "elastic-a1", "--rdzv-conf", RDZV_CONF,
-               "-m", elastic_task.__name__, "--config", str(self.config)]
-        with self.log(len(self.agents)).open("w") as log:
-            self.agents.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT))
-        return self.agents[-1]
+    def start_pod(self, index: int) -> subprocess.Popen:
+        """Pod ``index`` of the Job (a replacement when that index ran before): its worker, its own session."""
+        env = child_env(**{REDIS_URL_ENV: self.redis_url, NAMESPACE_ENV: self.namespace,
+                           SHARED_ROOT_ENV: str(self.root), CHILD_BUILDER_ENV: BUILDER,
+                           WORKER_GROUP_ENV: GROUP, RDZV_HOST_ENV: "127.0.0.1", "JOB_COMPLETION_INDEX": str(index),
+                           WORKER_ID_ENV: f"pod{len(self.pods)}-index{index}",
+                           **worker_env((Lane(nodes=NODES[1]),))})
+        cmd = [sys.executable, "-m", "training.worker", "--lease-seconds", str(LEASE_S), "--poll-seconds", "0.2",
+               "--idle-exit-seconds", "2", "--stop-grace-seconds", "60"]
+        with self.log(len(self.pods)).open("w") as log:
+            self.pods.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                              start_new_session=True))
+        self.indexes.append(index)
+        return self.pods[-1]
 
     def log(self, i: int) -> Path:
-        return self.root / f"agent{i}.log"
+        return self.root / f"pod{i}.log"
 
     def logs(self) -> str:
-        """The tail of every agent's log (what a time-out shows)."""
-        return "\n".join(f"--- agent {i}\n" + self.log(i).read_text()[-1500:] for i in range(len(self.agents)))
+        """The tail of every pod's log (what a time-out shows)."""
+        return "\n".join(f"--- pod {i}\n" + self.log(i).read_text()[-1500:] for i in range(len(self.pods)))
+
+    def info(self):
+        """The run's queue record."""
+        return self.queue.get(RUN_ID)
+
+    def holder(self) -> int:
+        """Which pod holds the run's lease (its position in :attr:`pods`)."""
+        return int(self.info().worker.split("-")[0].removeprefix("pod"))
 
     def steps(self) -> list[dict]:
         try:
@@ -166,57 +225,82 @@ class ElasticRun:
         os.replace(tmp, path)
 
     def lose(self, i: int) -> float:
-        """SIGKILL agent ``i`` and its ranks at once (a lost node); the moment it happened."""
-        agent = self.agents[i]
-        ranks = children(agent.pid)
+        """SIGKILL pod ``i``'s every process at once (its node is gone: worker, agent, ranks); the moment."""
+        pod = self.pods[i]
+        everything = [pod.pid, *descendants(pod.pid)]
         at = time.time()
-        for pid in [agent.pid, *ranks]:
-            os.kill(pid, signal.SIGKILL)
-        agent.wait(10)
+        for pid in everything:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        pod.wait(10)
+        return at
+
+    def notice(self, i: int) -> float:
+        """SIGTERM to pod ``i``'s worker (the kubelet's, on a spot notice); the moment."""
+        at = time.time()
+        self.pods[i].send_signal(signal.SIGTERM)
         return at
 
     def at(self, world: int, step: int):
-        """A predicate: the step records at ``world`` from ``step`` on."""
-        return lambda: [s for s in self.steps() if s["world"] == world and s["step"] >= step]
+        """A predicate: the step records at ``world`` from ``step`` on (RuntimeError once no pod is left to train)."""
+        def seen() -> list[dict]:
+            found = [s for s in self.steps() if s["world"] == world and s["step"] >= step]
+            if not found and all(pod.poll() is not None for pod in self.pods):
+                raise RuntimeError(f"every pod exited before step {step} at world {world}:\n{self.logs()}")
+            return found
+        return seen
 
     def close(self) -> None:
-        for agent in self.agents:
-            if agent.poll() is None:
-                agent.kill()
-                agent.wait(10)
+        for pod in self.pods:
+            if pod.poll() is None:
+                for pid in [pod.pid, *descendants(pod.pid)]:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                pod.wait(10)
+        self.client.close()
 
 
 def scenario(run: ElasticRun, kill_at: int, timeout_s: float) -> dict:
-    """Three agents, one lost at ``kill_at``, a new one joining once two reached the grow step, to the end. The
-    step records and the moments of the kill and the join."""
+    """Three pods; the lease's holder lost at ``kill_at`` (a survivor takes the lease over), its index replaced once
+    two reached the grow step, the holder then noticed (it hands the lease off), to the end. The step records, the
+    moments of the kill, the join and the notice, the pods' exit codes and the run's queue record."""
     grow_at = kill_at + 2 * run.checkpoint_every
     notice_at = grow_at + 4
     run.hold(kill_at)
-    for _ in range(NODES[1]):
-        run.start_agent()
+    for index in range(NODES[1]):
+        run.start_pod(index)
     wait_until(run.at(3, kill_at), timeout_s, f"step {kill_at} at world 3", seen=run.logs)
     run.hold(grow_at)
-    killed = run.lose(0)
+    first = run.holder()
+    killed = run.lose(first)
     wait_until(run.at(2, grow_at), timeout_s, f"step {grow_at} at world 2 after the SIGKILL", seen=run.logs)
+    wait_until(lambda: run.holder() != first, timeout_s, "a survivor to take the lost holder's lease over",
+               seen=lambda: run.info())
     joined = time.time()
-    run.start_agent()
-    wait_until(run.at(3, grow_at + 1), timeout_s, "world 3 again after a new agent joined", seen=run.logs)
+    run.start_pod(run.indexes[first])  # the Job replaces the lost index
+    wait_until(run.at(3, grow_at + 1), timeout_s, "world 3 again after the replacement pod joined", seen=run.logs)
     run.hold(notice_at)
     wait_until(run.at(3, notice_at), timeout_s, f"step {notice_at} at world 3", seen=run.logs)
-    noticed = time.time()
-    run.agents[1].send_signal(signal.SIGTERM)
+    second = run.holder()
+    noticed = run.notice(second)
     run.hold(None)  # the others must reach the next step's collective, where every rank learns of the stop
     wait_until(run.at(2, notice_at + 1), timeout_s, "world 2 after the spot notice", seen=run.logs)
-    codes = [wait_exit(agent, timeout_s, f"agent {i}") for i, agent in enumerate(run.agents) if i > 1]
-    wait_exit(run.agents[1], timeout_s, "the agent that got the spot notice")
-    return {"steps": run.steps(), "killed": killed, "joined": joined, "noticed": noticed, "exit_codes": codes}
+    noticed_code = wait_exit(run.pods[second], timeout_s, "the pod that got the spot notice")
+    codes = [wait_exit(pod, timeout_s, f"pod {i}") for i, pod in enumerate(run.pods) if i not in (first, second)]
+    return {"steps": run.steps(), "killed": killed, "joined": joined, "noticed": noticed, "exit_codes": codes,
+            "noticed_exit_code": noticed_code, "holders": [first, second, run.holder()], "info": run.info(),
+            "takeovers": takeovers(run)}
 
 
 def figures(steps: list[dict], killed: float, joined: float, noticed: float, kill_at: int,
             checkpoint_every: int) -> dict:
     """The JSON figures of one scenario's step records (module docstring)."""
     worlds = [s["world"] for s in steps]
-    shrink = worlds.index(2)
+    shrink = worlds.index(2, worlds.index(3))  # the pods start apart: the first round may be at 2 nodes
     grow = worlds.index(3, shrink)
     notice = worlds.index(2, grow)
     lost_kill = steps[shrink - 1]["step"] - (steps[shrink]["step"] - 1)
@@ -233,6 +317,16 @@ def figures(steps: list[dict], killed: float, joined: float, noticed: float, kil
             "lost_steps_join": lost_join, "lost_steps_sigterm": lost_term, "checkpoint_every": checkpoint_every,
             "kill_at_step": kill_at, "loss_continuity": all(continuous(i) for i in (shrink, grow, notice)),
             "worlds": [worlds[0], worlds[shrink], worlds[grow], worlds[notice]], "final_step": steps[-1]["step"]}
+
+
+def pods_exit_as_expected(seen: dict) -> bool:
+    """The survivors exit 0 once the run is done; the noticed pod RETRIABLE (its index is replaced)."""
+    return seen["exit_codes"] == [0] * len(seen["exit_codes"]) and seen["noticed_exit_code"] == exit_codes.RETRIABLE
+
+
+def takeovers(run: ElasticRun) -> int:
+    """How often the run's lease moved to a survivor (the queue's count on the task)."""
+    return int(run.client.hget(run.queue.key(Key.TASK, RUN_ID), "takeovers") or 0)
 
 
 def goodput(run_s: float, delay_s: float, nodes: int, resize_s: float, grow_s: float, redo_s: float) -> dict:
@@ -278,12 +372,15 @@ def step_s(steps: list[dict], world: int) -> float:
 
 
 def reference(root: Path, max_steps: int, checkpoint_every: int, timeout_s: float) -> Path:
-    """The same run in one process: the path of its final weights."""
-    config = write_config(root, "fixed", max_steps, checkpoint_every)
+    """The same run in one process (the training config the workers wrote, under another run id): the path of its
+    final weights."""
+    spec = parse_spec({**run_spec(max_steps, checkpoint_every), "run_id": "fixed", "nodes": 1}, shared_root=str(root))
+    config = root / "fixed.yaml"
+    config.write_text(yaml.safe_dump(spec.to_training_config(str(root))))
     subprocess.run([sys.executable, "-m", elastic_task.__name__, "--config", str(config)], cwd=REPO, check=True,
                    env=child_env(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"), capture_output=True,
                    timeout=timeout_s)
-    return root / "runs" / "fixed" / elastic_task.STAGE / elastic_task.FINAL_FILE
+    return run_dir(str(root), "fixed") / elastic_task.STAGE / elastic_task.FINAL_FILE
 
 
 def params_match(a: Path, b: Path) -> bool:
@@ -313,11 +410,14 @@ def measure(args: argparse.Namespace) -> dict:
     out["goodput_ratio"] = out["goodput"]["ratio"]
     out["goodput_goal_up_to_run_s"] = goal_up_to(args.replacement_delay_s, NODES[1], out["resize_s"], out["grow_s"],
                                                  redo_s)
+    info = seen["info"]
+    out["queue"] = {"state": info.state, "attempts": info.attempts, "takeovers": seen["takeovers"]}
     out["goals"] = {"lost_steps_sigkill": out["lost_steps_sigkill"] <= args.checkpoint_every,
                     "lost_steps_sigterm": out["lost_steps_sigterm"] == 0, "lost_steps_join": out["lost_steps_join"] == 0,
                     "loss_continuity": out["loss_continuity"], "final_params_match": out["final_params_match"],
                     "goodput_ratio": out["goodput_ratio"] >= GOODPUT_GOAL,
-                    "agents_exit_0": seen["exit_codes"] == [0] * len(seen["exit_codes"])}
+                    "pods_exit": pods_exit_as_expected(seen),
+                    "one_attempt_two_takeovers": out["queue"] == {"state": "succeeded", "attempts": 1, "takeovers": 2}}
     return out
 
 
