@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 DEFAULT_SHARED_ROOT = "/mnt/shared"
@@ -55,6 +57,21 @@ def child_env(env: dict[str, str] | None = None, **extra: str) -> dict[str, str]
         out["PYTHONPATH"] = os.pathsep.join([PACKAGE_ROOT, *parts])
     out.update(extra)
     return out
+
+
+@contextmanager
+def scoped_environ(values: Mapping[str, str]) -> Iterator[None]:
+    """This process's environment with ``values`` set, restored as it was on exit."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 class PathError(ValueError):

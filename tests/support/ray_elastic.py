@@ -36,8 +36,6 @@ from tests.support import pacing
 
 STEP_S = 150.0
 """Bound on each wait for a step at a new size (a worker-group restart: ~20-25 s on a loaded 2-core machine)."""
-START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
-"""Ray Train's bound on a worker group's start (60 s by default): a start that cannot be placed fails sooner."""
 PREEMPTION_POLL_ENV = "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S"
 """How often Ray Train's preemption watcher polls the drained nodes (5 s by default)."""
 NOTICE_DEADLINE_S = 60
@@ -163,7 +161,6 @@ def main(argv: list[str]) -> int:
     config, pace, temp = Path(argv[0]), Path(argv[1]), argv[2]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the finally below stops the cluster
     ray_env()
-    os.environ[START_TIMEOUT_ENV] = "30"
     os.environ[PREEMPTION_POLL_ENV] = "0.5"
     os.environ[PREEMPTION_WATCHER_ENV] = "1"  # the watcher the other Ray tests leave off (ray_env) is the point here
     # Cluster records its address in the default Ray temp dir (/tmp/ray) whatever temp_dir says.

@@ -146,6 +146,11 @@ class RayExecutorConfig:
     """Elastic training stages (``workers: {min, max}``): how often Ray Train checks, while the stage runs below
     its max, whether the pool has room for more workers (``ScalingConfig.elastic_resize_monitor_interval_s``);
     growing restarts the worker group from the newest checkpoint."""
+    elastic_start_timeout_s: float = 15.0
+    """Elastic training stages: how long a worker group's (re)start waits for its placement before Ray Train plans
+    the size again (``RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S``, set for the stage; Ray's 60 s default stays for
+    fixed-size stages). The elastic policy asks only for what the pool's nodes hold, so a start that waits was
+    planned on a stale view: after a spot notice, the drained node still counted until it went."""
     prepare: RayStageConfig = field(default_factory=lambda: RayStageConfig(workers=3))
     """Data preparation: the data files validated as parallel CPU tasks."""
     retriever: RayStageConfig = field(default_factory=RayStageConfig)
@@ -165,6 +170,8 @@ class RayExecutorConfig:
         require(0 <= self.max_failures <= 100, "max_failures", self.max_failures, "must be in [0, 100]")
         require(0 < self.resize_interval_s <= 86400, "resize_interval_s", self.resize_interval_s,
                  "must be in (0, 86400] seconds")
+        require(0 < self.elastic_start_timeout_s <= 3600, "elastic_start_timeout_s", self.elastic_start_timeout_s,
+                 "must be in (0, 3600] seconds")
         for name in RAY_STAGES:
             if name not in RAY_TRAIN_STAGES and self.stage(name).min_workers:
                 fail(f"{name}.workers", {"min": self.stage(name).min_workers, "max": self.stage(name).workers},

@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from contract.paths import scoped_environ
 from contract.ports import free_port
 
 REGION = "us-west-2"
@@ -85,13 +85,5 @@ def s3_server_process(timeout_s: float = 60.0) -> Iterator[S3Server]:
 @contextmanager
 def s3_environment(server: S3Server) -> Iterator[None]:
     """This process's environment pointed at ``server`` (boto3 reads it), restored on exit."""
-    saved = {k: os.environ.get(k) for k in server.env()}
-    os.environ.update(server.env())
-    try:
+    with scoped_environ(server.env()):
         yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v

@@ -54,7 +54,7 @@ from training.ray.placement import TRAINING_STAGES, PlacementError, StagePlaceme
 from training.ray.tasks import (StageFailed, add_part_task, corpus_rows, encode_part_task, evaluate_task,
                                 finish_index_task, remote_task, train_index_task, train_worker, validate_file)
 from contract.env import ELASTIC_NODES_ENV, RAY_NOTICE_DIR_ENV
-from contract.paths import SHARED_ROOT_ENV
+from contract.paths import SHARED_ROOT_ENV, scoped_environ
 from contract.ray_pools import POOLS_ENV
 
 PREPARE = "prepare"
@@ -122,6 +122,7 @@ def run_training(cfg: RunConfig, stage: str, placement: StagePlacement) -> dict[
     from ray.train import RunConfig as TrainRunConfig
     from ray.train import ScalingConfig
     from ray.train.torch import TorchTrainer
+    from ray.train.v2._internal.constants import WORKER_GROUP_START_TIMEOUT_S_ENV_VAR
 
     from training.elastic.sizes import NodeRange
 
@@ -132,6 +133,8 @@ def run_training(cfg: RunConfig, stage: str, placement: StagePlacement) -> dict[
     env_vars = _worker_env()
     if placement.elastic:  # the ranks keep the global batch at every worker count (training/elastic/sizes.py)
         env_vars[ELASTIC_NODES_ENV] = NodeRange(placement.min_workers, placement.workers).to_env()
+    start_timeout = {WORKER_GROUP_START_TIMEOUT_S_ENV_VAR: str(cfg.ray.elastic_start_timeout_s)} \
+        if placement.elastic else {}
     trainer = TorchTrainer(
         train_worker,
         train_loop_config={"cfg": cfg.to_dict(), "stage": stage},
@@ -143,7 +146,8 @@ def run_training(cfg: RunConfig, stage: str, placement: StagePlacement) -> dict[
             failure_config=FailureConfig(max_failures=cfg.ray.max_failures, max_preemption_failures=-1),
             worker_runtime_env={"env_vars": env_vars}),
     )
-    result = trainer.fit()
+    with scoped_environ(start_timeout):  # the trainer hands it to its controller (Ray Train's ENV_VARS_TO_PROPAGATE)
+        result = trainer.fit()
     metrics = dict(result.metrics or {})
     if result.error is not None:
         raise result.error

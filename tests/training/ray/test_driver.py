@@ -8,9 +8,12 @@ autoscaling cluster (tests/training/ray/test_from_zero.py).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -203,3 +206,35 @@ def test_a_bad_worker_range_is_a_config_error_naming_the_key(shared, tiny_encode
     config = write_run(shared, "bad-range", **tiny_run.sections(tiny_encoder_dir))
     assert _drive(config, "--ray.retriever.workers.min=3", "--ray.retriever.workers.max=2") == BAD_INPUT
     assert "ray.retriever.workers.min=3: must be <= ray.retriever.workers.max (2)" in capsys.readouterr().err
+    assert _drive(config, "--ray.elastic_start_timeout_s=0") == BAD_INPUT
+    assert "ray.elastic_start_timeout_s=0.0: must be in (0, 3600] seconds" in capsys.readouterr().err
+
+
+def test_only_an_elastic_stage_shortens_ray_trains_start_timeout(monkeypatch) -> None:
+    """An elastic stage's trainer is built and run with RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S at
+    ``ray.elastic_start_timeout_s`` (Ray Train hands it to its controller); a fixed-size stage keeps Ray's, and the
+    driver's environment is as it was afterwards."""
+    import ray.train.torch
+    from ray.train.v2._internal.constants import WORKER_GROUP_START_TIMEOUT_S_ENV_VAR as NAME
+
+    from training.config.run import load_run_config
+    from training.ray import driver
+    from training.ray.placement import StagePlacement
+
+    seen = []
+
+    class Trainer:
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def fit(self):
+            seen.append(os.environ.get(NAME))
+            return SimpleNamespace(metrics={}, error=None)
+
+    monkeypatch.setattr(ray.train.torch, "TorchTrainer", Trainer)
+    monkeypatch.setattr(driver, "reserved", lambda *args: contextlib.nullcontext())
+    monkeypatch.delenv(NAME, raising=False)
+    cfg = load_run_config({"run_id": "t", "ray": {"elastic_start_timeout_s": 12}})
+    for min_workers in (2, 0):
+        driver.run_training(cfg, "retriever", StagePlacement("retriever", "", {"CPU": 1.0}, 3, "PACK", min_workers))
+    assert seen == ["12.0", None] and NAME not in os.environ
