@@ -27,20 +27,24 @@ def test_figures_of_a_shrink_and_a_grow() -> None:
 
 
 def test_goodput_of_elastic_against_a_full_gang_requeue() -> None:
-    # A 600 s run of 3 nodes loses one at 300 s; the replacement comes 300 s later. Elastic: 10 s down, 1 s redone,
-    # 290 s on 2 nodes (193.3 s of full-gang work), 15 s to grow, the remaining 107.7 s on 3. Requeue: waits 300 s,
-    # restarts in 15 s, redoes 1 s, trains 300 s.
+    # A 600 s run of 3 nodes loses one at 300 s; the replacement comes 300 s later. Elastic, never replaced: 10 s
+    # down, the 301 s left (1 s redone) on 2 nodes. Grown back: 290 s on 2 nodes (193.3 s of full-gang work), 15 s
+    # to grow, the remaining 107.7 s on 3. Requeue: waits 300 s, restarts in 15 s, redoes 1 s, trains 300 s.
     got = elastic.goodput(600, 300, 3, resize_s=10, grow_s=15, redo_s=1)
-    assert (got["elastic_s"], got["requeue_s"]) == (pytest.approx(300 + 10 + 290 + 15 + 301 - 290 * 2 / 3, abs=0.01),
-                                                   916)
+    assert got["elastic_s"] == pytest.approx(300 + 10 + 301 * 3 / 2, abs=0.01) and got["requeue_s"] == 916
+    assert got["elastic_grown_s"] == pytest.approx(300 + 10 + 290 + 15 + 301 - 290 * 2 / 3, abs=0.01)
     assert got["ratio"] == pytest.approx(916 / got["elastic_s"], abs=1e-3) and got["requeue_loss_s"] == 316
+    assert got["ratio_grown"] == pytest.approx(916 / got["elastic_grown_s"], abs=1e-3)
     # A run short enough to end on the survivors before the replacement arrives: 100 + 10 + 101 / (2/3).
-    assert elastic.goodput(200, 300, 3, 10, 15, 1)["elastic_s"] == pytest.approx(261.5)
+    short = elastic.goodput(200, 300, 3, 10, 15, 1)
+    assert short["elastic_s"] == short["elastic_grown_s"] == pytest.approx(261.5)
     # The ratio falls as the run grows; the goal holds up to the returned length and not beyond.
     up_to = elastic.goal_up_to(300, 3, 10, 15, 1)
     assert elastic.goodput(up_to, 300, 3, 10, 15, 1)["ratio"] >= elastic.GOODPUT_GOAL
     assert elastic.goodput(up_to + 2, 300, 3, 10, 15, 1)["ratio"] < elastic.GOODPUT_GOAL
     assert elastic.goal_up_to(0, 3, 10, 15, 1) == 0  # no wait: nothing to win
+    # An ideal elastic run (no cost, no step lost) meets the goal while (T + 300) / (1.25 T) >= 1.5: T <= 342.9 s.
+    assert elastic.goal_up_to(300, 3, 0, 0, 0) == 342
 
 
 def test_bad_arguments_exit_2_and_measure_nothing(tmp_path, capsys) -> None:
