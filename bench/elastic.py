@@ -157,6 +157,16 @@ def descendants(pid: int) -> list[int]:
     return found + [d for c in found for d in descendants(c)]
 
 
+def kill_pod(pod: subprocess.Popen) -> None:
+    """SIGKILL a pod's worker and everything under it, listed first so none escapes as an orphan."""
+    for pid in [pod.pid, *descendants(pod.pid)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    pod.wait(10)
+
+
 @dataclass
 class ElasticRun:
     """One elastic run of the tiny stage on the queue, trained by real worker pods (``python -m training.worker``,
@@ -234,15 +244,8 @@ class ElasticRun:
 
     def lose(self, i: int) -> float:
         """SIGKILL pod ``i``'s every process at once (its node is gone: worker, agent, ranks); the moment."""
-        pod = self.pods[i]
-        everything = [pod.pid, *descendants(pod.pid)]
         at = time.time()
-        for pid in everything:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        pod.wait(10)
+        kill_pod(self.pods[i])
         return at
 
     def notice(self, i: int) -> float:
@@ -263,12 +266,7 @@ class ElasticRun:
     def close(self) -> None:
         for pod in self.pods:
             if pod.poll() is None:
-                for pid in [pod.pid, *descendants(pod.pid)]:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                pod.wait(10)
+                kill_pod(pod)
         self.client.close()
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import signal
 import time
+from dataclasses import dataclass
+from pathlib import Path
 import urllib.error
 import urllib.request
 
@@ -157,6 +159,33 @@ def test_followers_stop_their_share_once_index_0_is_gone_and_the_run_went_back(r
     assert info.state == "queued" and info.attempts == 1
 
 
+@dataclass
+class ElasticGang:
+    """Three worker pods training the elastic run ``run_id`` (``nodes: {min: 2, max: 3}``) whose shares each touch
+    a file under ``out`` and run until ``done`` exists."""
+
+    pods: list
+    out: Path
+    done: Path
+    cmd: list[str]
+
+
+def _elastic_gang(q, redis_server, namespace, tmp_path, run_id: str, group: str, lease: float) -> ElasticGang:
+    """Submit ``run_id`` and start its gang, once every index started its share."""
+    q.submit(make_spec(run_id, nodes={"min": 2, "max": 3},
+                       hyperparameters={"retriever": {"global_batch_size": 12, "grad_accum": 2}}))
+    out_dir = tmp_path / "nodes"
+    out_dir.mkdir()
+    done = tmp_path / "done"
+    cmd = sh(f"touch {out_dir}/{{run_id}}-{{node_index}}-$$; "
+             f"for i in $(seq 600); do [ -e {done} ] && break; sleep 0.1; done")
+    pods = [start_worker(redis_server, namespace, tmp_path, cmd, lease=lease, idle=1, **_gang(3, group, i))
+            for i in range(3)]
+    wait_for(lambda: len(list(out_dir.iterdir())) == 3, 30, "every index to start its share",
+             seen=lambda: sorted(p.name for p in out_dir.iterdir()))
+    return ElasticGang(pods, out_dir, done, cmd)
+
+
 @pytest.mark.slow
 def test_a_survivor_takes_over_the_lease_of_an_elastic_run_whose_index_0_died(redis_server, namespace, make_queue,
                                                                              tmp_path):
@@ -165,17 +194,8 @@ def test_a_survivor_takes_over_the_lease_of_an_elastic_run_whose_index_0_died(re
     replacement index 0 joins it (instead of claiming another run), and the survivor acks it when its share
     ends: succeeded on its first attempt."""
     q = make_queue()
-    q.submit(make_spec("el-take", nodes={"min": 2, "max": 3},
-                       hyperparameters={"retriever": {"global_batch_size": 12, "grad_accum": 2}}))
-    out_dir = tmp_path / "nodes"
-    out_dir.mkdir()
-    done = tmp_path / "done"
-    cmd = sh(f"touch {out_dir}/{{run_id}}-{{node_index}}-$$; "
-             f"for i in $(seq 600); do [ -e {done} ] && break; sleep 0.1; done")
-    pods = [start_worker(redis_server, namespace, tmp_path, cmd, lease=3.0, idle=1, **_gang(3, "job-take", i))
-            for i in range(3)]
-    wait_for(lambda: len(list(out_dir.iterdir())) == 3, 30, "every index to start its share",
-             seen=lambda: sorted(p.name for p in out_dir.iterdir()))
+    gang = _elastic_gang(q, redis_server, namespace, tmp_path, "el-take", "job-take", lease=3.0)
+    pods, out_dir, done, cmd = gang.pods, gang.out, gang.done, gang.cmd
     holder = q.get("el-take").worker
     pods[0].send_signal(signal.SIGKILL)
     pods[0].wait(timeout=10)
@@ -206,17 +226,8 @@ def test_a_holder_leaving_on_sigterm_hands_its_lease_to_a_survivor_at_once(redis
     would be stale), the run trains on and succeeds on its first attempt. A pod whose share a SIGTERM cut short
     exits RETRIABLE, so the Job replaces its index."""
     q = make_queue()
-    q.submit(make_spec("el-off", nodes={"min": 2, "max": 3},
-                       hyperparameters={"retriever": {"global_batch_size": 12, "grad_accum": 2}}))
-    out_dir = tmp_path / "nodes"
-    out_dir.mkdir()
-    done = tmp_path / "done"
-    cmd = sh(f"touch {out_dir}/{{run_id}}-{{node_index}}-$$; "
-             f"for i in $(seq 600); do [ -e {done} ] && break; sleep 0.1; done")
-    pods = [start_worker(redis_server, namespace, tmp_path, cmd, lease=30.0, idle=1, **_gang(3, "job-off", i))
-            for i in range(3)]
-    wait_for(lambda: len(list(out_dir.iterdir())) == 3, 30, "every index to start its share",
-             seen=lambda: sorted(p.name for p in out_dir.iterdir()))
+    gang = _elastic_gang(q, redis_server, namespace, tmp_path, "el-off", "job-off", lease=30.0)
+    pods, done = gang.pods, gang.done
     holder = q.get("el-off").worker
     pods[0].send_signal(signal.SIGTERM)
     code, text = finish(pods[0], timeout=20)
