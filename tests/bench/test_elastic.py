@@ -47,6 +47,10 @@ def test_goodput_of_elastic_against_a_full_gang_requeue() -> None:
     assert elastic.goal_up_to(300, 3, 0, 0, 0) == 342
 
 
+def test_the_resize_goal_counts_from_a_nodes_liveness() -> None:
+    assert elastic.liveness_s() == 5.0  # keep_alive_interval=1 x keep_alive_max_attempt=5
+
+
 def test_bad_arguments_exit_2_and_measure_nothing(tmp_path, capsys) -> None:
     (tmp_path / "old").write_text("x")
     assert elastic.main(["--out", str(tmp_path)]) == BAD_INPUT
