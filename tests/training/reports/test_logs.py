@@ -179,7 +179,8 @@ def queue_logs(redis_server, namespace, make_queue, monkeypatch, tmp_path):
     return make_queue(), tmp_path / "shared"
 
 
-def test_logs_of_a_queued_run_says_so_and_follow_waits_for_it_then_ends_with_it(queue_logs, capsys) -> None:
+def test_logs_of_a_queued_run_says_so_and_follow_waits_for_it_then_ends_with_it(queue_logs, capsys,
+                                                                                 monkeypatch) -> None:
     import threading
 
     from tests.support.redis_fixtures import make_spec
@@ -191,13 +192,21 @@ def test_logs_of_a_queued_run_says_so_and_follow_waits_for_it_then_ends_with_it(
     assert captured.out == "" and f"run {RUN_ID} is queued and has no logs yet" in captured.err
     assert ragpool(["logs", "nope"]) == exit_codes.NOT_FOUND
 
+    from training.reports import cli as logs_cli
+
+    waiting = threading.Event()
+    note = logs_cli._waiting_note
+    monkeypatch.setattr(logs_cli, "_waiting_note", lambda *args: (waiting.set(), note(*args))[1])
+
     def start_log_and_finish() -> None:
+        # The run starts once follow has said it waits (a loaded machine may reach that check late).
+        assert waiting.wait(timeout=20), "follow never said it waits"
         claim = queue.claim("w", block_s=5)
         _worker_log(shared, [_rec("retriever", 0, "started", time.time())])
         time.sleep(0.2)
         queue.ack(claim)
 
-    runner = threading.Timer(0.3, start_log_and_finish)
+    runner = threading.Thread(target=start_log_and_finish)
     runner.start()
     try:
         assert ragpool(["logs", RUN_ID, "--follow", "--follow-seconds", "20"]) == 0

@@ -162,7 +162,7 @@ class Worker(ChildSupervisor, GangMember, OutageRetry):
         if decision.action == Action.NOTHING:
             log.warning("run %s: lease lost (reaped or taken over); not recording anything", claim.task_id)
         outcome = self._keep_trying(claim, lambda again: self._record_once(claim, decision, again=again),
-                                    heartbeat=decision.action not in (Action.NOTHING, Action.HAND_OFF))
+                                    heartbeat=decision.action != Action.NOTHING)
         if self.config.nnodes > 1 and not (spec.min_nodes is not None and outcome in GANG_TRAINS_ON):
             self._clear_group()
         if decision.stop_claiming:  # e.g. the Ray cluster is away: every run of these lanes would fail alike
