@@ -49,7 +49,11 @@ def test_a_node_lost_shrinks_the_stage_and_a_node_back_grows_it(tmp_path, tiny_e
     sections["retriever"] = {**sections["retriever"], "max_steps": MAX_STEPS, "global_batch_size": 6,
                              "grad_accum": 2}
     sections["checkpoint"] = {"every_steps": EVERY, "keep_latest_k": 3}
-    sections["ray"] = {**sections["ray"], "prepare": {"workers": 1}, "retriever": {"workers": {"min": 2, "max": 3}}}
+    # A worker group's placement waits up to 30 s, not the 15 s default: on a loaded 2-core machine the group a
+    # resize stops frees its CPUs slowly, and twice in a row (CI, 2026-12-05) a grow's placement timed out, so the
+    # stage restarted at 2 and never stepped at 3 within STEP_S. The notice's first start at 3 waits this out.
+    sections["ray"] = {**sections["ray"], "prepare": {"workers": 1}, "retriever": {"workers": {"min": 2, "max": 3}},
+                       "elastic_start_timeout_s": 30}
     config = write_run(shared, "elastic", stages=["retriever"], **sections)
     pace = tmp_path / "pace"
     pace.mkdir()
