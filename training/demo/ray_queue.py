@@ -95,7 +95,7 @@ def run(out: Path, shared: Path, env: dict[str, str], run_worker, tune_trials: i
     ``run_worker(env)`` runs one queue worker to an empty queue; ``head`` is a head from
     :func:`launch_head` (else one is started here); it is stopped here in every case.
     0 when the run and the search succeeded."""
-    from training.localdev.ray_head import RayHeadError
+    from training.localdev.ray_head import USAGE_STATS_ENV, RayHeadError
     from contract.ray_pools import POOLS_ENV
     from training.scheduler import cli as runs_cli
     from training.scheduler.redis_conn import connect, settings_from_env
@@ -117,7 +117,7 @@ def run(out: Path, shared: Path, env: dict[str, str], run_worker, tune_trials: i
         print(f"== Ray Jobs API on {head.address} (cluster {head.gcs_address}; waited {time.monotonic() - t0:.0f}s for it)",
               flush=True)
         # The head runs with token authentication: its clients (the worker's Ray job, ragpool tune) get its token file.
-        ray_env = {**env, POOLS_ENV: pools, **head.client_env(), "RAY_USAGE_STATS_ENABLED": "0"}
+        ray_env = {**env, POOLS_ENV: pools, **head.client_env(), USAGE_STATS_ENV: "0"}
         print(f"== ragpool submit {ray_spec}  (executor: ray)", flush=True)
         code = runs_cli.main(["submit", str(ray_spec)])
         if code != 0:

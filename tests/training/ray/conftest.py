@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from training.localdev.ray_head import API_SERVER_ENV, PREEMPTION_WATCHER_ENV
+from training.localdev.ray_head import API_SERVER_ENV, METRICS_COLLECTION_ENV, PREEMPTION_WATCHER_ENV, USAGE_STATS_ENV
 from contract.paths import child_env
 
 
@@ -19,6 +19,7 @@ def ray_env() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ["RAY_TRAIN_ENABLE_PRINT_PATCH"] = "0"
     os.environ[PREEMPTION_WATCHER_ENV] = "0"  # as the local head sets it (training/localdev/ray_head.py)
+    os.environ[USAGE_STATS_ENV] = os.environ[METRICS_COLLECTION_ENV] = "0"  # so does it
     os.environ.update(child_env())
 
 

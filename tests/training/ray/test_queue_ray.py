@@ -267,9 +267,10 @@ def _bare_env(home: Path, **extra: str) -> dict[str, str]:
     import os
 
     from contract.paths import child_env
+    from training.localdev.ray_head import USAGE_STATS_ENV
 
     env = {k: v for k, v in child_env().items() if not k.startswith("RAY_AUTH") and k != "RAGPOOL_RAY_AUTH_SECRET"}
-    return {**env, "HOME": str(home), "RAY_USAGE_STATS_ENABLED": "0", "PATH": os.environ["PATH"], **extra}
+    return {**env, "HOME": str(home), USAGE_STATS_ENV: "0", "PATH": os.environ["PATH"], **extra}
 
 
 def _http_status(url: str, headers: dict[str, str]) -> int:
