@@ -66,7 +66,8 @@ lint: setup
 #   4 workers: 14:18, 1666 CPU-s (more training processes side by side than cores: each costs more CPU).
 WORKERS ?= 3
 # The inner loop: unit tests only, none that starts a server (redis-server, Ray) or training processes, nor
-# runs the Pulumi program (infra: each plan is the program in a fresh interpreter; `make test` runs them).
+# runs the Pulumi program (infra: each plan is the program in a fresh interpreter; `make test` runs them), a
+# benchmark (e2e) or a tool over the whole tree (slow: promtool's rule tests, actionlint, processes importing torch).
 FAST   := not slow and not redis and not ray and not torch_multiproc and not e2e and not infra
 
 # Python's default of caching bytecode, even where the environment turns it off (PYTHONDONTWRITEBYTECODE=1,

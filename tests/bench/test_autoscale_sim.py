@@ -320,6 +320,7 @@ def test_a_two_node_run_gets_both_pods_or_none(plan, tmp_path):
 SIGKILLED = 128 + 9
 
 
+@pytest.mark.infra  # ``plan`` runs the Pulumi program
 def test_the_job_controllers_replacement_rules_read_against_the_worker_templates(plan):
     """Issue 42: a lost node of a gang is replaced index by index and a bad one fails alone, by the Job controller's
     rules (bench/autoscale_sim_jobs.py ``failed_pod_outcome``, ``replaces_terminating``) read on the Jobs the plan

@@ -14,6 +14,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.e2e  # the benchmark end to end, its own redis-servers: not the inner loop (make test-fast)
+@pytest.mark.redis
 @pytest.mark.skipif(shutil.which("redis-server") is None or shutil.which("redis-benchmark") is None,
                     reason="redis-server / redis-benchmark not installed (make sysdeps)")
 def test_a_small_run_prints_every_figure_as_one_json_line() -> None:

@@ -20,6 +20,7 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
                           timeout=300, env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "2"})
 
 
+@pytest.mark.e2e  # the benchmark end to end
 def test_gpu_generator_path_reports_mfu_against_989_tflops() -> None:
     out = _run("--gpu-generator", "--gen-device", "cpu", "--gen-shape", "tiny", "--gen-batch", "2",
                "--gen-seq", "32", "--quick")
@@ -42,6 +43,7 @@ def test_1b_shape_is_about_one_billion_parameters() -> None:
     assert 0.9e9 < n < 1.3e9, n
 
 
+@pytest.mark.e2e  # the benchmark's command, torch imported
 def test_gpu_generator_without_cuda_refuses() -> None:
     import torch
 

@@ -66,6 +66,7 @@ def test_promtool_check_rules(promtool):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow  # promtool evaluates every rule file for each test group: ~15 CPU-s
 def test_promtool_unit_tests_pass(promtool):
     files = _test_files()
     result = run_promtool(promtool, "test", "rules", *files)
@@ -73,6 +74,7 @@ def test_promtool_unit_tests_pass(promtool):
     assert result.stdout.count("SUCCESS") == len(files), result.stdout
 
 
+@pytest.mark.slow
 def test_promtool_unit_tests_catch_a_wrong_threshold(promtool, tmp_path):
     # The tests must be able to fail: make RagpoolTrainingStalled 10x less sensitive.
     shutil.copytree(rulefiles.RULES_DIR, tmp_path / "rules")

@@ -40,7 +40,10 @@ def test_bad_parallelism_is_exit_2_naming_the_key(tmp_path, monkeypatch, capsys,
 
 def test_control_a_good_spec_reaches_redis(tmp_path, monkeypatch) -> None:
     """The exit 2 above is the spec's refusal: the same submit of a good spec gets as far as Redis (4)."""
+    from training.scheduler import redis_conn
+
     monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setattr(redis_conn, "make_retry", lambda settings: redis_conn.no_retry())  # not ~7 s of backoff
     path = tmp_path / "run.yaml"
     path.write_text(BASE + "hyperparameters: {generator: {parallelism.strategy: fsdp}}\n")
     assert runs_cli.main(["submit", str(path)]) == 4

@@ -109,6 +109,7 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]
     return {scenario: [torch.load(out / f"{scenario}-rank{r}.pt") for r in range(2)] for scenario in SCENARIOS}
 
 
+@pytest.mark.torch_multiproc  # two spawned gloo ranks (``two_ranks``)
 def test_sparse_embedding_allreduce_equals_dense_allreduce(two_ranks) -> None:
     results = two_ranks["exact"]
     for r in results:
@@ -122,6 +123,7 @@ def test_sparse_embedding_allreduce_equals_dense_allreduce(two_ranks) -> None:
     assert int((results[0]["sparse"]["table.weight"] != 0).any(1).sum()) > len(_ids(0, 3))
 
 
+@pytest.mark.torch_multiproc
 def test_table_used_outside_its_forward_is_refused_on_every_rank(two_ranks) -> None:
     for r in two_ranks["misuse"]:
         assert r["error"] is not None and "no forward looked up" in r["error"]

@@ -27,6 +27,7 @@ def _checks(report: dict) -> dict[str, dict]:
     return {c["name"]: c for c in report["checks"]}
 
 
+@pytest.mark.slow  # the command in a process of its own: torch imported
 @needs_no_cuda
 def test_the_command_passes_on_cpu_and_prints_one_json_line_last():
     env = child_env()
