@@ -291,9 +291,9 @@ def scenario(run: ElasticRun, kill_at: int, timeout_s: float) -> dict:
     for index in range(NODES[1]):
         run.start_pod(index)
     wait_until(run.at(3, kill_at), timeout_s, f"step {kill_at} at world 3", seen=run.logs)
-    run.hold(grow_at)
     first = run.holder()
-    killed = run.lose(first)
+    killed = run.lose(first)  # while the ranks wait after ``kill_at``: a hold lifted first let them take a step more
+    run.hold(grow_at)
     wait_until(run.at(2, grow_at), timeout_s, f"step {grow_at} at world 2 after the SIGKILL", seen=run.logs)
     wait_until(lambda: run.holder() != first, timeout_s, "a survivor to take the lost holder's lease over",
                seen=lambda: run.info())
